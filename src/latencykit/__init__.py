@@ -1,0 +1,109 @@
+"""latencykit: client-side latency and resilience policies for LLM calls.
+
+Public API only; everything is re-exported from the private modules where it lives.
+``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
+"""
+
+from ._context import Attempt as Attempt
+from ._context import Outcome as Outcome
+from ._context import Trace as Trace
+from ._context import current_attempt as current_attempt
+from ._context import remaining as remaining
+from .errors import AttemptTimeout as AttemptTimeout
+from .errors import AuthenticationFailed as AuthenticationFailed
+from .errors import BadRequest as BadRequest
+from .errors import ContentPolicyViolation as ContentPolicyViolation
+from .errors import ContextLengthExceeded as ContextLengthExceeded
+from .errors import DeadlineExceeded as DeadlineExceeded
+from .errors import ErrorKind as ErrorKind
+from .errors import FallbackFailed as FallbackFailed
+from .errors import LatencykitError as LatencykitError
+from .errors import ProviderConnectionError as ProviderConnectionError
+from .errors import ProviderError as ProviderError
+from .errors import ProviderUnavailable as ProviderUnavailable
+from .errors import RateLimited as RateLimited
+from .errors import StreamBroken as StreamBroken
+from .errors import TransientError as TransientError
+from .errors import classify as classify
+from .errors import is_transient as is_transient
+from .errors import retry_after as retry_after
+from .events import AttemptEnded as AttemptEnded
+from .events import AttemptStarted as AttemptStarted
+from .events import CallEnded as CallEnded
+from .events import DeadlineExpired as DeadlineExpired
+from .events import Event as Event
+from .events import EventHandler as EventHandler
+from .events import FallbackUsed as FallbackUsed
+from .events import Subscription as Subscription
+from .events import subscribe as subscribe
+from .llm import LLM as LLM
+from .llm import CallReport as CallReport
+from .llm import Degrade as Degrade
+from .llm import report as report
+from .pipeline import Call as Call
+from .pipeline import Next as Next
+from .pipeline import Pipeline as Pipeline
+from .pipeline import Policy as Policy
+from .pipeline import Stage as Stage
+from .pipeline import compose as compose
+from .policies.deadline import Deadline as Deadline
+from .policies.deadline import DeadlineScope as DeadlineScope
+from .policies.deadline import deadline as deadline
+from .policies.fallback import ErrorFilter as ErrorFilter
+from .policies.fallback import Fallback as Fallback
+from .policies.fallback import FallbackReason as FallbackReason
+from .policies.fallback import fallback as fallback
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "LLM",
+    "Attempt",
+    "AttemptEnded",
+    "AttemptStarted",
+    "AttemptTimeout",
+    "AuthenticationFailed",
+    "BadRequest",
+    "Call",
+    "CallEnded",
+    "CallReport",
+    "ContentPolicyViolation",
+    "ContextLengthExceeded",
+    "Deadline",
+    "DeadlineExceeded",
+    "DeadlineExpired",
+    "DeadlineScope",
+    "Degrade",
+    "ErrorFilter",
+    "ErrorKind",
+    "Event",
+    "EventHandler",
+    "Fallback",
+    "FallbackFailed",
+    "FallbackReason",
+    "FallbackUsed",
+    "LatencykitError",
+    "Next",
+    "Outcome",
+    "Pipeline",
+    "Policy",
+    "ProviderConnectionError",
+    "ProviderError",
+    "ProviderUnavailable",
+    "RateLimited",
+    "Stage",
+    "StreamBroken",
+    "Subscription",
+    "Trace",
+    "TransientError",
+    "classify",
+    "compose",
+    "current_attempt",
+    "deadline",
+    "fallback",
+    "is_transient",
+    "remaining",
+    "report",
+    "retry_after",
+    "subscribe",
+]

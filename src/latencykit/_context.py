@@ -1,0 +1,122 @@
+"""Per-call state shared by the policies of one pipeline run, kept in contextvars.
+
+Two things travel with a call:
+
+* the **deadline**: an absolute time on the event loop's clock (``anyio.current_time()``);
+  nested deadlines keep the minimum, so :func:`remaining` is right at any depth;
+* the **trace**: the history of attempts made inside a latencykit scope (a pipeline run or a
+  ``with lk.deadline(...)`` block). Traces nest; an attempt is recorded in its own trace and in
+  every enclosing one, so an error raised at any level can carry the whole history.
+
+Child tasks (hedges, races) copy the context, so they see the same deadline and trace.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import anyio
+
+if TYPE_CHECKING:
+    from .errors import ErrorKind
+
+__all__ = ["Attempt", "Outcome", "Trace", "current_attempt", "current_trace", "remaining"]
+
+Outcome = Literal["ok", "error", "cancelled"]
+"""How an attempt ended: it returned, it raised, or it was cancelled (lost a race, timed out)."""
+
+_call_ids = itertools.count(1)
+
+deadline_var: ContextVar[float] = ContextVar("latencykit.deadline", default=math.inf)
+trace_var: ContextVar[Trace | None] = ContextVar("latencykit.trace", default=None)
+attempt_var: ContextVar[int] = ContextVar("latencykit.attempt", default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One execution of the wrapped call (one HTTP request, for :class:`~latencykit.LLM`).
+
+    Attributes:
+        number: 1 for the first attempt of a call, then 2, 3, ... in start order.
+        target: what was called: the model string for ``LLM``, the function's qualified name for a
+            decorated function.
+        start: seconds from the start of the outermost latencykit scope to the attempt's start.
+        duration: seconds the attempt ran.
+        outcome: ``"ok"``, ``"error"`` or ``"cancelled"``.
+        error_type: the exception's class name when the outcome is ``"error"`` (never its message:
+            provider messages may echo prompt text), else ``None``.
+        error_kind: the :class:`~latencykit.ErrorKind` of that exception, else ``None``.
+    """
+
+    number: int
+    target: str
+    start: float
+    duration: float
+    outcome: Outcome
+    error_type: str | None = None
+    error_kind: ErrorKind | None = None
+
+    def __str__(self) -> str:
+        what = self.outcome if self.error_type is None else f"{self.error_type}"
+        if self.error_kind is not None:
+            what += f" [{self.error_kind.value}]"
+        return (
+            f"#{self.number} {self.target} at +{self.start:.3f}s for {self.duration:.3f}s: {what}"
+        )
+
+
+@dataclass(eq=False, slots=True)
+class Trace:
+    """The attempts made inside one latencykit scope, plus what the policies decided."""
+
+    parent: Trace | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    call_id: int = field(default_factory=lambda: next(_call_ids))
+    attempts: list[Attempt] = field(default_factory=list)
+    degraded: bool = False
+    fallback_reason: str | None = None
+    _numbers: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    @property
+    def origin(self) -> float:
+        """``time.monotonic()`` at the start of the outermost enclosing scope."""
+        trace = self
+        while trace.parent is not None:
+            trace = trace.parent
+        return trace.started_at
+
+    def next_attempt_number(self) -> int:
+        return next(self._numbers)
+
+    def record(self, attempt: Attempt) -> None:
+        trace: Trace | None = self
+        while trace is not None:
+            trace.attempts.append(attempt)
+            trace = trace.parent
+
+
+def current_trace() -> Trace | None:
+    """The trace of the innermost latencykit scope, or ``None`` outside any."""
+    return trace_var.get()
+
+
+def current_attempt() -> int:
+    """The number of the attempt running in this task (0 outside an attempt)."""
+    return attempt_var.get()
+
+
+def remaining() -> float | None:
+    """Seconds left before the innermost deadline, or ``None`` outside any deadline.
+
+    Never negative: an expired deadline gives ``0.0``. Must be called from inside an event loop
+    when a deadline is active (the deadline lives on the loop's clock).
+    """
+    deadline = deadline_var.get()
+    if deadline == math.inf:
+        return None
+    return max(0.0, deadline - anyio.current_time())

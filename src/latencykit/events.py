@@ -1,0 +1,184 @@
+"""Typed events that policies emit, and the one public way to receive them.
+
+Every policy reports what it did as a frozen dataclass. Subscribers are plain callables; they run
+synchronously, in the task that emitted the event, so keep them cheap (append to a list, bump a
+counter, hand off to a queue). OpenTelemetry support subscribes here like any user hook.
+
+When nobody subscribes, policies skip building events entirely, so an idle event bus costs one
+truth test per would-be event.
+
+Events never carry prompt or response text, API keys or exception messages: only names, numbers
+and classifications.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal, TypeAlias
+
+if TYPE_CHECKING:
+    from ._context import Attempt
+    from .errors import ErrorKind
+
+__all__ = [
+    "AttemptEnded",
+    "AttemptStarted",
+    "CallEnded",
+    "DeadlineExpired",
+    "Event",
+    "EventHandler",
+    "FallbackUsed",
+    "Subscription",
+    "subscribe",
+]
+
+logger = logging.getLogger("latencykit")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Base of every latencykit event.
+
+    Attributes:
+        call_id: identifies the pipeline run (one user-level call) the event belongs to; all
+            events of one call share it.
+    """
+
+    call_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptStarted(Event):
+    """An attempt (one execution of the wrapped call) is starting."""
+
+    attempt: int
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnded(Event):
+    """An attempt ended; ``record`` tells how (see :class:`~latencykit.Attempt`)."""
+
+    record: Attempt
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackUsed(Event):
+    """The primary path was abandoned and the fallback (degraded) path is answering.
+
+    This is the "slow-case log": subscribe to it to see which calls degraded, why, and when.
+
+    Attributes:
+        reason: ``"timeout"`` (the primary was still running ``after`` seconds in) or
+            ``"error"`` (the primary raised an error the fallback handles).
+        elapsed: seconds from the start of the fallback policy to the switch.
+        after: the configured ``after`` (``None`` when the fallback only handles errors).
+        error_type: the primary's exception class name when ``reason == "error"``.
+        error_kind: its classification, when ``reason == "error"``.
+    """
+
+    reason: Literal["timeout", "error"]
+    elapsed: float
+    after: float | None
+    error_type: str | None = None
+    error_kind: ErrorKind | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineExpired(Event):
+    """A deadline's budget ran out; the work inside was cancelled."""
+
+    budget: float
+    elapsed: float
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnded(Event):
+    """A pipeline run (one user-level call) finished.
+
+    Attributes:
+        target: the target of the call as given (model string or function name).
+        duration: seconds from the start of the call to its end.
+        outcome: ``"ok"``, ``"error"`` or ``"cancelled"``.
+        attempts: how many attempts were started.
+        degraded: whether the answer (or error) came from a fallback path.
+        error_type: exception class name when the call failed.
+    """
+
+    target: str
+    duration: float
+    outcome: Literal["ok", "error", "cancelled"]
+    attempts: int
+    degraded: bool
+    error_type: str | None = None
+
+
+EventHandler: TypeAlias = Callable[[Event], object]
+"""A subscriber: called with every event, synchronously; its return value is ignored."""
+
+_handlers: tuple[EventHandler, ...] = ()
+
+
+def listening() -> bool:
+    """Whether anybody subscribed; policies build events only when this is true."""
+    return bool(_handlers)
+
+
+def emit(event: Event) -> None:
+    """Deliver ``event`` to every subscriber.
+
+    A subscriber that raises does not break the call it observes: the exception is logged on
+    the ``latencykit`` logger with its traceback, and delivery goes on.
+    """
+    for handler in _handlers:
+        try:
+            handler(event)
+        except Exception:
+            logger.exception("latencykit event handler %r failed on %s", handler, type(event))
+
+
+class Subscription:
+    """Handle returned by :func:`subscribe`; ``close()`` it (or use ``with``) to unsubscribe."""
+
+    __slots__ = ("_handler",)
+
+    def __init__(self, handler: EventHandler) -> None:
+        self._handler: EventHandler | None = handler
+
+    def close(self) -> None:
+        """Stop delivering events to the handler. Idempotent."""
+        global _handlers
+        if self._handler is not None:
+            handler, self._handler = self._handler, None
+            _handlers = tuple(h for h in _handlers if h is not handler)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def subscribe(handler: EventHandler) -> Subscription:
+    """Deliver every latencykit event, process-wide, to ``handler`` until unsubscribed.
+
+    Example::
+
+        seen: list[lk.Event] = []
+        with lk.subscribe(seen.append):
+            await ask("...")
+        slow_cases = [e for e in seen if isinstance(e, lk.FallbackUsed)]
+    """
+    global _handlers
+    if not callable(handler):
+        raise TypeError(f"subscribe(handler): handler must be callable, got {handler!r}")
+    _handlers = (*_handlers, handler)
+    return Subscription(handler)

@@ -1,0 +1,268 @@
+"""``LLM``: a resilient front for ``litellm.acompletion`` that keeps its call signature.
+
+``await llm.acompletion(**litellm_kwargs)`` runs the policies around ``litellm.acompletion`` and
+returns litellm's own ``ModelResponse``. :func:`report` reads, from any response it returned,
+which target answered, after how many attempts, and whether the degraded path was used.
+
+litellm facts this module is built on (measured, see docs/concepts.md): litellm is imported
+lazily (it takes seconds); ``max_retries=0`` always (the OpenAI SDK would otherwise retry on its
+own, tripling attempts); ``timeout`` is constant per target (litellm caches one HTTP client per
+timeout value, so a per-call timeout would open a new connection every call), and deadlines are
+enforced with cancel scopes instead.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from . import _validation
+from ._context import Attempt, Trace, current_attempt
+from .errors import provider_error
+from .pipeline import Call, Next, Pipeline, Policy
+from .policies.deadline import Deadline
+from .policies.fallback import ErrorFilter, Fallback, FallbackReason
+
+if TYPE_CHECKING:
+    from litellm import ModelResponse
+
+__all__ = ["LLM", "CallReport", "Degrade", "report"]
+
+_REPORT_KEY = "latencykit"
+_ATTEMPT_KEY = "latencykit.attempt"
+# Arguments latencykit owns: accepting them per call would defeat the policies.
+_RESERVED = {
+    "max_retries": "latencykit owns retries; litellm is always called with max_retries=0",
+    "num_retries": "latencykit owns retries; litellm is always called with max_retries=0",
+    "timeout": "the per-target timeout is LLM(timeout=...); bound the whole call with deadline=",
+    "stream": "streaming is not supported by LLM yet (StreamGuard comes with the streaming work)",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Degrade:
+    """The degraded path of :class:`LLM`: the same call, rewritten to be cheaper and faster.
+
+    Attributes:
+        model: the model to answer from on the degraded path (default ``None``: same model).
+        max_tokens: cap on the degraded answer's length (default ``None``: unchanged).
+        after: seconds to give the primary before switching (default ``None``: switch on errors
+            only). Must be shorter than ``LLM(deadline=...)``.
+        on: which primary errors switch to the degraded path (default ``None``: transient
+            errors; see :func:`~latencykit.fallback`).
+        overrides: any other litellm arguments to set on the degraded call (default empty),
+            e.g. ``{"api_base": ..., "temperature": 0}``.
+
+    At least one of ``model``, ``max_tokens`` and ``overrides`` must be given.
+    """
+
+    model: str | None = None
+    max_tokens: int | None = None
+    after: float | datetime.timedelta | None = None
+    on: ErrorFilter | None = None
+    overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise ValueError(f"Degrade.model must be a non-empty model string, got {self.model!r}")
+        if self.max_tokens is not None and (
+            isinstance(self.max_tokens, bool)
+            or not isinstance(self.max_tokens, int)
+            or self.max_tokens < 1
+        ):
+            raise ValueError(f"Degrade.max_tokens must be a positive int, got {self.max_tokens!r}")
+        if self.after is not None:
+            object.__setattr__(self, "after", _validation.seconds("Degrade.after", self.after))
+        if not isinstance(self.overrides, Mapping):
+            raise TypeError(f"Degrade.overrides must be a mapping, got {self.overrides!r}")
+        bad = sorted(set(self.overrides) & set(_RESERVED))
+        if bad:
+            raise ValueError(f"Degrade.overrides cannot set {bad[0]!r}: {_RESERVED[bad[0]]}")
+        object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
+        if self.model is None and self.max_tokens is None and not self.overrides:
+            raise ValueError("Degrade needs at least one of model, max_tokens or overrides")
+
+    def rewrite(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The litellm arguments of the degraded call, from the primary's."""
+        rewritten = {**kwargs, **self.overrides}
+        if self.model is not None:
+            rewritten["model"] = self.model
+        if self.max_tokens is not None:
+            current = rewritten.get("max_tokens")
+            rewritten["max_tokens"] = (
+                self.max_tokens if current is None else min(int(current), self.max_tokens)
+            )
+        return rewritten
+
+
+@dataclass(frozen=True, slots=True)
+class CallReport:
+    """What happened during one :meth:`LLM.acompletion`; read it with :func:`report`.
+
+    Attributes:
+        target: the target (model string as called) of the attempt that answered.
+        model: the model the response names (as the provider returned it).
+        attempts: every attempt of the call, oldest first, including losers and failures.
+        answered_by: the attempt that produced the response.
+        degraded: whether the answer came from the degraded path (:class:`Degrade`).
+        fallback_reason: ``"timeout"`` or ``"error"`` when degraded, else ``None``.
+        duration: seconds from the start of the call to the answer.
+    """
+
+    target: str
+    model: str
+    attempts: tuple[Attempt, ...]
+    answered_by: int
+    degraded: bool
+    fallback_reason: str | None
+    duration: float
+
+
+def report(response: object) -> CallReport:
+    """The :class:`CallReport` of a response returned by :meth:`LLM.acompletion`.
+
+    This is the one documented place where latencykit tells which target answered, after how
+    many attempts, and whether the degraded path was used. (It lives in the response's
+    ``_hidden_params["latencykit"]``, where litellm keeps its own per-response metadata.)
+
+    Raises:
+        LookupError: the response did not come from latencykit.
+    """
+    hidden = getattr(response, "_hidden_params", None)
+    found = hidden.get(_REPORT_KEY) if isinstance(hidden, dict) else None
+    if not isinstance(found, CallReport):
+        raise LookupError("this response did not come from latencykit.LLM.acompletion")
+    return found
+
+
+class LLM:
+    """A resilient front for ``litellm.acompletion``.
+
+    Args:
+        model: the primary target's litellm model string (``"openai/gpt-4o"``).
+        deadline: total budget in seconds for each call, degraded path included
+            (default ``None``: unbounded).
+        degrade: the degraded path (default ``None``: none); see :class:`Degrade`.
+        timeout: per-attempt timeout in seconds handed to litellm, constant so that litellm
+            reuses its HTTP client and connections (default ``600``, litellm's own).
+        api_base: the primary target's base URL (default ``None``: litellm's default for the
+            provider).
+        api_key: the primary target's API key (default ``None``: from the environment, as
+            litellm does). Never logged, never put in events, errors or reprs.
+        defaults: litellm arguments applied to every call unless the call sets them
+            (default none), e.g. ``{"temperature": 0}``.
+
+    Invalid options raise ``ValueError``/``TypeError`` naming the field at construction.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        deadline: float | datetime.timedelta | None = None,
+        degrade: Degrade | None = None,
+        timeout: float | datetime.timedelta = 600.0,
+        api_base: str | None = None,
+        api_key: str | None = None,
+        defaults: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"LLM.model must be a non-empty model string, got {model!r}")
+        if degrade is not None and not isinstance(degrade, Degrade):
+            raise TypeError(f"LLM.degrade must be a latencykit.Degrade, got {degrade!r}")
+        defaults = dict(defaults or {})
+        for name in sorted(set(defaults) & (set(_RESERVED) | {"model", "api_key", "api_base"})):
+            raise ValueError(f"LLM.defaults cannot set {name!r}: pass it as its own argument")
+        self.model = model
+        self.timeout = _validation.seconds("LLM.timeout", timeout)
+        self.deadline = None if deadline is None else _validation.seconds("LLM.deadline", deadline)
+        self.degrade = degrade
+        self._api_key = api_key
+        self._base: dict[str, Any] = {**defaults, "model": model}
+        if api_base is not None:
+            self._base["api_base"] = api_base
+        if api_key is not None:
+            self._base["api_key"] = api_key
+        policies: list[Policy] = []
+        if self.deadline is not None:
+            policies.append(Deadline(self.deadline))
+        if degrade is not None:
+            after = None if degrade.after is None else float(degrade.after)  # type: ignore[arg-type]
+            if self.deadline is not None and after is not None and after >= self.deadline:
+                raise ValueError(
+                    f"LLM.degrade.after ({after:g}s) must be shorter than LLM.deadline "
+                    f"({self.deadline:g}s)"
+                )
+            policies.append(Fallback(self._degraded_path, after=after, on=degrade.on))
+        self._pipeline = Pipeline(policies)
+
+    def __repr__(self) -> str:
+        return (
+            f"LLM({self.model!r}, deadline={self.deadline}, degrade={self.degrade!r}, "
+            f"timeout={self.timeout:g})"
+        )
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The policies every call runs through, outermost first."""
+        return self._pipeline
+
+    async def acompletion(self, **kwargs: Any) -> ModelResponse:
+        """Run ``litellm.acompletion(**kwargs)`` through the policies.
+
+        ``kwargs`` are litellm's (``messages``, ``temperature``, ...); ``model`` defaults to the
+        LLM's model. ``max_retries``, ``timeout`` and ``stream`` are refused with a
+        ``ValueError`` saying why. Returns litellm's ``ModelResponse``; :func:`report` tells how
+        it was obtained. Failures raise a :class:`~latencykit.ProviderError` subclass (litellm's
+        exception is its ``__cause__``), :class:`~latencykit.DeadlineExceeded` or
+        :class:`~latencykit.FallbackFailed`, all carrying the attempt history.
+        """
+        for name in kwargs.keys() & _RESERVED.keys():
+            if name == "stream" and not kwargs[name]:
+                continue
+            raise ValueError(f"acompletion({name}=...) is not accepted: {_RESERVED[name]}")
+        arguments = {**self._base, **kwargs}
+        call = Call(self._attempt, (), arguments, target=str(arguments["model"]))
+        response, trace = await self._pipeline.run_traced(call)
+        _attach_report(response, trace)
+        return response
+
+    async def _attempt(self, **kwargs: Any) -> Any:
+        litellm = _litellm()
+        try:
+            response = await litellm.acompletion(**kwargs, max_retries=0, timeout=self.timeout)
+        except Exception as exc:
+            secrets = (self._api_key,) if self._api_key else ()
+            raise provider_error(exc, target=str(kwargs["model"]), secrets=secrets) from exc
+        response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), str(kwargs["model"]))
+        return response
+
+    async def _degraded_path(self, reason: FallbackReason, call: Call, next: Next) -> Any:
+        assert self.degrade is not None
+        arguments = self.degrade.rewrite(call.kwargs)
+        return await next(Call(call.fn, (), arguments, target=str(arguments["model"])))
+
+
+def _attach_report(response: Any, trace: Trace) -> None:
+    hidden = response._hidden_params
+    number, target = hidden.pop(_ATTEMPT_KEY, (0, ""))
+    hidden[_REPORT_KEY] = CallReport(
+        target=target,
+        model=str(getattr(response, "model", "") or ""),
+        attempts=tuple(trace.attempts),
+        answered_by=number,
+        degraded=trace.degraded,
+        fallback_reason=trace.fallback_reason,
+        duration=time.monotonic() - trace.started_at,
+    )
+
+
+def _litellm() -> Any:
+    """Import litellm on first use (it takes seconds; ``import latencykit`` must stay fast)."""
+    import litellm
+
+    return litellm

@@ -1,0 +1,1 @@
+"""The built-in policies, one per module."""

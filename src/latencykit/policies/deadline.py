@@ -1,0 +1,155 @@
+"""``deadline``: one total latency budget for everything inside it.
+
+Built on anyio cancel scopes, so expiry really cancels the work inside (an in-flight litellm
+request closes its connection within milliseconds) and nesting composes: an inner deadline can
+only shorten the budget, never extend it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+import anyio
+
+from .. import _validation, events
+from .._context import Trace, deadline_var, trace_var
+from ..errors import DeadlineExceeded
+from ..pipeline import Call, Next, PolicyDecorator, Stage
+
+__all__ = ["Deadline", "DeadlineScope", "deadline"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class DeadlineScope:
+    """An entered deadline: returned by ``with lk.deadline(s) as scope``.
+
+    Attributes:
+        budget: the budget in seconds.
+        deadline: the absolute expiry on the event loop's clock, already lowered to any
+            enclosing deadline.
+    """
+
+    __slots__ = (
+        "_cancel_scope",
+        "_started",
+        "_token",
+        "_trace",
+        "_trace_token",
+        "budget",
+        "deadline",
+    )
+
+    def __init__(self, budget: float, *, own_trace: bool) -> None:
+        self.budget = budget
+        now = anyio.current_time()
+        self._started = time.monotonic()
+        own = now + budget
+        self.deadline = min(own, deadline_var.get())
+        self._cancel_scope = anyio.CancelScope(deadline=own)
+        self._trace: Trace | None = Trace(parent=trace_var.get()) if own_trace else None
+
+    def remaining(self) -> float:
+        """Seconds left before this scope's (effective) deadline; never negative."""
+        return max(0.0, self.deadline - anyio.current_time())
+
+    def __enter__(self) -> DeadlineScope:
+        self._cancel_scope.__enter__()
+        self._token = deadline_var.set(self.deadline)
+        if self._trace is not None:
+            self._trace_token = trace_var.set(self._trace)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if self._trace is not None:
+            trace_var.reset(self._trace_token)
+        deadline_var.reset(self._token)
+        suppress = bool(self._cancel_scope.__exit__(exc_type, exc, tb))
+        if self._cancel_scope.cancelled_caught:
+            self._expired()
+        return suppress
+
+    def _expired(self) -> None:
+        elapsed = time.monotonic() - self._started
+        trace = self._trace or trace_var.get()
+        if events.listening():
+            call_id = trace.call_id if trace is not None else 0
+            events.emit(events.DeadlineExpired(call_id, budget=self.budget, elapsed=elapsed))
+        error = DeadlineExceeded(self.budget, elapsed)
+        if trace is not None:
+            error.attempts = tuple(trace.attempts)
+        raise error
+
+
+class Deadline(PolicyDecorator):
+    """A total latency budget: a policy, a decorator, and a (sync) context manager.
+
+    Create it with :func:`deadline`. As a context manager it behaves like
+    ``anyio.fail_after``: enter it inside a task; each ``with`` block gets a fresh budget.
+    """
+
+    stage = Stage.DEADLINE
+    __slots__ = ("_active", "seconds")
+
+    def __init__(self, seconds: float | datetime.timedelta) -> None:
+        self.seconds = _validation.seconds("deadline.seconds", seconds)
+        # Entered scopes per task, so one Deadline object can guard several tasks at once.
+        self._active: dict[int, list[DeadlineScope]] = {}
+
+    def __repr__(self) -> str:
+        return f"deadline({self.seconds:g})"
+
+    async def handle(self, call: Call, next: Next) -> Any:
+        """Run the rest of the pipeline within the budget; raise ``DeadlineExceeded`` on expiry."""
+        with DeadlineScope(self.seconds, own_trace=False):
+            return await next(call)
+
+    def __enter__(self) -> DeadlineScope:
+        scope = DeadlineScope(self.seconds, own_trace=True)
+        self._active.setdefault(anyio.get_current_task().id, []).append(scope.__enter__())
+        return scope
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        task = anyio.get_current_task().id
+        stack = self._active[task]
+        scope = stack.pop()
+        if not stack:
+            del self._active[task]
+        return scope.__exit__(exc_type, exc, tb)
+
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        """Decorate an async callable: every call gets the full budget."""
+        return super().__call__(fn)
+
+
+def deadline(seconds: float | datetime.timedelta) -> Deadline:
+    """A total latency budget of ``seconds`` (float or ``timedelta``; no default: required).
+
+    Use it as a decorator (``@lk.deadline(3.0)``), as a context manager
+    (``with lk.deadline(3.0):``, inside a task, like ``anyio.fail_after``) or as a policy in
+    :func:`~latencykit.compose`. Nested deadlines take the minimum; :func:`~latencykit.remaining`
+    tells the seconds left. On expiry everything inside is cancelled (structured cancellation:
+    in-flight HTTP requests are closed) and :class:`~latencykit.DeadlineExceeded` (a
+    ``TimeoutError``) is raised, naming the budget and the elapsed time and carrying the attempt
+    history.
+
+    Raises:
+        ValueError: ``seconds`` is not positive and finite.
+        TypeError: ``seconds`` is not a number or ``timedelta``.
+    """
+    return Deadline(seconds)

@@ -1,0 +1,193 @@
+"""``fallback``: race the primary against a timer, and answer from a cheaper path.
+
+The seeds' Promise.race: if the primary has not answered ``after`` seconds in, or raised an error
+the policy handles, the primary is cancelled (really: its HTTP request is closed) and the
+alternative answers. Every switch emits :class:`~latencykit.FallbackUsed`, the slow-case log.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Literal, ParamSpec, TypeAlias, TypeVar
+
+import anyio
+
+from .. import _validation, events
+from .._context import trace_var
+from ..errors import ErrorKind, FallbackFailed, classify, is_transient
+from ..pipeline import Call, Next, Policy, PolicyDecorator, Stage
+from .deadline import Deadline
+
+__all__ = ["ErrorFilter", "Fallback", "FallbackReason", "fallback"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+ErrorFilter: TypeAlias = (
+    "type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]"
+)
+"""Which errors a policy handles: exception type(s), or a predicate on the exception."""
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackReason:
+    """Why the fallback answers; passed as the first argument to a callable alternative.
+
+    Attributes:
+        kind: ``"timeout"`` (the primary was still running after ``after`` seconds) or
+            ``"error"`` (the primary raised an error the policy handles).
+        elapsed: seconds from the start of the primary to the switch.
+        error: the primary's exception when ``kind == "error"``, else ``None``.
+    """
+
+    kind: Literal["timeout", "error"]
+    elapsed: float
+    error: Exception | None = None
+
+    @property
+    def error_kind(self) -> ErrorKind | None:
+        """The classification of ``error`` (``None`` on timeout)."""
+        return None if self.error is None else classify(self.error)
+
+
+Alternative: TypeAlias = Callable[[FallbackReason, Call, Next], Awaitable[Any]]
+
+
+def _error_predicate(on: ErrorFilter | None) -> Callable[[BaseException], bool]:
+    if on is None:
+        return is_transient
+    if isinstance(on, type) and issubclass(on, BaseException):
+        return lambda exc: isinstance(exc, on)
+    if isinstance(on, tuple) and all(
+        isinstance(t, type) and issubclass(t, BaseException) for t in on
+    ):
+        return lambda exc: isinstance(exc, on)
+    if callable(on):
+        return on  # type: ignore[return-value]
+    raise TypeError(f"fallback.on must be exception type(s) or a predicate, got {on!r}")
+
+
+def _user_alternative(alternative: object) -> Alternative:
+    if callable(alternative):
+
+        async def call_user(reason: FallbackReason, call: Call, next: Next) -> Any:
+            result = alternative(reason, *call.args, **call.kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+
+        return call_user
+
+    async def constant(reason: FallbackReason, call: Call, next: Next) -> Any:
+        return alternative
+
+    return constant
+
+
+class Fallback(PolicyDecorator):
+    """The fallback policy; create it with :func:`fallback` (or ``lk.Degrade`` in ``LLM``)."""
+
+    stage = Stage.FALLBACK
+    __slots__ = ("_alternative", "_handles", "after", "on")
+
+    def __init__(
+        self,
+        alternative: Alternative,
+        *,
+        after: float | datetime.timedelta | None = None,
+        on: ErrorFilter | None = None,
+    ) -> None:
+        self.after = None if after is None else _validation.seconds("fallback.after", after)
+        self.on = on
+        self._handles = _error_predicate(on)
+        self._alternative = alternative
+
+    def __repr__(self) -> str:
+        return f"fallback(after={self.after})"
+
+    def check_within(self, outer: tuple[Policy, ...]) -> None:
+        """Reject an ``after`` that an enclosing deadline would always cut first."""
+        for policy in outer:
+            if isinstance(policy, Deadline) and self.after and self.after >= policy.seconds:
+                raise ValueError(
+                    f"fallback.after ({self.after:g}s) must be shorter than the deadline "
+                    f"({policy.seconds:g}s): the deadline would expire before the fallback "
+                    "could answer"
+                )
+
+    async def handle(self, call: Call, next: Next) -> Any:
+        """Run the primary; on timeout or a handled error, cancel it and run the alternative."""
+        started = time.monotonic()
+        error: Exception | None = None
+        if self.after is None:
+            try:
+                return await next(call)
+            except Exception as exc:
+                if not self._handles(exc):
+                    raise
+                error = exc
+        else:
+            with anyio.move_on_after(self.after):
+                try:
+                    return await next(call)
+                except Exception as exc:
+                    if not self._handles(exc):
+                        raise
+                    error = exc
+        reason = FallbackReason(
+            kind="timeout" if error is None else "error",
+            elapsed=time.monotonic() - started,
+            error=error,
+        )
+        trace = trace_var.get()
+        if trace is not None:
+            trace.degraded = True
+            trace.fallback_reason = reason.kind
+        if events.listening():
+            events.emit(
+                events.FallbackUsed(
+                    call_id=0 if trace is None else trace.call_id,
+                    reason=reason.kind,
+                    elapsed=reason.elapsed,
+                    after=self.after,
+                    error_type=None if error is None else type(error).__name__,
+                    error_kind=reason.error_kind,
+                )
+            )
+        try:
+            return await self._alternative(reason, call, next)
+        except Exception as exc:
+            raise FallbackFailed(reason.kind, error, exc) from exc
+
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        """Decorate an async callable with this fallback."""
+        return super().__call__(fn)
+
+
+def fallback(
+    alternative: Callable[..., Any] | object,
+    *,
+    after: float | datetime.timedelta | None = None,
+    on: ErrorFilter | None = None,
+) -> Fallback:
+    """Answer from ``alternative`` when the primary is too slow or fails.
+
+    Args:
+        alternative: a callable (sync or async) called as
+            ``alternative(reason, *args, **kwargs)``, with the :class:`FallbackReason` first and
+            then the primary's own arguments; or any non-callable value, returned as is.
+        after: seconds (or ``timedelta``) to give the primary before cancelling it and switching
+            to the alternative. Default ``None``: no timer, switch on errors only. Must be
+            shorter than an enclosing :func:`~latencykit.deadline` of the same pipeline.
+        on: which primary errors switch to the alternative: exception type(s) or a predicate.
+            Default ``None``: transient errors (:func:`~latencykit.is_transient`: rate limits,
+            5xx, connection errors, timeouts). Errors not handled propagate unchanged.
+
+    If the alternative raises too, :class:`~latencykit.FallbackFailed` carries both errors.
+    Cancellation from outside (an enclosing deadline) is never treated as an error.
+    """
+    return Fallback(_user_alternative(alternative), after=after, on=on)

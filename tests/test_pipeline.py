@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import inspect
+import typing
+
+import anyio
+import pytest
+
+import latencykit as lk
+from latencykit.pipeline import pipeline_of
+
+pytestmark = pytest.mark.anyio
+
+
+@lk.deadline(5)
+@lk.fallback("cheap", after=1)
+async def documented(question: str, *, temperature: float = 0.0) -> str:
+    """Answer a question."""
+    return f"{question}@{temperature}"
+
+
+def test_decorated_functions_keep_name_docstring_and_signature() -> None:
+    assert documented.__name__ == "documented"
+    assert documented.__doc__ == "Answer a question."
+    signature = inspect.signature(documented)
+    assert list(signature.parameters) == ["question", "temperature"]
+    assert signature.parameters["temperature"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert signature.parameters["temperature"].default == 0.0
+    hints = typing.get_type_hints(documented)
+    assert hints == {"question": str, "temperature": float, "return": str}
+    assert inspect.iscoroutinefunction(documented)
+
+
+def test_stacked_decorators_merge_into_one_pipeline_in_stage_order() -> None:
+    pipeline = pipeline_of(documented)
+    assert pipeline is not None
+    assert [type(p) for p in pipeline.policies] == [lk.Deadline, lk.Fallback]
+
+
+def test_composition_order_is_fixed_whatever_the_decorator_order() -> None:
+    @lk.fallback("cheap", after=1)
+    @lk.deadline(5)
+    async def reversed_order() -> str:
+        return "x"
+
+    pipeline = pipeline_of(reversed_order)
+    assert pipeline is not None
+    assert [p.stage for p in pipeline.policies] == [lk.Stage.DEADLINE, lk.Stage.FALLBACK]
+
+
+async def test_decorated_function_runs() -> None:
+    assert await documented("q", temperature=0.5) == "q@0.5"
+
+
+def test_sync_functions_are_rejected_at_decoration() -> None:
+    def sync() -> str:
+        return "x"
+
+    with pytest.raises(TypeError, match="coroutine function"):
+        lk.deadline(1)(sync)  # type: ignore[arg-type]
+
+
+def test_objects_that_are_not_policies_are_rejected() -> None:
+    with pytest.raises(TypeError, match="not a latencykit policy"):
+        lk.compose(object())  # type: ignore[arg-type]
+
+
+async def test_custom_policy_plugs_into_the_pipeline() -> None:
+    class Tag:
+        stage = lk.Stage.RETRY
+
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        async def handle(self, call: lk.Call, next: lk.Next) -> typing.Any:
+            self.seen.append(call.target)
+            return await next(call.with_kwargs(suffix="!"))
+
+    tag = Tag()
+
+    async def shout(word: str, suffix: str = "") -> str:
+        return word.upper() + suffix
+
+    pipeline = lk.compose(tag, lk.deadline(5))
+    assert [type(p) for p in pipeline.policies] == [lk.Deadline, Tag]
+    loud = pipeline(shout)
+    assert await loud("hey") == "HEY!"
+    assert tag.seen == [shout.__qualname__]
+
+
+async def test_attempts_are_recorded_in_the_trace() -> None:
+    async def flaky() -> str:
+        raise ConnectionError("down")
+
+    pipeline = lk.compose(lk.fallback("ok"))
+    result, trace = await pipeline.run_traced(lk.Call(flaky, target="provider-a"))
+    assert result == "ok"
+    [attempt] = trace.attempts
+    assert attempt.number == 1 and attempt.target == "provider-a"
+    assert attempt.outcome == "error" and attempt.error_kind is lk.ErrorKind.CONNECTION
+    assert trace.degraded and trace.fallback_reason == "error"
+
+
+async def test_event_handler_failures_are_logged_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(event: lk.Event) -> None:
+        raise RuntimeError("observer bug")
+
+    with lk.subscribe(broken):
+        assert await documented("q") == "q@0.0"
+    assert "event handler" in caplog.text
+
+
+async def test_unsubscribed_handlers_get_nothing() -> None:
+    seen: list[lk.Event] = []
+    subscription = lk.subscribe(seen.append)
+    subscription.close()
+    subscription.close()  # idempotent
+    await documented("q")
+    assert seen == []
+
+
+async def test_attempt_events_pair_up() -> None:
+    seen: list[lk.Event] = []
+    with lk.subscribe(seen.append):
+        await documented("q")
+    kinds = [type(e).__name__ for e in seen]
+    assert kinds == ["AttemptStarted", "AttemptEnded", "CallEnded"]
+    assert len({e.call_id for e in seen}) == 1
+
+
+def test_subscribe_rejects_non_callables() -> None:
+    with pytest.raises(TypeError, match="callable"):
+        lk.subscribe(42)  # type: ignore[arg-type]
+
+
+def test_all_is_complete_and_exact() -> None:
+    public = {
+        name
+        for name, value in vars(lk).items()
+        if not name.startswith("_") and not inspect.ismodule(value)
+    }
+    assert set(lk.__all__) == public
+    assert len(lk.__all__) == len(set(lk.__all__))
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    for name in lk.__all__:
+        value = getattr(lk, name)
+        if isinstance(value, str) or typing.get_origin(value) is not None:
+            continue  # type aliases document themselves in the module docs
+        assert (getattr(value, "__doc__", None) or "").strip(), name
+
+
+def test_import_does_not_import_litellm() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, latencykit; print('litellm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+async def test_concurrent_calls_keep_separate_traces() -> None:
+    @lk.fallback("x")
+    async def work(delay: float) -> int:
+        await anyio.sleep(delay)
+        return lk.current_attempt()
+
+    async with anyio.create_task_group() as tg:
+        for delay in (0.02, 0.01, 0.0):
+            tg.start_soon(work, delay)
+    assert await work(0) == 1
