@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from . import _validation
+from ._asyncio_bridge import run_on_asyncio
 from ._context import Attempt, Trace, current_attempt
 from .errors import provider_error
 from .pipeline import Call, Next, Pipeline, Policy
@@ -234,7 +235,9 @@ class LLM:
     async def _attempt(self, **kwargs: Any) -> Any:
         litellm = _litellm()
         try:
-            response = await litellm.acompletion(**kwargs, max_retries=0, timeout=self.timeout)
+            response = await run_on_asyncio(
+                litellm.acompletion(**kwargs, max_retries=0, timeout=self.timeout)
+            )
         except Exception as exc:
             secrets = (self._api_key,) if self._api_key else ()
             raise provider_error(exc, target=str(kwargs["model"]), secrets=secrets) from exc

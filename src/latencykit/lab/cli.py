@@ -1,0 +1,122 @@
+"""``latencykit lab``: command-line options of the lab."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..testing import LlmperfProfile
+from .report import format_table
+from .rows import ROWS
+from .runner import LabConfig, run_lab, write_json
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The lab's argument parser (also mounted as ``latencykit lab``)."""
+    defaults = LabConfig()
+    parser = parser or argparse.ArgumentParser(
+        prog="latencykit lab",
+        description="Replay a real heavy-tailed LLM latency profile through litellm, bare and "
+        "with latencykit policies, against a local fake provider (offline), and compare tails.",
+    )
+    parser.add_argument(
+        "--run",
+        default=defaults.run,
+        help=f"llmperf run for the primary model (default {defaults.run}; see --list-runs)",
+    )
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=defaults.scale,
+        help=f"time scale of the replayed latencies (default {defaults.scale})",
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=defaults.requests,
+        help=f"requests per row (default {defaults.requests})",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=defaults.concurrency,
+        help=f"requests in flight (default {defaults.concurrency})",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=defaults.deadline,
+        help=f"lk.LLM deadline in seconds (default {defaults.deadline})",
+    )
+    parser.add_argument(
+        "--degrade-after",
+        type=float,
+        default=defaults.degrade_after,
+        help=f"Degrade(after=...) in seconds (default {defaults.degrade_after})",
+    )
+    parser.add_argument(
+        "--degraded-run",
+        default=defaults.degraded_run,
+        help=f"llmperf run for the cheap model (default {defaults.degraded_run})",
+    )
+    parser.add_argument(
+        "--rows",
+        default=",".join(defaults.rows),
+        help=f"comma-separated rows to run, from {', '.join(ROWS)} (default all)",
+    )
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="random seed")
+    parser.add_argument(
+        "--backend",
+        choices=("asyncio", "trio"),
+        default="asyncio",
+        help="event loop (default asyncio)",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=Path("lab-results.json"),
+        help="where to write the results as JSON (default lab-results.json; '-' to skip)",
+    )
+    parser.add_argument("--list-runs", action="store_true", help="list llmperf runs and exit")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the lab from the command line; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return run_from_args(args)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run the lab for parsed arguments (shared with the ``latencykit`` command)."""
+    if args.list_runs:
+        print("\n".join(LlmperfProfile.runs()))
+        return 0
+    try:
+        config = LabConfig(
+            run=args.run,
+            scale=args.scale,
+            requests=args.requests,
+            concurrency=args.concurrency,
+            deadline=args.deadline,
+            degrade_after=args.degrade_after,
+            degraded_run=args.degraded_run,
+            rows=tuple(r.strip() for r in args.rows.split(",") if r.strip()),
+            seed=args.seed,
+        )
+    except (TypeError, ValueError) as exc:
+        print(f"latencykit lab: {exc}", file=sys.stderr)
+        return 2
+    print(
+        "latencykit lab: importing litellm, starting the fake provider on 127.0.0.1 ...",
+        file=sys.stderr,
+    )
+    result = run_lab(config, backend=args.backend)
+    print()
+    print(format_table(result))
+    if str(args.json) != "-":
+        write_json(result, args.json)
+        print(f"\nresults written to {args.json}")
+    return 0

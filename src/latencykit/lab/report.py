@@ -1,0 +1,51 @@
+"""Summaries and the printed table of a lab run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .runner import LabResult
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q``-quantile (0 < q <= 1) of already sorted values."""
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f}"
+
+
+def format_table(result: LabResult) -> str:
+    """The lab's results as a fixed-width text table (latencies in milliseconds)."""
+    header = (
+        f"{'policy':<30} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7} "
+        f"{'errors':>7} {'extra req':>10} {'degraded':>9}"
+    )
+    lines = [header, "-" * len(header)]
+    for row in result.rows:
+        lines.append(
+            f"{row.label:<30} {_ms(row.p50):>7} {_ms(row.p90):>7} {_ms(row.p99):>7} "
+            f"{_ms(row.max):>7} {row.errors:>7} {row.extra_load_pct:>9.1f}% "
+            f"{row.degraded:>9}"
+        )
+    config = result.config
+    lines += [
+        "",
+        f"latencies in ms over {config.requests} requests per row at concurrency "
+        f"{config.concurrency}; primary replays llmperf {config.run} x{config.scale:g}, "
+        f"degraded path {config.degraded_run} x{config.scale:g}",
+        f"lk.LLM(deadline={config.deadline:g}s, degrade=Degrade(after={config.degrade_after:g}s, "
+        f"max_tokens={config.degraded_max_tokens}))",
+    ]
+    for row in result.rows:
+        if row.error_types:
+            kinds = ", ".join(f"{name} x{count}" for name, count in row.error_types.items())
+            lines.append(f"errors in {row.label}: {kinds}")
+    return "\n".join(lines)

@@ -1,0 +1,103 @@
+"""The lab's rows: one way of calling the provider each (bare litellm, latencykit policies).
+
+A row is a factory: given the lab's context it returns ``send(i) -> Sent``, the coroutine that
+makes request ``i``. Later policies (hedging, failover) add rows here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import latencykit as lk
+
+PRIMARY = "lab-primary"
+"""Model name the fake provider serves with the replayed heavy-tailed profile."""
+DEGRADED = "lab-degraded"
+"""Model name the fake provider serves with the light profile (the cheap path)."""
+REQUEST_HEADER = "x-lab-request"
+"""Header carrying the request index, so every row replays the same first-attempt latencies."""
+
+MESSAGES = [
+    {"role": "system", "content": "You are a concise assistant."},
+    {"role": "user", "content": "Summarise the causes of tail latency in LLM serving."},
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """How one request went, as the client saw it."""
+
+    latency: float
+    ok: bool
+    degraded: bool = False
+    error_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RowContext:
+    """What a row needs to build its client."""
+
+    base_url: str
+    deadline: float
+    degrade_after: float
+    degraded_max_tokens: int
+
+
+Send = Callable[[int], Awaitable[Sent]]
+
+
+def _kwargs(ctx: RowContext, i: int) -> dict[str, Any]:
+    return {
+        "messages": MESSAGES,
+        "api_base": ctx.base_url,
+        "api_key": "lab-key-not-secret",
+        "extra_headers": {REQUEST_HEADER: str(i)},
+    }
+
+
+def bare(ctx: RowContext) -> Send:
+    """litellm as most apps call it: ``litellm.acompletion`` with its defaults."""
+    import litellm
+
+    async def send(i: int) -> Sent:
+        started = time.monotonic()
+        try:
+            await litellm.acompletion(model=f"openai/{PRIMARY}", **_kwargs(ctx, i))
+        except Exception as exc:
+            return Sent(time.monotonic() - started, ok=False, error_type=type(exc).__name__)
+        return Sent(time.monotonic() - started, ok=True)
+
+    return send
+
+
+def deadline_degrade(ctx: RowContext) -> Send:
+    """``lk.LLM`` with a total deadline and a degraded path to a cheaper model."""
+    llm = lk.LLM(
+        f"openai/{PRIMARY}",
+        deadline=ctx.deadline,
+        degrade=lk.Degrade(
+            model=f"openai/{DEGRADED}",
+            max_tokens=ctx.degraded_max_tokens,
+            after=ctx.degrade_after,
+        ),
+    )
+
+    async def send(i: int) -> Sent:
+        started = time.monotonic()
+        try:
+            response = await llm.acompletion(**_kwargs(ctx, i))
+        except Exception as exc:
+            return Sent(time.monotonic() - started, ok=False, error_type=type(exc).__name__)
+        return Sent(time.monotonic() - started, ok=True, degraded=lk.report(response).degraded)
+
+    return send
+
+
+ROWS: dict[str, tuple[str, Callable[[RowContext], Send]]] = {
+    "bare": ("litellm.acompletion (bare)", bare),
+    "deadline+degrade": ("lk.LLM deadline + degrade", deadline_degrade),
+}
+"""Row key -> (label, factory), in display order."""

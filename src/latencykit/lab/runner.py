@@ -1,0 +1,253 @@
+"""Running the lab: the fake provider, the workload, one pass per row, the results."""
+
+from __future__ import annotations
+
+import json
+import platform
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import anyio
+
+from .. import _validation
+from ..testing import Behavior, FakeProvider, LlmperfProfile, RequestInfo
+from .report import percentile
+from .rows import DEGRADED, PRIMARY, REQUEST_HEADER, ROWS, RowContext, Sent
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabConfig:
+    """What the lab runs. Every field has a default; ``latencykit lab --help`` lists them.
+
+    Attributes:
+        run: llmperf run replayed by the primary model (default ``"together/13b"``: TTFT p50
+            0.55 s, p99 53 s).
+        scale: time scale applied to the replayed latencies (default ``0.05``: the 100 s tail
+            becomes 5 s, so the lab finishes in well under two minutes).
+        requests: requests per row (default ``600``).
+        concurrency: requests in flight at once (default ``20``).
+        deadline: ``lk.LLM(deadline=...)`` in seconds (default ``0.5``).
+        degrade_after: ``lk.Degrade(after=...)`` in seconds (default ``0.25``).
+        degraded_run: llmperf run replayed by the cheap model (default ``"groq/70b"``, the
+            lightest tail in the data).
+        degraded_max_tokens: ``lk.Degrade(max_tokens=...)`` (default ``64``).
+        rows: which rows to run, by key (default: all, see ``latencykit.lab.rows.ROWS``).
+        seed: seeds the workload and the fake provider (default ``7``).
+    """
+
+    run: str = "together/13b"
+    scale: float = 0.05
+    requests: int = 600
+    concurrency: int = 20
+    deadline: float = 0.5
+    degrade_after: float = 0.25
+    degraded_run: str = "groq/70b"
+    degraded_max_tokens: int = 64
+    rows: tuple[str, ...] = tuple(ROWS)
+    seed: int = 7
+
+    def __post_init__(self) -> None:
+        for name in ("scale", "deadline", "degrade_after"):
+            _validation.seconds(f"LabConfig.{name}", getattr(self, name))
+        for name in ("requests", "concurrency", "degraded_max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"LabConfig.{name} must be a positive int, got {value!r}")
+        if self.degrade_after >= self.deadline:
+            raise ValueError("LabConfig.degrade_after must be shorter than LabConfig.deadline")
+        unknown = [row for row in self.rows if row not in ROWS]
+        if unknown or not self.rows:
+            raise ValueError(f"LabConfig.rows: unknown {unknown}; choose from {list(ROWS)}")
+        runs = LlmperfProfile.runs()
+        for name in ("run", "degraded_run"):
+            if getattr(self, name) not in runs:
+                raise ValueError(f"LabConfig.{name} must be one of {runs}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowResult:
+    """One row of the lab's table. Latencies are client-observed seconds per request."""
+
+    key: str
+    label: str
+    requests: int
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    errors: int
+    upstream_requests: int
+    extra_load_pct: float
+    degraded: int
+    wall_time: float
+    error_types: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabResult:
+    """All rows of one lab run, with the configuration and the machine it ran on."""
+
+    config: LabConfig
+    rows: tuple[RowResult, ...]
+    machine: dict[str, str]
+
+    def to_json(self) -> str:
+        """The result as JSON (what ``--json`` writes)."""
+        return json.dumps(asdict(self), indent=2, sort_keys=False)
+
+
+class _ReplayScript:
+    """Primary model script: the first attempt of request ``i`` replays the i-th pre-drawn row,
+    so every row of the lab sees the same latencies; later attempts of the same request (hedges,
+    retries) draw fresh rows, as a real provider's queueing would."""
+
+    def __init__(self, profile: LlmperfProfile, requests: int, seed: int) -> None:
+        rng = random.Random(seed)
+        self._profile = profile
+        self._first = [profile.sample(rng) for _ in range(requests)]
+        self._seen: set[int] = set()
+
+    def __call__(self, request: RequestInfo) -> Behavior:
+        index = int(request.headers.get(REQUEST_HEADER, "-1"))
+        if 0 <= index < len(self._first) and index not in self._seen:
+            self._seen.add(index)
+            return self._first[index]
+        return self._profile.sample(request.rng)
+
+
+async def _run_row(
+    send: Callable[[int], Any],
+    requests: int,
+    concurrency: int,
+    label: str,
+    progress: TextIO | None,
+) -> tuple[list[Sent], float]:
+    results: list[Sent] = []
+    limiter = anyio.CapacityLimiter(concurrency)
+    started = time.monotonic()
+
+    async def one(i: int) -> None:
+        async with limiter:
+            results.append(await send(i))
+
+    async def report_progress() -> None:
+        assert progress is not None
+        shown = -1
+        while True:
+            done = len(results) * 10 // requests
+            if done != shown:
+                shown = done
+                elapsed = time.monotonic() - started
+                print(f"  {label:<32} {len(results):>5}/{requests}  {elapsed:5.1f}s", file=progress)
+            await anyio.sleep(0.1)
+
+    async with anyio.create_task_group() as tg:
+        if progress is not None:
+            tg.start_soon(report_progress)
+        async with anyio.create_task_group() as workers:
+            for i in range(requests):
+                workers.start_soon(one, i)
+        tg.cancel_scope.cancel()
+    return results, time.monotonic() - started
+
+
+def _summarise(
+    key: str, label: str, sent: Sequence[Sent], upstream: int, wall_time: float
+) -> RowResult:
+    latencies = sorted(s.latency for s in sent)
+    errors: dict[str, int] = {}
+    for s in sent:
+        if not s.ok:
+            errors[s.error_type or "?"] = errors.get(s.error_type or "?", 0) + 1
+    return RowResult(
+        key=key,
+        label=label,
+        requests=len(sent),
+        p50=percentile(latencies, 0.50),
+        p90=percentile(latencies, 0.90),
+        p99=percentile(latencies, 0.99),
+        max=latencies[-1],
+        errors=sum(errors.values()),
+        upstream_requests=upstream,
+        extra_load_pct=100.0 * (upstream - len(sent)) / len(sent),
+        degraded=sum(s.degraded for s in sent),
+        wall_time=wall_time,
+        error_types=errors,
+    )
+
+
+async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
+    primary = LlmperfProfile.load(config.run, scale=config.scale)
+    cheap = LlmperfProfile.load(
+        config.degraded_run, scale=config.scale, max_output_tokens=config.degraded_max_tokens
+    )
+    results: list[RowResult] = []
+    with FakeProvider(seed=config.seed) as fake:
+        ctx = RowContext(
+            base_url=fake.base_url,
+            deadline=config.deadline,
+            degrade_after=config.degrade_after,
+            degraded_max_tokens=config.degraded_max_tokens,
+        )
+        for key in config.rows:
+            label, factory = ROWS[key]
+            send = factory(ctx)
+            fake.reset()
+            fake.script(DEGRADED, cheap)
+            fake.script(PRIMARY, Behavior())
+            for i in range(3):  # warm-up: connections, litellm's client cache
+                await send(-1 - i)
+            fake.reset()
+            fake.script(PRIMARY, _ReplayScript(primary, config.requests, config.seed))
+            fake.script(DEGRADED, cheap)
+            sent, wall = await _run_row(send, config.requests, config.concurrency, label, progress)
+            results.append(_summarise(key, label, sent, len(fake.attempts), wall))
+    return LabResult(
+        config=config,
+        rows=tuple(results),
+        machine={
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "litellm": _litellm_version(),
+        },
+    )
+
+
+def _litellm_version() -> str:
+    from importlib.metadata import version
+
+    return version("litellm")
+
+
+def prepare_litellm() -> None:
+    """Import litellm offline and quietly, then freeze the heap so GC pauses stay off the tail."""
+    import gc
+    import os
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    litellm.suppress_debug_info = True
+    gc.collect()
+    gc.freeze()
+
+
+def run_lab(
+    config: LabConfig | None = None,
+    *,
+    backend: str = "asyncio",
+    progress: TextIO | None = sys.stderr,
+) -> LabResult:
+    """Run the lab and return its results (``progress=None`` keeps it silent)."""
+    prepare_litellm()
+    return anyio.run(_lab, config or LabConfig(), progress, backend=backend)
+
+
+def write_json(result: LabResult, path: Path) -> None:
+    """Write ``result`` as JSON to ``path``."""
+    path.write_text(result.to_json() + "\n", encoding="utf-8")

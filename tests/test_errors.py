@@ -1,0 +1,129 @@
+"""The error classifier and the typed exceptions (pure logic; litellm classes via the fake
+provider are covered in test_llm.py)."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+
+import pytest
+
+import latencykit as lk
+from latencykit.errors import provider_error, scrub
+
+
+class StatusError(Exception):
+    def __init__(self, status_code: int, headers: dict[str, str] | None = None) -> None:
+        super().__init__(f"HTTP {status_code}")
+        self.status_code = status_code
+        self.headers = headers or {}
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (429, lk.ErrorKind.RATE_LIMITED),
+        (408, lk.ErrorKind.TIMEOUT),
+        (500, lk.ErrorKind.SERVER_ERROR),
+        (503, lk.ErrorKind.SERVER_ERROR),
+        (401, lk.ErrorKind.AUTHENTICATION),
+        (403, lk.ErrorKind.AUTHENTICATION),
+        (400, lk.ErrorKind.BAD_REQUEST),
+        (404, lk.ErrorKind.BAD_REQUEST),
+    ],
+)
+def test_classify_by_status(status: int, kind: lk.ErrorKind) -> None:
+    assert lk.classify(StatusError(status)) is kind
+
+
+def test_classify_builtin_errors() -> None:
+    assert lk.classify(TimeoutError()) is lk.ErrorKind.TIMEOUT
+    assert lk.classify(lk.DeadlineExceeded(1.0, 1.0)) is lk.ErrorKind.TIMEOUT
+    assert lk.classify(ConnectionRefusedError()) is lk.ErrorKind.CONNECTION
+    assert lk.classify(ValueError("bug")) is lk.ErrorKind.UNKNOWN
+    assert not lk.is_transient(ValueError("bug"))
+    assert lk.is_transient(ConnectionResetError())
+
+
+def test_server_error_caused_by_a_refused_connection_is_a_connection_error() -> None:
+    outer = StatusError(500)
+    outer.__cause__ = ConnectionRefusedError("refused")
+    assert lk.classify(outer) is lk.ErrorKind.CONNECTION
+
+
+def test_transient_kinds() -> None:
+    transient = {k for k in lk.ErrorKind if k.transient}
+    assert transient == {
+        lk.ErrorKind.RATE_LIMITED,
+        lk.ErrorKind.SERVER_ERROR,
+        lk.ErrorKind.CONNECTION,
+        lk.ErrorKind.TIMEOUT,
+        lk.ErrorKind.STREAM_BROKEN,
+    }
+
+
+def test_retry_after_forms() -> None:
+    assert lk.retry_after(StatusError(429, {"retry-after": "2"})) == 2.0
+    assert lk.retry_after(StatusError(429, {"retry-after-ms": "1500"})) == 1.5
+    date = email.utils.formatdate(time.time() + 30, usegmt=True)
+    after = lk.retry_after(StatusError(429, {"retry-after": date}))
+    assert after is not None and 25 < after <= 31
+    assert lk.retry_after(StatusError(429, {"retry-after": "soon"})) is None
+    assert lk.retry_after(StatusError(429)) is None
+    wrapped = RuntimeError("wrapper")
+    wrapped.__cause__ = StatusError(429, {"retry-after": "3"})
+    assert lk.retry_after(wrapped) == 3.0
+
+
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [
+        (429, lk.RateLimited),
+        (503, lk.ProviderUnavailable),
+        (408, lk.AttemptTimeout),
+        (401, lk.AuthenticationFailed),
+        (400, lk.BadRequest),
+    ],
+)
+def test_provider_error_types(status: int, cls: type[lk.ProviderError]) -> None:
+    error = provider_error(StatusError(status, {"retry-after": "1"}), target="openai/x")
+    assert type(error) is cls
+    assert error.target == "openai/x"
+    assert error.status_code == status
+    assert error.retry_after == 1.0
+    assert str(error).startswith(f"openai/x: {cls.kind.value} (HTTP {status}):")
+
+
+def test_transient_provider_errors_share_a_base() -> None:
+    assert issubclass(lk.RateLimited, lk.TransientError)
+    assert issubclass(lk.AttemptTimeout, TimeoutError)
+    assert not issubclass(lk.ContentPolicyViolation, lk.TransientError)
+    assert issubclass(lk.DeadlineExceeded, TimeoutError)
+
+
+def test_secrets_never_reach_messages() -> None:
+    raw = StatusError(401)
+    raw.args = ("Incorrect API key provided: sk-abcdef1234567890XYZ. Authorization: Bearer tok.en",)
+    error = provider_error(raw, target="openai/x", secrets=("my-own-secret",))
+    assert "sk-abcdef" not in str(error)
+    assert "tok.en" not in str(error)
+    assert scrub("key my-own-secret here", "my-own-secret") == "key *** here"
+    assert scrub('{"api_key": "abc123"}') == '{"***"}'
+
+
+def test_long_provider_messages_are_cut() -> None:
+    raw = StatusError(500)
+    raw.args = ("x" * 5000,)
+    assert len(provider_error(raw, target="t").provider_message) == 500
+
+
+def test_attempt_history_is_rendered_in_the_message() -> None:
+    error = lk.DeadlineExceeded(2.0, 2.01)
+    error.attempts = (
+        lk.Attempt(1, "openai/gpt-4o", 0.0, 2.01, "cancelled"),
+        lk.Attempt(2, "openai/mini", 1.5, 0.2, "error", "RateLimited", lk.ErrorKind.RATE_LIMITED),
+    )
+    text = str(error)
+    assert "deadline of 2.000s exceeded after 2.010s" in text
+    assert "#1 openai/gpt-4o at +0.000s for 2.010s: cancelled" in text
+    assert "#2 openai/mini at +1.500s for 0.200s: RateLimited [rate_limited]" in text

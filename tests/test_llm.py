@@ -1,0 +1,256 @@
+"""lk.LLM through real litellm against the fake provider on 127.0.0.1."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import latencykit as lk
+from latencykit.testing import Behavior, FakeProvider, Fault, RequestInfo
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+SECRET = "sk-test-secret-0123456789abcdef"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeProvider]:
+    with FakeProvider() as provider:
+        yield provider
+
+
+def make_llm(fake: FakeProvider, model: str = "primary", **options: Any) -> lk.LLM:
+    return lk.LLM(f"openai/{model}", api_base=fake.base_url, api_key=SECRET, **options)
+
+
+async def test_plain_call_returns_litellm_response_with_report(fake: FakeProvider) -> None:
+    llm = make_llm(fake)
+    response = await llm.acompletion(messages=MESSAGES)
+    assert type(response).__name__ == "ModelResponse"
+    assert response.choices[0].message.content
+    report = lk.report(response)
+    assert report.target == "openai/primary"
+    assert report.answered_by == 1
+    assert not report.degraded and report.fallback_reason is None
+    assert [a.outcome for a in report.attempts] == ["ok"]
+    assert report.duration > 0
+    [seen] = fake.attempts
+    assert seen.model == "primary" and seen.completed
+
+
+async def test_deadline_cancels_the_request_and_closes_its_connection(
+    fake: FakeProvider,
+) -> None:
+    fake.script("slow", Behavior(ttft=30.0))
+    llm = make_llm(fake, "slow", deadline=0.3)
+    with pytest.raises(lk.DeadlineExceeded) as info:
+        await llm.acompletion(messages=MESSAGES)
+    raised_at = time.monotonic()
+    assert info.value.budget == pytest.approx(0.3)
+    assert [a.outcome for a in info.value.attempts] == ["cancelled"]
+    [attempt] = await fake.wait_for_async(lambda a: len(a) == 1 and a[0].disconnected, 2.0)
+    assert attempt.disconnected_at is not None and attempt.ended_at is None
+    # The connection is closed when the cancel lands, before the error even reaches us.
+    assert attempt.disconnected_at - raised_at <= 0.05
+
+
+async def test_degrade_after_timeout_answers_from_the_cheap_model(fake: FakeProvider) -> None:
+    fake.script("slow", Behavior(ttft=30.0))
+    fake.script("cheap", Behavior(output_tokens=3))
+    llm = make_llm(
+        fake,
+        "slow",
+        deadline=5.0,
+        degrade=lk.Degrade(model="openai/cheap", max_tokens=16, after=0.2),
+    )
+    seen: list[lk.Event] = []
+    with lk.subscribe(seen.append):
+        response = await llm.acompletion(messages=MESSAGES)
+    report = lk.report(response)
+    assert report.degraded and report.fallback_reason == "timeout"
+    assert report.target == "openai/cheap"
+    assert report.answered_by == 2
+    assert [(a.target, a.outcome) for a in report.attempts] == [
+        ("openai/slow", "cancelled"),
+        ("openai/cheap", "ok"),
+    ]
+    [used] = [e for e in seen if isinstance(e, lk.FallbackUsed)]
+    assert used.reason == "timeout" and used.elapsed >= 0.2
+    slow, cheap = await fake.wait_for_async(lambda a: len(a) == 2 and a[0].disconnected, 2.0)
+    assert slow.model == "slow" and cheap.model == "cheap"
+    assert cheap.request_headers is not None
+
+
+async def test_degrade_after_a_provider_error(fake: FakeProvider) -> None:
+    fake.script("down", Behavior(fault=Fault.HTTP_503))
+    llm = make_llm(fake, "down", degrade=lk.Degrade(model="openai/cheap"))
+    response = await llm.acompletion(messages=MESSAGES)
+    report = lk.report(response)
+    assert report.degraded and report.fallback_reason == "error"
+    assert [a.error_kind for a in report.attempts] == [lk.ErrorKind.SERVER_ERROR, None]
+    assert report.model == "cheap"
+
+
+async def test_degrade_rewrites_max_tokens_down_only(fake: FakeProvider) -> None:
+    seen: list[tuple[object, object]] = []
+
+    def first_fails(request: RequestInfo) -> Behavior:
+        seen.append((request.body.get("max_tokens"), request.body.get("temperature")))
+        return Behavior(fault=Fault.HTTP_500) if len(seen) % 2 else Behavior()
+
+    fake.script("flaky", first_fails)
+    llm = make_llm(fake, "flaky", degrade=lk.Degrade(max_tokens=8, overrides={"temperature": 0}))
+    await llm.acompletion(messages=MESSAGES, max_tokens=100, temperature=1)
+    await llm.acompletion(messages=MESSAGES, max_tokens=4)
+    assert seen == [(100, 1), (8, 0), (4, None), (4, 0)]
+
+
+async def test_non_transient_errors_skip_the_degraded_path(fake: FakeProvider) -> None:
+    fake.script("strict", Behavior(fault=Fault.CONTENT_POLICY))
+    llm = make_llm(fake, "strict", degrade=lk.Degrade(model="openai/cheap"))
+    with pytest.raises(lk.ContentPolicyViolation) as info:
+        await llm.acompletion(messages=MESSAGES)
+    assert "flagged: violence" in info.value.provider_message
+    assert len(info.value.attempts) == 1
+    assert [a.model for a in fake.attempts] == ["strict"]
+
+
+@pytest.mark.parametrize(
+    ("behavior", "error_type", "kind"),
+    [
+        (Behavior(fault=Fault.HTTP_429, retry_after=2), lk.RateLimited, lk.ErrorKind.RATE_LIMITED),
+        (Behavior(fault=Fault.HTTP_500), lk.ProviderUnavailable, lk.ErrorKind.SERVER_ERROR),
+        (Behavior(fault=Fault.HTTP_503), lk.ProviderUnavailable, lk.ErrorKind.SERVER_ERROR),
+        (
+            Behavior(fault=Fault.RESET_BEFORE_HEADERS),
+            lk.ProviderConnectionError,
+            lk.ErrorKind.CONNECTION,
+        ),
+        (
+            Behavior(fault=Fault.CONTEXT_LENGTH),
+            lk.ContextLengthExceeded,
+            lk.ErrorKind.CONTEXT_LENGTH,
+        ),
+        (
+            Behavior(fault=Fault.CONTENT_POLICY),
+            lk.ContentPolicyViolation,
+            lk.ErrorKind.CONTENT_POLICY,
+        ),
+        (Behavior(fault=Fault.HANG), lk.AttemptTimeout, lk.ErrorKind.TIMEOUT),
+    ],
+)
+async def test_provider_errors_are_typed_and_carry_the_history(
+    fake: FakeProvider, behavior: Behavior, error_type: type[lk.ProviderError], kind: lk.ErrorKind
+) -> None:
+    fake.script("faulty", behavior)
+    llm = make_llm(fake, "faulty", timeout=0.5)
+    with pytest.raises(lk.ProviderError) as info:
+        await llm.acompletion(messages=MESSAGES)
+    error = info.value
+    assert type(error) is error_type
+    assert error.kind is kind and lk.classify(error) is kind
+    assert error.target == "openai/faulty"
+    assert error.__cause__ is not None and type(error.__cause__).__module__.startswith("litellm")
+    assert lk.classify(error.__cause__) is kind  # the classifier knows litellm's own types
+    [attempt] = error.attempts
+    assert attempt.outcome == "error" and attempt.error_kind is kind
+    assert SECRET not in str(error) and SECRET not in repr(error)
+    if kind is lk.ErrorKind.RATE_LIMITED:
+        assert error.retry_after == 2.0 and error.status_code == 429
+
+
+async def test_connection_refused_is_a_connection_error() -> None:
+    with FakeProvider() as closed:
+        base_url = closed.base_url
+    llm = lk.LLM("openai/gone", api_base=base_url, api_key=SECRET)
+    with pytest.raises(lk.ProviderConnectionError) as info:
+        await llm.acompletion(messages=MESSAGES)
+    assert info.value.kind is lk.ErrorKind.CONNECTION
+    assert SECRET not in str(info.value)
+
+
+async def test_context_window_from_the_prompt_size(fake: FakeProvider) -> None:
+    fake.script("small", Behavior(context_window=8))
+    llm = make_llm(fake, "small")
+    with pytest.raises(lk.ContextLengthExceeded):
+        await llm.acompletion(messages=[{"role": "user", "content": "word " * 200}])
+
+
+async def test_api_key_stays_out_of_reprs_and_reports(fake: FakeProvider) -> None:
+    llm = make_llm(fake)
+    response = await llm.acompletion(messages=MESSAGES)
+    assert SECRET not in repr(llm)
+    assert SECRET not in repr(lk.report(response))
+    [seen] = fake.attempts
+    assert SECRET not in str(seen.request_headers)
+
+
+def test_report_of_a_foreign_object() -> None:
+    with pytest.raises(LookupError):
+        lk.report(object())
+
+
+@pytest.mark.parametrize("name", ["max_retries", "timeout", "num_retries"])
+async def test_arguments_latencykit_owns_are_refused(fake: FakeProvider, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        await make_llm(fake).acompletion(messages=MESSAGES, **{name: 1})
+    assert fake.attempts == []
+
+
+async def test_streaming_is_refused_until_supported(fake: FakeProvider) -> None:
+    with pytest.raises(ValueError, match="stream"):
+        await make_llm(fake).acompletion(messages=MESSAGES, stream=True)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"deadline": -1}, r"LLM\.deadline"),
+        ({"deadline": 0}, r"LLM\.deadline"),
+        ({"timeout": 0}, r"LLM\.timeout"),
+        ({"deadline": 3, "degrade": lk.Degrade(model="m", after=5)}, r"degrade\.after"),
+        ({"defaults": {"max_retries": 3}}, r"max_retries"),
+        ({"defaults": {"model": "x"}}, r"model"),
+    ],
+)
+def test_invalid_llm_configuration_names_the_field(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        lk.LLM("openai/x", **options)
+
+
+def test_unknown_llm_option_is_rejected() -> None:
+    with pytest.raises(TypeError, match="deadlin"):
+        lk.LLM("openai/x", deadlin=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"LLM\.degrade"):
+        lk.LLM("openai/x", degrade={"model": "m"})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"model": "m", "after": -1}, r"Degrade\.after"),
+        ({"model": "m", "max_tokens": 0}, r"Degrade\.max_tokens"),
+        ({"model": ""}, r"Degrade\.model"),
+        ({}, "at least one of"),
+        ({"overrides": {"timeout": 1}}, r"Degrade\.overrides"),
+    ],
+)
+def test_invalid_degrade_names_the_field(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        lk.Degrade(**options)
+
+
+def test_unknown_degrade_option_is_rejected() -> None:
+    with pytest.raises(TypeError, match="modle"):
+        lk.Degrade(modle="m")  # type: ignore[call-arg]
+
+
+async def test_many_calls_reuse_connections(fake: FakeProvider) -> None:
+    llm = make_llm(fake)
+    for _ in range(10):
+        await llm.acompletion(messages=MESSAGES)
+    assert fake.connections_opened <= 2
