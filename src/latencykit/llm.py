@@ -158,6 +158,8 @@ class LLM:
             (default none), e.g. ``{"temperature": 0}``.
 
     Invalid options raise ``ValueError``/``TypeError`` naming the field at construction.
+    Constructing the first ``LLM`` imports litellm (seconds, once per process): at start-up,
+    not inside the first call, where the import would block the event loop.
     """
 
     def __init__(
@@ -200,6 +202,9 @@ class LLM:
                 )
             policies.append(Fallback(self._degraded_path, after=after, on=degrade.on))
         self._pipeline = Pipeline(policies)
+        # Import litellm now (seconds, once per process) rather than inside the first call,
+        # where the import would block the event loop and no deadline could preempt it.
+        self._litellm = _litellm()
 
     def __repr__(self) -> str:
         return (
@@ -233,10 +238,9 @@ class LLM:
         return response
 
     async def _attempt(self, **kwargs: Any) -> Any:
-        litellm = _litellm()
         try:
             response = await run_on_asyncio(
-                litellm.acompletion(**kwargs, max_retries=0, timeout=self.timeout)
+                self._litellm.acompletion(**kwargs, max_retries=0, timeout=self.timeout)
             )
         except Exception as exc:
             secrets = (self._api_key,) if self._api_key else ()

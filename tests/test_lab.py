@@ -1,0 +1,72 @@
+"""The latency lab end to end (small workload), and its command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from latencykit.__main__ import main as latencykit_main
+from latencykit.lab import LabConfig, run_lab
+from latencykit.lab.report import format_table, percentile
+
+
+@pytest.mark.timeout(120)
+def test_lab_bounds_the_tail_the_bare_row_does_not() -> None:
+    # replicate/70b has a heavy body and tail (e2e p90 23 s): at x0.02 most tails exceed 0.3 s.
+    config = LabConfig(
+        run="replicate/70b",
+        scale=0.02,
+        requests=80,
+        concurrency=10,
+        deadline=0.6,
+        degrade_after=0.3,
+    )
+    result = run_lab(config, progress=None)
+    bare, guarded = result.rows
+    assert bare.key == "bare" and guarded.key == "deadline+degrade"
+    assert bare.requests == guarded.requests == 80
+    assert bare.errors == 0 and guarded.errors == 0
+    assert bare.max > config.deadline  # the tail is there...
+    assert guarded.max < bare.max  # ...and the policies cut it
+    assert guarded.p99 <= config.deadline + 0.3  # bounded by the deadline (margin: loaded CI)
+    assert guarded.degraded > 0
+    assert bare.upstream_requests == 80 and bare.extra_load_pct == 0.0
+    assert guarded.upstream_requests == 80 + guarded.degraded
+    table = format_table(result)
+    assert "litellm.acompletion (bare)" in table and "lk.LLM deadline + degrade" in table
+    assert json.loads(result.to_json())["rows"][1]["degraded"] == guarded.degraded
+
+
+def test_cli_lists_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert latencykit_main(["lab", "--list-runs"]) == 0
+    runs = capsys.readouterr().out.split()
+    assert "together/13b" in runs and "groq/70b" in runs
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--deadline", "0.2", "--degrade-after", "0.3"], "degrade_after"),
+        (["--requests", "0"], "requests"),
+        (["--rows", "nope"], "rows"),
+        (["--run", "acme/1b"], "run"),
+    ],
+)
+def test_cli_rejects_bad_options(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert latencykit_main(["lab", *args, "--json", str(tmp_path / "x.json")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_percentile_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.5) == 50.0
+    assert percentile(values, 0.99) == 99.0
+    assert percentile(values, 1.0) == 100.0
+    assert percentile([3.0], 0.01) == 3.0
+    with pytest.raises(ValueError, match="no values"):
+        percentile([], 0.5)
