@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email.utils
 import time
+from typing import Any
 
 import pytest
 
@@ -127,3 +128,64 @@ def test_attempt_history_is_rendered_in_the_message() -> None:
     assert "deadline of 2.000s exceeded after 2.010s" in text
     assert "#1 openai/gpt-4o at +0.000s for 2.010s: cancelled" in text
     assert "#2 openai/mini at +1.500s for 0.200s: RateLimited [rate_limited]" in text
+
+
+def _litellm_errors() -> list[tuple[BaseException, lk.ErrorKind]]:
+    import httpx
+    from litellm import exceptions as e
+
+    def response(status: int) -> httpx.Response:
+        return httpx.Response(status, request=httpx.Request("POST", "http://127.0.0.1/v1"))
+
+    common: dict[str, Any] = {"model": "m", "llm_provider": "openai"}
+    refused = e.InternalServerError("Connection error.", response=response(500), **common)
+    refused.__cause__ = e.APIConnectionError("Connection error.", **common)
+    return [
+        (
+            e.RateLimitError("slow down", response=response(429), **common),
+            lk.ErrorKind.RATE_LIMITED,
+        ),
+        (
+            e.InternalServerError("boom", response=response(500), **common),
+            lk.ErrorKind.SERVER_ERROR,
+        ),
+        (refused, lk.ErrorKind.CONNECTION),
+        (
+            e.ServiceUnavailableError("busy", response=response(503), **common),
+            lk.ErrorKind.SERVER_ERROR,
+        ),
+        (e.BadGatewayError("gw", response=response(502), **common), lk.ErrorKind.SERVER_ERROR),
+        (e.Timeout("took too long", **common), lk.ErrorKind.TIMEOUT),
+        (e.APIConnectionError("refused", **common), lk.ErrorKind.CONNECTION),
+        (
+            e.MidStreamFallbackError("stream died", generated_content="par", **common),
+            lk.ErrorKind.STREAM_BROKEN,
+        ),
+        (e.ContextWindowExceededError("too long", **common), lk.ErrorKind.CONTEXT_LENGTH),
+        (e.ContentPolicyViolationError("flagged", **common), lk.ErrorKind.CONTENT_POLICY),
+        (
+            e.AuthenticationError("bad key", response=response(401), **common),
+            lk.ErrorKind.AUTHENTICATION,
+        ),
+        (
+            e.PermissionDeniedError("no", response=response(403), **common),
+            lk.ErrorKind.AUTHENTICATION,
+        ),
+        (
+            e.NotFoundError("no such model", response=response(404), **common),
+            lk.ErrorKind.BAD_REQUEST,
+        ),
+        (e.BadRequestError("bad", response=response(400), **common), lk.ErrorKind.BAD_REQUEST),
+        (
+            e.UnprocessableEntityError("bad", response=response(422), **common),
+            lk.ErrorKind.BAD_REQUEST,
+        ),
+    ]
+
+
+def test_classify_every_litellm_exception_type() -> None:
+    # Built directly from litellm's classes (pure classification); test_llm.py checks the same
+    # kinds arise from real HTTP faults through litellm.
+    for error, kind in _litellm_errors():
+        assert lk.classify(error) is kind, type(error).__name__
+        assert type(provider_error(error, target="t")).kind is kind

@@ -1,0 +1,33 @@
+"""A fake OpenAI-compatible LLM provider on a real local socket, for tests, demos and CI.
+
+>>> from latencykit.testing import FakeProvider, Behavior, Fault
+>>> with FakeProvider() as fake:                      # doctest: +SKIP
+...     fake.script("slow", Behavior(ttft=5.0))
+...     fake.script("flaky", [Behavior(fault=Fault.HTTP_503), Behavior()])
+...     # litellm.acompletion(model="openai/slow", api_base=fake.base_url, api_key="x", ...)
+
+Importing this package is cheap: the asyncio server is imported when a provider starts.
+See ``docs/testing.md``.
+"""
+
+from ._behavior import Behavior as Behavior
+from ._behavior import Fault as Fault
+from ._latency import Latency as Latency
+from ._profiles import LlmperfProfile as LlmperfProfile
+from ._records import RecordedAttempt as RecordedAttempt
+from ._request import RequestInfo as RequestInfo
+from ._script import Script as Script
+from ._server import FakeProvider as FakeProvider
+from ._server import Predicate as Predicate
+
+__all__ = [
+    "Behavior",
+    "FakeProvider",
+    "Fault",
+    "Latency",
+    "LlmperfProfile",
+    "Predicate",
+    "RecordedAttempt",
+    "RequestInfo",
+    "Script",
+]

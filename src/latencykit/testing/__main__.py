@@ -1,0 +1,99 @@
+"""``python -m latencykit.testing``: run the fake provider in the foreground.
+
+Prints the base URL, then one line per finished request; Ctrl-C stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+
+from ._behavior import Behavior, Fault
+from ._profiles import LlmperfProfile
+from ._records import RecordedAttempt
+from ._server import FakeProvider
+
+_SERVER_ABORTS = (Fault.CUT, Fault.RESET_BEFORE_HEADERS)
+
+
+def _line(a: RecordedAttempt) -> str:
+    if a.disconnected_at is not None:
+        end, outcome = a.disconnected_at, "client disconnected"
+    elif a.ended_at is not None:
+        end, outcome = a.ended_at, f"status {a.status}"
+    else:
+        end, outcome = None, f"aborted by the server ({a.fault.value if a.fault else 'stop'})"
+    took = f"{end - a.arrived_at:7.3f}s" if end is not None else "       -"
+    ttfb = f"{a.first_byte_at - a.arrived_at:7.3f}s" if a.first_byte_at is not None else "       -"
+    kind = "stream" if a.stream else "json  "
+    return (
+        f"#{a.index:<5} {a.model:<20} {kind} first byte {ttfb} end {took} "
+        f"tokens {a.tokens_sent:<5} conn {a.connection_id:<4} {outcome}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="python -m latencykit.testing",
+        description="Run latencykit's fake OpenAI-compatible LLM server in the foreground.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any)")
+    parser.add_argument(
+        "--profile",
+        metavar="RUN",
+        help="answer every model with latencies replayed from this llmperf run, e.g. "
+        "together/13b (default: instant answers). --list-profiles shows the runs.",
+    )
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="time factor for --profile (default 1.0)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
+    parser.add_argument("--list-profiles", action="store_true", help="list llmperf runs and exit")
+    parser.add_argument("--quiet", action="store_true", help="do not print one line per request")
+    args = parser.parse_args(argv)
+
+    if args.list_profiles:
+        print("\n".join(LlmperfProfile.runs()))
+        return 0
+    fake = FakeProvider(port=args.port, host=args.host, seed=args.seed)
+    if args.profile:
+        try:
+            fake.default = LlmperfProfile.load(args.profile, scale=args.scale)
+        except ValueError as exc:
+            parser.error(str(exc))
+        what = f"llmperf profile {args.profile} x{args.scale:g}"
+    else:
+        fake.default = Behavior()
+        what = "instant answers (Behavior())"
+    try:
+        fake.start()
+    except OSError as exc:
+        print(f"cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    print(f"fake provider listening: base_url={fake.base_url}", flush=True)
+    print(f"default behaviour: {what}; Ctrl-C to stop", flush=True)
+    printed: set[int] = set()
+    done = threading.Event()
+    try:
+        while not done.wait(0.1):
+            if args.quiet:
+                continue
+            for a in fake.attempts:
+                if a.index not in printed and (
+                    a.completed or a.disconnected or a.fault in _SERVER_ABORTS
+                ):
+                    print(_line(a), flush=True)
+                    printed.add(a.index)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        fake.stop()
+    print("stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

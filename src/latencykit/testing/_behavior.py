@@ -1,0 +1,157 @@
+"""What the fake provider does for one request: :class:`Behavior`, :class:`Fault`."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, fields
+
+from ._latency import Latency
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+
+class Fault(str, enum.Enum):
+    """A failure the fake provider injects into a response.
+
+    The values are lowercase strings, usable in the ``x-fake-behavior`` header
+    (``{"fault": "http_503"}``).
+    """
+
+    HTTP_429 = "http_429"
+    """429 ``rate_limit_exceeded``, with ``Retry-After`` if ``Behavior.retry_after`` is set."""
+    HTTP_500 = "http_500"
+    """500 ``server_error``."""
+    HTTP_503 = "http_503"
+    """503 ``service_unavailable`` ("The server is overloaded")."""
+    RESET_BEFORE_HEADERS = "reset_before_headers"
+    """Read the request, wait ``ttft``, then reset the TCP connection (RST), no response bytes."""
+    HANG = "hang"
+    """Read the request and never answer, until the client disconnects."""
+    KEEPALIVE_THEN_TOKENS = "keepalive_then_tokens"
+    """Streaming: headers at once, ``: keep-alive`` SSE comments during ``ttft``, then tokens."""
+    STALL = "stall"
+    """Streaming: pause ``stall_for`` seconds (``None``: forever) after ``stall_after`` tokens."""
+    CUT = "cut"
+    """Close the connection after ``stall_after`` tokens, without finish_reason nor [DONE]."""
+    MALFORMED_CHUNK = "malformed_chunk"
+    """Streaming: after ``stall_after`` tokens send ``data: {not json`` then continue."""
+    MISSING_DONE = "missing_done"
+    """Streaming: finish_reason and usage are sent but no ``data: [DONE]``, then close."""
+    CONTEXT_LENGTH = "context_length"
+    """400 ``context_length_exceeded`` (also produced by ``Behavior.context_window``)."""
+    CONTENT_POLICY = "content_policy"
+    """400 ``content_policy_violation`` whose message carries the reason ``flagged: violence``."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _number(name: str, value: object, *, allow_none: bool = False, positive: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"Behavior.{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"Behavior.{name} must be a finite number {bound}, got {value!r}")
+
+
+def _integer(name: str, value: object, *, minimum: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"Behavior.{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"Behavior.{name} must be >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Behavior:
+    """How the fake provider answers one chat-completion request.
+
+    All fields are keyword-only and validated on construction (``ValueError`` naming the
+    field). ``Behavior()`` is a fast, successful answer: no delay, 16 tokens.
+    """
+
+    ttft: Latency | float = 0.0
+    """Seconds from request arrival to the first response byte. Default ``0.0``.
+
+    Streaming: the headers and the first token are sent after ``ttft``. Non-streaming: the
+    whole response is sent after ``ttft + output_tokens * itl``. Error faults (429, 500,
+    503, 400s) and ``RESET_BEFORE_HEADERS`` wait ``ttft`` before failing."""
+    itl: Latency | float = 0.0
+    """Seconds between streamed tokens (inter-token latency). Default ``0.0``."""
+    output_tokens: int = 16
+    """Number of tokens generated (``tok0 tok1 ...``, one per chunk). Default ``16``."""
+    fault: Fault | None = None
+    """Injected failure, or ``None`` (default) for a normal answer."""
+    retry_after: float | None = None
+    """Seconds sent as ``Retry-After`` header with a 429. Default ``None`` (no header)."""
+    stall_after: int = 4
+    """Tokens sent before a ``STALL``, ``CUT`` or ``MALFORMED_CHUNK`` fault. Default ``4``.
+
+    If the answer has fewer tokens, the fault happens after the last token."""
+    stall_for: float | None = None
+    """``STALL`` pause in seconds; ``None`` (default) stalls until the client disconnects.
+    After the pause the stream continues normally."""
+    keepalive_every: float = 0.5
+    """Interval of ``: keep-alive`` comments for ``KEEPALIVE_THEN_TOKENS``. Default ``0.5``."""
+    context_window: int | None = None
+    """If set and the prompt's estimated tokens (characters of all message contents // 4,
+    at least 1) exceed it, answer 400 ``context_length_exceeded``. Default ``None``."""
+    text: str | None = None
+    """Content to emit instead of ``tok0 tok1 ...``. Default ``None``.
+
+    It is split into word tokens (each with its leading whitespace), one per chunk, and
+    the number of words replaces ``output_tokens``."""
+
+    def __post_init__(self) -> None:
+        for name in ("ttft", "itl"):
+            value = getattr(self, name)
+            if not isinstance(value, Latency):
+                _number(name, value)
+        _integer("output_tokens", self.output_tokens, minimum=0)
+        if self.fault is not None and not isinstance(self.fault, Fault):
+            raise ValueError(f"Behavior.fault must be a Fault or None, got {self.fault!r}")
+        _number("retry_after", self.retry_after, allow_none=True)
+        _integer("stall_after", self.stall_after, minimum=0)
+        _number("stall_for", self.stall_for, allow_none=True)
+        _number("keepalive_every", self.keepalive_every, positive=True)
+        _integer("context_window", self.context_window, minimum=1, allow_none=True)
+        if self.text is not None and not isinstance(self.text, str):
+            raise ValueError(f"Behavior.text must be a str or None, got {self.text!r}")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> Behavior:
+        """Build a Behavior from a JSON object, as sent in the ``x-fake-behavior`` header.
+
+        ``ttft``/``itl`` are numbers of seconds, ``fault`` a :class:`Fault` value (e.g.
+        ``"http_429"``) or name (``"HTTP_429"``). Unknown keys raise ``ValueError``.
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown Behavior field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        kwargs = dict(data)
+        fault = kwargs.get("fault")
+        if fault is not None:
+            kwargs["fault"] = parse_fault(fault)
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+
+def parse_fault(value: object) -> Fault:
+    """Return the Fault named by a value (``"http_429"``) or a name (``"HTTP_429"``)."""
+    if isinstance(value, Fault):
+        return value
+    if isinstance(value, str):
+        try:
+            return Fault(value.lower())
+        except ValueError:
+            pass
+    names = ", ".join(f.value for f in Fault)
+    raise ValueError(f"Behavior.fault must be one of {names}, got {value!r}")

@@ -1,0 +1,528 @@
+"""The asyncio HTTP server behind :class:`FakeProvider`; runs on the provider's thread.
+
+Each request's response is generated in its own task, raced against the connection's
+EOF watch: a client that goes away is recorded at once and the response is abandoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import struct
+import sys
+import time
+import traceback
+from typing import TYPE_CHECKING
+
+from . import _openai as oa
+from ._behavior import Behavior, Fault
+from ._http import (
+    LAST_CHUNK,
+    BadRequest,
+    Connection,
+    PeerClosed,
+    Request,
+    chunked,
+    response_head,
+)
+from ._latency import sample_seconds
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine
+
+    from ._records import AttemptState
+    from ._server import FakeProvider
+
+_FAULT_POINT = frozenset({Fault.STALL, Fault.CUT, Fault.MALFORMED_CHUNK})
+_CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+_MODELS_PATHS = frozenset({"/v1/models", "/models"})
+
+
+def _seconds_header(value: float) -> str:
+    """``2`` for whole seconds, else a short decimal such as ``0.25``."""
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def _consume(task: asyncio.Task[bool]) -> None:
+    """Done-callback retrieving an abandoned task's exception (no 'never retrieved' logs)."""
+    if not task.cancelled():
+        task.exception()
+
+
+class _Plan:
+    """Everything decided when a chat request arrives (latencies are sampled up front)."""
+
+    __slots__ = ("behavior", "fault", "gaps", "tokens", "ttft")
+
+    def __init__(self, behavior: Behavior, fault: Fault | None, provider: FakeProvider) -> None:
+        rng = provider._rng
+        self.behavior = behavior
+        self.fault = fault
+        self.tokens = oa.tokens_for(behavior.text, behavior.output_tokens)
+        self.ttft = sample_seconds(behavior.ttft, rng)
+        self.gaps = [sample_seconds(behavior.itl, rng) for _ in self.tokens]
+
+
+class _Exchange:
+    """One chat request being answered on one connection."""
+
+    def __init__(
+        self,
+        provider: FakeProvider,
+        conn: Connection,
+        attempt: AttemptState,
+        request: Request,
+        *,
+        model: str,
+        stream: bool,
+        include_usage: bool,
+        prompt_tokens: int,
+    ) -> None:
+        self.provider = provider
+        self.conn = conn
+        self.attempt = attempt
+        self.keep_alive = request.keep_alive
+        self.arrived_at = request.arrived_at
+        self.model = model
+        self.stream = stream
+        self.include_usage = include_usage
+        self.prompt_tokens = prompt_tokens
+        self.created = int(time.time())
+        self.completion_id = f"chatcmpl-fake{attempt.index:06d}c{conn.id}"
+
+    # -- primitives
+
+    async def send(
+        self, data: bytes, *, status: int | None = None, tokens: int = 0, final: bool = False
+    ) -> None:
+        """Write ``data``, recording it first, so a client never sees unrecorded bytes.
+
+        ``tokens`` content tokens are in ``data``; ``final`` marks the end of the response.
+        """
+        now = time.monotonic()
+        changes: dict[str, object] = {}
+        if self.attempt.first_byte_at is None:
+            changes["first_byte_at"] = now
+        if status is not None:
+            changes["status"] = status
+        if final:
+            changes["ended_at"] = now
+        if changes or tokens:
+            self.provider._update(self.attempt, tokens=tokens, **changes)
+        try:
+            self.conn.writer.write(data)
+            await self.conn.writer.drain()
+        except BaseException:
+            if final:  # the client did not get it all
+                self.provider._update(self.attempt, ended_at=None)
+            raise
+
+    def common_headers(self, *, close: bool = False) -> list[tuple[str, str]]:
+        return [
+            ("Connection", "close" if close or not self.keep_alive else "keep-alive"),
+            ("x-request-id", f"req_fake_{self.attempt.index}"),
+            ("x-fake-attempt", str(self.attempt.index)),
+        ]
+
+    async def send_json(
+        self, status: int, body: bytes, extra: list[tuple[str, str]] | None = None
+    ) -> bool:
+        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+        headers += self.common_headers() + (extra or [])
+        await self.send(response_head(status, headers) + body, status=status, final=True)
+        return self.keep_alive
+
+    # -- responses
+
+    async def respond(self, plan: _Plan) -> bool:
+        """Answer according to ``plan``; return whether the connection may be reused."""
+        fault = plan.fault
+        first_at = self.arrived_at + plan.ttft
+        if fault is Fault.HANG:
+            await asyncio.get_running_loop().create_future()  # until the client goes away
+        if fault is Fault.RESET_BEFORE_HEADERS:
+            await _sleep_until(first_at)
+            sock = self.conn.writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.conn.writer.transport.abort()
+            return False
+        if fault in oa.HTTP_ERROR_FAULTS:
+            assert fault is not None
+            await _sleep_until(first_at)
+            status, body = oa.fault_error(
+                fault,
+                prompt_tokens=self.prompt_tokens,
+                context_window=plan.behavior.context_window,
+            )
+            extra: list[tuple[str, str]] = []
+            if fault is Fault.HTTP_429 and plan.behavior.retry_after is not None:
+                extra.append(("Retry-After", _seconds_header(plan.behavior.retry_after)))
+            return await self.send_json(status, body, extra)
+        if self.stream:
+            return await self._respond_stream(plan)
+        return await self._respond_json(plan)
+
+    async def _pause(self, stall_for: float | None) -> float:
+        if stall_for is None:
+            await asyncio.get_running_loop().create_future()  # until the client goes away
+        await asyncio.sleep(stall_for or 0.0)
+        return stall_for or 0.0
+
+    async def _respond_json(self, plan: _Plan) -> bool:
+        await _sleep_until(self.arrived_at + plan.ttft + sum(plan.gaps))
+        n = len(plan.tokens)
+        if plan.fault is Fault.MALFORMED_CHUNK:
+            body = b"{not json"
+        else:
+            body = oa.completion(
+                self.completion_id,
+                self.created,
+                self.model,
+                "".join(plan.tokens),
+                self.prompt_tokens,
+                n,
+            )
+        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+        head = response_head(200, headers + self.common_headers())
+        half = len(body) // 2
+        if plan.fault is Fault.CUT:
+            await self.send(head + body[:half], status=200)
+            return False
+        tokens = 0 if plan.fault is Fault.MALFORMED_CHUNK else n
+        if plan.fault is Fault.STALL:
+            await self.send(head + body[:half], status=200)
+            await self._pause(plan.behavior.stall_for)
+            await self.send(body[half:], tokens=tokens, final=True)
+        else:
+            await self.send(head + body, status=200, tokens=tokens, final=True)
+        return self.keep_alive
+
+    async def _respond_stream(self, plan: _Plan) -> bool:
+        fault = plan.fault
+        behavior = plan.behavior
+        missing_done = fault is Fault.MISSING_DONE
+        head = response_head(
+            200,
+            [
+                ("Content-Type", "text/event-stream; charset=utf-8"),
+                ("Cache-Control", "no-cache"),
+                ("Transfer-Encoding", "chunked"),
+                *self.common_headers(close=missing_done),
+            ],
+        )
+        head_sent = False
+        role_sent = False
+
+        async def emit(event: bytes, tokens: int = 0) -> None:
+            nonlocal head_sent
+            if head_sent:
+                await self.send(chunked(event), tokens=tokens)
+            else:
+                head_sent = True
+                await self.send(head + chunked(event), status=200, tokens=tokens)
+
+        def delta(content: str) -> bytes:
+            nonlocal role_sent
+            d: dict[str, object] = {"content": content}
+            if not role_sent:
+                role_sent = True
+                d = {"role": "assistant", "content": content, "refusal": None}
+            return oa.chunk(self.completion_id, self.created, self.model, d)
+
+        deadline = self.arrived_at + plan.ttft
+        if fault is Fault.KEEPALIVE_THEN_TOKENS:
+            head_sent = True
+            await self.send(head, status=200)
+            tick = time.monotonic() + behavior.keepalive_every
+            while tick < deadline:
+                await _sleep_until(tick)
+                await self.send(chunked(oa.KEEPALIVE_EVENT))
+                tick += behavior.keepalive_every
+
+        n = len(plan.tokens)
+        fault_at = min(behavior.stall_after, n) if fault in _FAULT_POINT else -1
+        for i in range(n + 1):
+            if i == fault_at:
+                if not role_sent:  # fault before the first token: headers + role first
+                    await _sleep_until(deadline)
+                    await emit(delta(""))
+                if fault is Fault.STALL:
+                    deadline += await self._pause(behavior.stall_for)
+                elif fault is Fault.CUT:
+                    return False  # the connection handler closes the socket
+                else:
+                    await emit(oa.MALFORMED_EVENT)
+            if i > 0:
+                deadline += plan.gaps[i - 1]
+            await _sleep_until(deadline)
+            if i == n:
+                break
+            await emit(delta(plan.tokens[i]), tokens=1)
+
+        # The end of the stream goes out in one write, as a real server flushes it.
+        events = [delta("")] if not role_sent else []
+        events.append(oa.chunk(self.completion_id, self.created, self.model, {}, "stop"))
+        if self.include_usage:
+            usage = oa.usage(self.prompt_tokens, n)
+            events.append(oa.chunk(self.completion_id, self.created, self.model, None, None, usage))
+        if not missing_done:
+            events.append(oa.DONE_EVENT)
+        tail = b"".join(chunked(e) for e in events) + LAST_CHUNK
+        if head_sent:
+            await self.send(tail, final=True)
+        else:
+            await self.send(head + tail, status=200, final=True)
+        return self.keep_alive and not missing_done
+
+
+async def _sleep_until(deadline: float) -> None:
+    delay = deadline - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+class Engine:
+    """Owns the event loop, the listening socket and the connection tasks."""
+
+    def __init__(self, provider: FakeProvider, host: str, port: int) -> None:
+        self.provider = provider
+        self.host = host
+        self.requested_port = port
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_requested = False
+        self._stopping = False
+        self._tasks: set[asyncio.Task[object]] = set()
+
+    # -- lifecycle (run() on the server thread, request_stop() from any thread)
+
+    def run(self, on_ready: Callable[[], None]) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._main(on_ready))
+        finally:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    def request_stop(self) -> None:
+        self._stop_requested = True
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # loop closed meanwhile
+            loop.call_soon_threadsafe(self._set_stop)
+
+    def _set_stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    async def _main(self, on_ready: Callable[[], None]) -> None:
+        self._stop = asyncio.Event()
+        server = await asyncio.start_server(
+            self._client, self.host, self.requested_port, backlog=2048, reuse_address=True
+        )
+        self.port = int(server.sockets[0].getsockname()[1])
+        on_ready()
+        try:
+            if not self._stop_requested:
+                await self._stop.wait()
+        finally:
+            self._stopping = True
+            server.close()
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            await server.wait_closed()
+
+    # -- connections
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        conn = Connection(self.provider._connection_opened(), reader, writer)
+        pump = asyncio.ensure_future(conn.pump())
+        try:
+            while True:
+                try:
+                    request = await conn.read_request()
+                except PeerClosed:
+                    break
+                except BadRequest as exc:
+                    body = oa.error_body(exc.message, "invalid_request_error", None)
+                    headers = [
+                        ("Content-Type", "application/json"),
+                        ("Content-Length", str(len(body))),
+                        ("Connection", "close"),
+                    ]
+                    writer.write(response_head(exc.status, headers) + body)
+                    await writer.drain()
+                    break
+                if request is None:
+                    break
+                if not await self._dispatch(conn, request) or conn.eof:
+                    break
+        except OSError:
+            pass  # write to a connection the client already closed
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
+            # Shutting down: end normally, as asyncio's stream callback (3.11) would log
+            # the cancellation of a connection task as an error.
+        finally:
+            pump.cancel()
+            if self._stopping:
+                writer.transport.abort()
+            else:
+                writer.close()
+            self.provider._connection_closed()
+            if task is not None:
+                self._tasks.discard(task)
+
+    async def _dispatch(self, conn: Connection, request: Request) -> bool:
+        path = request.path.rstrip("/")
+        if path in _CHAT_PATHS and request.method == "POST":
+            return await self._chat(conn, request)
+        if path in _MODELS_PATHS and request.method == "GET":
+            status, body = 200, oa.models_list(self.provider._model_names())
+        else:
+            status = 404
+            body = oa.error_body(
+                f"Unknown request URL: {request.method} {request.path}. "
+                "The fake provider serves POST /v1/chat/completions and GET /v1/models.",
+                "invalid_request_error",
+                "unknown_url",
+            )
+        headers = [
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body))),
+            ("Connection", "keep-alive" if request.keep_alive else "close"),
+        ]
+        conn.writer.write(response_head(status, headers) + body)
+        await conn.writer.drain()
+        return request.keep_alive
+
+    async def _chat(self, conn: Connection, request: Request) -> bool:
+        error: tuple[int, bytes] | None = None
+        body: dict[str, object] = {}
+        try:
+            parsed = json.loads(request.body or b"null")
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            body = parsed
+        else:
+            error = (
+                400,
+                oa.error_body(
+                    "We could not parse the JSON body of your request: expected a JSON object.",
+                    "invalid_request_error",
+                    None,
+                ),
+            )
+        model = body.get("model")
+        model = model if isinstance(model, str) else ""
+        stream = body.get("stream") is True
+        options = body.get("stream_options")
+        include_usage = (
+            stream and isinstance(options, dict) and options.get("include_usage") is True
+        )
+        prompt_tokens = oa.estimate_prompt_tokens(body)
+        provider = self.provider
+        attempt, info, resolver = provider._begin(
+            model=model,
+            stream=stream,
+            prompt_tokens=prompt_tokens,
+            headers=request.headers,
+            connection_id=conn.id,
+            arrived_at=request.arrived_at,
+            body=body,
+        )
+        behavior = Behavior()
+        if error is None:
+            override = request.headers.get("x-fake-behavior")
+            if override is not None:
+                try:
+                    data = json.loads(override)
+                    if not isinstance(data, dict):
+                        raise ValueError("expected a JSON object")
+                    behavior = Behavior.from_json(data)
+                except (ValueError, TypeError) as exc:
+                    error = (
+                        400,
+                        oa.error_body(
+                            f"Invalid x-fake-behavior header: {exc}", "invalid_request_error", None
+                        ),
+                    )
+            else:
+                try:
+                    behavior = resolver.next(info)
+                except Exception as exc:
+                    print(
+                        f"latencykit FakeProvider: the script for model {model!r} raised:",
+                        file=sys.stderr,
+                    )
+                    traceback.print_exc()
+                    error = (
+                        500,
+                        oa.error_body(
+                            f"The fake provider's script for model {model!r} raised {exc!r}",
+                            "server_error",
+                            "fake_script_error",
+                        ),
+                    )
+        exchange = _Exchange(
+            provider,
+            conn,
+            attempt,
+            request,
+            model=model,
+            stream=stream,
+            include_usage=include_usage,
+            prompt_tokens=prompt_tokens,
+        )
+        if error is not None:
+            return await self._watch(conn, attempt, exchange.send_json(*error))
+        fault = behavior.fault
+        if behavior.context_window is not None and prompt_tokens > behavior.context_window:
+            fault = Fault.CONTEXT_LENGTH
+        provider._update(attempt, fault=fault)
+        plan = _Plan(behavior, fault, provider)
+        return await self._watch(conn, attempt, exchange.respond(plan))
+
+    async def _watch(
+        self, conn: Connection, attempt: AttemptState, coro: Coroutine[object, object, bool]
+    ) -> bool:
+        """Run a response, abandoning it as soon as the client goes away."""
+        work = asyncio.ensure_future(coro)
+        gone = asyncio.ensure_future(conn.gone.wait())
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.add_done_callback(_consume)
+                work.cancel()
+        if not work.cancelled() and work.done():
+            exc = work.exception()
+            if exc is None:
+                return work.result()
+            if not isinstance(exc, OSError):
+                raise exc
+            # writing failed: the client reset the connection
+        else:
+            await asyncio.wait((work,))  # let it unwind (it may un-mark ended_at)
+        if attempt.ended_at is None and attempt.disconnected_at is None:
+            when = conn.eof_at if conn.eof_at is not None else time.monotonic()
+            self.provider._update(attempt, disconnected_at=when)
+        return False

@@ -1,0 +1,181 @@
+"""OpenAI-shaped JSON payloads: completions, stream chunks, errors, model lists."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from ._behavior import Fault
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+CONTENT_POLICY_REASON = "flagged: violence"
+"""The reason carried by ``Fault.CONTENT_POLICY`` errors."""
+
+DEFAULT_CONTEXT_WINDOW = 4096
+"""Context length reported by ``Fault.CONTEXT_LENGTH`` when ``context_window`` is unset."""
+
+_WORD = re.compile(r"\s*\S+|\s+")
+
+
+def dumps(obj: object) -> bytes:
+    """Compact JSON bytes."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def tokens_for(text: str | None, output_tokens: int) -> list[str]:
+    """The content pieces to emit, one per token/chunk."""
+    if text is None:
+        return [f" tok{i}" if i else "tok0" for i in range(output_tokens)]
+    return _WORD.findall(text)
+
+
+def estimate_prompt_tokens(body: Mapping[str, object]) -> int:
+    """Characters of all message contents // 4, at least 1."""
+    chars = 0
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            content = message.get("content")
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                for part in content:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        chars += len(part["text"])
+    return max(chars // 4, 1)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """An OpenAI ``usage`` object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion(
+    completion_id: str, created: int, model: str, content: str, prompt_tokens: int, n_tokens: int
+) -> bytes:
+    """A non-streaming ``chat.completion`` body."""
+    return dumps(
+        {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": "fp_latencykit_fake",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": usage(prompt_tokens, n_tokens),
+        }
+    )
+
+
+def chunk(
+    completion_id: str,
+    created: int,
+    model: str,
+    delta: Mapping[str, object] | None,
+    finish_reason: str | None = None,
+    usage_obj: Mapping[str, int] | None = None,
+) -> bytes:
+    """One SSE ``data:`` event carrying a ``chat.completion.chunk``.
+
+    ``delta=None`` gives the usage-only chunk with empty ``choices``.
+    """
+    obj: dict[str, object] = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": "fp_latencykit_fake",
+        "choices": []
+        if delta is None
+        else [{"index": 0, "delta": dict(delta), "logprobs": None, "finish_reason": finish_reason}],
+    }
+    if usage_obj is not None:
+        obj["usage"] = dict(usage_obj)
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+DONE_EVENT = b"data: [DONE]\n\n"
+KEEPALIVE_EVENT = b": keep-alive\n\n"
+MALFORMED_EVENT = b"data: {not json\n\n"
+
+
+def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
+    """An OpenAI error body ``{"error": {"message", "type", "param", "code"}}``."""
+    return dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+def fault_error(
+    fault: Fault, *, prompt_tokens: int, context_window: int | None
+) -> tuple[int, bytes]:
+    """Status and body for the faults that answer with an HTTP error."""
+    if fault is Fault.HTTP_429:
+        return 429, error_body(
+            "Rate limit reached for requests. Please try again later.",
+            "requests",
+            "rate_limit_exceeded",
+        )
+    if fault is Fault.HTTP_500:
+        return 500, error_body(
+            "The server had an error processing your request. Sorry about that!",
+            "server_error",
+            "server_error",
+        )
+    if fault is Fault.HTTP_503:
+        return 503, error_body(
+            "The server is overloaded or not ready yet.",
+            "server_error",
+            "service_unavailable",
+        )
+    if fault is Fault.CONTEXT_LENGTH:
+        limit = context_window if context_window is not None else DEFAULT_CONTEXT_WINDOW
+        used = max(prompt_tokens, limit + 1)
+        return 400, error_body(
+            f"This model's maximum context length is {limit} tokens. However, your messages "
+            f"resulted in {used} tokens. Please reduce the length of the messages.",
+            "invalid_request_error",
+            "context_length_exceeded",
+            "messages",
+        )
+    if fault is Fault.CONTENT_POLICY:
+        return 400, error_body(
+            "Your request was rejected as a result of our safety system. "
+            f"Your prompt may contain text that is not allowed by our safety system "
+            f"({CONTENT_POLICY_REASON}).",
+            "invalid_request_error",
+            "content_policy_violation",
+        )
+    raise ValueError(f"{fault} is not an HTTP error fault")
+
+
+HTTP_ERROR_FAULTS = frozenset(
+    {Fault.HTTP_429, Fault.HTTP_500, Fault.HTTP_503, Fault.CONTEXT_LENGTH, Fault.CONTENT_POLICY}
+)
+
+
+def models_list(names: Iterable[str]) -> bytes:
+    """A ``GET /v1/models`` body."""
+    return dumps(
+        {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": "latencykit"}
+                for name in names
+            ],
+        }
+    )
