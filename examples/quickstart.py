@@ -35,8 +35,10 @@ async def main(base_url: str) -> None:
 
     response = await llm.acompletion(messages=MESSAGES)
     report = lk.report(response)
-    print(f"answered by {report.target} after {len(report.attempts)} attempt(s), "
-          f"degraded={report.degraded} ({report.fallback_reason}), {report.duration:.2f}s")
+    print(
+        f"answered by {report.target} after {len(report.attempts)} attempt(s), "
+        f"degraded={report.degraded} ({report.fallback_reason}), {report.duration:.2f}s"
+    )
 
     # 2. The same policies on any async function, as decorators.
     async def canned(reason: lk.FallbackReason, question: str) -> str:
