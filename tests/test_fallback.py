@@ -177,3 +177,48 @@ def test_unknown_option_is_rejected() -> None:
 def test_invalid_error_filter_is_rejected() -> None:
     with pytest.raises(TypeError, match=r"fallback\.on"):
         lk.fallback("x", on=42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("after", [None, 1.0])
+async def test_inside_a_deadline_the_primary_sees_the_deadline_budget(after: float | None) -> None:
+    # With `after`, deadline and fallback run fused (one timer); behaviour must not change.
+    seen: list[float | None] = []
+
+    async def alternative(reason: lk.FallbackReason) -> str:
+        seen.append(lk.remaining())
+        raise LookupError("no cache")
+
+    @lk.deadline(5)
+    @lk.fallback(alternative, after=after)
+    async def ask() -> str:
+        seen.append(lk.remaining())
+        raise ConnectionError("down")
+
+    with pytest.raises(lk.FallbackFailed) as info:
+        await ask()
+    assert isinstance(info.value.primary_error, ConnectionError)
+    assert isinstance(info.value.fallback_error, LookupError)
+    assert len(seen) == 2 and all(s is not None and 4 < s <= 5 for s in seen)
+    assert lk.remaining() is None
+
+
+@pytest.mark.parametrize("after", [None, 0.05])
+async def test_deadline_expiring_during_the_alternative(after: float | None) -> None:
+    async def slow_alternative(reason: lk.FallbackReason) -> str:
+        await anyio.sleep(10)
+        return "never"
+
+    @lk.deadline(0.3)
+    @lk.fallback(slow_alternative, after=after)
+    async def ask() -> str:
+        if after is None:
+            raise ConnectionError("down")
+        await anyio.sleep(10)
+        return "never"
+
+    seen: list[lk.Event] = []
+    with lk.subscribe(seen.append), pytest.raises(lk.DeadlineExceeded) as info:
+        await ask()
+    assert info.value.budget == pytest.approx(0.3)
+    assert info.value.elapsed >= 0.3
+    assert len([e for e in seen if isinstance(e, lk.DeadlineExpired)]) == 1

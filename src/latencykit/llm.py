@@ -21,7 +21,6 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from . import _validation
-from ._asyncio_bridge import run_on_asyncio
 from ._context import Attempt, Trace, current_attempt
 from .errors import provider_error
 from .pipeline import Call, Next, Pipeline, Policy
@@ -134,10 +133,25 @@ def report(response: object) -> CallReport:
         LookupError: the response did not come from latencykit.
     """
     hidden = getattr(response, "_hidden_params", None)
-    found = hidden.get(_REPORT_KEY) if isinstance(hidden, dict) else None
-    if not isinstance(found, CallReport):
+    if not isinstance(hidden, dict):
         raise LookupError("this response did not come from latencykit.LLM.acompletion")
-    return found
+    found = hidden.get(_REPORT_KEY)
+    if isinstance(found, CallReport):
+        return found
+    if not (isinstance(found, tuple) and len(found) == 3 and isinstance(found[0], Trace)):
+        raise LookupError("this response did not come from latencykit.LLM.acompletion")
+    trace, number, target = found
+    built = CallReport(
+        target=target,
+        model=str(getattr(response, "model", "") or ""),
+        attempts=tuple(trace.attempts),
+        answered_by=number,
+        degraded=trace.degraded,
+        fallback_reason=trace.fallback_reason,
+        duration=(trace.ended_at or time.monotonic()) - trace.started_at,
+    )
+    hidden[_REPORT_KEY] = built
+    return built
 
 
 class LLM:
@@ -205,6 +219,9 @@ class LLM:
         # Import litellm now (seconds, once per process) rather than inside the first call,
         # where the import would block the event loop and no deadline could preempt it.
         self._litellm = _litellm()
+        from ._asyncio_bridge import run_on_asyncio  # imports asyncio: only when needed
+
+        self._run = run_on_asyncio
 
     def __repr__(self) -> str:
         return (
@@ -227,19 +244,21 @@ class LLM:
         exception is its ``__cause__``), :class:`~latencykit.DeadlineExceeded` or
         :class:`~latencykit.FallbackFailed`, all carrying the attempt history.
         """
-        for name in kwargs.keys() & _RESERVED.keys():
-            if name == "stream" and not kwargs[name]:
-                continue
-            raise ValueError(f"acompletion({name}=...) is not accepted: {_RESERVED[name]}")
+        if not _RESERVED.keys().isdisjoint(kwargs):
+            for name in sorted(_RESERVED.keys() & kwargs.keys()):
+                if name != "stream" or kwargs[name]:
+                    raise ValueError(f"acompletion({name}=...) is not accepted: {_RESERVED[name]}")
         arguments = {**self._base, **kwargs}
         call = Call(self._attempt, (), arguments, target=str(arguments["model"]))
         response, trace = await self._pipeline.run_traced(call)
-        _attach_report(response, trace)
+        hidden = response._hidden_params
+        # The report is built on demand by report(): most callers never ask for it.
+        hidden[_REPORT_KEY] = (trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
         return response
 
     async def _attempt(self, **kwargs: Any) -> Any:
         try:
-            response = await run_on_asyncio(
+            response = await self._run(
                 self._litellm.acompletion(**kwargs, max_retries=0, timeout=self.timeout)
             )
         except Exception as exc:
@@ -252,20 +271,6 @@ class LLM:
         assert self.degrade is not None
         arguments = self.degrade.rewrite(call.kwargs)
         return await next(Call(call.fn, (), arguments, target=str(arguments["model"])))
-
-
-def _attach_report(response: Any, trace: Trace) -> None:
-    hidden = response._hidden_params
-    number, target = hidden.pop(_ATTEMPT_KEY, (0, ""))
-    hidden[_REPORT_KEY] = CallReport(
-        target=target,
-        model=str(getattr(response, "model", "") or ""),
-        attempts=tuple(trace.attempts),
-        answered_by=number,
-        degraded=trace.degraded,
-        fallback_reason=trace.fallback_reason,
-        duration=time.monotonic() - trace.started_at,
-    )
 
 
 def _litellm() -> Any:

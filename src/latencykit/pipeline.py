@@ -22,10 +22,9 @@ import enum
 import functools
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, ParamSpec, Protocol, TypeAlias, TypeVar, runtime_checkable
+from typing import Any, NamedTuple, ParamSpec, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from . import events
 from ._context import Attempt, Trace, attempt_var, trace_var
@@ -52,12 +51,11 @@ class Stage(enum.IntEnum):
     ATTEMPT = 80
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(NamedTuple):
     """One call to make: a callable, its arguments, and the target it is addressed to.
 
-    Policies that rewrite the call (failover, degrade) hand ``next`` a modified copy
-    (:meth:`with_kwargs`, :func:`dataclasses.replace`); calls are never mutated.
+    Immutable (a named tuple, cheap to build on the hot path). Policies that rewrite the call
+    (failover, degrade) hand ``next`` a modified copy: :meth:`with_kwargs`, or ``_replace()``.
 
     Attributes:
         fn: the async callable an attempt invokes as ``await fn(*args, **kwargs)``.
@@ -69,12 +67,12 @@ class Call:
 
     fn: Callable[..., Awaitable[Any]]
     args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    kwargs: Mapping[str, Any] = _EMPTY
     target: str = ""
 
     def with_kwargs(self, **changes: Any) -> Call:
         """A copy with ``changes`` merged into ``kwargs``."""
-        return replace(self, kwargs={**self.kwargs, **changes})
+        return self._replace(kwargs={**self.kwargs, **changes})
 
 
 Next: TypeAlias = Callable[[Call], Awaitable[Any]]
@@ -118,10 +116,7 @@ class Pipeline:
             if check is not None:
                 check(tuple(ordered[:index]))
         self.policies: tuple[Policy, ...] = tuple(ordered)
-        entry: Next = run_attempt
-        for policy in reversed(self.policies):
-            entry = functools.partial(policy.handle, next=entry)
-        self._entry = entry
+        self._entry = _chain(self.policies)
 
     def __repr__(self) -> str:
         return f"Pipeline({', '.join(map(repr, self.policies))})"
@@ -155,12 +150,13 @@ class Pipeline:
             raise
         finally:
             trace_var.reset(token)
+            trace.ended_at = time.monotonic()
             if events.listening():
                 events.emit(
                     events.CallEnded(
                         call_id=trace.call_id,
                         target=_target_of(call),
-                        duration=time.monotonic() - trace.started_at,
+                        duration=trace.ended_at - trace.started_at,
                         outcome=outcome,  # type: ignore[arg-type]
                         attempts=len(trace.attempts),
                         degraded=trace.degraded,
@@ -171,6 +167,26 @@ class Pipeline:
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
         """Decorate an async callable; the wrapper keeps its name, docstring and signature."""
         return decorate(self, fn)
+
+
+def _chain(policies: Sequence[Policy]) -> Next:
+    """Bind each policy to the rest of the pipeline, innermost first.
+
+    A policy may offer ``fuse(inner, inner_next)`` to replace itself and the policy just inside
+    it with one equivalent, cheaper step (the deadline does, with a timed fallback).
+    """
+    entries: list[Next] = [run_attempt]  # entries[k]: the pipeline from policy -k-1 inwards
+    fused_away = False
+    for index in reversed(range(len(policies))):
+        policy, after = policies[index], entries[-1]
+        fuse = getattr(policy, "fuse", None)
+        inner_next = entries[-2] if len(entries) > 1 else None
+        step = None
+        if fuse is not None and inner_next is not None and not fused_away:
+            step = fuse(policies[index + 1], inner_next)
+        fused_away = step is not None
+        entries.append(step if step is not None else functools.partial(policy.handle, next=after))
+    return entries[-1]
 
 
 def compose(*policies: Policy) -> Pipeline:
@@ -257,11 +273,11 @@ def decorate(
             )
         raw = fn
     target = getattr(raw, "__qualname__", None) or repr(raw)
-    run = pipeline.run
+    run = pipeline.run_traced
 
     @functools.wraps(raw)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        result: R = await run(Call(raw, args, kwargs, target))
+        result: R = (await run(Call(raw, args, kwargs, target)))[0]
         return result
 
     setattr(wrapper, _PIPELINE_ATTR, pipeline)

@@ -8,6 +8,7 @@ only shorten the budget, never extend it.
 from __future__ import annotations
 
 import datetime
+import functools
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
@@ -33,33 +34,49 @@ class DeadlineScope:
         budget: the budget in seconds.
         deadline: the absolute expiry on the event loop's clock, already lowered to any
             enclosing deadline.
+        starts_at: when the scope was created, on the event loop's clock.
     """
 
     __slots__ = (
         "_cancel_scope",
+        "_expires",
         "_started",
         "_token",
         "_trace",
         "_trace_token",
         "budget",
         "deadline",
+        "starts_at",
     )
 
-    def __init__(self, budget: float, *, own_trace: bool) -> None:
+    def __init__(self, budget: float, *, own_trace: bool = False, armed: bool = True) -> None:
         self.budget = budget
-        now = anyio.current_time()
         self._started = time.monotonic()
-        own = now + budget
-        self.deadline = min(own, deadline_var.get())
-        self._cancel_scope = anyio.CancelScope(deadline=own)
+        self.starts_at = anyio.current_time()
+        self._expires = self.starts_at + budget
+        self.deadline = min(self._expires, deadline_var.get())
+        # An unarmed scope only publishes the deadline (for remaining() and inner policies);
+        # a policy that guarantees its own, earlier timer arms it later (see arm()).
+        self._cancel_scope = anyio.CancelScope(deadline=self._expires) if armed else None
         self._trace: Trace | None = Trace(parent=trace_var.get()) if own_trace else None
 
     def remaining(self) -> float:
         """Seconds left before this scope's (effective) deadline; never negative."""
         return max(0.0, self.deadline - anyio.current_time())
 
+    def arm(self) -> DeadlineScope:
+        """A scope enforcing this (unarmed) deadline from now on; enter it around the rest."""
+        armed = DeadlineScope.__new__(DeadlineScope)
+        armed.budget, armed._started, armed._expires = self.budget, self._started, self._expires
+        armed.starts_at = self.starts_at
+        armed.deadline = self.deadline
+        armed._cancel_scope = anyio.CancelScope(deadline=self._expires)
+        armed._trace = None
+        return armed
+
     def __enter__(self) -> DeadlineScope:
-        self._cancel_scope.__enter__()
+        if self._cancel_scope is not None:
+            self._cancel_scope.__enter__()
         self._token = deadline_var.set(self.deadline)
         if self._trace is not None:
             self._trace_token = trace_var.set(self._trace)
@@ -74,6 +91,8 @@ class DeadlineScope:
         if self._trace is not None:
             trace_var.reset(self._trace_token)
         deadline_var.reset(self._token)
+        if self._cancel_scope is None:
+            return False
         suppress = bool(self._cancel_scope.__exit__(exc_type, exc, tb))
         if self._cancel_scope.cancelled_caught:
             self._expired()
@@ -111,8 +130,21 @@ class Deadline(PolicyDecorator):
 
     async def handle(self, call: Call, next: Next) -> Any:
         """Run the rest of the pipeline within the budget; raise ``DeadlineExceeded`` on expiry."""
-        with DeadlineScope(self.seconds, own_trace=False):
+        with DeadlineScope(self.seconds):
             return await next(call)
+
+    def fuse(self, inner: object, inner_next: Next) -> Next | None:
+        """Merge with a timed fallback just inside: one timer per call instead of two.
+
+        While the fallback's primary runs, its ``after`` timer (shorter than the deadline, as
+        composition checks) fires first anyway, so the deadline only has to be armed around the
+        alternative. Behaviour is unchanged; the common case costs one cancel scope less.
+        """
+        from .fallback import Fallback
+
+        if isinstance(inner, Fallback) and inner.after is not None and inner.after < self.seconds:
+            return functools.partial(inner.handle_within, self, next=inner_next)
+        return None
 
     def __enter__(self) -> DeadlineScope:
         scope = DeadlineScope(self.seconds, own_trace=True)

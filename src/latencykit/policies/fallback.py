@@ -20,7 +20,7 @@ from .. import _validation, events
 from .._context import trace_var
 from ..errors import ErrorKind, FallbackFailed, classify, is_transient
 from ..pipeline import Call, Next, Policy, PolicyDecorator, Stage
-from .deadline import Deadline
+from .deadline import Deadline, DeadlineScope
 
 __all__ = ["ErrorFilter", "Fallback", "FallbackReason", "fallback"]
 
@@ -138,6 +138,28 @@ class Fallback(PolicyDecorator):
                     if not self._handles(exc):
                         raise
                     error = exc
+        return await self._switch(started, error, call, next)
+
+    async def handle_within(self, deadline: Deadline, call: Call, next: Next) -> Any:
+        """``deadline`` then this policy, fused: the deadline is armed only for the alternative.
+
+        Used by :meth:`Deadline.fuse` when ``after`` is set and shorter than the deadline.
+        """
+        assert self.after is not None
+        started = time.monotonic()
+        error: Exception | None = None
+        with DeadlineScope(deadline.seconds, armed=False) as budget:
+            with anyio.CancelScope(deadline=budget.starts_at + self.after):
+                try:
+                    return await next(call)
+                except Exception as exc:
+                    if not self._handles(exc):
+                        raise
+                    error = exc
+            with budget.arm():
+                return await self._switch(started, error, call, next)
+
+    async def _switch(self, started: float, error: Exception | None, call: Call, next: Next) -> Any:
         reason = FallbackReason(
             kind="timeout" if error is None else "error",
             elapsed=time.monotonic() - started,
