@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,9 +17,9 @@ SECRET = "sk-test-secret-0123456789abcdef"
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeProvider]:
-    with FakeProvider() as provider:
-        yield provider
+def fake(fake_provider: FakeProvider) -> FakeProvider:
+    """The pytest plugin's fixture (latencykit.testing.pytest_plugin), under a short name."""
+    return fake_provider
 
 
 def make_llm(fake: FakeProvider, model: str = "primary", **options: Any) -> lk.LLM:

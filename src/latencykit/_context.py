@@ -19,7 +19,7 @@ import time
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-import anyio
+from ._cancel import backend
 
 if TYPE_CHECKING:
     from .errors import ErrorKind
@@ -141,4 +141,4 @@ def remaining() -> float | None:
     deadline = deadline_var.get()
     if deadline == math.inf:
         return None
-    return max(0.0, deadline - anyio.current_time())
+    return max(0.0, deadline - backend().now())

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import sniffio
+
 from . import _validation
 from ._context import Attempt, Trace, current_attempt
 from .errors import provider_error
@@ -258,9 +260,11 @@ class LLM:
 
     async def _attempt(self, **kwargs: Any) -> Any:
         try:
-            response = await self._run(
-                self._litellm.acompletion(**kwargs, max_retries=0, timeout=self.timeout)
-            )
+            coro = self._litellm.acompletion(**kwargs, max_retries=0, timeout=self.timeout)
+            if sniffio.current_async_library() == "asyncio":
+                response = await coro  # the common case, without the bridge's extra frame
+            else:
+                response = await self._run(coro)
         except Exception as exc:
             secrets = (self._api_key,) if self._api_key else ()
             raise provider_error(exc, target=str(kwargs["model"]), secrets=secrets) from exc

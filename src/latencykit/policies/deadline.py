@@ -17,6 +17,7 @@ from typing import Any, ParamSpec, TypeVar
 import anyio
 
 from .. import _validation, events
+from .._cancel import backend
 from .._context import Trace, deadline_var, trace_var
 from ..errors import DeadlineExceeded
 from ..pipeline import Call, Next, PolicyDecorator, Stage
@@ -38,6 +39,7 @@ class DeadlineScope:
     """
 
     __slots__ = (
+        "_backend",
         "_cancel_scope",
         "_expires",
         "_started",
@@ -52,25 +54,30 @@ class DeadlineScope:
     def __init__(self, budget: float, *, own_trace: bool = False, armed: bool = True) -> None:
         self.budget = budget
         self._started = time.monotonic()
-        self.starts_at = anyio.current_time()
+        self._backend = loop = backend()
+        self.starts_at = loop.now()
         self._expires = self.starts_at + budget
         self.deadline = min(self._expires, deadline_var.get())
         # An unarmed scope only publishes the deadline (for remaining() and inner policies);
         # a policy that guarantees its own, earlier timer arms it later (see arm()).
-        self._cancel_scope = anyio.CancelScope(deadline=self._expires) if armed else None
+        self._cancel_scope = loop.scope(deadline=self._expires) if armed else None
         self._trace: Trace | None = Trace(parent=trace_var.get()) if own_trace else None
 
     def remaining(self) -> float:
         """Seconds left before this scope's (effective) deadline; never negative."""
-        return max(0.0, self.deadline - anyio.current_time())
+        return max(0.0, self.deadline - self._backend.now())
+
+    def scope_until(self, deadline: float) -> Any:
+        """A plain cancel scope ending at ``deadline`` (event loop clock), for inner timers."""
+        return self._backend.scope(deadline=deadline)
 
     def arm(self) -> DeadlineScope:
         """A scope enforcing this (unarmed) deadline from now on; enter it around the rest."""
         armed = DeadlineScope.__new__(DeadlineScope)
         armed.budget, armed._started, armed._expires = self.budget, self._started, self._expires
-        armed.starts_at = self.starts_at
+        armed.starts_at, armed._backend = self.starts_at, self._backend
         armed.deadline = self.deadline
-        armed._cancel_scope = anyio.CancelScope(deadline=self._expires)
+        armed._cancel_scope = self._backend.scope(deadline=self._expires)
         armed._trace = None
         return armed
 

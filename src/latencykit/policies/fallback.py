@@ -14,9 +14,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, TypeAlias, TypeVar
 
-import anyio
-
 from .. import _validation, events
+from .._cancel import backend
 from .._context import trace_var
 from ..errors import ErrorKind, FallbackFailed, classify, is_transient
 from ..pipeline import Call, Next, Policy, PolicyDecorator, Stage
@@ -131,7 +130,8 @@ class Fallback(PolicyDecorator):
                     raise
                 error = exc
         else:
-            with anyio.move_on_after(self.after):
+            loop = backend()
+            with loop.scope(deadline=loop.now() + self.after):
                 try:
                     return await next(call)
                 except Exception as exc:
@@ -149,7 +149,7 @@ class Fallback(PolicyDecorator):
         started = time.monotonic()
         error: Exception | None = None
         with DeadlineScope(deadline.seconds, armed=False) as budget:
-            with anyio.CancelScope(deadline=budget.starts_at + self.after):
+            with budget.scope_until(budget.starts_at + self.after):
                 try:
                     return await next(call)
                 except Exception as exc:
