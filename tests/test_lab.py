@@ -24,7 +24,7 @@ def test_lab_bounds_the_tail_the_bare_row_does_not() -> None:
         degrade_after=0.3,
     )
     result = run_lab(config, progress=None)
-    bare, guarded = result.rows
+    bare, guarded, hedged = result.rows
     assert bare.key == "bare" and guarded.key == "deadline+degrade"
     assert bare.requests == guarded.requests == 80
     assert bare.errors == 0 and guarded.errors == 0
@@ -34,6 +34,9 @@ def test_lab_bounds_the_tail_the_bare_row_does_not() -> None:
     assert guarded.degraded > 0
     assert bare.upstream_requests == 80 and bare.extra_load_pct == 0.0
     assert guarded.upstream_requests == 80 + guarded.degraded
+    assert hedged.key == "hedge" and hedged.errors == 0
+    assert hedged.upstream_requests > 80  # it hedged...
+    assert hedged.extra_load_pct <= 100 * config.max_extra_load + 40  # ...within the budget
     table = format_table(result)
     assert "litellm.acompletion (bare)" in table and "lk.LLM deadline + degrade" in table
     assert json.loads(result.to_json())["rows"][1]["degraded"] == guarded.degraded

@@ -253,3 +253,41 @@ async def test_many_calls_reuse_connections(fake: FakeProvider) -> None:
     for _ in range(10):
         await llm.acompletion(messages=MESSAGES)
     assert fake.connections_opened <= 2
+
+
+async def test_hedge_wins_and_the_loser_connection_is_closed(fake: FakeProvider) -> None:
+    fake.script("tail", [Behavior(ttft=30.0), Behavior(output_tokens=4)])
+    llm = make_llm(fake, "tail", deadline=10, hedge=lk.Hedge(0.2, max_extra_load=1.0))
+    response = await llm.acompletion(messages=MESSAGES)
+    report = lk.report(response)
+    assert report.answered_by == 2
+    assert sorted((a.number, a.outcome) for a in report.attempts) == [(1, "cancelled"), (2, "ok")]
+    # The loser was cancelled *and awaited*: its disconnect is already on record.
+    slow, fast = fake.attempts
+    assert slow.disconnected and fast.completed
+    assert slow.disconnected_at is not None and fast.ended_at is not None
+
+
+async def test_hedged_calls_leave_no_connection_open(fake: FakeProvider) -> None:
+    def one_in_four_slow(request: RequestInfo) -> Behavior:
+        return Behavior(ttft=0.4 if request.nth % 4 == 0 else 0.0, output_tokens=2)
+
+    fake.script("mixed", one_in_four_slow)
+    llm = make_llm(fake, "mixed", hedge=lk.Hedge(0.05, max_extra_load=1.0))
+    for _ in range(200):
+        await llm.acompletion(messages=MESSAGES)
+    attempts = fake.attempts
+    hedges = len(attempts) - 200
+    assert hedges >= 40  # a quarter of the primaries are slow
+    # Every attempt either completed or was abandoned with its connection closed...
+    losers = [a for a in attempts if not a.completed]
+    assert all(a.disconnected for a in losers) and len(losers) >= 40
+    # ...and what stays open is the client's keep-alive pool, not leaked connections.
+    assert fake.open_connections <= 4
+
+
+def test_hedge_to_another_target_needs_failover_targets() -> None:
+    with pytest.raises(ValueError, match="target='next'"):
+        lk.LLM("openai/x", hedge=lk.Hedge(0.1, target="next"))
+    with pytest.raises(TypeError, match=r"LLM\.hedge"):
+        lk.LLM("openai/x", hedge=0.1)  # type: ignore[arg-type]

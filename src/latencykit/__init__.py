@@ -9,12 +9,14 @@ from ._context import Outcome as Outcome
 from ._context import Trace as Trace
 from ._context import current_attempt as current_attempt
 from ._context import remaining as remaining
+from .budget import RetryBudget as RetryBudget
 from .errors import AttemptTimeout as AttemptTimeout
 from .errors import AuthenticationFailed as AuthenticationFailed
 from .errors import BadRequest as BadRequest
 from .errors import ContentPolicyViolation as ContentPolicyViolation
 from .errors import ContextLengthExceeded as ContextLengthExceeded
 from .errors import DeadlineExceeded as DeadlineExceeded
+from .errors import ErrorFilter as ErrorFilter
 from .errors import ErrorKind as ErrorKind
 from .errors import FallbackFailed as FallbackFailed
 from .errors import LatencykitError as LatencykitError
@@ -34,6 +36,9 @@ from .events import DeadlineExpired as DeadlineExpired
 from .events import Event as Event
 from .events import EventHandler as EventHandler
 from .events import FallbackUsed as FallbackUsed
+from .events import HedgeFired as HedgeFired
+from .events import HedgeSkipped as HedgeSkipped
+from .events import HedgeWon as HedgeWon
 from .events import Subscription as Subscription
 from .events import subscribe as subscribe
 from .llm import LLM as LLM
@@ -49,10 +54,14 @@ from .pipeline import compose as compose
 from .policies.deadline import Deadline as Deadline
 from .policies.deadline import DeadlineScope as DeadlineScope
 from .policies.deadline import deadline as deadline
-from .policies.fallback import ErrorFilter as ErrorFilter
 from .policies.fallback import Fallback as Fallback
 from .policies.fallback import FallbackReason as FallbackReason
 from .policies.fallback import fallback as fallback
+from .policies.hedge import Hedge as Hedge
+from .policies.hedge import Quantile as Quantile
+from .policies.hedge import hedge as hedge
+from .policies.hedge import quantile as quantile
+from .stats import LatencyWindow as LatencyWindow
 
 __version__ = "0.1.0.dev0"
 
@@ -82,15 +91,22 @@ __all__ = [
     "FallbackFailed",
     "FallbackReason",
     "FallbackUsed",
+    "Hedge",
+    "HedgeFired",
+    "HedgeSkipped",
+    "HedgeWon",
+    "LatencyWindow",
     "LatencykitError",
     "Next",
     "Outcome",
     "Pipeline",
     "Policy",
+    "Quantile",
     "ProviderConnectionError",
     "ProviderError",
     "ProviderUnavailable",
     "RateLimited",
+    "RetryBudget",
     "Stage",
     "StreamBroken",
     "Subscription",
@@ -101,7 +117,9 @@ __all__ = [
     "current_attempt",
     "deadline",
     "fallback",
+    "hedge",
     "is_transient",
+    "quantile",
     "remaining",
     "report",
     "retry_after",

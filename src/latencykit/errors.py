@@ -12,12 +12,13 @@ history (``.attempts``). Messages never contain API keys (they are scrubbed) nor
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import re
 import time
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
     from ._context import Attempt
@@ -29,6 +30,7 @@ __all__ = [
     "ContentPolicyViolation",
     "ContextLengthExceeded",
     "DeadlineExceeded",
+    "ErrorFilter",
     "ErrorKind",
     "FallbackFailed",
     "LatencykitError",
@@ -38,7 +40,9 @@ __all__ = [
     "RateLimited",
     "StreamBroken",
     "TransientError",
+    "attach_others",
     "classify",
+    "error_predicate",
     "is_transient",
     "retry_after",
 ]
@@ -94,6 +98,8 @@ class LatencykitError(Exception):
     """
 
     attempts: tuple[Attempt, ...] = ()
+    others: tuple[BaseException, ...] = ()
+    """Errors of the other attempts, when several failed (hedging): see :func:`attach_others`."""
 
     def __str__(self) -> str:
         text = super().__str__()
@@ -241,6 +247,46 @@ _ERROR_TYPES: dict[ErrorKind, type[ProviderError]] = {
     )
 }
 _ERROR_TYPES[ErrorKind.UNKNOWN] = ProviderError
+
+
+ErrorFilter: TypeAlias = (
+    "type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]"
+)
+"""Which errors a policy handles: exception type(s), or a predicate on the exception."""
+
+
+def error_predicate(on: ErrorFilter | None, name: str) -> Callable[[BaseException], bool]:
+    """The predicate for an ``on=`` option (``None``: :func:`is_transient`); ``name`` is the
+    option's public name, for the error message."""
+    if on is None:
+        return is_transient
+    if isinstance(on, type) and issubclass(on, BaseException):
+        return lambda exc: isinstance(exc, on)
+    if isinstance(on, tuple) and all(
+        isinstance(t, type) and issubclass(t, BaseException) for t in on
+    ):
+        return lambda exc: isinstance(exc, on)
+    if callable(on):
+        return on  # type: ignore[return-value]
+    raise TypeError(f"{name} must be exception type(s) or a predicate, got {on!r}")
+
+
+def attach_others(error: BaseException, others: list[Exception]) -> None:
+    """Attach the errors of the other failed attempts to the one raised.
+
+    On a :class:`LatencykitError` they go to ``.others``; on any other exception to a
+    ``latencykit_others`` attribute; on Python 3.11+ a note lists them too.
+    """
+    if not others:
+        return
+    if isinstance(error, LatencykitError):
+        error.others = tuple(others)
+    else:
+        with contextlib.suppress(AttributeError):  # exceptions with __slots__ refuse it
+            setattr(error, "latencykit_others", tuple(others))  # noqa: B010
+    add_note = getattr(error, "add_note", None)
+    if add_note is not None:
+        add_note("other attempts failed too: " + "; ".join(_describe(e) for e in others))
 
 
 # --- classification -------------------------------------------------------------------------

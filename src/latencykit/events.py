@@ -31,6 +31,9 @@ __all__ = [
     "Event",
     "EventHandler",
     "FallbackUsed",
+    "HedgeFired",
+    "HedgeSkipped",
+    "HedgeWon",
     "Subscription",
     "subscribe",
 ]
@@ -85,6 +88,51 @@ class FallbackUsed(Event):
     after: float | None
     error_type: str | None = None
     error_kind: ErrorKind | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeFired(Event):
+    """A hedging policy started an extra attempt.
+
+    Attributes:
+        attempt: the attempt's number in the hedged call (2 for the first hedge).
+        target: where it goes (model string or function name).
+        reason: ``"delay"`` (the earlier attempts were slower than the delay) or ``"failure"``
+            (an attempt failed with a handled error, so the next one went at once).
+        delay: the hedging delay in force (``None`` while warming up).
+    """
+
+    attempt: int
+    target: str
+    reason: Literal["delay", "failure"]
+    delay: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeWon(Event):
+    """A hedge (not the primary) produced the answer.
+
+    Attributes:
+        attempt: the winning attempt's number in the hedged call (2 or more).
+        attempts: how many attempts the hedged call started.
+    """
+
+    attempt: int
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeSkipped(Event):
+    """A hedge was due but not sent.
+
+    Attributes:
+        attempt: the number it would have had.
+        reason: ``"budget"`` (the extra-load budget is empty) or ``"deadline"`` (the budget
+            left would not cover the target's typical latency).
+    """
+
+    attempt: int
+    reason: Literal["budget", "deadline"]
 
 
 @dataclass(frozen=True, slots=True)

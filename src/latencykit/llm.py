@@ -24,10 +24,11 @@ import sniffio
 
 from . import _validation
 from ._context import Attempt, Trace, current_attempt
-from .errors import provider_error
+from .errors import ErrorFilter, provider_error
 from .pipeline import Call, Next, Pipeline, Policy
 from .policies.deadline import Deadline
-from .policies.fallback import ErrorFilter, Fallback, FallbackReason
+from .policies.fallback import Fallback, FallbackReason
+from .policies.hedge import Hedge
 
 if TYPE_CHECKING:
     from litellm import ModelResponse
@@ -164,6 +165,9 @@ class LLM:
         deadline: total budget in seconds for each call, degraded path included
             (default ``None``: unbounded).
         degrade: the degraded path (default ``None``: none); see :class:`Degrade`.
+        hedge: hedged requests (default ``None``: none), e.g.
+            ``lk.Hedge(lk.quantile(0.9), max_extra_load=0.1)``; hedges go to the same target.
+            Its latency windows and budget are shared by every call of this ``LLM``.
         timeout: per-attempt timeout in seconds handed to litellm, constant so that litellm
             reuses its HTTP client and connections (default ``600``, litellm's own).
         api_base: the primary target's base URL (default ``None``: litellm's default for the
@@ -184,6 +188,7 @@ class LLM:
         *,
         deadline: float | datetime.timedelta | None = None,
         degrade: Degrade | None = None,
+        hedge: Hedge | None = None,
         timeout: float | datetime.timedelta = 600.0,
         api_base: str | None = None,
         api_key: str | None = None,
@@ -193,6 +198,13 @@ class LLM:
             raise ValueError(f"LLM.model must be a non-empty model string, got {model!r}")
         if degrade is not None and not isinstance(degrade, Degrade):
             raise TypeError(f"LLM.degrade must be a latencykit.Degrade, got {degrade!r}")
+        if hedge is not None and not isinstance(hedge, Hedge):
+            raise TypeError(f"LLM.hedge must be a latencykit.Hedge, got {hedge!r}")
+        if hedge is not None and hedge.target == "next":
+            raise ValueError(
+                "LLM.hedge.target='next' needs failover targets, which LLM does not take yet; "
+                "use target='same'"
+            )
         defaults = dict(defaults or {})
         for name in sorted(set(defaults) & (set(_RESERVED) | {"model", "api_key", "api_base"})):
             raise ValueError(f"LLM.defaults cannot set {name!r}: pass it as its own argument")
@@ -200,6 +212,7 @@ class LLM:
         self.timeout = _validation.seconds("LLM.timeout", timeout)
         self.deadline = None if deadline is None else _validation.seconds("LLM.deadline", deadline)
         self.degrade = degrade
+        self.hedge = hedge
         self._api_key = api_key
         self._base: dict[str, Any] = {**defaults, "model": model}
         if api_base is not None:
@@ -217,6 +230,8 @@ class LLM:
                     f"({self.deadline:g}s)"
                 )
             policies.append(Fallback(self._degraded_path, after=after, on=degrade.on))
+        if hedge is not None:
+            policies.append(hedge)
         self._pipeline = Pipeline(policies)
         # Import litellm now (seconds, once per process) rather than inside the first call,
         # where the import would block the event loop and no deadline could preempt it.
@@ -228,7 +243,7 @@ class LLM:
     def __repr__(self) -> str:
         return (
             f"LLM({self.model!r}, deadline={self.deadline}, degrade={self.degrade!r}, "
-            f"timeout={self.timeout:g})"
+            f"hedge={self.hedge!r}, timeout={self.timeout:g})"
         )
 
     @property

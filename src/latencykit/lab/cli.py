@@ -62,6 +62,18 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help=f"llmperf run for the cheap model (default {defaults.degraded_run})",
     )
     parser.add_argument(
+        "--hedge-quantile",
+        type=float,
+        default=defaults.hedge_quantile,
+        help=f"hedge row: lk.quantile(q) delay (default {defaults.hedge_quantile})",
+    )
+    parser.add_argument(
+        "--max-extra-load",
+        type=float,
+        default=defaults.max_extra_load,
+        help=f"hedge row: max_extra_load (default {defaults.max_extra_load})",
+    )
+    parser.add_argument(
         "--rows",
         default=",".join(defaults.rows),
         help=f"comma-separated rows to run, from {', '.join(ROWS)} (default all)",
@@ -103,6 +115,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             deadline=args.deadline,
             degrade_after=args.degrade_after,
             degraded_run=args.degraded_run,
+            hedge_quantile=args.hedge_quantile,
+            max_extra_load=args.max_extra_load,
             rows=tuple(r.strip() for r in args.rows.split(",") if r.strip()),
             seed=args.seed,
         )

@@ -42,7 +42,8 @@ def format_table(result: LabResult) -> str:
         f"{config.concurrency}; primary replays llmperf {config.run} x{config.scale:g}, "
         f"degraded path {config.degraded_run} x{config.scale:g}",
         f"lk.LLM(deadline={config.deadline:g}s, degrade=Degrade(after={config.degrade_after:g}s, "
-        f"max_tokens={config.degraded_max_tokens}))",
+        f"max_tokens={config.degraded_max_tokens})); "
+        f"lk.Hedge(quantile({config.hedge_quantile:g}), max_extra_load={config.max_extra_load:g})",
     ]
     for row in result.rows:
         if row.error_types:

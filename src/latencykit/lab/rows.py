@@ -44,6 +44,8 @@ class RowContext:
     deadline: float
     degrade_after: float
     degraded_max_tokens: int
+    hedge_quantile: float
+    max_extra_load: float
 
 
 Send = Callable[[int], Awaitable[Sent]]
@@ -73,18 +75,7 @@ def bare(ctx: RowContext) -> Send:
     return send
 
 
-def deadline_degrade(ctx: RowContext) -> Send:
-    """``lk.LLM`` with a total deadline and a degraded path to a cheaper model."""
-    llm = lk.LLM(
-        f"openai/{PRIMARY}",
-        deadline=ctx.deadline,
-        degrade=lk.Degrade(
-            model=f"openai/{DEGRADED}",
-            max_tokens=ctx.degraded_max_tokens,
-            after=ctx.degrade_after,
-        ),
-    )
-
+def _through(llm: lk.LLM, ctx: RowContext) -> Send:
     async def send(i: int) -> Sent:
         started = time.monotonic()
         try:
@@ -96,8 +87,29 @@ def deadline_degrade(ctx: RowContext) -> Send:
     return send
 
 
+def deadline_degrade(ctx: RowContext) -> Send:
+    """``lk.LLM`` with a total deadline and a degraded path to a cheaper model."""
+    llm = lk.LLM(
+        f"openai/{PRIMARY}",
+        deadline=ctx.deadline,
+        degrade=lk.Degrade(
+            model=f"openai/{DEGRADED}",
+            max_tokens=ctx.degraded_max_tokens,
+            after=ctx.degrade_after,
+        ),
+    )
+    return _through(llm, ctx)
+
+
+def hedged(ctx: RowContext) -> Send:
+    """``lk.LLM`` with hedged requests after the target's recent p90 (adaptive)."""
+    hedge = lk.Hedge(lk.quantile(ctx.hedge_quantile), max_extra_load=ctx.max_extra_load)
+    return _through(lk.LLM(f"openai/{PRIMARY}", hedge=hedge), ctx)
+
+
 ROWS: dict[str, tuple[str, Callable[[RowContext], Send]]] = {
     "bare": ("litellm.acompletion (bare)", bare),
     "deadline+degrade": ("lk.LLM deadline + degrade", deadline_degrade),
+    "hedge": ("lk.LLM hedge(quantile)", hedged),
 }
 """Row key -> (label, factory), in display order."""

@@ -36,6 +36,8 @@ class LabConfig:
         degraded_run: llmperf run replayed by the cheap model (default ``"groq/70b"``, the
             lightest tail in the data).
         degraded_max_tokens: ``lk.Degrade(max_tokens=...)`` (default ``64``).
+        hedge_quantile: the hedge row's ``lk.quantile(q)`` delay (default ``0.9``).
+        max_extra_load: the hedge row's ``max_extra_load`` (default ``0.1``).
         rows: which rows to run, by key (default: all, see ``latencykit.lab.rows.ROWS``).
         seed: seeds the workload and the fake provider (default ``7``).
     """
@@ -48,6 +50,8 @@ class LabConfig:
     degrade_after: float = 0.25
     degraded_run: str = "groq/70b"
     degraded_max_tokens: int = 64
+    hedge_quantile: float = 0.9
+    max_extra_load: float = 0.1
     rows: tuple[str, ...] = tuple(ROWS)
     seed: int = 7
 
@@ -58,6 +62,10 @@ class LabConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"LabConfig.{name} must be a positive int, got {value!r}")
+        if not 0 < self.hedge_quantile < 1:
+            raise ValueError("LabConfig.hedge_quantile must be in (0, 1)")
+        if not 0 <= self.max_extra_load <= 10:
+            raise ValueError("LabConfig.max_extra_load must be in [0, 10]")
         if self.degrade_after >= self.deadline:
             raise ValueError("LabConfig.degrade_after must be shorter than LabConfig.deadline")
         unknown = [row for row in self.rows if row not in ROWS]
@@ -193,6 +201,8 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
             deadline=config.deadline,
             degrade_after=config.degrade_after,
             degraded_max_tokens=config.degraded_max_tokens,
+            hedge_quantile=config.hedge_quantile,
+            max_extra_load=config.max_extra_load,
         )
         for key in config.rows:
             label, factory = ROWS[key]
@@ -200,7 +210,7 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
             fake.reset()
             fake.script(DEGRADED, cheap)
             fake.script(PRIMARY, Behavior())
-            for i in range(3):  # warm-up: connections, litellm's client cache
+            for i in range(30):  # warm-up: connections, litellm's client cache, latency windows
                 await send(-1 - i)
             fake.reset()
             fake.script(PRIMARY, _ReplayScript(primary, config.requests, config.seed))

@@ -17,19 +17,14 @@ from typing import Any, Literal, ParamSpec, TypeAlias, TypeVar
 from .. import _validation, events
 from .._cancel import backend
 from .._context import trace_var
-from ..errors import ErrorKind, FallbackFailed, classify, is_transient
+from ..errors import ErrorFilter, ErrorKind, FallbackFailed, classify, error_predicate
 from ..pipeline import Call, Next, Policy, PolicyDecorator, Stage
 from .deadline import Deadline, DeadlineScope
 
-__all__ = ["ErrorFilter", "Fallback", "FallbackReason", "fallback"]
+__all__ = ["Fallback", "FallbackReason", "fallback"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-ErrorFilter: TypeAlias = (
-    "type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]"
-)
-"""Which errors a policy handles: exception type(s), or a predicate on the exception."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,20 +49,6 @@ class FallbackReason:
 
 
 Alternative: TypeAlias = Callable[[FallbackReason, Call, Next], Awaitable[Any]]
-
-
-def _error_predicate(on: ErrorFilter | None) -> Callable[[BaseException], bool]:
-    if on is None:
-        return is_transient
-    if isinstance(on, type) and issubclass(on, BaseException):
-        return lambda exc: isinstance(exc, on)
-    if isinstance(on, tuple) and all(
-        isinstance(t, type) and issubclass(t, BaseException) for t in on
-    ):
-        return lambda exc: isinstance(exc, on)
-    if callable(on):
-        return on  # type: ignore[return-value]
-    raise TypeError(f"fallback.on must be exception type(s) or a predicate, got {on!r}")
 
 
 def _user_alternative(alternative: object) -> Alternative:
@@ -102,7 +83,7 @@ class Fallback(PolicyDecorator):
     ) -> None:
         self.after = None if after is None else _validation.seconds("fallback.after", after)
         self.on = on
-        self._handles = _error_predicate(on)
+        self._handles = error_predicate(on, "fallback.on")
         self._alternative = alternative
 
     def __repr__(self) -> str:

@@ -1,0 +1,118 @@
+"""A budget for extra requests (hedges, retries), so an outage does not multiply traffic.
+
+Finagle's RetryBudget, as a token bucket over a sliding window: every call deposits ``ratio``
+of a token, every extra request withdraws a whole one, and both expire after ``ttl`` seconds. So
+over any ``ttl`` window, extra requests stay under ``ratio`` x calls, plus a small reserve
+(``min_per_second`` x ``ttl``) that lets a quiet service still hedge or retry now and then.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from . import _validation
+
+__all__ = ["RetryBudget"]
+
+_SLOTS = 10  # the window moves in steps of ttl / 10
+
+
+class RetryBudget:
+    """Caps extra requests (hedges and retries) at a fraction of calls over a sliding window.
+
+    Args:
+        ratio: extra requests allowed per call, ``0 <= ratio <= 10`` (default ``0.1``: +10 %).
+        ttl: window in seconds over which deposits and withdrawals count (default ``10``).
+        min_per_second: extra requests always allowed per second, as a reserve for low traffic
+            (default ``0``).
+        clock: time source (default ``time.monotonic``).
+
+    Share one budget between a hedge and a retry policy to cap their sum.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_deposits",
+        "_slot",
+        "_slot_width",
+        "_total_deposits",
+        "_total_withdrawals",
+        "_withdrawals",
+        "min_per_second",
+        "ratio",
+        "ttl",
+    )
+
+    def __init__(
+        self,
+        ratio: float = 0.1,
+        *,
+        ttl: float = 10.0,
+        min_per_second: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (0 <= ratio <= 10):
+            raise ValueError(f"RetryBudget.ratio must be a number in [0, 10], got {ratio!r}")
+        if (
+            isinstance(min_per_second, bool)
+            or not isinstance(min_per_second, (int, float))
+            or not math.isfinite(min_per_second)
+            or min_per_second < 0
+        ):
+            raise ValueError(
+                f"RetryBudget.min_per_second must be a number >= 0, got {min_per_second!r}"
+            )
+        self.ratio = float(ratio)
+        self.ttl = _validation.seconds("RetryBudget.ttl", ttl)
+        self.min_per_second = float(min_per_second)
+        self._clock = clock
+        self._slot_width = self.ttl / _SLOTS
+        self._deposits = [0] * _SLOTS
+        self._withdrawals = [0] * _SLOTS
+        self._total_deposits = 0
+        self._total_withdrawals = 0
+        self._slot = int(clock() // self._slot_width)
+
+    def __repr__(self) -> str:
+        return (
+            f"RetryBudget(ratio={self.ratio:g}, ttl={self.ttl:g}, "
+            f"min_per_second={self.min_per_second:g}, balance={self.balance:.2f})"
+        )
+
+    def _advance(self) -> int:
+        slot = int(self._clock() // self._slot_width)
+        if slot != self._slot:
+            for stale in range(self._slot + 1, min(slot, self._slot + _SLOTS) + 1):
+                index = stale % _SLOTS
+                self._total_deposits -= self._deposits[index]
+                self._total_withdrawals -= self._withdrawals[index]
+                self._deposits[index] = self._withdrawals[index] = 0
+            self._slot = slot
+        return slot % _SLOTS
+
+    @property
+    def balance(self) -> float:
+        """Extra requests the budget would allow right now."""
+        self._advance()
+        return (
+            self._total_deposits * self.ratio
+            + self.min_per_second * self.ttl
+            - self._total_withdrawals
+        )
+
+    def deposit(self) -> None:
+        """Count one call (earns ``ratio`` of an extra request)."""
+        index = self._advance()
+        self._deposits[index] += 1
+        self._total_deposits += 1
+
+    def try_withdraw(self) -> bool:
+        """Take one extra request from the budget; ``False`` (and nothing taken) if empty."""
+        if self.balance < 1.0:
+            return False
+        index = self._slot % _SLOTS
+        self._withdrawals[index] += 1
+        self._total_withdrawals += 1
+        return True

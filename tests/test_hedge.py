@@ -1,0 +1,214 @@
+"""The hedging policy on plain async functions (real time, generous margins)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+import anyio
+import pytest
+
+import latencykit as lk
+
+pytestmark = pytest.mark.anyio
+
+
+class Script:
+    """Attempt i of each call runs behaviours[i]: (seconds, result or exception)."""
+
+    def __init__(self, *behaviours: tuple[float, object]) -> None:
+        self.behaviours = behaviours
+        self.started: list[int] = []
+        self.cancelled: list[int] = []
+        self.finished: list[int] = []
+
+    async def __call__(self) -> object:
+        index = len(self.started) % len(self.behaviours)
+        self.started.append(index)
+        seconds, outcome = self.behaviours[index]
+        try:
+            await anyio.sleep(seconds)
+        except anyio.get_cancelled_exc_class():
+            self.cancelled.append(index)
+            raise
+        self.finished.append(index)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+def hedged(script: Script, policy: lk.Hedge) -> Callable[[], Awaitable[object]]:
+    async def call() -> object:
+        return await script()
+
+    return policy(call)
+
+
+def collect() -> tuple[list[lk.Event], lk.Subscription]:
+    seen: list[lk.Event] = []
+    return seen, lk.subscribe(seen.append)
+
+
+async def test_the_hedge_wins_when_the_primary_is_slow() -> None:
+    script = Script((10.0, "slow"), (0.01, "fast"))
+    seen, subscription = collect()
+    with subscription:
+        started = time.monotonic()
+        assert await hedged(script, lk.hedge(0.05, max_extra_load=1.0))() == "fast"
+    assert time.monotonic() - started < 5
+    assert script.started == [0, 1] and script.cancelled == [0]  # the loser was cancelled
+    [fired] = [e for e in seen if isinstance(e, lk.HedgeFired)]
+    assert fired.attempt == 2 and fired.reason == "delay" and fired.delay == 0.05
+    [won] = [e for e in seen if isinstance(e, lk.HedgeWon)]
+    assert won.attempt == 2 and won.attempts == 2
+    [ended] = [e for e in seen if isinstance(e, lk.CallEnded)]
+    assert ended.attempts == 2
+
+
+async def test_a_fast_primary_sends_no_hedge() -> None:
+    script = Script((0.0, "primary"), (0.0, "hedge"))
+    assert await hedged(script, lk.hedge(5.0, max_extra_load=1.0))() == "primary"
+    assert script.started == [0]
+
+
+async def test_the_primary_can_still_win_after_the_hedge_started() -> None:
+    script = Script((0.1, "primary"), (10.0, "hedge"))
+    assert await hedged(script, lk.hedge(0.02, max_extra_load=1.0))() == "primary"
+    assert script.started == [0, 1] and script.cancelled == [1]
+
+
+async def test_a_transient_failure_launches_the_next_attempt_at_once() -> None:
+    script = Script((0.0, ConnectionResetError("reset")), (0.0, "second"))
+    seen, subscription = collect()
+    with subscription:
+        started = time.monotonic()
+        assert await hedged(script, lk.hedge(30.0, max_extra_load=1.0))() == "second"
+    assert time.monotonic() - started < 5  # did not wait the 30 s delay
+    [fired] = [e for e in seen if isinstance(e, lk.HedgeFired)]
+    assert fired.reason == "failure"
+
+
+async def test_a_non_retryable_error_cancels_everything_and_is_raised() -> None:
+    script = Script((10.0, "slow"), (0.01, KeyError("bug")))
+    started = time.monotonic()
+    with pytest.raises(KeyError):
+        await hedged(script, lk.hedge(0.02, max_extra_load=1.0))()
+    assert time.monotonic() - started < 5
+    assert script.cancelled == [0]
+
+
+async def test_when_every_attempt_fails_the_primary_error_is_raised_with_the_others() -> None:
+    primary_error = ConnectionResetError("primary")
+    hedge_error = TimeoutError("hedge")
+    script = Script((0.05, primary_error), (0.0, hedge_error), (0.0, ConnectionError("third")))
+    with pytest.raises(ConnectionResetError) as info:
+        await hedged(script, lk.hedge(0.01, max_attempts=3, max_extra_load=5.0))()
+    assert info.value is primary_error
+    others = info.value.latencykit_others  # type: ignore[attr-defined]
+    assert hedge_error in others and len(others) == 2
+    assert script.started == [0, 1, 2]
+
+
+async def test_all_fail_latencykit_errors_carry_others_and_every_attempt() -> None:
+    errors = [lk.ProviderUnavailable("down", target="a"), lk.RateLimited("slow", target="a")]
+    script = Script((0.0, errors[0]), (0.0, errors[1]))
+    with pytest.raises(lk.ProviderUnavailable) as info:
+        await hedged(script, lk.hedge(1.0, max_extra_load=1.0))()
+    assert info.value.others == (errors[1],)
+    assert [a.outcome for a in info.value.attempts] == ["error", "error"]
+
+
+async def test_an_empty_budget_sends_no_hedge_and_says_so() -> None:
+    policy = lk.hedge(0.0, max_extra_load=0.1)  # one hedge per 10 calls
+    script = Script((0.02, "primary"), (0.02, "hedge"))
+    fn = hedged(script, policy)
+    seen, subscription = collect()
+    with subscription:
+        for _ in range(20):
+            await fn()
+    fired = [e for e in seen if isinstance(e, lk.HedgeFired)]
+    skipped = [e for e in seen if isinstance(e, lk.HedgeSkipped)]
+    assert len(fired) == 2  # 20 calls x 0.1
+    assert len(skipped) == 18 and {e.reason for e in skipped} == {"budget"}
+
+
+async def test_no_hedging_during_warm_up() -> None:
+    policy = lk.hedge(lk.quantile(0.5, min_samples=5), max_extra_load=10.0)
+    script = Script((0.01, "ok"))
+    fn = hedged(script, policy)
+    target = fn.__qualname__  # decorated functions are recorded under their qualified name
+    for _ in range(5):
+        assert policy.current_delay(target) is None
+        await fn()
+    assert policy.windows[target].count() == 5
+    delay = policy.current_delay(target)
+    assert delay is not None and 0.005 < delay < 1.0
+    assert len(script.started) == 5  # no hedges while warming up
+
+
+async def test_adaptive_delay_follows_the_recent_latencies() -> None:
+    policy = lk.hedge(lk.quantile(0.9, min_samples=3), max_extra_load=0.0)
+    window = policy.window("t")
+    for seconds in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0):
+        window.record(seconds)
+    assert policy.current_delay("t") == pytest.approx(0.9)
+
+
+async def test_the_deadline_bounds_hedging() -> None:
+    policy = lk.hedge(0.05, max_extra_load=10.0)
+    script = Script((0.2, "primary"), (0.0, "hedge"))
+    seen, subscription = collect()
+
+    @lk.deadline(1.0)
+    @policy
+    async def call() -> object:
+        return await script()
+
+    for _ in range(10):
+        policy.window(call.__qualname__).record(2.0)  # this target typically takes 2 s
+
+    with subscription:
+        assert await call() == "primary"
+    assert script.started == [0]
+    [skipped] = [e for e in seen if isinstance(e, lk.HedgeSkipped)]
+    assert skipped.reason == "deadline"
+
+
+async def test_the_deadline_cancels_every_attempt() -> None:
+    script = Script((10.0, "a"), (10.0, "b"))
+
+    @lk.deadline(0.2)
+    @lk.hedge(0.01, max_extra_load=10.0)
+    async def call() -> object:
+        return await script()
+
+    with pytest.raises(lk.DeadlineExceeded) as info:
+        await call()
+    assert sorted(script.cancelled) == [0, 1]
+    assert [a.outcome for a in info.value.attempts] == ["cancelled", "cancelled"]
+
+
+async def test_max_attempts_one_never_hedges() -> None:
+    script = Script((0.05, "only"))
+    assert await hedged(script, lk.hedge(0.0, max_attempts=1, max_extra_load=10.0))() == "only"
+    assert script.started == [0]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: lk.quantile(0), r"quantile\.q"),
+        (lambda: lk.quantile(1.0), r"quantile\.q"),
+        (lambda: lk.quantile(1.5), r"quantile\.q"),
+        (lambda: lk.quantile(0.9, min_samples=0), r"quantile\.min_samples"),
+        (lambda: lk.hedge(-1), r"hedge\.delay"),
+        (lambda: lk.hedge(0.1, max_attempts=0), r"hedge\.max_attempts"),
+        (lambda: lk.hedge(0.1, max_extra_load=-0.1), r"hedge\.max_extra_load"),
+        (lambda: lk.Hedge(0.1, target="elsewhere"), r"hedge\.target"),  # type: ignore[arg-type]
+    ],
+)
+def test_invalid_options_are_rejected_naming_the_field(
+    make: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
