@@ -31,7 +31,10 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[bench]"
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/estimator.py
+	$(BIN)/python benchmarks/tail.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache lab-results.json

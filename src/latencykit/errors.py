@@ -385,14 +385,16 @@ def classify(exc: BaseException) -> ErrorKind:
     Rules, first match wins: latencykit's own :class:`ProviderError` keeps its kind; litellm /
     OpenAI SDK / httpx / aiohttp exceptions are classified by class (along the MRO), and a 5xx
     whose cause chain shows no HTTP exchange happened (a refused connection arrives from litellm
-    as a 500) becomes ``CONNECTION``; any other exception with an integer ``status_code`` by
-    status; ``TimeoutError`` (so :class:`DeadlineExceeded` too) is ``TIMEOUT``;
+    as a 500) becomes ``CONNECTION``, and one caused by a client-side failure (litellm reports
+    missing credentials as a 500 too) ``UNKNOWN``; any other exception with an integer
+    ``status_code`` by status; ``TimeoutError`` (so :class:`DeadlineExceeded` too) is ``TIMEOUT``;
     ``ConnectionError`` is ``CONNECTION``; everything else is ``UNKNOWN``.
     """
     if isinstance(exc, ProviderError):
         return exc.kind
     kind = _kind_by_class_name(exc)
     if kind is ErrorKind.SERVER_ERROR or kind is None:
+        client_side = False
         for link in _chain(exc):
             name = type(link).__name__
             if name in _TIMEOUT_CAUSES:
@@ -401,6 +403,16 @@ def classify(exc: BaseException) -> ErrorKind:
                 link is not exc and isinstance(link, ConnectionError)
             ):
                 return ErrorKind.CONNECTION
+            if link is exc or type(link).__module__.startswith("litellm"):
+                continue  # litellm's own wrappers carry a status even when nothing was sent
+            if _status_code(link) is not None:
+                break  # a real HTTP answer: the class-based kind stands
+            client_side = True
+        else:
+            # litellm reports client-side failures (missing credentials, its own bugs) as a
+            # 500: nothing reached the provider, and another attempt would fail the same way.
+            if client_side and kind is ErrorKind.SERVER_ERROR:
+                return ErrorKind.UNKNOWN
     if kind is not None:
         return kind
     status = _status_code(exc)

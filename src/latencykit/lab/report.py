@@ -26,14 +26,14 @@ def format_table(result: LabResult) -> str:
     """The lab's results as a fixed-width text table (latencies in milliseconds)."""
     header = (
         f"{'policy':<30} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7} "
-        f"{'errors':>7} {'extra req':>10} {'degraded':>9}"
+        f"{'errors':>7} {'extra req':>10} {'degraded':>9} {'hedge won':>10}"
     )
     lines = [header, "-" * len(header)]
     for row in result.rows:
         lines.append(
             f"{row.label:<30} {_ms(row.p50):>7} {_ms(row.p90):>7} {_ms(row.p99):>7} "
             f"{_ms(row.max):>7} {row.errors:>7} {row.extra_load_pct:>9.1f}% "
-            f"{row.degraded:>9}"
+            f"{row.degraded:>9} {row.hedges_won:>10}"
         )
     config = result.config
     lines += [

@@ -33,6 +33,7 @@ class Sent:
     latency: float
     ok: bool
     degraded: bool = False
+    hedge_won: bool = False
     error_type: str | None = None
 
 
@@ -82,7 +83,13 @@ def _through(llm: lk.LLM, ctx: RowContext) -> Send:
             response = await llm.acompletion(**_kwargs(ctx, i))
         except Exception as exc:
             return Sent(time.monotonic() - started, ok=False, error_type=type(exc).__name__)
-        return Sent(time.monotonic() - started, ok=True, degraded=lk.report(response).degraded)
+        report = lk.report(response)
+        return Sent(
+            time.monotonic() - started,
+            ok=True,
+            degraded=report.degraded,
+            hedge_won=not report.degraded and report.answered_by > 1,
+        )
 
     return send
 

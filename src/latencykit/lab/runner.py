@@ -92,6 +92,7 @@ class RowResult:
     upstream_requests: int
     extra_load_pct: float
     degraded: int
+    hedges_won: int
     wall_time: float
     error_types: dict[str, int] = field(default_factory=dict)
 
@@ -109,32 +110,42 @@ class LabResult:
         return json.dumps(asdict(self), indent=2, sort_keys=False)
 
 
-class _ReplayScript:
-    """Primary model script: the first attempt of request ``i`` replays the i-th pre-drawn row,
-    so every row of the lab sees the same latencies; later attempts of the same request (hedges,
-    retries) draw fresh rows, as a real provider's queueing would."""
+class ReplayScript:
+    """Fake-provider script replaying pre-drawn latencies, the same for every lab row.
 
-    def __init__(self, profile: LlmperfProfile, requests: int, seed: int) -> None:
+    Attempt ``k`` (0 = first, 1 = second) of request ``i`` (from the ``x-lab-request`` header)
+    gets ``draws[i][k]``, drawn up front with ``seed``: every row sees the same primaries and the
+    same backups, and an offline model can replay them exactly. Further attempts, and requests
+    without the header, draw fresh rows, as a real provider's queueing would.
+    """
+
+    def __init__(
+        self, profile: LlmperfProfile, requests: int, seed: int, *, attempts: int = 2
+    ) -> None:
         rng = random.Random(seed)
         self._profile = profile
-        self._first = [profile.sample(rng) for _ in range(requests)]
-        self._seen: set[int] = set()
+        self.draws = [[profile.sample(rng) for _ in range(attempts)] for _ in range(requests)]
+        self._seen: dict[int, int] = {}
 
     def __call__(self, request: RequestInfo) -> Behavior:
         index = int(request.headers.get(REQUEST_HEADER, "-1"))
-        if 0 <= index < len(self._first) and index not in self._seen:
-            self._seen.add(index)
-            return self._first[index]
+        if 0 <= index < len(self.draws):
+            attempt = self._seen.get(index, 0)
+            self._seen[index] = attempt + 1
+            if attempt < len(self.draws[index]):
+                return self.draws[index][attempt]
         return self._profile.sample(request.rng)
 
 
-async def _run_row(
+async def run_requests(
     send: Callable[[int], Any],
     requests: int,
     concurrency: int,
     label: str,
     progress: TextIO | None,
 ) -> tuple[list[Sent], float]:
+    """Send requests ``0 .. requests-1`` with ``send``, ``concurrency`` at a time; return how
+    each went and the wall time. Prints a progress line every 10 % to ``progress``."""
     results: list[Sent] = []
     limiter = anyio.CapacityLimiter(concurrency)
     started = time.monotonic()
@@ -164,9 +175,10 @@ async def _run_row(
     return results, time.monotonic() - started
 
 
-def _summarise(
+def summarise(
     key: str, label: str, sent: Sequence[Sent], upstream: int, wall_time: float
 ) -> RowResult:
+    """One table row from the requests of a pass."""
     latencies = sorted(s.latency for s in sent)
     errors: dict[str, int] = {}
     for s in sent:
@@ -184,6 +196,7 @@ def _summarise(
         upstream_requests=upstream,
         extra_load_pct=100.0 * (upstream - len(sent)) / len(sent),
         degraded=sum(s.degraded for s in sent),
+        hedges_won=sum(s.hedge_won for s in sent),
         wall_time=wall_time,
         error_types=errors,
     )
@@ -213,10 +226,12 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
             for i in range(30):  # warm-up: connections, litellm's client cache, latency windows
                 await send(-1 - i)
             fake.reset()
-            fake.script(PRIMARY, _ReplayScript(primary, config.requests, config.seed))
+            fake.script(PRIMARY, ReplayScript(primary, config.requests, config.seed))
             fake.script(DEGRADED, cheap)
-            sent, wall = await _run_row(send, config.requests, config.concurrency, label, progress)
-            results.append(_summarise(key, label, sent, len(fake.attempts), wall))
+            sent, wall = await run_requests(
+                send, config.requests, config.concurrency, label, progress
+            )
+            results.append(summarise(key, label, sent, len(fake.attempts), wall))
     return LabResult(
         config=config,
         rows=tuple(results),
