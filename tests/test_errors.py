@@ -60,6 +60,7 @@ def test_transient_kinds() -> None:
         lk.ErrorKind.CONNECTION,
         lk.ErrorKind.TIMEOUT,
         lk.ErrorKind.STREAM_BROKEN,
+        lk.ErrorKind.CIRCUIT_OPEN,
     }
 
 

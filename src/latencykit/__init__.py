@@ -35,11 +35,13 @@ from .events import CallEnded as CallEnded
 from .events import DeadlineExpired as DeadlineExpired
 from .events import Event as Event
 from .events import EventHandler as EventHandler
+from .events import FailedOver as FailedOver
 from .events import FallbackUsed as FallbackUsed
 from .events import HedgeFired as HedgeFired
 from .events import HedgeSkipped as HedgeSkipped
 from .events import HedgeWon as HedgeWon
 from .events import Subscription as Subscription
+from .events import TargetSkipped as TargetSkipped
 from .events import subscribe as subscribe
 from .llm import LLM as LLM
 from .llm import CallReport as CallReport
@@ -51,9 +53,25 @@ from .pipeline import Pipeline as Pipeline
 from .pipeline import Policy as Policy
 from .pipeline import Stage as Stage
 from .pipeline import compose as compose
+from .policies.breaker import Breaker as Breaker
+from .policies.breaker import BreakerMetrics as BreakerMetrics
+from .policies.breaker import BreakerPermit as BreakerPermit
+from .policies.breaker import BreakerRejected as BreakerRejected
+from .policies.breaker import BreakerSnapshot as BreakerSnapshot
+from .policies.breaker import BreakerState as BreakerState
+from .policies.breaker import BreakerStateChanged as BreakerStateChanged
+from .policies.breaker import BreakerStore as BreakerStore
+from .policies.breaker import CircuitOpen as CircuitOpen
+from .policies.breaker import InMemoryBreakerStore as InMemoryBreakerStore
+from .policies.breaker import breaker as breaker
+from .policies.breaker import breakers as breakers
+from .policies.breaker import reset_breakers as reset_breakers
 from .policies.deadline import Deadline as Deadline
 from .policies.deadline import DeadlineScope as DeadlineScope
 from .policies.deadline import deadline as deadline
+from .policies.failover import Failover as Failover
+from .policies.failover import Route as Route
+from .policies.failover import failover as failover
 from .policies.fallback import Fallback as Fallback
 from .policies.fallback import FallbackReason as FallbackReason
 from .policies.fallback import fallback as fallback
@@ -61,7 +79,12 @@ from .policies.hedge import Hedge as Hedge
 from .policies.hedge import Quantile as Quantile
 from .policies.hedge import hedge as hedge
 from .policies.hedge import quantile as quantile
+from .policies.retry import Retry as Retry
+from .policies.retry import RetryGaveUp as RetryGaveUp
+from .policies.retry import RetryScheduled as RetryScheduled
+from .policies.retry import retry as retry
 from .stats import LatencyWindow as LatencyWindow
+from .target import Target as Target
 
 __version__ = "0.1.0.dev0"
 
@@ -73,9 +96,18 @@ __all__ = [
     "AttemptTimeout",
     "AuthenticationFailed",
     "BadRequest",
+    "Breaker",
+    "BreakerMetrics",
+    "BreakerPermit",
+    "BreakerRejected",
+    "BreakerSnapshot",
+    "BreakerState",
+    "BreakerStateChanged",
+    "BreakerStore",
     "Call",
     "CallEnded",
     "CallReport",
+    "CircuitOpen",
     "ContentPolicyViolation",
     "ContextLengthExceeded",
     "Deadline",
@@ -87,6 +119,8 @@ __all__ = [
     "ErrorKind",
     "Event",
     "EventHandler",
+    "FailedOver",
+    "Failover",
     "Fallback",
     "FallbackFailed",
     "FallbackReason",
@@ -95,33 +129,45 @@ __all__ = [
     "HedgeFired",
     "HedgeSkipped",
     "HedgeWon",
+    "InMemoryBreakerStore",
     "LatencyWindow",
     "LatencykitError",
     "Next",
     "Outcome",
     "Pipeline",
     "Policy",
-    "Quantile",
     "ProviderConnectionError",
     "ProviderError",
     "ProviderUnavailable",
+    "Quantile",
     "RateLimited",
+    "Retry",
     "RetryBudget",
+    "RetryGaveUp",
+    "RetryScheduled",
+    "Route",
     "Stage",
     "StreamBroken",
     "Subscription",
+    "Target",
+    "TargetSkipped",
     "Trace",
     "TransientError",
+    "breaker",
+    "breakers",
     "classify",
     "compose",
     "current_attempt",
     "deadline",
+    "failover",
     "fallback",
     "hedge",
     "is_transient",
     "quantile",
     "remaining",
     "report",
+    "reset_breakers",
+    "retry",
     "retry_after",
     "subscribe",
 ]

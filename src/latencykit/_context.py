@@ -94,6 +94,7 @@ class Trace:
         "ended_at",
         "fallback_reason",
         "origin",
+        "paid_budgets",
         "parent",
         "started_at",
     )
@@ -108,6 +109,7 @@ class Trace:
         self.degraded = False
         self.fallback_reason: str | None = None
         self._started_attempts = 0
+        self.paid_budgets: set[int] | None = None  # RetryBudgets this call deposited into
 
     def next_attempt_number(self) -> int:
         """Number the next attempt of this scope (1, 2, ...)."""

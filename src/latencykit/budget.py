@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from . import _validation
+from ._context import trace_var
 
 __all__ = ["RetryBudget"]
 
@@ -107,6 +108,26 @@ class RetryBudget:
         index = self._advance()
         self._deposits[index] += 1
         self._total_deposits += 1
+
+    def deposit_once(self) -> None:
+        """Count the current call, unless another policy already did so for this budget.
+
+        A hedge and a retry sharing one budget each call this; the call counts once (the
+        call's trace remembers which budgets it paid into). Outside a call: :meth:`deposit`.
+        """
+        trace = trace_var.get()
+        if trace is None:
+            self.deposit()
+            return
+        key = id(self)
+        paid = trace.paid_budgets
+        if paid is None:
+            trace.paid_budgets = {key}
+        elif key in paid:
+            return
+        else:
+            paid.add(key)
+        self.deposit()
 
     def try_withdraw(self) -> bool:
         """Take one extra request from the budget; ``False`` (and nothing taken) if empty."""

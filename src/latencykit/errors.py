@@ -69,6 +69,8 @@ class ErrorKind(str, enum.Enum):
     """401/403: never retried."""
     BAD_REQUEST = "bad_request"
     """400/404/422: the request itself is wrong; never retried."""
+    CIRCUIT_OPEN = "circuit_open"
+    """A circuit breaker refused the call: go elsewhere (failover, degrade); not retried."""
     UNKNOWN = "unknown"
     """Anything else; treated as not transient."""
 
@@ -85,6 +87,7 @@ _TRANSIENT = frozenset(
         ErrorKind.CONNECTION,
         ErrorKind.TIMEOUT,
         ErrorKind.STREAM_BROKEN,
+        ErrorKind.CIRCUIT_OPEN,
     }
 )
 
@@ -93,11 +96,15 @@ class LatencykitError(Exception):
     """Base of every exception latencykit raises.
 
     Attributes:
+        kind: the :class:`ErrorKind` of errors that have a fixed one (provider errors,
+            :class:`~latencykit.CircuitOpen`), else ``None`` (then :func:`classify` decides).
         attempts: the attempt history of the call that failed, oldest first (empty until the
             error leaves the latencykit scope that made the attempts).
     """
 
     attempts: tuple[Attempt, ...] = ()
+    kind: ErrorKind | None = None
+    """The classification, for errors that have a fixed one (see :func:`classify`)."""
     others: tuple[BaseException, ...] = ()
     """Errors of the other attempts, when several failed (hedging): see :func:`attach_others`."""
 
@@ -390,7 +397,7 @@ def classify(exc: BaseException) -> ErrorKind:
     ``status_code`` by status; ``TimeoutError`` (so :class:`DeadlineExceeded` too) is ``TIMEOUT``;
     ``ConnectionError`` is ``CONNECTION``; everything else is ``UNKNOWN``.
     """
-    if isinstance(exc, ProviderError):
+    if isinstance(exc, LatencykitError) and exc.kind is not None:
         return exc.kind
     kind = _kind_by_class_name(exc)
     if kind is ErrorKind.SERVER_ERROR or kind is None:

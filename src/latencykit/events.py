@@ -30,11 +30,13 @@ __all__ = [
     "DeadlineExpired",
     "Event",
     "EventHandler",
+    "FailedOver",
     "FallbackUsed",
     "HedgeFired",
     "HedgeSkipped",
     "HedgeWon",
     "Subscription",
+    "TargetSkipped",
     "subscribe",
 ]
 
@@ -133,6 +135,33 @@ class HedgeSkipped(Event):
 
     attempt: int
     reason: Literal["budget", "deadline"]
+
+
+@dataclass(frozen=True, slots=True)
+class FailedOver(Event):
+    """A failover moved from a target that failed to the next one.
+
+    Attributes:
+        from_target: the target that failed.
+        to_target: the target tried next.
+    """
+
+    from_target: str
+    to_target: str
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSkipped(Event):
+    """A failover skipped a target without sending it anything.
+
+    Attributes:
+        target: the target skipped.
+        reason: ``"breaker_open"`` (its circuit breaker refuses calls) or ``"context_window"``
+            (the prompt did not fit a previous target and this one is not known to be larger).
+    """
+
+    target: str
+    reason: Literal["breaker_open", "context_window"]
 
 
 @dataclass(frozen=True, slots=True)

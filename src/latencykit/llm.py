@@ -14,8 +14,9 @@ enforced with cancel scopes instead.
 from __future__ import annotations
 
 import datetime
+import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -25,10 +26,15 @@ import sniffio
 from . import _validation
 from ._context import Attempt, Trace, current_attempt
 from .errors import ErrorFilter, provider_error
-from .pipeline import Call, Next, Pipeline, Policy
+from .pipeline import Call, Next, Pipeline, Policy, Stage
+from .policies.breaker import Breaker
+from .policies.breaker import breaker as breaker_for
 from .policies.deadline import Deadline
+from .policies.failover import Failover, Route
 from .policies.fallback import Fallback, FallbackReason
 from .policies.hedge import Hedge
+from .policies.retry import Retry
+from .target import Target, as_target
 
 if TYPE_CHECKING:
     from litellm import ModelResponse
@@ -166,8 +172,23 @@ class LLM:
             (default ``None``: unbounded).
         degrade: the degraded path (default ``None``: none); see :class:`Degrade`.
         hedge: hedged requests (default ``None``: none), e.g.
-            ``lk.Hedge(lk.quantile(0.9), max_extra_load=0.1)``; hedges go to the same target.
-            Its latency windows and budget are shared by every call of this ``LLM``.
+            ``lk.Hedge(lk.quantile(0.9), max_extra_load=0.1)``; hedges go to the same target,
+            or with ``target="next"`` to the next failover target. Its latency windows and
+            budget are shared by every call of this ``LLM``.
+        failover: further targets, in order, each a model string or a dict of litellm
+            arguments (``model``, ``api_base``, ``api_key``, ``timeout``, plus latencykit's
+            ``context_window`` and ``capabilities``) (default none). See
+            :func:`~latencykit.failover` for what moves a call on.
+        retry: budgeted retries on the same target, e.g. ``lk.Retry(max_attempts=3)`` (default
+            ``None``: no retry). They run inside failover, per target.
+        breaker: a circuit breaker per target (default ``None``: none): a dict of
+            :func:`~latencykit.breaker` options (``{"minimum_calls": 5, "open_duration": 10}``),
+            or a function ``key -> Breaker``. Breakers are the process-wide ones of each
+            target's name, so every ``LLM`` calling a target shares its breaker. Failover skips
+            targets whose breaker is open.
+        context_window: the primary model's context window in tokens (default ``None``:
+            unknown); with the targets' ``context_window``, a context-length error goes only
+            to a larger model.
         timeout: per-attempt timeout in seconds handed to litellm, constant so that litellm
             reuses its HTTP client and connections (default ``600``, litellm's own).
         api_base: the primary target's base URL (default ``None``: litellm's default for the
@@ -189,6 +210,10 @@ class LLM:
         deadline: float | datetime.timedelta | None = None,
         degrade: Degrade | None = None,
         hedge: Hedge | None = None,
+        failover: Sequence[str | Mapping[str, Any] | Target] = (),
+        retry: Retry | None = None,
+        breaker: Mapping[str, Any] | Callable[[str], Breaker] | None = None,
+        context_window: int | None = None,
         timeout: float | datetime.timedelta = 600.0,
         api_base: str | None = None,
         api_key: str | None = None,
@@ -200,11 +225,10 @@ class LLM:
             raise TypeError(f"LLM.degrade must be a latencykit.Degrade, got {degrade!r}")
         if hedge is not None and not isinstance(hedge, Hedge):
             raise TypeError(f"LLM.hedge must be a latencykit.Hedge, got {hedge!r}")
-        if hedge is not None and hedge.target == "next":
-            raise ValueError(
-                "LLM.hedge.target='next' needs failover targets, which LLM does not take yet; "
-                "use target='same'"
-            )
+        if isinstance(failover, (str, Mapping)):
+            raise TypeError("LLM.failover must be a sequence of targets, e.g. ['openai/x']")
+        if hedge is not None and hedge.target == "next" and not failover:
+            raise ValueError("LLM.hedge.target='next' needs LLM(failover=[...]) targets")
         defaults = dict(defaults or {})
         for name in sorted(set(defaults) & (set(_RESERVED) | {"model", "api_key", "api_base"})):
             raise ValueError(f"LLM.defaults cannot set {name!r}: pass it as its own argument")
@@ -213,12 +237,25 @@ class LLM:
         self.deadline = None if deadline is None else _validation.seconds("LLM.deadline", deadline)
         self.degrade = degrade
         self.hedge = hedge
-        self._api_key = api_key
-        self._base: dict[str, Any] = {**defaults, "model": model}
-        if api_base is not None:
-            self._base["api_base"] = api_base
-        if api_key is not None:
-            self._base["api_key"] = api_key
+        primary = Target(
+            model,
+            api_key=api_key,
+            context_window=context_window,
+            arguments={} if api_base is None else {"api_base": api_base},
+        )
+        self.targets: tuple[Target, ...] = (
+            primary,
+            *(as_target(t, where=f"LLM.failover[{i}]") for i, t in enumerate(failover)),
+        )
+        self._secrets = tuple(t.api_key for t in self.targets if t.api_key)
+        self._defaults = defaults
+        self._primary = primary.litellm_arguments(self.timeout)
+        # Arguments that belong to a target: stripped before another target's are applied.
+        self._target_keys = frozenset(
+            {"model", "api_key", "api_base", "timeout"}.union(
+                *(t.arguments.keys() for t in self.targets)
+            )
+        )
         policies: list[Policy] = []
         if self.deadline is not None:
             policies.append(Deadline(self.deadline))
@@ -230,8 +267,28 @@ class LLM:
                     f"({self.deadline:g}s)"
                 )
             policies.append(Fallback(self._degraded_path, after=after, on=degrade.on))
+        routes = [
+            Route(t.name, functools.partial(self._to_target, t), t.context_window)
+            for t in self.targets
+        ]
         if hedge is not None:
+            if hedge.target == "next":
+                hedge = hedge.with_rewrite(
+                    lambda call, i: call if i == 0 else routes[i % len(routes)].rewrite(call)
+                )
             policies.append(hedge)
+        breakers = _TargetBreakers(breaker) if breaker is not None else None
+        if breakers is not None:
+            for target in self.targets:
+                breakers.of(target.name)  # invalid options fail now, naming the field
+            policies.append(breakers)
+        if retry is not None:
+            if not isinstance(retry, Retry):
+                raise TypeError(f"LLM.retry must be a latencykit.Retry, got {retry!r}")
+            policies.append(retry)
+        if len(self.targets) > 1:
+            is_open = None if breakers is None else breakers.is_open
+            policies.append(Failover(routes, passthrough=True, is_open=is_open))
         self._pipeline = Pipeline(policies)
         # Import litellm now (seconds, once per process) rather than inside the first call,
         # where the import would block the event loop and no deadline could preempt it.
@@ -265,7 +322,9 @@ class LLM:
             for name in sorted(_RESERVED.keys() & kwargs.keys()):
                 if name != "stream" or kwargs[name]:
                     raise ValueError(f"acompletion({name}=...) is not accepted: {_RESERVED[name]}")
-        arguments = {**self._base, **kwargs}
+        if "model" in kwargs and len(self.targets) > 1:
+            raise ValueError("acompletion(model=...) is not accepted with failover targets")
+        arguments = {**self._defaults, **self._primary, **kwargs}
         call = Call(self._attempt, (), arguments, target=str(arguments["model"]))
         response, trace = await self._pipeline.run_traced(call)
         hidden = response._hidden_params
@@ -273,16 +332,20 @@ class LLM:
         hidden[_REPORT_KEY] = (trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
         return response
 
+    def _to_target(self, target: Target, call: Call) -> Call:
+        kwargs = {k: v for k, v in call.kwargs.items() if k not in self._target_keys}
+        kwargs.update(target.litellm_arguments(self.timeout))
+        return call._replace(kwargs=kwargs, target=target.name)
+
     async def _attempt(self, **kwargs: Any) -> Any:
         try:
-            coro = self._litellm.acompletion(**kwargs, max_retries=0, timeout=self.timeout)
+            coro = self._litellm.acompletion(**kwargs, max_retries=0)
             if sniffio.current_async_library() == "asyncio":
                 response = await coro  # the common case, without the bridge's extra frame
             else:
                 response = await self._run(coro)
         except Exception as exc:
-            secrets = (self._api_key,) if self._api_key else ()
-            raise provider_error(exc, target=str(kwargs["model"]), secrets=secrets) from exc
+            raise provider_error(exc, target=str(kwargs["model"]), secrets=self._secrets) from exc
         response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), str(kwargs["model"]))
         return response
 
@@ -290,6 +353,38 @@ class LLM:
         assert self.degrade is not None
         arguments = self.degrade.rewrite(call.kwargs)
         return await next(Call(call.fn, (), arguments, target=str(arguments["model"])))
+
+
+class _TargetBreakers:
+    """Stage ``BREAKER`` in ``LLM``: each call goes through its own target's breaker."""
+
+    stage = Stage.BREAKER
+
+    def __init__(self, spec: Mapping[str, Any] | Callable[[str], Breaker]) -> None:
+        if isinstance(spec, Mapping):
+            options = dict(spec)
+            self._make: Callable[[str], Breaker] = lambda key: breaker_for(key, **options)
+        elif callable(spec):
+            self._make = spec
+        else:
+            raise TypeError(
+                f"LLM.breaker must be a dict of breaker options or a function, got {spec!r}"
+            )
+        self._by_target: dict[str, Breaker] = {}
+
+    def of(self, target: str) -> Breaker:
+        found = self._by_target.get(target)
+        if found is None:
+            found = self._by_target[target] = self._make(target)
+            if not isinstance(found, Breaker):
+                raise TypeError(f"LLM.breaker({target!r}) must return a Breaker, got {found!r}")
+        return found
+
+    def is_open(self, target: str) -> bool:
+        return not self.of(target).allows()
+
+    async def handle(self, call: Call, next: Next) -> Any:
+        return await self.of(call.target).handle(call, next)
 
 
 def _litellm() -> Any:

@@ -206,7 +206,7 @@ class Hedge(PolicyDecorator):
 
     async def handle(self, call: Call, next: Next) -> Any:
         """Run the primary, hedge it after the delay, return the first acceptable outcome."""
-        self.budget.deposit()
+        self.budget.deposit_once()
         primary = call if self.rewrite is None else self.rewrite(call, 0)
         delay = self.current_delay(primary.target)
         if self.max_attempts == 1:

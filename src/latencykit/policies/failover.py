@@ -1,0 +1,173 @@
+"""``failover``: walk ordered alternatives until one answers, by what the errors say.
+
+Error-aware (DESIGN §3): a transient error (429 whose wait does not fit, 5xx, connection,
+timeout) moves to the next route at once; a context-length error goes only to a route with a
+larger context window; content policy, authentication, bad request and unknown errors are raised
+at once (``on=`` widens that, at your own risk). Routes whose circuit breaker is open are
+skipped without a request. Per-route policies (breaker, retry, attempt timeout) sit inside this
+one, so they act per route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, ParamSpec, TypeVar
+
+from .. import events
+from .._context import trace_var
+from ..errors import ErrorFilter, ErrorKind, attach_others, classify, error_predicate
+from ..pipeline import Call, Next, PolicyDecorator, Stage
+
+__all__ = ["Failover", "Route", "failover"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One alternative of a :class:`Failover`.
+
+    Attributes:
+        name: recorded as the call's target (a model string, a function name).
+        rewrite: turns the incoming call into the call for this route.
+        context_window: tokens the route accepts (``None``: unknown).
+    """
+
+    name: str
+    rewrite: Callable[[Call], Call]
+    context_window: int | None = None
+
+
+class Failover(PolicyDecorator):
+    """The failover policy; build it with :func:`failover` or ``LLM(failover=[...])``.
+
+    Args:
+        routes: the alternatives, in order; the first is the primary.
+        on: errors that move to the next route (default ``None``: transient errors).
+        is_open: ``is_open(name)`` tells whether a route's breaker refuses calls now (default:
+            never); those routes are skipped.
+        passthrough: a call addressed to none of the routes (a degraded call, say) goes
+            through untouched (default ``False``: it starts at the first route).
+    """
+
+    stage = Stage.FAILOVER
+    __slots__ = ("_handles", "is_open", "passthrough", "routes")
+
+    def __init__(
+        self,
+        routes: Sequence[Route],
+        *,
+        on: ErrorFilter | None = None,
+        is_open: Callable[[str], bool] | None = None,
+        passthrough: bool = False,
+    ) -> None:
+        if not routes:
+            raise ValueError("failover needs at least one route")
+        names = [route.name for route in routes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"failover route names must be unique, got {names}")
+        self.routes = tuple(routes)
+        self._handles = error_predicate(on, "failover.on")
+        self.is_open = is_open
+        self.passthrough = passthrough
+
+    def __repr__(self) -> str:
+        return f"failover({', '.join(route.name for route in self.routes)})"
+
+    def _start(self, call: Call) -> int | None:
+        for index, route in enumerate(self.routes):
+            if route.name == call.target:
+                return index
+        return None if self.passthrough else 0
+
+    async def handle(self, call: Call, next: Next) -> Any:
+        """Try the routes in order from the call's own, until one answers."""
+        start = self._start(call)
+        if start is None:
+            return await next(call)
+        errors: list[Exception] = []
+        smaller_than: int | None = None  # after a context-length error: the window to beat
+        skipped_open: list[str] = []
+        previous: str | None = None
+        for route in self.routes[start:]:
+            if smaller_than is not None and not (
+                route.context_window is not None and route.context_window > smaller_than
+            ):
+                self._event(route.name, previous, "context_window")
+                continue
+            if self.is_open is not None and self.is_open(route.name):
+                skipped_open.append(route.name)
+                self._event(route.name, previous, "breaker_open")
+                continue
+            if previous is not None:
+                self._event(route.name, previous, None)
+            try:
+                return await next(route.rewrite(call))
+            except Exception as exc:
+                errors.append(exc)
+                previous = route.name
+                if classify(exc) is ErrorKind.CONTEXT_LENGTH:
+                    if route.context_window is None:
+                        break  # unknown window: nothing is known to be larger
+                    smaller_than = route.context_window
+                    continue
+                if not self._handles(exc):
+                    attach_others(exc, errors[:-1])
+                    raise
+        if not errors:
+            from .breaker import CircuitOpen
+
+            raise CircuitOpen.all_open(skipped_open)
+        attach_others(errors[0], errors[1:])
+        raise errors[0]
+
+    def _event(
+        self,
+        to: str,
+        previous: str | None,
+        skipped: Literal["breaker_open", "context_window"] | None,
+    ) -> None:
+        if not events.listening():
+            return
+        trace = trace_var.get()
+        call_id = 0 if trace is None else trace.call_id
+        if skipped is None:
+            assert previous is not None
+            events.emit(events.FailedOver(call_id, from_target=previous, to_target=to))
+        else:
+            events.emit(events.TargetSkipped(call_id, target=to, reason=skipped))
+
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+        """Decorate an async callable: it is the primary; the alternatives follow."""
+        return super().__call__(fn)
+
+
+def failover(
+    *alternatives: Callable[..., Awaitable[Any]], on: ErrorFilter | None = None
+) -> Failover:
+    """Call the decorated function; when it fails with a transient error, call each alternative
+    (same arguments) in order until one answers.
+
+    Args:
+        alternatives: async callables taking the decorated function's arguments.
+        on: errors that move on to the next alternative (default ``None``: transient errors).
+            Other errors are raised at once.
+
+    When every alternative fails, the first (primary) error is raised with the others attached.
+    """
+    routes = [Route("", lambda call: call)]  # the decorated function itself, named at call time
+    for alternative in alternatives:
+        if not callable(alternative):
+            raise TypeError(f"failover alternatives must be async callables, got {alternative!r}")
+        name = getattr(alternative, "__qualname__", None) or repr(alternative)
+        routes.append(Route(name, _calling(alternative, name)))
+    return Failover(routes, on=on)
+
+
+def _calling(fn: Callable[..., Awaitable[Any]], name: str) -> Callable[[Call], Call]:
+    def rewrite(call: Call) -> Call:
+        return call._replace(fn=fn, target=name)
+
+    return rewrite

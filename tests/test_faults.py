@@ -1,0 +1,241 @@
+"""The fault matrix: lk.LLM with retry, breaker and failover against the fake provider."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+import latencykit as lk
+from latencykit.testing import Behavior, FakeProvider, Fault, RequestInfo
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_breakers() -> Iterator[None]:
+    lk.reset_breakers()
+    yield
+    lk.reset_breakers()
+
+
+def target(fake: FakeProvider, model: str, **extra: Any) -> dict[str, Any]:
+    return {"model": f"openai/{model}", "api_base": fake.base_url, "api_key": "sk-fake", **extra}
+
+
+def resilient(fake: FakeProvider, **options: Any) -> lk.LLM:
+    options.setdefault("retry", lk.Retry(max_attempts=3, initial=0.5))
+    options.setdefault("failover", [target(fake, "secondary")])
+    return lk.LLM("openai/primary", api_base=fake.base_url, api_key="sk-fake", **options)
+
+
+def models(fake: FakeProvider) -> list[str]:
+    return [a.model for a in fake.attempts]
+
+
+async def test_429_with_retry_after_is_retried_after_the_wait(fake_provider: FakeProvider) -> None:
+    fake = fake_provider
+    fake.script("primary", [Behavior(fault=Fault.HTTP_429, retry_after=2), Behavior()])
+    llm = resilient(fake, deadline=10)
+    started = time.monotonic()
+    response = await llm.acompletion(messages=MESSAGES)
+    assert lk.report(response).target == "openai/primary"
+    first, second = fake.attempts
+    assert second.arrived_at - first.arrived_at >= 1.8
+    assert time.monotonic() - started < 5
+
+
+async def test_429_whose_wait_does_not_fit_fails_over_at_once(fake_provider: FakeProvider) -> None:
+    fake = fake_provider
+    fake.script("primary", Behavior(fault=Fault.HTTP_429, retry_after=2))
+    llm = resilient(fake, deadline=1.0)
+    started = time.monotonic()
+    response = await llm.acompletion(messages=MESSAGES)
+    assert lk.report(response).target == "openai/secondary"
+    assert models(fake) == ["primary", "secondary"]
+    assert time.monotonic() - started < 0.9
+
+
+async def test_persistent_429_backs_off_then_fails_over(fake_provider: FakeProvider) -> None:
+    fake = fake_provider
+    fake.script("primary", Behavior(fault=Fault.HTTP_429))
+    llm = resilient(fake, deadline=10)
+    response = await llm.acompletion(messages=MESSAGES)
+    assert lk.report(response).target == "openai/secondary"
+    primary = [a for a in fake.attempts if a.model == "primary"]
+    assert 2 <= len(primary) <= 4  # no tight loop: backoff between attempts, then failover
+    assert primary[-1].arrived_at - primary[0].arrived_at < 3.0
+
+
+async def test_500_once_is_retried_on_the_same_target(fake_provider: FakeProvider) -> None:
+    fake = fake_provider
+    fake.script("primary", [Behavior(fault=Fault.HTTP_500), Behavior()])
+    response = await resilient(fake).acompletion(messages=MESSAGES)
+    report = lk.report(response)
+    assert report.target == "openai/primary" and report.answered_by == 2
+    assert models(fake) == ["primary", "primary"]
+
+
+async def test_persistent_503_fails_over_within_the_budget(fake_provider: FakeProvider) -> None:
+    fake = fake_provider
+    fake.script("primary", Behavior(fault=Fault.HTTP_503))
+    response = await resilient(fake, deadline=10).acompletion(messages=MESSAGES)
+    assert lk.report(response).target == "openai/secondary"
+    assert models(fake).count("primary") <= 3
+
+
+async def test_reset_before_headers_is_survived(fake_provider: FakeProvider) -> None:
+    fake = fake_provider
+    fake.script("primary", Behavior(fault=Fault.RESET_BEFORE_HEADERS))
+    response = await resilient(fake, deadline=10).acompletion(messages=MESSAGES)
+    report = lk.report(response)
+    assert report.target == "openai/secondary"
+    assert {a.error_kind for a in report.attempts if a.outcome == "error"} == {
+        lk.ErrorKind.CONNECTION
+    }
+
+
+async def test_a_silent_target_times_out_fails_over_and_is_not_retried(
+    fake_provider: FakeProvider,
+) -> None:
+    fake = fake_provider
+    fake.script("primary", Behavior(fault=Fault.HANG))
+    llm = lk.LLM(
+        "openai/primary",
+        api_base=fake.base_url,
+        api_key="sk-fake",
+        timeout=0.5,
+        deadline=3.0,
+        retry=lk.Retry(max_attempts=3),
+        failover=[target(fake, "secondary", timeout=5)],
+    )
+    started = time.monotonic()
+    response = await llm.acompletion(messages=MESSAGES)
+    assert time.monotonic() - started < 3.0
+    assert lk.report(response).target == "openai/secondary"
+    assert models(fake) == ["primary", "secondary"]
+    [silent] = [a for a in lk.report(response).attempts if a.target == "openai/primary"]
+    assert silent.error_kind is lk.ErrorKind.TIMEOUT
+
+
+async def test_context_length_goes_only_to_a_larger_model(fake_provider: FakeProvider) -> None:
+    fake = fake_provider
+    fake.script("primary", Behavior(context_window=50))
+    fake.script("secondary", Behavior(context_window=50))
+    llm = lk.LLM(
+        "openai/primary",
+        api_base=fake.base_url,
+        api_key="sk-fake",
+        context_window=50,
+        retry=lk.Retry(),
+        failover=[
+            target(fake, "secondary", context_window=50),
+            target(fake, "large", context_window=100_000),
+        ],
+    )
+    long_prompt = [{"role": "user", "content": "word " * 400}]
+    response = await llm.acompletion(messages=long_prompt)
+    assert lk.report(response).target == "openai/large"
+    assert models(fake) == ["primary", "large"]  # exactly one primary attempt, no smaller model
+
+
+async def test_context_length_without_a_larger_model_is_a_clear_error(
+    fake_provider: FakeProvider,
+) -> None:
+    fake = fake_provider
+    fake.script("primary", Behavior(context_window=50))
+    llm = resilient(fake, context_window=50)
+    with pytest.raises(lk.ContextLengthExceeded) as info:
+        await llm.acompletion(messages=[{"role": "user", "content": "word " * 400}])
+    assert "maximum context length" in info.value.provider_message
+    assert models(fake) == ["primary"]
+
+
+async def test_content_filter_is_raised_after_exactly_one_attempt(
+    fake_provider: FakeProvider,
+) -> None:
+    fake = fake_provider
+    fake.script("primary", Behavior(fault=Fault.CONTENT_POLICY))
+    with pytest.raises(lk.ContentPolicyViolation) as info:
+        await resilient(fake).acompletion(messages=MESSAGES)
+    assert "flagged: violence" in str(info.value)
+    assert models(fake) == ["primary"]
+    assert len(info.value.attempts) == 1
+
+
+async def test_accounting_names_the_answering_target_and_its_usage(
+    fake_provider: FakeProvider,
+) -> None:
+    fake = fake_provider
+    fake.script("primary", Behavior(fault=Fault.HTTP_503))
+    fake.script("secondary", Behavior(output_tokens=7))
+    response = await resilient(fake, retry=None).acompletion(messages=MESSAGES)
+    report = lk.report(response)
+    assert report.target == "openai/secondary" and report.model == "secondary"
+    assert response.usage.completion_tokens == 7
+    assert [(a.target, a.outcome) for a in report.attempts] == [
+        ("openai/primary", "error"),
+        ("openai/secondary", "ok"),
+    ]
+
+
+async def test_all_targets_failing_raise_the_primary_error_with_the_others(
+    fake_provider: FakeProvider,
+) -> None:
+    fake = fake_provider
+    fake.script("primary", Behavior(fault=Fault.HTTP_503))
+    fake.script("secondary", Behavior(fault=Fault.HTTP_500))
+    with pytest.raises(lk.ProviderUnavailable) as info:
+        await resilient(fake, retry=None).acompletion(messages=MESSAGES)
+    assert info.value.target == "openai/primary"
+    assert [type(e).__name__ for e in info.value.others] == ["ProviderUnavailable"]
+    assert [a.target for a in info.value.attempts] == ["openai/primary", "openai/secondary"]
+
+
+@pytest.mark.timeout(60)
+async def test_flapping_primary_opens_probes_and_closes_the_breaker(
+    fake_provider: FakeProvider,
+) -> None:
+    fake = fake_provider
+    outage_ends = time.monotonic() + 6.0
+
+    def flapping(request: RequestInfo) -> Behavior:
+        return Behavior(fault=Fault.HTTP_503) if request.arrived_at < outage_ends else Behavior()
+
+    fake.script("primary", flapping)
+    open_duration, interval = 3.0, 1.2
+    llm = resilient(
+        fake,
+        retry=None,
+        breaker={
+            "minimum_calls": 2,
+            "window_size": 4,
+            "failure_rate": 0.5,
+            "open_duration": open_duration,
+            "half_open_calls": 1,
+        },
+    )
+    seen: list[lk.Event] = []
+    answered_by: list[tuple[float, str]] = []
+    with lk.subscribe(seen.append):
+        for _ in range(10):
+            response = await llm.acompletion(messages=MESSAGES)  # every call is answered
+            answered_by.append((time.monotonic(), lk.report(response).target))
+            await anyio.sleep(interval)
+    changes = [
+        (e.from_state.value, e.to_state.value)
+        for e in seen
+        if isinstance(e, lk.BreakerStateChanged) and e.key == "openai/primary"
+    ]
+    assert ("closed", "open") in changes
+    assert ("open", "half_open") in changes
+    assert changes[-1] == ("half_open", "closed")
+    assert any(isinstance(e, lk.TargetSkipped) and e.reason == "breaker_open" for e in seen)
+    back = [at for at, who in answered_by if who == "openai/primary" and at >= outage_ends]
+    assert back and back[0] - outage_ends <= open_duration + interval + 0.5
+    assert answered_by[-1][1] == "openai/primary"
