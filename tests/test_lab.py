@@ -9,6 +9,7 @@ import pytest
 
 from latencykit.__main__ import main as latencykit_main
 from latencykit.lab import LabConfig, run_lab
+from latencykit.lab.outage import OutageResult
 from latencykit.lab.report import format_table, percentile
 
 
@@ -22,6 +23,7 @@ def test_lab_bounds_the_tail_the_bare_row_does_not() -> None:
         concurrency=10,
         deadline=0.6,
         degrade_after=0.3,
+        outage=False,
     )
     result = run_lab(config, progress=None)
     bare, guarded, hedged = result.rows
@@ -75,3 +77,31 @@ def test_percentile_nearest_rank() -> None:
     assert percentile([3.0], 0.01) == 3.0
     with pytest.raises(ValueError, match="no values"):
         percentile([], 0.5)
+
+
+@pytest.mark.timeout(60)
+def test_outage_scenario_fails_over_then_returns_to_the_primary() -> None:
+    import anyio
+
+    from latencykit.lab.outage import format_outage, run_outage
+    from latencykit.lab.runner import prepare_litellm
+    from latencykit.testing import FakeProvider
+
+    prepare_litellm()
+
+    async def scenario() -> OutageResult:
+        with FakeProvider() as fake:
+            return await run_outage(fake, outage=1.5, duration=4.0, clients=2)
+
+    result = anyio.run(scenario)
+    assert result.errors == 0 and result.calls > 20
+    assert result.by_secondary > 0  # answered by the fallback target during the outage
+    states = [(before, after) for _, before, after in result.transitions]
+    assert states[0] == ("closed", "open")
+    assert ("open", "half_open") in states and states[-1] == ("half_open", "closed")
+    opened_at = result.transitions[0][0]
+    assert opened_at < 1.5
+    # Once open, the primary is left alone: far fewer requests than calls during the outage.
+    assert result.primary_requests_during_outage < result.by_secondary
+    assert result.timeline[-1]["secondary"] == 0  # traffic is back on the primary
+    assert "breaker half_open -> closed" in format_outage(result)

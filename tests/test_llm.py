@@ -301,8 +301,31 @@ async def test_hedged_calls_leave_no_connection_open(fake: FakeProvider) -> None
     assert fake.open_connections <= 4
 
 
-def test_hedge_to_another_target_needs_failover_targets() -> None:
+def test_hedge_to_the_next_target_needs_failover_targets() -> None:
     with pytest.raises(ValueError, match="target='next'"):
         lk.LLM("openai/x", hedge=lk.Hedge(0.1, target="next"))
     with pytest.raises(TypeError, match=r"LLM\.hedge"):
         lk.LLM("openai/x", hedge=0.1)  # type: ignore[arg-type]
+
+
+async def test_hedge_to_the_next_failover_target(fake: FakeProvider) -> None:
+    # Provider-wide slowness: every request to the primary is slow; the hedge escapes to the
+    # second provider instead of asking the slow one again.
+    fake.script("slow-provider", Behavior(ttft=30.0))
+    fake.script("other-provider", Behavior(output_tokens=3))
+    llm = make_llm(
+        fake,
+        "slow-provider",
+        deadline=10,
+        hedge=lk.Hedge(0.1, max_extra_load=1.0, target="next"),
+        failover=[{"model": "openai/other-provider", "api_base": fake.base_url, "api_key": SECRET}],
+    )
+    response = await llm.acompletion(messages=MESSAGES)
+    report = lk.report(response)
+    assert report.target == "openai/other-provider"
+    assert sorted((a.target, a.outcome) for a in report.attempts) == [
+        ("openai/other-provider", "ok"),
+        ("openai/slow-provider", "cancelled"),
+    ]
+    slow, other = await fake.wait_for_async(lambda a: len(a) == 2 and a[0].disconnected, 2.0)
+    assert slow.model == "slow-provider" and other.model == "other-provider"

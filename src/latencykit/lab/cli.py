@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..testing import LlmperfProfile
+from .outage import format_outage
 from .report import format_table
 from .rows import ROWS
 from .runner import LabConfig, run_lab, write_json
@@ -78,6 +79,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=",".join(defaults.rows),
         help=f"comma-separated rows to run, from {', '.join(ROWS)} (default all)",
     )
+    parser.add_argument(
+        "--no-outage", action="store_true", help="skip the outage scenario (failover, breaker)"
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="random seed")
     parser.add_argument(
         "--backend",
@@ -119,6 +123,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             max_extra_load=args.max_extra_load,
             rows=tuple(r.strip() for r in args.rows.split(",") if r.strip()),
             seed=args.seed,
+            outage=not args.no_outage,
         )
     except (TypeError, ValueError) as exc:
         print(f"latencykit lab: {exc}", file=sys.stderr)
@@ -130,6 +135,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     result = run_lab(config, backend=args.backend)
     print()
     print(format_table(result))
+    if result.outage is not None:
+        print()
+        print(format_outage(result.outage))
     if str(args.json) != "-":
         write_json(result, args.json)
         print(f"\nresults written to {args.json}")

@@ -16,6 +16,7 @@ import anyio
 
 from .. import _validation
 from ..testing import Behavior, FakeProvider, LlmperfProfile, RequestInfo
+from .outage import OutageResult, run_outage
 from .report import percentile
 from .rows import DEGRADED, PRIMARY, REQUEST_HEADER, ROWS, RowContext, Sent
 
@@ -39,6 +40,8 @@ class LabConfig:
         hedge_quantile: the hedge row's ``lk.quantile(q)`` delay (default ``0.9``).
         max_extra_load: the hedge row's ``max_extra_load`` (default ``0.1``).
         rows: which rows to run, by key (default: all, see ``latencykit.lab.rows.ROWS``).
+        outage: also run the outage scenario (failing primary, failover, breaker) (default
+            ``True``).
         seed: seeds the workload and the fake provider (default ``7``).
     """
 
@@ -53,6 +56,7 @@ class LabConfig:
     hedge_quantile: float = 0.9
     max_extra_load: float = 0.1
     rows: tuple[str, ...] = tuple(ROWS)
+    outage: bool = True
     seed: int = 7
 
     def __post_init__(self) -> None:
@@ -104,6 +108,7 @@ class LabResult:
     config: LabConfig
     rows: tuple[RowResult, ...]
     machine: dict[str, str]
+    outage: OutageResult | None = None
 
     def to_json(self) -> str:
         """The result as JSON (what ``--json`` writes)."""
@@ -232,9 +237,16 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
                 send, config.requests, config.concurrency, label, progress
             )
             results.append(summarise(key, label, sent, len(fake.attempts), wall))
+        outage = None
+        if config.outage:
+            if progress is not None:
+                print("  outage scenario (failing primary, failover, breaker) ...", file=progress)
+            fake.reset()
+            outage = await run_outage(fake)
     return LabResult(
         config=config,
         rows=tuple(results),
+        outage=outage,
         machine={
             "python": platform.python_version(),
             "platform": platform.platform(),
