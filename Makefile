@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/estimator.py
 	$(BIN)/python benchmarks/tail.py
+	$(BIN)/python benchmarks/failover.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache lab-results.json
