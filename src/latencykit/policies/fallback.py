@@ -7,12 +7,13 @@ alternative answers. Every switch emits :class:`~latencykit.FallbackUsed`, the s
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal, ParamSpec, TypeAlias, TypeVar
+from typing import Any, Literal, NamedTuple, ParamSpec, TypeAlias, TypeVar
 
 from .. import _validation, events
 from .._cancel import backend
@@ -46,6 +47,12 @@ class FallbackReason:
     def error_kind(self) -> ErrorKind | None:
         """The classification of ``error`` (``None`` on timeout)."""
         return None if self.error is None else classify(self.error)
+
+
+class _Switch(NamedTuple):
+    """Why the primary gave way: its handled error, or ``None`` when its time ran out."""
+
+    error: Exception | None
 
 
 Alternative: TypeAlias = Callable[[FallbackReason, Call, Next], Awaitable[Any]]
@@ -102,24 +109,14 @@ class Fallback(PolicyDecorator):
     async def handle(self, call: Call, next: Next) -> Any:
         """Run the primary; on timeout or a handled error, cancel it and run the alternative."""
         started = time.monotonic()
-        error: Exception | None = None
         if self.after is None:
-            try:
-                return await next(call)
-            except Exception as exc:
-                if not self._handles(exc):
-                    raise
-                error = exc
+            outcome = await self._primary(call, next, contextlib.nullcontext())
         else:
             loop = backend()
-            with loop.scope(deadline=loop.now() + self.after):
-                try:
-                    return await next(call)
-                except Exception as exc:
-                    if not self._handles(exc):
-                        raise
-                    error = exc
-        return await self._switch(started, error, call, next)
+            outcome = await self._primary(call, next, loop.scope(deadline=loop.now() + self.after))
+        if not isinstance(outcome, _Switch):
+            return outcome
+        return await self._switch(started, outcome.error, call, next)
 
     async def handle_within(self, deadline: Deadline, call: Call, next: Next) -> Any:
         """``deadline`` then this policy, fused: the deadline is armed only for the alternative.
@@ -128,17 +125,26 @@ class Fallback(PolicyDecorator):
         """
         assert self.after is not None
         started = time.monotonic()
-        error: Exception | None = None
         with DeadlineScope(deadline.seconds, armed=False) as budget:
-            with budget.scope_until(budget.starts_at + self.after):
-                try:
-                    return await next(call)
-                except Exception as exc:
-                    if not self._handles(exc):
-                        raise
-                    error = exc
+            timer = budget.scope_until(budget.starts_at + self.after)
+            outcome = await self._primary(call, next, timer)
+            if not isinstance(outcome, _Switch):
+                return outcome
             with budget.arm():
-                return await self._switch(started, error, call, next)
+                return await self._switch(started, outcome.error, call, next)
+
+    async def _primary(
+        self, call: Call, next: Next, timer: contextlib.AbstractContextManager[Any]
+    ) -> Any:
+        """The primary's result, or a :class:`_Switch` when the alternative must answer."""
+        with timer:
+            try:
+                return await next(call)
+            except Exception as exc:
+                if not self._handles(exc):
+                    raise
+                return _Switch(exc)
+        return _Switch(None)  # the timer cancelled the primary
 
     async def _switch(self, started: float, error: Exception | None, call: Call, next: Next) -> Any:
         reason = FallbackReason(
