@@ -2,7 +2,8 @@
 
 Replays three llmperf runs through the fake provider on 127.0.0.1, latencies scaled down in time
 so each pass takes seconds: together/13b and replicate/70b (heavy tails) and groq/70b (light).
-For each run, N requests at concurrency C go through
+For each run, N requests at concurrency C go through, in alternating blocks of 500 (so that
+machine drift hits both alike),
 
 * bare ``litellm.acompletion``;
 * ``lk.LLM(..., hedge=lk.Hedge(lk.quantile(0.9), max_extra_load=0.1))``;
@@ -28,7 +29,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,67 +75,97 @@ def stats(latencies: Sequence[float]) -> dict[str, float]:
     return {f"p{q * 100:g}": percentile(ordered, q) for q in QUANTILES}
 
 
+def offset(
+    send: Callable[[int], Awaitable[Sent]], start: int, step: int
+) -> Callable[[int], Awaitable[Sent]]:
+    """``send`` for request ids ``start + step * i`` (warm-up requests get negative ids)."""
+
+    def shifted(i: int) -> Awaitable[Sent]:
+        return send(start + step * i)
+
+    return shifted
+
+
+BLOCK = 500
+"""Requests per block: bare and hedged blocks alternate, so machine drift hits both alike."""
+
+
 async def one_run(run: str, scale: float, requests: int, concurrency: int) -> dict[str, Any]:
     import litellm
 
     profile = LlmperfProfile.load(run, scale=scale)
-    kwargs: dict[str, Any] = {"messages": MESSAGES, "api_key": "bench-key-not-secret"}
+    key = "bench-key-not-secret"
     results: dict[str, Any] = {"run": run, "scale": scale}
+    # Two model names with identical replay scripts (same seed): the bare and the hedged pass
+    # see the same primary and backup for request i, and their blocks interleave.
+    models = {"bare": f"{PRIMARY}-bare", "hedge": f"{PRIMARY}-hedge"}
     with FakeProvider(seed=11) as fake:
-        kwargs["api_base"] = fake.base_url
         hedge = lk.Hedge(lk.quantile(Q), max_extra_load=CAP)
-        llm = lk.LLM(
-            f"openai/{PRIMARY}", api_base=fake.base_url, api_key=kwargs["api_key"], hedge=hedge
-        )
-
-        bare_by_request: dict[int, float] = {}
+        llm = lk.LLM(f"openai/{models['hedge']}", api_base=fake.base_url, api_key=key, hedge=hedge)
+        latency: dict[str, dict[int, float]] = {"bare": {}, "hedge": {}}
 
         async def bare(i: int) -> Sent:
             started = time.monotonic()
             await litellm.acompletion(
-                model=f"openai/{PRIMARY}", extra_headers={REQUEST_HEADER: str(i)}, **kwargs
+                model=f"openai/{models['bare']}",
+                api_base=fake.base_url,
+                api_key=key,
+                messages=MESSAGES,
+                extra_headers={REQUEST_HEADER: str(i)},
             )
-            bare_by_request[i] = time.monotonic() - started
-            return Sent(bare_by_request[i], ok=True)
+            latency["bare"][i] = time.monotonic() - started
+            return Sent(latency["bare"][i], ok=True)
 
         async def hedged(i: int) -> Sent:
             started = time.monotonic()
             await llm.acompletion(messages=MESSAGES, extra_headers={REQUEST_HEADER: str(i)})
-            return Sent(time.monotonic() - started, ok=True)
+            latency["hedge"][i] = time.monotonic() - started
+            return Sent(latency["hedge"][i], ok=True)
 
-        script = ReplayScript(profile, requests, seed=5)
-        for name, send in (("bare", bare), ("hedge", hedged)):
-            fake.reset()
-            fake.script(PRIMARY, profile)  # warm-up: fresh samples, windows and connections
-            await run_requests(send, 60, concurrency, f"{run} {name} warm-up", None)
-            fake.reset()
-            fake.script(PRIMARY, ReplayScript(profile, requests, seed=5))
-            counts: dict[str, int] = {}
+        sends = {"bare": bare, "hedge": hedged}
+        for name in models.values():  # warm-up: fresh samples, latency window, connections
+            fake.script(name, profile)
+        for name, send in sends.items():
+            await run_requests(offset(send, -1, -1), 60, concurrency, name, None)
+        fake.reset()
+        scripts = {name: ReplayScript(profile, requests, seed=5) for name in models}
+        for name, model in models.items():
+            fake.script(model, scripts[name])
+        counts: dict[str, int] = {}
 
-            def count(event: lk.Event, counts: dict[str, int] = counts) -> None:
-                key = type(event).__name__
-                if isinstance(event, lk.HedgeSkipped):
-                    key += f"({event.reason})"
-                counts[key] = counts.get(key, 0) + 1
+        def count(event: lk.Event) -> None:
+            name = type(event).__name__
+            if isinstance(event, lk.HedgeSkipped):
+                name += f"({event.reason})"
+            counts[name] = counts.get(name, 0) + 1
 
-            with lk.subscribe(count):
-                sent, wall = await run_requests(send, requests, concurrency, f"{run} {name}", None)
-            upstream = len(fake.attempts)
+        walls = {"bare": 0.0, "hedge": 0.0}
+        with lk.subscribe(count):
+            for block in range(0, requests, BLOCK):
+                size = min(BLOCK, requests - block)
+                for name, send in sends.items():
+                    _, wall = await run_requests(
+                        offset(send, block, 1), size, concurrency, name, None
+                    )
+                    walls[name] += wall
+        for name, model in models.items():
+            upstream = sum(a.model == model for a in fake.attempts)
             results[name] = {
-                **stats([s.latency for s in sent]),
+                **stats([latency[name][i] for i in range(requests)]),  # not the warm-up
                 "extra_load": (upstream - requests) / requests,
-                "wall_s": wall,
-                "hedges_fired": counts.get("HedgeFired", 0),
-                "hedges_won": counts.get("HedgeWon", 0),
-                "skipped_budget": counts.get("HedgeSkipped(budget)", 0),
+                "wall_s": walls[name],
             }
-            print(f"  {run:<14} {name:<6} done in {wall:5.1f}s", file=sys.stderr, flush=True)
-        latencies, delay, extra = ideal(script.draws)
+        results["hedge"].update(
+            hedges_fired=counts.get("HedgeFired", 0),
+            hedges_won=counts.get("HedgeWon", 0),
+            skipped_budget=counts.get("HedgeSkipped(budget)", 0),
+        )
+        print(f"  {run:<14} done in {sum(walls.values()):5.1f}s", file=sys.stderr, flush=True)
+        draws = scripts["bare"].draws
+        latencies, delay, extra = ideal(draws)
         # What the client itself adds to every call (litellm, HTTP, the event loop), measured on
         # the bare pass: the ideal hedger cannot avoid it either.
-        overhead = statistics.median(
-            bare_by_request[i] - e2e(script.draws[i][0]) for i in range(requests)
-        )
+        overhead = statistics.median(latency["bare"][i] - e2e(draws[i][0]) for i in range(requests))
         latencies = [x + overhead for x in latencies]
         results["ideal"] = {
             **stats(latencies),

@@ -239,3 +239,12 @@ async def test_flapping_primary_opens_probes_and_closes_the_breaker(
     back = [at for at, who in answered_by if who == "openai/primary" and at >= outage_ends]
     assert back and back[0] - outage_ends <= open_duration + interval + 0.5
     assert answered_by[-1][1] == "openai/primary"
+
+
+async def test_failover_on_opts_in_to_more_errors(fake_provider: FakeProvider) -> None:
+    fake = fake_provider
+    fake.script("primary", Behavior(fault=Fault.CONTENT_POLICY))
+    llm = resilient(fake, failover_on=lambda exc: True)  # e.g. a less strict second provider
+    response = await llm.acompletion(messages=MESSAGES)
+    assert lk.report(response).target == "openai/secondary"
+    assert models(fake) == ["primary", "secondary"]

@@ -119,7 +119,7 @@ async def test_all_fail_latencykit_errors_carry_others_and_every_attempt() -> No
 
 
 async def test_an_empty_budget_sends_no_hedge_and_says_so() -> None:
-    policy = lk.hedge(0.0, max_extra_load=0.1)  # one hedge per 10 calls
+    policy = lk.hedge(0.0, budget=lk.RetryBudget(0.1))  # one hedge per 10 calls, no reserve
     script = Script((0.02, "primary"), (0.02, "hedge"))
     fn = hedged(script, policy)
     seen, subscription = collect()
@@ -132,6 +132,12 @@ async def test_an_empty_budget_sends_no_hedge_and_says_so() -> None:
     assert len(skipped) == 18 and {e.reason for e in skipped} == {"budget"}
 
 
+def test_the_default_budget_has_a_small_reserve() -> None:
+    budget = lk.hedge(0.1, max_extra_load=0.1).budget
+    assert budget.ratio == 0.1 and budget.min_per_second == 1.0
+    assert budget.balance == pytest.approx(10.0)  # a cold service can hedge at all
+
+
 async def test_no_hedging_during_warm_up() -> None:
     policy = lk.hedge(lk.quantile(0.5, min_samples=5), max_extra_load=10.0)
     script = Script((0.01, "ok"))
@@ -141,17 +147,28 @@ async def test_no_hedging_during_warm_up() -> None:
         assert policy.current_delay(target) is None
         await fn()
     assert policy.windows[target].count() == 5
+    policy.windows[target].record(2.0)  # warm, and one slow call: hedging starts
     delay = policy.current_delay(target)
-    assert delay is not None and 0.005 < delay < 1.0
+    assert delay is not None and 0.005 < delay < 2.0
     assert len(script.started) == 5  # no hedges while warming up
 
 
 async def test_adaptive_delay_follows_the_recent_latencies() -> None:
     policy = lk.hedge(lk.quantile(0.9, min_samples=3), max_extra_load=0.0)
     window = policy.window("t")
-    for seconds in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0):
+    for seconds in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 5.0):
         window.record(seconds)
     assert policy.current_delay("t") == pytest.approx(0.9)
+
+
+async def test_no_hedging_while_the_tail_is_too_light_to_win() -> None:
+    policy = lk.hedge(lk.quantile(0.9, min_samples=3), max_extra_load=1.0)
+    window = policy.window("t")
+    for step in range(20):
+        window.record(0.20 + step / 100)  # slowest 0.39 <= p90 0.37 + fastest 0.20: no hedge wins
+    assert policy.current_delay("t") is None
+    window.record(3.0)  # one slow call: a hedge at p90 would have won it
+    assert policy.current_delay("t") == pytest.approx(0.38)
 
 
 async def test_the_deadline_bounds_hedging() -> None:

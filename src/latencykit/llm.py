@@ -179,6 +179,9 @@ class LLM:
             arguments (``model``, ``api_base``, ``api_key``, ``timeout``, plus latencykit's
             ``context_window`` and ``capabilities``) (default none). See
             :func:`~latencykit.failover` for what moves a call on.
+        failover_on: which errors move a call to the next target (default ``None``: transient
+            errors and context length, the latter only to a larger model). Content policy,
+            authentication and bad requests are raised at once unless you widen this.
         retry: budgeted retries on the same target, e.g. ``lk.Retry(max_attempts=3)`` (default
             ``None``: no retry). They run inside failover, per target.
         breaker: a circuit breaker per target (default ``None``: none): a dict of
@@ -211,6 +214,7 @@ class LLM:
         degrade: Degrade | None = None,
         hedge: Hedge | None = None,
         failover: Sequence[str | Mapping[str, Any] | Target] = (),
+        failover_on: ErrorFilter | None = None,
         retry: Retry | None = None,
         breaker: Mapping[str, Any] | Callable[[str], Breaker] | None = None,
         context_window: int | None = None,
@@ -288,7 +292,7 @@ class LLM:
             policies.append(retry)
         if len(self.targets) > 1:
             is_open = None if breakers is None else breakers.is_open
-            policies.append(Failover(routes, passthrough=True, is_open=is_open))
+            policies.append(Failover(routes, on=failover_on, passthrough=True, is_open=is_open))
         self._pipeline = Pipeline(policies)
         # Import litellm now (seconds, once per process) rather than inside the first call,
         # where the import would block the event loop and no deadline could preempt it.

@@ -38,6 +38,10 @@ __all__ = ["Hedge", "Quantile", "hedge", "quantile"]
 P = ParamSpec("P")
 R = TypeVar("R")
 
+_RESERVE_PER_SECOND = 1.0
+"""Hedges a default budget allows per second on top of ``max_extra_load`` (Finagle's reserve):
+lets a cold or quiet service hedge at all, and absorbs bursts of slow primaries."""
+
 Rewrite = Callable[[Call, int], Call]
 """``rewrite(call, index)``: the call for attempt ``index`` (0 = primary) of a hedged call."""
 
@@ -80,7 +84,9 @@ def quantile(
 
     Only successful attempts feed the window (fast failures would drag the delay down); an
     attempt cancelled because another won counts with the time it ran, a lower bound of its
-    latency, so that hedging does not hide the slow attempts it cuts short.
+    latency, so that hedging does not hide the slow attempts it cuts short. While no recent
+    attempt took longer than the delay plus the fastest recent attempt, a hedge could not have
+    won (a light tail), and none is sent; the first slow call turns hedging back on.
     """
     return Quantile(q, min_samples=min_samples, window=window, max_samples=max_samples)
 
@@ -142,7 +148,7 @@ class Hedge(PolicyDecorator):
             raise TypeError(f"hedge.budget must be a latencykit.RetryBudget, got {budget!r}")
         if budget is None:
             try:
-                budget = RetryBudget(max_extra_load)
+                budget = RetryBudget(max_extra_load, min_per_second=_RESERVE_PER_SECOND)
             except ValueError:
                 raise ValueError(
                     f"hedge.max_extra_load must be a number in [0, 10], got {max_extra_load!r}"
@@ -185,13 +191,22 @@ class Hedge(PolicyDecorator):
         return found
 
     def current_delay(self, target: str) -> float | None:
-        """The hedging delay for ``target`` now; ``None`` while warming up."""
+        """The hedging delay for ``target`` now; ``None`` (no hedging) while warming up, or
+        while the target's tail is too light for a hedge to win (adaptive delays only)."""
         if not isinstance(self.delay, Quantile):
             return self.delay
         window = self.window(target)
         if window.count() < self.delay.min_samples:
             return None
-        return window.quantile(self.delay.q)
+        delay = window.quantile(self.delay.q)
+        fastest, slowest = window.quantile(0.0), window.quantile(1.0)
+        assert delay is not None and fastest is not None and slowest is not None
+        # A hedge sent at `delay` wins only if the primary outlasts `delay` plus the backup's
+        # own time. If no recent call took longer than delay + the fastest call, none would
+        # have won: the hedge would be pure extra load (light tails), so don't send it.
+        if slowest <= delay + fastest:
+            return None
+        return delay
 
     def _fits_deadline(self, target: str) -> bool:
         # An attempt is worth starting only if the budget left covers the target's typical
@@ -330,7 +345,9 @@ def hedge(
         max_attempts: attempts per call, the primary included (default ``2``; ``1`` disables
             hedging but keeps the latency window warm).
         max_extra_load: extra attempts allowed per call over a sliding 10 s window, as a
-            fraction (default ``0.1``: at most +10 % requests); ignored when ``budget`` is given.
+            fraction (default ``0.1``: at most +10 % requests), plus a reserve of one hedge per
+            second (as Finagle's RetryBudget) so that a cold or quiet service can hedge at all;
+            ignored when ``budget`` is given.
         budget: a :class:`~latencykit.RetryBudget` to draw from instead, e.g. shared with a
             retry policy (default ``None``: a new one from ``max_extra_load``).
         on: which attempt errors launch the next attempt at once (default ``None``: transient
