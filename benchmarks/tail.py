@@ -2,8 +2,8 @@
 
 Replays three llmperf runs through the fake provider on 127.0.0.1, latencies scaled down in time
 so each pass takes seconds: together/13b and replicate/70b (heavy tails) and groq/70b (light).
-For each run, N requests at concurrency C go through, in alternating blocks of 500 (so that
-machine drift hits both alike),
+For each run, N requests at concurrency C go through, in alternating blocks of 500 in ABBA
+order (so that machine drift hits both alike),
 
 * bare ``litellm.acompletion``;
 * ``lk.LLM(..., hedge=lk.Hedge(lk.quantile(0.9), max_extra_load=0.1))``;
@@ -143,7 +143,10 @@ async def one_run(run: str, scale: float, requests: int, concurrency: int) -> di
         with lk.subscribe(count):
             for block in range(0, requests, BLOCK):
                 size = min(BLOCK, requests - block)
-                for name, send in sends.items():
+                order = list(sends.items())
+                if block // BLOCK % 2:
+                    order.reverse()  # ABBA: neither variant always runs second
+                for name, send in order:
                     _, wall = await run_requests(
                         offset(send, block, 1), size, concurrency, name, None
                     )

@@ -88,6 +88,14 @@ async def test_a_transient_failure_launches_the_next_attempt_at_once() -> None:
     assert fired.reason == "failure"
 
 
+async def test_during_warm_up_a_failure_still_launches_the_next_attempt() -> None:
+    # No hedge can be due (the delay is still unknown), but a transient failure is retried.
+    script = Script((0.0, ConnectionResetError("reset")), (0.0, "second"))
+    policy = lk.hedge(lk.quantile(0.9, min_samples=100), max_extra_load=1.0)
+    assert await hedged(script, policy)() == "second"
+    assert script.started == [0, 1]
+
+
 async def test_a_non_retryable_error_cancels_everything_and_is_raised() -> None:
     script = Script((10.0, "slow"), (0.01, KeyError("bug")))
     started = time.monotonic()

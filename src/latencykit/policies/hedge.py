@@ -224,8 +224,17 @@ class Hedge(PolicyDecorator):
         self.budget.deposit_once()
         primary = call if self.rewrite is None else self.rewrite(call, 0)
         delay = self.current_delay(primary.target)
-        if self.max_attempts == 1:
-            return await self._timed(primary, next)
+        first_error: Exception | None = None
+        if delay is None or self.max_attempts == 1:
+            # No hedge can fall due: run the primary inline (no task group, the common case
+            # for light tails and warm-up). Only a handled failure starts the race below.
+            first_started = time.monotonic()
+            try:
+                return await self._timed(primary, next)
+            except Exception as exc:
+                if self.max_attempts == 1 or not self._handles(exc):
+                    raise
+                first_error = exc
         trace = trace_var.get()
         call_id = 0 if trace is None else trace.call_id
         outcomes: list[_Outcome] = []
@@ -280,7 +289,11 @@ class Hedge(PolicyDecorator):
         hedging = True  # False once the budget or the deadline refused an attempt
         failures_seen = 0
         async with anyio.create_task_group() as group:
-            launch(None)
+            if first_error is None:
+                launch(None)
+            else:  # the inline primary failed: the race starts with its failure on record
+                starts.append(first_started)
+                outcomes.append(_Outcome(0, error=first_error))
             while True:
                 failures = _errors(outcomes)
                 if any(not self._handles(error) for _, error in failures):
