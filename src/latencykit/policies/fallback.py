@@ -126,12 +126,17 @@ class Fallback(PolicyDecorator):
         assert self.after is not None
         started = time.monotonic()
         with DeadlineScope(deadline.seconds, armed=False) as budget:
-            timer = budget.scope_until(budget.starts_at + self.after)
-            outcome = await self._primary(call, next, timer)
-            if not isinstance(outcome, _Switch):
-                return outcome
+            # _primary() inlined: this is the hot path of deadline + timed fallback.
+            error: Exception | None = None
+            with budget.scope_until(budget.starts_at + self.after):
+                try:
+                    return await next(call)
+                except Exception as exc:
+                    if not self._handles(exc):
+                        raise
+                    error = exc
             with budget.arm():
-                return await self._switch(started, outcome.error, call, next)
+                return await self._switch(started, error, call, next)
 
     async def _primary(
         self, call: Call, next: Next, timer: contextlib.AbstractContextManager[Any]
