@@ -134,3 +134,19 @@ def test_budget_over_a_long_random_run_stays_under_the_cap() -> None:
 def test_budget_options_are_validated(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         lk.RetryBudget(**kwargs)
+
+
+def test_window_quantiles_at_once_match_one_by_one() -> None:
+    window = lk.LatencyWindow(clock=Clock())
+    assert window.quantiles(0.5) == ()
+    for value in (0.3, 0.1, 0.2, 0.5, 0.4):
+        window.record(value)
+    assert (
+        window.quantiles(0.0, 0.5, 1.0)
+        == (
+            window.quantile(0.0),
+            window.quantile(0.5),
+            window.quantile(1.0),
+        )
+        == (0.1, 0.3, 0.5)
+    )

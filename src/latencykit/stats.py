@@ -89,6 +89,15 @@ class LatencyWindow:
             return None
         return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
 
+    def quantiles(self, *qs: float) -> tuple[float, ...]:
+        """Several nearest-rank quantiles at once (one expiry pass); ``()`` if empty."""
+        self._expire(self._clock())
+        values = self._sorted
+        n = len(values)
+        if not n:
+            return ()
+        return tuple(values[min(n - 1, max(0, math.ceil(q * n) - 1))] for q in qs)
+
     def count(self) -> int:
         """Samples in the window now (after dropping expired ones)."""
         self._expire(self._clock())

@@ -15,10 +15,7 @@ from typing import Any
 
 from . import _validation
 
-__all__ = ["Target", "TargetSpec", "as_target"]
-
-TargetSpec = "str | Mapping[str, Any] | Target"
-"""What ``LLM(failover=[...])`` accepts for a target."""
+__all__ = ["Target", "as_target"]
 
 _LATENCYKIT_KEYS = {"model", "context_window", "capabilities", "timeout", "api_key", "name"}
 _FORBIDDEN = {"max_retries", "num_retries", "stream", "messages"}

@@ -27,6 +27,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 import anyio
 
 from .. import _validation, events
+from .._cancel import backend
 from .._context import deadline_var, trace_var
 from ..budget import RetryBudget
 from ..errors import ErrorFilter, attach_others, error_predicate
@@ -198,9 +199,7 @@ class Hedge(PolicyDecorator):
         window = self.window(target)
         if window.count() < self.delay.min_samples:
             return None
-        delay = window.quantile(self.delay.q)
-        fastest, slowest = window.quantile(0.0), window.quantile(1.0)
-        assert delay is not None and fastest is not None and slowest is not None
+        delay, fastest, slowest = window.quantiles(self.delay.q, 0.0, 1.0)
         # A hedge sent at `delay` wins only if the primary outlasts `delay` plus the backup's
         # own time. If no recent call took longer than delay + the fastest call, none would
         # have won: the hedge would be pure extra load (light tails), so don't send it.
@@ -215,8 +214,6 @@ class Hedge(PolicyDecorator):
         if deadline == math.inf:
             return True
         typical = self.window(target).quantile(0.5) or 0.0
-        from .._cancel import backend
-
         return deadline - backend().now() > typical
 
     async def handle(self, call: Call, next: Next) -> Any:
