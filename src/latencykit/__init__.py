@@ -19,12 +19,14 @@ from .errors import DeadlineExceeded as DeadlineExceeded
 from .errors import ErrorFilter as ErrorFilter
 from .errors import ErrorKind as ErrorKind
 from .errors import FallbackFailed as FallbackFailed
+from .errors import FirstTokenTimeout as FirstTokenTimeout
 from .errors import LatencykitError as LatencykitError
 from .errors import ProviderConnectionError as ProviderConnectionError
 from .errors import ProviderError as ProviderError
 from .errors import ProviderUnavailable as ProviderUnavailable
 from .errors import RateLimited as RateLimited
 from .errors import StreamBroken as StreamBroken
+from .errors import StreamStalled as StreamStalled
 from .errors import TransientError as TransientError
 from .errors import classify as classify
 from .errors import is_transient as is_transient
@@ -37,9 +39,12 @@ from .events import Event as Event
 from .events import EventHandler as EventHandler
 from .events import FailedOver as FailedOver
 from .events import FallbackUsed as FallbackUsed
+from .events import FirstToken as FirstToken
 from .events import HedgeFired as HedgeFired
 from .events import HedgeSkipped as HedgeSkipped
 from .events import HedgeWon as HedgeWon
+from .events import StallDetected as StallDetected
+from .events import StreamResumed as StreamResumed
 from .events import Subscription as Subscription
 from .events import TargetSkipped as TargetSkipped
 from .events import subscribe as subscribe
@@ -75,6 +80,9 @@ from .policies.failover import failover as failover
 from .policies.fallback import Fallback as Fallback
 from .policies.fallback import FallbackReason as FallbackReason
 from .policies.fallback import fallback as fallback
+from .policies.guard import StreamGuard as StreamGuard
+from .policies.guard import guard_stream as guard_stream
+from .policies.guard import stream_guard as stream_guard
 from .policies.hedge import Hedge as Hedge
 from .policies.hedge import Quantile as Quantile
 from .policies.hedge import hedge as hedge
@@ -84,6 +92,7 @@ from .policies.retry import RetryGaveUp as RetryGaveUp
 from .policies.retry import RetryScheduled as RetryScheduled
 from .policies.retry import retry as retry
 from .stats import LatencyWindow as LatencyWindow
+from .stream import Stream as Stream
 from .target import Target as Target
 
 __version__ = "0.1.0.dev0"
@@ -125,6 +134,8 @@ __all__ = [
     "FallbackFailed",
     "FallbackReason",
     "FallbackUsed",
+    "FirstToken",
+    "FirstTokenTimeout",
     "Hedge",
     "HedgeFired",
     "HedgeSkipped",
@@ -147,7 +158,12 @@ __all__ = [
     "RetryScheduled",
     "Route",
     "Stage",
+    "StallDetected",
+    "Stream",
     "StreamBroken",
+    "StreamGuard",
+    "StreamResumed",
+    "StreamStalled",
     "Subscription",
     "Target",
     "TargetSkipped",
@@ -161,6 +177,7 @@ __all__ = [
     "deadline",
     "failover",
     "fallback",
+    "guard_stream",
     "hedge",
     "is_transient",
     "quantile",
@@ -169,5 +186,6 @@ __all__ = [
     "reset_breakers",
     "retry",
     "retry_after",
+    "stream_guard",
     "subscribe",
 ]

@@ -1,10 +1,14 @@
-"""Run asyncio-only coroutines (litellm) from any anyio backend.
+"""Run asyncio-only coroutines and streams (litellm) from any anyio backend.
 
 litellm (through aiohttp/httpx and the OpenAI SDK) only runs on asyncio. On asyncio we await it
 directly. On trio we run it on one shared asyncio event loop in a daemon thread and wait for it
 without blocking trio; cancelling the trio side cancels the asyncio task, and we wait (shielded,
 bounded) until that task has really finished, so its HTTP connection is closed before the
 cancellation propagates, just as on asyncio.
+
+A stream crosses over as a :class:`BridgedStream`: a pump task on the asyncio loop reads it into
+a buffer the trio side takes from without a thread hop while chunks are waiting; closing either
+side closes the other, and the HTTP response with it.
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ import asyncio
 import contextlib
 import contextvars
 import threading
-from collections.abc import Coroutine
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 import anyio
 import sniffio
 
-__all__ = ["run_on_asyncio"]
+__all__ = ["BridgedStream", "run_on_asyncio"]
 
 T = TypeVar("T")
 
@@ -78,3 +83,164 @@ async def run_on_asyncio(coro: Coroutine[Any, Any, T]) -> T:
             await done.wait()
         raise
     return tasks[0].result()
+
+
+_END = object()  # the pump's last item: the source ended
+_HIGH_WATER = 64  # the pump waits while this many chunks are unread...
+_LOW_WATER = 16  # ...until the reader brings them down to this many
+
+
+class _Raised:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class BridgedStream:
+    """The trio side of an async iterator that runs on the shared asyncio loop.
+
+    Construct it on trio; a pump task starts at once on the asyncio loop and reads ``source``
+    (opening it, for a lazily opened source) into a buffer. ``receive_nowait()`` takes a buffered
+    item without waiting; ``__anext__`` waits for one. ``aclose()`` cancels the pump, which
+    closes the source, and waits (shielded, bounded) until it has.
+    """
+
+    __slots__ = (
+        "_blocked",
+        "_closed",
+        "_items",
+        "_loop",
+        "_pumped",
+        "_space",
+        "_task",
+        "_token",
+        "_wakeup",
+        "chunk_reader",
+    )
+
+    def __init__(self, source: AsyncIterator[Any]) -> None:
+        import trio
+
+        self.chunk_reader = getattr(source, "chunk_reader", None)
+        self._token = trio.lowlevel.current_trio_token()
+        self._loop = loop = _shared_loop()
+        self._items: deque[Any] = deque()
+        self._wakeup: Callable[[], object] | None = None  # set by a waiting reader
+        self._pumped = trio.Event()  # the pump task finished (the source is closed)
+        self._closed = False
+        self._blocked = False  # the pump waits for the reader to catch up
+        self._space: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        loop.call_soon_threadsafe(self._start, source, context=contextvars.Context())
+
+    # --- the asyncio side ------------------------------------------------------------------------
+
+    def _start(self, source: AsyncIterator[Any]) -> None:
+        self._space = asyncio.Event()
+        self._task = task = self._loop.create_task(self._pump(source))
+        task.add_done_callback(self._finished)
+
+    async def _pump(self, source: AsyncIterator[Any]) -> None:
+        try:
+            while True:
+                try:
+                    item = await source.__anext__()
+                except StopAsyncIteration:
+                    self._push(_END)
+                    return
+                except Exception as exc:
+                    self._push(_Raised(exc))
+                    return
+                self._push(item)
+                if len(self._items) >= _HIGH_WATER:
+                    assert self._space is not None
+                    self._space.clear()
+                    self._blocked = True
+                    await self._space.wait()
+        finally:
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+    def _push(self, item: Any) -> None:
+        self._items.append(item)
+        wakeup, self._wakeup = self._wakeup, None
+        if wakeup is not None:
+            self._call_trio(wakeup)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() and not self._items:
+            self._items.append(_END)
+        self._call_trio(self._pumped.set)
+
+    def _call_trio(self, fn: Callable[[], object]) -> None:
+        import trio
+
+        with contextlib.suppress(trio.RunFinishedError):  # the trio run ended meanwhile
+            self._token.run_sync_soon(fn)
+
+    def _cancel(self) -> None:  # on the asyncio thread
+        if self._task is not None:
+            self._task.cancel()
+
+    # --- the trio side ---------------------------------------------------------------------------
+
+    def receive_nowait(self) -> Any:
+        """The next buffered item, or the stream module's ``_NOTHING`` when none is waiting.
+
+        Raises ``StopAsyncIteration`` at the end and the source's error where it failed.
+        """
+        from .stream import _NOTHING
+
+        items = self._items
+        if not items:
+            return _NOTHING
+        item = items.popleft()
+        if self._blocked and len(items) <= _LOW_WATER:
+            self._blocked = False
+            assert self._space is not None
+            self._loop.call_soon_threadsafe(self._space.set)
+        if item is _END:
+            items.appendleft(_END)  # stays ended
+            raise StopAsyncIteration
+        if type(item) is _Raised:
+            items.appendleft(_END)
+            raise item.error
+        return item
+
+    def __aiter__(self) -> BridgedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        import trio
+
+        from .stream import _NOTHING
+
+        while True:
+            item = self.receive_nowait()
+            if item is not _NOTHING:
+                return item
+            if self._closed:
+                raise StopAsyncIteration
+            arrived = trio.Event()
+            self._wakeup = arrived.set
+            if self._items:  # pushed meanwhile: take it
+                self._wakeup = None
+                continue
+            await arrived.wait()
+
+    async def aclose(self) -> None:
+        """Stop the pump and close the source; wait (shielded, bounded) until it is closed."""
+        if not self._closed:
+            self._closed = True
+            self._loop.call_soon_threadsafe(self._cancel)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_GRACE):
+            await self._pumped.wait()
+
+    def close_nowait(self) -> None:
+        """Stop the pump and close the source, without waiting (from a finaliser)."""
+        if not self._closed:
+            self._closed = True
+            self._loop.call_soon_threadsafe(self._cancel)

@@ -9,13 +9,14 @@ returns. Scopes on asyncio are anyio's (the structured-cancellation machinery).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import anyio
 import sniffio
 
-__all__ = ["Backend", "backend"]
+__all__ = ["Backend", "backend", "clock", "now"]
 
 
 class Backend(NamedTuple):
@@ -54,3 +55,26 @@ def backend() -> Backend:
     if found is None:
         found = _backends[name] = _native(name)
     return found
+
+
+def now() -> float:
+    """The running event loop's clock (``anyio.current_time()``): the one clock of latencykit.
+
+    Every duration, deadline and window is measured on it, so trio's ``MockClock`` and
+    autojump tests see consistent time everywhere.
+    """
+    return backend().now()
+
+
+def clock() -> float:
+    """:func:`now` inside an event loop; ``time.monotonic()`` outside one (a ``repr``, a
+    garbage-collection finaliser). The default clock of stateful objects (breakers, budgets,
+    latency windows), which may be read from either side."""
+    try:
+        name = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return time.monotonic()
+    found = _backends.get(name)
+    if found is None:
+        found = _backends[name] = _native(name)
+    return found.now()

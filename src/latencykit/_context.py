@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from ._cancel import backend
+from ._cancel import backend, now
 
 if TYPE_CHECKING:
     from .errors import ErrorKind
@@ -52,6 +51,17 @@ class Attempt(NamedTuple):
         error_type: the exception's class name when the outcome is ``"error"`` (never its message:
             provider messages may echo prompt text), else ``None``.
         error_kind: the :class:`~latencykit.ErrorKind` of that exception, else ``None``.
+        ttft: for a stream, seconds from the attempt's start to its first content chunk
+            (``None``: not a stream, or no content arrived).
+        chunks: for a stream, content chunks received (``0`` otherwise).
+        gap_p50: for a stream, the median gap between content chunks, in seconds (``None``
+            with fewer than two chunks).
+        gap_max: for a stream, the longest gap between content chunks (``None`` likewise).
+        output_tokens: output tokens the provider reported for the attempt (``None``: not
+            reported).
+
+    A stream's attempt is recorded when the stream ends (finished, broken or closed), so its
+    ``duration`` runs to the last chunk.
     """
 
     number: int
@@ -61,11 +71,18 @@ class Attempt(NamedTuple):
     outcome: Outcome
     error_type: str | None = None
     error_kind: ErrorKind | None = None
+    ttft: float | None = None
+    chunks: int = 0
+    gap_p50: float | None = None
+    gap_max: float | None = None
+    output_tokens: int | None = None
 
     def __str__(self) -> str:
         what = self.outcome if self.error_type is None else f"{self.error_type}"
         if self.error_kind is not None:
             what += f" [{self.error_kind.value}]"
+        if self.ttft is not None:
+            what += f", first chunk at {self.ttft:.3f}s, {self.chunks} chunks"
         return (
             f"#{self.number} {self.target} at +{self.start:.3f}s for {self.duration:.3f}s: {what}"
         )
@@ -76,18 +93,21 @@ class Trace:
 
     Attributes:
         parent: the enclosing scope's trace, or ``None``.
-        started_at: ``time.monotonic()`` when the scope started.
-        ended_at: ``time.monotonic()`` when its pipeline run ended (``None`` until then).
+        started_at: when the scope started, on the event loop's clock.
+        ended_at: when its pipeline run ended, on the same clock (``None`` until then; for a
+            stream, when the stream ended).
         origin: ``started_at`` of the outermost enclosing scope (attempt starts count from it).
         call_id: identifies the scope in events.
         attempts: every attempt made inside the scope (nested scopes included), in end order.
         degraded: whether a fallback (degraded) path took over.
         fallback_reason: ``"timeout"`` or ``"error"`` when degraded, else ``None``.
+        answered: ``(number, target)`` of the attempt that produced the result, once one did.
     """
 
     # A plain slotted class, not a dataclass: one is built per call, on the hot path.
     __slots__ = (
         "_started_attempts",
+        "answered",
         "attempts",
         "call_id",
         "degraded",
@@ -101,7 +121,7 @@ class Trace:
 
     def __init__(self, parent: Trace | None = None) -> None:
         self.parent = parent
-        self.started_at = time.monotonic()
+        self.started_at = now()
         self.ended_at: float | None = None
         self.origin: float = self.started_at if parent is None else parent.origin
         self.call_id = next(_call_ids)
@@ -110,6 +130,7 @@ class Trace:
         self.fallback_reason: str | None = None
         self._started_attempts = 0
         self.paid_budgets: set[int] | None = None  # RetryBudgets this call deposited into
+        self.answered: tuple[int, str] | None = None  # (number, target) of the last answer
 
     def next_attempt_number(self) -> int:
         """Number the next attempt of this scope (1, 2, ...)."""

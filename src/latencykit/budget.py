@@ -9,10 +9,10 @@ over any ``ttl`` window, extra requests stay under ``ratio`` x calls, plus a sma
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 from . import _validation
+from ._cancel import clock as loop_clock
 from ._context import trace_var
 
 __all__ = ["RetryBudget"]
@@ -28,7 +28,7 @@ class RetryBudget:
         ttl: window in seconds over which deposits and withdrawals count (default ``10``).
         min_per_second: extra requests always allowed per second, as a reserve for low traffic
             (default ``0``).
-        clock: time source (default ``time.monotonic``).
+        clock: time source (default the event loop's clock, ``time.monotonic`` outside a loop).
 
     Share one budget between a hedge and a retry policy to cap their sum.
     """
@@ -52,7 +52,7 @@ class RetryBudget:
         *,
         ttl: float = 10.0,
         min_per_second: float = 0.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = loop_clock,
     ) -> None:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (0 <= ratio <= 10):
             raise ValueError(f"RetryBudget.ratio must be a number in [0, 10], got {ratio!r}")

@@ -18,7 +18,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 if TYPE_CHECKING:
     from ._context import Attempt
@@ -33,12 +33,14 @@ __all__ = [
     "ErrorFilter",
     "ErrorKind",
     "FallbackFailed",
+    "FirstTokenTimeout",
     "LatencykitError",
     "ProviderConnectionError",
     "ProviderError",
     "ProviderUnavailable",
     "RateLimited",
     "StreamBroken",
+    "StreamStalled",
     "TransientError",
     "attach_others",
     "classify",
@@ -121,7 +123,11 @@ class DeadlineExceeded(LatencykitError, TimeoutError):
     Attributes:
         budget: the deadline's budget in seconds.
         elapsed: seconds from entering the deadline to giving up.
+        partial_text: for a stream that expired after its first content chunk, the text it
+            delivered (``None`` otherwise).
     """
+
+    partial_text: str | None = None
 
     def __init__(self, budget: float, elapsed: float) -> None:
         super().__init__(f"deadline of {budget:.3f}s exceeded after {elapsed:.3f}s")
@@ -161,9 +167,12 @@ class ProviderError(LatencykitError):
         retry_after: seconds the provider asked us to wait (429/503 ``Retry-After``), if any.
         provider_message: the provider's own explanation, with secrets scrubbed and cut to 500
             characters.
+        partial_text: for an error that ended a stream after its first content chunk, the text
+            delivered before it (default ``None``).
     """
 
     kind: ErrorKind = ErrorKind.UNKNOWN
+    partial_text: str | None = None
 
     def __init__(
         self,
@@ -209,10 +218,56 @@ class AttemptTimeout(TransientError, TimeoutError):
     kind = ErrorKind.TIMEOUT
 
 
+class FirstTokenTimeout(AttemptTimeout):
+    """A stream sent no content chunk within its first-token limit
+    (:class:`~latencykit.StreamGuard` ``first_token``); role-only chunks, empty deltas and
+    keep-alives do not count. A timeout: failover and hedging move on; retries on the same
+    target do not, by default (see :func:`~latencykit.retry`)."""
+
+
+StreamBreak = Literal["cut", "stall", "error", "recovery_diverged"]
+"""Why a stream broke (:attr:`StreamBroken.reason`)."""
+
+
 class StreamBroken(TransientError):
-    """A response stream died before its end."""
+    """A response stream died before its end: cut, stalled, an error event, or a malformed end.
+
+    Raised instead of ending the iteration, so that a partial answer is never taken for a
+    complete one.
+
+    Attributes:
+        reason: ``"cut"`` (ended without the provider's finish), ``"stall"``
+            (:class:`StreamStalled`), ``"error"`` (the provider or the connection failed
+            mid-stream) or ``"recovery_diverged"`` (a regenerated answer did not repeat the text
+            already delivered).
+        partial_text: the content text delivered before the break (default ``""``).
+        finish_reason: the finish reason the provider sent, if any (default ``None``).
+        chunks: content chunks delivered before the break (default ``0``).
+    """
 
     kind = ErrorKind.STREAM_BROKEN
+
+    def __init__(
+        self,
+        provider_message: str,
+        *,
+        target: str,
+        reason: StreamBreak = "error",
+        status_code: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(
+            provider_message, target=target, status_code=status_code, retry_after=retry_after
+        )
+        self.reason: StreamBreak = reason
+        self.partial_text = ""
+        self.finish_reason: str | None = None
+        self.chunks = 0
+
+
+class StreamStalled(StreamBroken):
+    """A committed stream sent no content chunk for longer than its stall limit
+    (:class:`~latencykit.StreamGuard` ``stall``); keep-alives and empty deltas do not count."""
 
 
 class ContextLengthExceeded(ProviderError):

@@ -32,9 +32,12 @@ __all__ = [
     "EventHandler",
     "FailedOver",
     "FallbackUsed",
+    "FirstToken",
     "HedgeFired",
     "HedgeSkipped",
     "HedgeWon",
+    "StallDetected",
+    "StreamResumed",
     "Subscription",
     "TargetSkipped",
     "subscribe",
@@ -173,12 +176,61 @@ class DeadlineExpired(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class FirstToken(Event):
+    """A stream attempt received its first content chunk: it is committed.
+
+    Attributes:
+        attempt: the attempt's number.
+        target: the target's key.
+        ttft: seconds from the attempt's start to the chunk (time to first token).
+    """
+
+    attempt: int
+    target: str
+    ttft: float
+
+
+@dataclass(frozen=True, slots=True)
+class StallDetected(Event):
+    """A committed stream sent no content chunk for longer than its stall limit.
+
+    Attributes:
+        attempt: the attempt's number.
+        target: the target's key.
+        stall: the limit in seconds.
+        chunks: content chunks received before the stall.
+    """
+
+    attempt: int
+    target: str
+    stall: float
+    chunks: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamResumed(Event):
+    """A broken stream goes on from another attempt (``StreamGuard(on_break="continue")``).
+
+    Attributes:
+        attempt: the number of the attempt that continues it.
+        target: that attempt's target.
+        chunks: content chunks the consumer had received before the break.
+    """
+
+    attempt: int
+    target: str
+    chunks: int
+
+
+@dataclass(frozen=True, slots=True)
 class CallEnded(Event):
     """A pipeline run (one user-level call) finished.
 
     Attributes:
-        target: the target of the call as given (model string or function name).
-        duration: seconds from the start of the call to its end.
+        target: the key of the target that answered (or of the call's first target when
+            none did).
+        duration: seconds from the start of the call to its end (for a stream, to the end
+            of the stream).
         outcome: ``"ok"``, ``"error"`` or ``"cancelled"``.
         attempts: how many attempts were started.
         degraded: whether the answer (or error) came from a fallback path.

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -24,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 import sniffio
 
 from . import _validation
+from ._cancel import clock
 from ._context import Attempt, Trace, current_attempt
+from ._litellm import LitellmChunks, litellm
 from .errors import ErrorFilter, provider_error
 from .pipeline import Call, Next, Pipeline, Policy, Stage
 from .policies.breaker import Breaker
@@ -32,12 +33,14 @@ from .policies.breaker import breaker as breaker_for
 from .policies.deadline import Deadline
 from .policies.failover import Failover, Route
 from .policies.fallback import Fallback, FallbackReason
+from .policies.guard import StreamGuard
 from .policies.hedge import Hedge
 from .policies.retry import Retry
+from .stream import Stream
 from .target import Target, as_target
 
 if TYPE_CHECKING:
-    from litellm import ModelResponse
+    pass
 
 __all__ = ["LLM", "CallReport", "Degrade", "report"]
 
@@ -48,7 +51,11 @@ _RESERVED = {
     "max_retries": "latencykit owns retries; litellm is always called with max_retries=0",
     "num_retries": "latencykit owns retries; litellm is always called with max_retries=0",
     "timeout": "the per-target timeout is LLM(timeout=...); bound the whole call with deadline=",
-    "stream": "streaming is not supported by LLM yet (StreamGuard comes with the streaming work)",
+}
+# Arguments that belong to a target (a key is only ever sent to its own target's host).
+_TARGET_OWNED = {
+    "api_key": "a key belongs to a target: pass LLM(api_key=...) or a failover target's",
+    "api_base": "the endpoint belongs to a target: pass LLM(api_base=...) or a failover target's",
 }
 
 
@@ -64,7 +71,9 @@ class Degrade:
         on: which primary errors switch to the degraded path (default ``None``: transient
             errors; see :func:`~latencykit.fallback`).
         overrides: any other litellm arguments to set on the degraded call (default empty),
-            e.g. ``{"api_base": ..., "temperature": 0}``.
+            e.g. ``{"api_base": ..., "api_key": ..., "temperature": 0}``. A degraded call sent
+            to another ``api_base`` carries the ``api_key`` given here, or none: never the
+            primary's.
 
     At least one of ``model``, ``max_tokens`` and ``overrides`` must be given.
     """
@@ -95,11 +104,27 @@ class Degrade:
         if self.model is None and self.max_tokens is None and not self.overrides:
             raise ValueError("Degrade needs at least one of model, max_tokens or overrides")
 
-    def rewrite(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """The litellm arguments of the degraded call, from the primary's."""
-        rewritten = {**kwargs, **self.overrides}
+    def __repr__(self) -> str:
+        overrides = {k: ("***" if k == "api_key" else v) for k, v in self.overrides.items()}
+        return (
+            f"Degrade(model={self.model!r}, max_tokens={self.max_tokens!r}, "
+            f"after={self.after!r}, overrides={overrides!r})"
+        )
+
+    def target(self, primary: Target) -> Target:
+        """The degraded path's target, from the primary's."""
+        changes: dict[str, Any] = {
+            k: self.overrides[k] for k in ("api_base", "api_key") if k in self.overrides
+        }
         if self.model is not None:
-            rewritten["model"] = self.model
+            changes["model"] = self.model
+        return primary.replace(**changes) if changes else primary
+
+    def rewrite(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The degraded call's litellm arguments (not the target's), from the primary's."""
+        rewritten = {**kwargs, **self.overrides}
+        rewritten.pop("api_base", None)
+        rewritten.pop("api_key", None)
         if self.max_tokens is not None:
             current = rewritten.get("max_tokens")
             rewritten["max_tokens"] = (
@@ -113,13 +138,18 @@ class CallReport:
     """What happened during one :meth:`LLM.acompletion`; read it with :func:`report`.
 
     Attributes:
-        target: the target (model string as called) of the attempt that answered.
-        model: the model the response names (as the provider returned it).
-        attempts: every attempt of the call, oldest first, including losers and failures.
-        answered_by: the attempt that produced the response.
+        target: the key of the target whose attempt answered.
+        model: the model that answered (for a response, as the provider named it).
+        attempts: every attempt of the call, oldest first, including losers and failures (for a
+            stream: those ended so far; the answering one is added when the stream ends).
+        answered_by: the attempt that produced the response (or the stream).
         degraded: whether the answer came from the degraded path (:class:`Degrade`).
         fallback_reason: ``"timeout"`` or ``"error"`` when degraded, else ``None``.
-        duration: seconds from the start of the call to the answer.
+        duration: seconds from the start of the call to the answer (for a stream: to its end,
+            or to now while it is open).
+        ttft: for a stream, seconds from the start of the call to the first content chunk
+            (``None`` for a response).
+        chunks: for a stream, content chunks received so far (``0`` for a response).
     """
 
     target: str
@@ -129,19 +159,39 @@ class CallReport:
     degraded: bool
     fallback_reason: str | None
     duration: float
+    ttft: float | None = None
+    chunks: int = 0
 
 
-def report(response: object) -> CallReport:
-    """The :class:`CallReport` of a response returned by :meth:`LLM.acompletion`.
+def report(result: object) -> CallReport:
+    """The :class:`CallReport` of a response or stream returned by :meth:`LLM.acompletion`.
 
     This is the one documented place where latencykit tells which target answered, after how
-    many attempts, and whether the degraded path was used. (It lives in the response's
-    ``_hidden_params["latencykit"]``, where litellm keeps its own per-response metadata.)
+    many attempts, and whether the degraded path was used. (For a response it lives in the
+    response's ``_hidden_params["latencykit"]``, where litellm keeps its own per-response
+    metadata.)
 
     Raises:
-        LookupError: the response did not come from latencykit.
+        LookupError: the result did not come from latencykit.
     """
-    hidden = getattr(response, "_hidden_params", None)
+    if isinstance(result, Stream):
+        found = getattr(result, "report_info", None)
+        if not isinstance(found, tuple):
+            raise LookupError("this stream did not come from latencykit.LLM.acompletion")
+        trace, model = found
+        ttft = result.ttft
+        return CallReport(
+            target=result.target,
+            model=model,
+            attempts=tuple(trace.attempts),
+            answered_by=result.attempt,
+            degraded=trace.degraded,
+            fallback_reason=trace.fallback_reason,
+            duration=(trace.ended_at or clock()) - trace.started_at,
+            ttft=None if ttft is None else ttft + result.started_at - trace.started_at,
+            chunks=result.chunks,
+        )
+    hidden = getattr(result, "_hidden_params", None)
     if not isinstance(hidden, dict):
         raise LookupError("this response did not come from latencykit.LLM.acompletion")
     found = hidden.get(_REPORT_KEY)
@@ -152,33 +202,34 @@ def report(response: object) -> CallReport:
     trace, number, target = found
     built = CallReport(
         target=target,
-        model=str(getattr(response, "model", "") or ""),
+        model=str(getattr(result, "model", "") or ""),
         attempts=tuple(trace.attempts),
         answered_by=number,
         degraded=trace.degraded,
         fallback_reason=trace.fallback_reason,
-        duration=(trace.ended_at or time.monotonic()) - trace.started_at,
+        duration=(trace.ended_at or clock()) - trace.started_at,
     )
     hidden[_REPORT_KEY] = built
     return built
 
 
 class LLM:
-    """A resilient front for ``litellm.acompletion``.
+    """A resilient front for ``litellm.acompletion``, streaming or not.
 
     Args:
         model: the primary target's litellm model string (``"openai/gpt-4o"``).
-        deadline: total budget in seconds for each call, degraded path included
-            (default ``None``: unbounded).
+        deadline: total budget in seconds for each call, degraded path included; for a stream,
+            to its last chunk (default ``None``: unbounded).
         degrade: the degraded path (default ``None``: none); see :class:`Degrade`.
         hedge: hedged requests (default ``None``: none), e.g.
             ``lk.Hedge(lk.quantile(0.9), max_extra_load=0.1)``; hedges go to the same target,
-            or with ``target="next"`` to the next failover target. Its latency windows and
-            budget are shared by every call of this ``LLM``.
-        failover: further targets, in order, each a model string or a dict of litellm
+            or with ``target="next"`` to the next failover target. A stream is hedged on its
+            first content chunk (the delay is a quantile of recent times to first chunk). Its
+            latency windows and budget are shared by every call of this ``LLM``.
+        failover: further targets, in order, each a model string, a dict of litellm
             arguments (``model``, ``api_base``, ``api_key``, ``timeout``, plus latencykit's
-            ``context_window`` and ``capabilities``) (default none). See
-            :func:`~latencykit.failover` for what moves a call on.
+            ``name``, ``context_window`` and ``capabilities``) or a :class:`~latencykit.Target`
+            (default none). See :func:`~latencykit.failover` for what moves a call on.
         failover_on: which errors move a call to the next target (default ``None``: transient
             errors and context length, the latter only to a larger model). Content policy,
             authentication and bad requests are raised at once unless you widen this.
@@ -187,13 +238,18 @@ class LLM:
         breaker: a circuit breaker per target (default ``None``: none): a dict of
             :func:`~latencykit.breaker` options (``{"minimum_calls": 5, "open_duration": 10}``),
             or a function ``key -> Breaker``. Breakers are the process-wide ones of each
-            target's name, so every ``LLM`` calling a target shares its breaker. Failover skips
+            target's key, so every ``LLM`` calling a target shares its breaker. Failover skips
             targets whose breaker is open.
+        stream_guard: limits on streaming calls (default ``None``: ``lk.StreamGuard()``, whose
+            first-token and stall limits are then each target's attempt ``timeout``, so that
+            a stream never waits forever); see :class:`~latencykit.StreamGuard`.
         context_window: the primary model's context window in tokens (default ``None``:
             unknown); with the targets' ``context_window``, a context-length error goes only
             to a larger model.
+        capabilities: the primary target's capabilities (default empty), e.g. ``{"prefill"}``.
         timeout: per-attempt timeout in seconds handed to litellm, constant so that litellm
-            reuses its HTTP client and connections (default ``600``, litellm's own).
+            reuses its HTTP client and connections (default ``600``, litellm's own); the
+            default of every target that sets none.
         api_base: the primary target's base URL (default ``None``: litellm's default for the
             provider).
         api_key: the primary target's API key (default ``None``: from the environment, as
@@ -201,9 +257,11 @@ class LLM:
         defaults: litellm arguments applied to every call unless the call sets them
             (default none), e.g. ``{"temperature": 0}``.
 
-    Invalid options raise ``ValueError``/``TypeError`` naming the field at construction.
-    Constructing the first ``LLM`` imports litellm (seconds, once per process): at start-up,
-    not inside the first call, where the import would block the event loop.
+    The pipeline, outermost first: deadline, degrade, hedge, failover, then per target breaker,
+    retry and the attempt (with the stream guard); :attr:`pipeline` shows it. Invalid options
+    raise ``ValueError``/``TypeError`` naming the field at construction. Constructing the first
+    ``LLM`` imports litellm (seconds, once per process): at start-up, not inside the first call,
+    where the import would block the event loop.
     """
 
     def __init__(
@@ -217,7 +275,9 @@ class LLM:
         failover_on: ErrorFilter | None = None,
         retry: Retry | None = None,
         breaker: Mapping[str, Any] | Callable[[str], Breaker] | None = None,
+        stream_guard: StreamGuard | None = None,
         context_window: int | None = None,
+        capabilities: frozenset[str] | set[str] | Sequence[str] = frozenset(),
         timeout: float | datetime.timedelta = 600.0,
         api_base: str | None = None,
         api_key: str | None = None,
@@ -229,40 +289,66 @@ class LLM:
             raise TypeError(f"LLM.degrade must be a latencykit.Degrade, got {degrade!r}")
         if hedge is not None and not isinstance(hedge, Hedge):
             raise TypeError(f"LLM.hedge must be a latencykit.Hedge, got {hedge!r}")
-        if isinstance(failover, (str, Mapping)):
+        if retry is not None and not isinstance(retry, Retry):
+            raise TypeError(f"LLM.retry must be a latencykit.Retry, got {retry!r}")
+        if stream_guard is not None and not isinstance(stream_guard, StreamGuard):
+            raise TypeError(
+                f"LLM.stream_guard must be a latencykit.StreamGuard, got {stream_guard!r}"
+            )
+        if isinstance(failover, (str, Mapping)) or not isinstance(failover, Sequence):
             raise TypeError("LLM.failover must be a sequence of targets, e.g. ['openai/x']")
         if hedge is not None and hedge.target == "next" and not failover:
             raise ValueError("LLM.hedge.target='next' needs LLM(failover=[...]) targets")
         defaults = dict(defaults or {})
-        for name in sorted(set(defaults) & (set(_RESERVED) | {"model", "api_key", "api_base"})):
+        for name in sorted(defaults.keys() & {*_RESERVED, *_TARGET_OWNED, "model", "stream"}):
             raise ValueError(f"LLM.defaults cannot set {name!r}: pass it as its own argument")
         self.model = model
         self.timeout = _validation.seconds("LLM.timeout", timeout)
         self.deadline = None if deadline is None else _validation.seconds("LLM.deadline", deadline)
         self.degrade = degrade
         self.hedge = hedge
+        self.stream_guard = stream_guard if stream_guard is not None else StreamGuard()
+        self._defaults = defaults
         primary = Target(
             model,
+            api_base=api_base,
             api_key=api_key,
             context_window=context_window,
-            arguments={} if api_base is None else {"api_base": api_base},
+            capabilities=capabilities,  # type: ignore[arg-type]  # Target validates it
         )
-        self.targets: tuple[Target, ...] = (
-            primary,
-            *(as_target(t, where=f"LLM.failover[{i}]") for i, t in enumerate(failover)),
-        )
-        self._secrets = tuple(t.api_key for t in self.targets if t.api_key)
-        self._defaults = defaults
-        self._primary = primary.litellm_arguments(self.timeout)
-        # Arguments that belong to a target: stripped before another target's are applied.
-        self._target_keys = frozenset(
-            {"model", "api_key", "api_base", "timeout"}.union(
-                *(t.arguments.keys() for t in self.targets)
+        # Every target has a concrete attempt timeout: litellm's client cache and the stream
+        # guard's defaults both need one.
+        self.targets: tuple[Target, ...] = tuple(
+            t if t.timeout is not None else t.replace(timeout=self.timeout)
+            for t in (
+                primary,
+                *(as_target(t, where=f"LLM.failover[{i}]") for i, t in enumerate(failover)),
             )
         )
+        keys = [t.key for t in self.targets]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"LLM targets must have distinct names, got {keys}")
+        self._secrets = tuple(t.api_key for t in self.targets if t.api_key)
+        if degrade is not None and isinstance(degrade.overrides.get("api_key"), str):
+            self._secrets += (degrade.overrides["api_key"],)
+        self._routes = [Route(t, functools.partial(self._to_target, t)) for t in self.targets]
+        self._degraded = None if degrade is None else degrade.target(self.targets[0])
+        self._pipeline = Pipeline(self._policies(failover_on, retry, breaker))
+        # Import litellm now (seconds, once per process) rather than inside the first call,
+        # where the import would block the event loop and no deadline could preempt it.
+        self._litellm = litellm()
+
+    def _policies(
+        self,
+        failover_on: ErrorFilter | None,
+        retry: Retry | None,
+        breaker: Mapping[str, Any] | Callable[[str], Breaker] | None,
+    ) -> list[Policy]:
+        """The pipeline's policies, outermost first: the same objects the decorators use."""
         policies: list[Policy] = []
         if self.deadline is not None:
             policies.append(Deadline(self.deadline))
+        degrade = self.degrade
         if degrade is not None:
             after = None if degrade.after is None else float(degrade.after)  # type: ignore[arg-type]
             if self.deadline is not None and after is not None and after >= self.deadline:
@@ -271,40 +357,35 @@ class LLM:
                     f"({self.deadline:g}s)"
                 )
             policies.append(Fallback(self._degraded_path, after=after, on=degrade.on))
-        routes = [
-            Route(t.name, functools.partial(self._to_target, t), t.context_window)
-            for t in self.targets
-        ]
+        hedge = self.hedge
         if hedge is not None:
             if hedge.target == "next":
+                routes = self._routes
                 hedge = hedge.with_rewrite(
-                    lambda call, i: call if i == 0 else routes[i % len(routes)].rewrite(call)
+                    lambda call, i: call if i == 0 else routes[i % len(routes)].call(call)
                 )
             policies.append(hedge)
-        breakers = _TargetBreakers(breaker) if breaker is not None else None
-        if breakers is not None:
+        breakers = None
+        if breaker is not None:
+            breakers = _TargetBreakers(breaker)
             for target in self.targets:
-                breakers.of(target.name)  # invalid options fail now, naming the field
+                breakers.of(target.key)  # invalid options fail now, naming the field
             policies.append(breakers)
         if retry is not None:
-            if not isinstance(retry, Retry):
-                raise TypeError(f"LLM.retry must be a latencykit.Retry, got {retry!r}")
             policies.append(retry)
         if len(self.targets) > 1:
             is_open = None if breakers is None else breakers.is_open
-            policies.append(Failover(routes, on=failover_on, passthrough=True, is_open=is_open))
-        self._pipeline = Pipeline(policies)
-        # Import litellm now (seconds, once per process) rather than inside the first call,
-        # where the import would block the event loop and no deadline could preempt it.
-        self._litellm = _litellm()
-        from ._asyncio_bridge import run_on_asyncio  # imports asyncio: only when needed
-
-        self._run = run_on_asyncio
+            policies.append(
+                Failover(self._routes, on=failover_on, passthrough=True, is_open=is_open)
+            )
+        policies.append(self.stream_guard)
+        return policies
 
     def __repr__(self) -> str:
         return (
             f"LLM({self.model!r}, deadline={self.deadline}, degrade={self.degrade!r}, "
-            f"hedge={self.hedge!r}, timeout={self.timeout:g})"
+            f"hedge={self.hedge!r}, failover={[t.key for t in self.targets[1:]]}, "
+            f"timeout={self.timeout:g})"
         )
 
     @property
@@ -312,51 +393,96 @@ class LLM:
         """The policies every call runs through, outermost first."""
         return self._pipeline
 
-    async def acompletion(self, **kwargs: Any) -> ModelResponse:
+    async def acompletion(self, **kwargs: Any) -> Any:
         """Run ``litellm.acompletion(**kwargs)`` through the policies.
 
-        ``kwargs`` are litellm's (``messages``, ``temperature``, ...); ``model`` defaults to the
-        LLM's model. ``max_retries``, ``timeout`` and ``stream`` are refused with a
-        ``ValueError`` saying why. Returns litellm's ``ModelResponse``; :func:`report` tells how
-        it was obtained. Failures raise a :class:`~latencykit.ProviderError` subclass (litellm's
-        exception is its ``__cause__``), :class:`~latencykit.DeadlineExceeded` or
-        :class:`~latencykit.FallbackFailed`, all carrying the attempt history.
+        ``kwargs`` are litellm's (``messages``, ``temperature``, ``stream``,
+        ``stream_options``, ...); ``model`` defaults to the LLM's model (and is refused with
+        failover targets). ``max_retries``, ``timeout``, ``api_key`` and ``api_base`` are
+        refused with a ``ValueError`` saying why.
+
+        Returns litellm's ``ModelResponse``, or with ``stream=True`` a
+        :class:`~latencykit.Stream` of litellm's chunk objects, returned once the first content
+        chunk arrived (use ``async with`` / ``async for``; ``aclose()`` closes the HTTP
+        response). :func:`report` tells how either was obtained. Failures raise a
+        :class:`~latencykit.ProviderError` subclass (litellm's exception is its ``__cause__``),
+        :class:`~latencykit.DeadlineExceeded` or :class:`~latencykit.FallbackFailed`, all
+        carrying the attempt history; a stream that breaks after its first chunk raises
+        :class:`~latencykit.StreamBroken` with the partial text.
         """
-        if not _RESERVED.keys().isdisjoint(kwargs):
-            for name in sorted(_RESERVED.keys() & kwargs.keys()):
-                if name != "stream" or kwargs[name]:
-                    raise ValueError(f"acompletion({name}=...) is not accepted: {_RESERVED[name]}")
-        if "model" in kwargs and len(self.targets) > 1:
-            raise ValueError("acompletion(model=...) is not accepted with failover targets")
-        arguments = {**self._defaults, **self._primary, **kwargs}
-        call = Call(self._attempt, (), arguments, target=str(arguments["model"]))
-        response, trace = await self._pipeline.run_traced(call)
-        hidden = response._hidden_params
+        for name in kwargs.keys() & (_RESERVED.keys() | _TARGET_OWNED.keys()):
+            raise ValueError(
+                f"acompletion({name}=...) is not accepted: "
+                + (_RESERVED.get(name) or _TARGET_OWNED[name])
+            )
+        target = self.targets[0]
+        if "model" in kwargs:
+            if len(self.targets) > 1:
+                raise ValueError("acompletion(model=...) is not accepted with failover targets")
+            target = target.replace(model=kwargs.pop("model"))
+        stream = kwargs.pop("stream", False)
+        if not isinstance(stream, bool):
+            raise TypeError(f"acompletion(stream=...) must be a bool, got {stream!r}")
+        arguments = {**self._defaults, **kwargs}
+        call = Call(
+            self._attempt_on(target, stream),
+            (),
+            arguments,
+            target,
+            self.stream_guard if stream else None,
+        )
+        result, trace = await self._pipeline.run_traced(call)
+        if stream:
+            result.report_info = (trace, result.target)
+            return result
+        hidden = result._hidden_params
         # The report is built on demand by report(): most callers never ask for it.
         hidden[_REPORT_KEY] = (trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
-        return response
+        return result
+
+    def _attempt_on(self, target: Target, streaming: bool) -> Callable[..., Any]:
+        return functools.partial(self._open if streaming else self._attempt, target)
 
     def _to_target(self, target: Target, call: Call) -> Call:
-        kwargs = {k: v for k, v in call.kwargs.items() if k not in self._target_keys}
-        kwargs.update(target.litellm_arguments(self.timeout))
-        return call._replace(kwargs=kwargs, target=target.name)
+        return call._replace(fn=self._attempt_on(target, call.stream is not None), target=target)
 
-    async def _attempt(self, **kwargs: Any) -> Any:
+    def _open(self, target: Target, **kwargs: Any) -> LitellmChunks:
+        """A streaming attempt's source: opened on its first ``__anext__`` (on trio, in the
+        asyncio bridge, whose pump hands the chunks over)."""
+        chunks = LitellmChunks(
+            target.litellm_arguments(self.timeout, kwargs), target, self._secrets
+        )
+        if sniffio.current_async_library() == "asyncio":
+            return chunks
+        from ._asyncio_bridge import BridgedStream
+
+        return BridgedStream(chunks)  # type: ignore[return-value]
+
+    async def _attempt(self, target: Target, **kwargs: Any) -> Any:
+        arguments = target.litellm_arguments(self.timeout, kwargs)
         try:
-            coro = self._litellm.acompletion(**kwargs, max_retries=0)
+            coro = self._litellm.acompletion(**arguments, max_retries=0)
             if sniffio.current_async_library() == "asyncio":
                 response = await coro  # the common case, without the bridge's extra frame
             else:
-                response = await self._run(coro)
+                from ._asyncio_bridge import run_on_asyncio
+
+                response = await run_on_asyncio(coro)
         except Exception as exc:
-            raise provider_error(exc, target=str(kwargs["model"]), secrets=self._secrets) from exc
-        response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), str(kwargs["model"]))
+            raise provider_error(exc, target=target.key, secrets=self._secrets) from exc
+        response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), target.key)
         return response
 
     async def _degraded_path(self, reason: FallbackReason, call: Call, next: Next) -> Any:
-        assert self.degrade is not None
-        arguments = self.degrade.rewrite(call.kwargs)
-        return await next(Call(call.fn, (), arguments, target=str(arguments["model"])))
+        assert self.degrade is not None and self._degraded is not None
+        target = self._degraded
+        return await next(
+            call._replace(
+                fn=self._attempt_on(target, call.stream is not None),
+                kwargs=self.degrade.rewrite(call.kwargs),
+                target=target,
+            )
+        )
 
 
 class _TargetBreakers:
@@ -388,11 +514,4 @@ class _TargetBreakers:
         return not self.of(target).allows()
 
     async def handle(self, call: Call, next: Next) -> Any:
-        return await self.of(call.target).handle(call, next)
-
-
-def _litellm() -> Any:
-    """Import litellm on first use (it takes seconds; ``import latencykit`` must stay fast)."""
-    import litellm
-
-    return litellm
+        return await self.of(call.target.key).handle(call, next)

@@ -14,6 +14,10 @@ Policies run in a fixed order, outermost first, whatever order they are given in
 The order matters (a deadline must bound everything, a fallback must race the hedged and
 failed-over primary, a breaker must see each target's attempts) so it is enforced, not left to
 the order of decorators. Policies of the same stage keep the order given.
+
+A streaming call (``Call.stream`` set) returns a :class:`~latencykit.Stream` once its first
+content chunk arrived: to every policy, that is when the attempt "returns". What must happen
+when the stream ends is registered on it with ``on_close`` (see :mod:`latencykit.stream`).
 """
 
 from __future__ import annotations
@@ -21,21 +25,39 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
-import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple, ParamSpec, Protocol, TypeAlias, TypeVar, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    NamedTuple,
+    ParamSpec,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+    overload,
+    runtime_checkable,
+)
 
 from . import events
-from ._context import Attempt, Trace, attempt_var, trace_var
+from ._cancel import clock, now
+from ._context import Attempt, Trace, attempt_var, deadline_var, trace_var
 from .errors import LatencykitError, classify
+from .stream import ANY_ITEM, LazyStream, Stream
+from .target import Target
+
+if TYPE_CHECKING:
+    from .policies.guard import StreamGuard
 
 __all__ = ["Call", "Next", "Pipeline", "Policy", "Stage", "compose"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+UNNAMED = Target(name="<unnamed>")
+"""The target of a :class:`Call` built without one; a pipeline run names it after ``fn``."""
 
 
 class Stage(enum.IntEnum):
@@ -52,23 +74,28 @@ class Stage(enum.IntEnum):
 
 
 class Call(NamedTuple):
-    """One call to make: a callable, its arguments, and the target it is addressed to.
+    """One call to make: a callable, its arguments, the target it goes to, and whether it streams.
 
     Immutable (a named tuple, cheap to build on the hot path). Policies that rewrite the call
-    (failover, degrade) hand ``next`` a modified copy: :meth:`with_kwargs`, or ``_replace()``.
+    (failover, degrade, a stream guard) hand ``next`` a modified copy: :meth:`with_kwargs`, or
+    ``_replace()``.
 
     Attributes:
-        fn: the async callable an attempt invokes as ``await fn(*args, **kwargs)``.
+        fn: the callable an attempt invokes as ``fn(*args, **kwargs)``: an async function, or for
+            a streaming call anything returning an async iterator (or an awaitable of one).
         args: positional arguments (default ``()``).
         kwargs: keyword arguments (default empty).
-        target: the name attempts are recorded under: a model string or a function name
-            (default ``""``, read as ``fn``'s qualified name).
+        target: the :class:`~latencykit.Target` attempts are recorded under and policies key
+            their state by (default: named after ``fn`` when the pipeline runs).
+        stream: the :class:`~latencykit.StreamGuard` of a streaming call (default ``None``: not
+            a streaming call).
     """
 
-    fn: Callable[..., Awaitable[Any]]
+    fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = _EMPTY
-    target: str = ""
+    target: Target = UNNAMED
+    stream: StreamGuard | None = None
 
     def with_kwargs(self, **changes: Any) -> Call:
         """A copy with ``changes`` merged into ``kwargs``."""
@@ -85,6 +112,11 @@ class Policy(Protocol):
 
     Attributes:
         stage: where the policy sits in the pipeline (a :class:`Stage`, or any int).
+
+    A policy may also define ``check_within(outer: tuple[Policy, ...])``, called when a pipeline
+    is composed with the policies outside it, to reject a combination that cannot work (raise
+    ``ValueError`` naming the field). A policy whose ``next`` returns a
+    :class:`~latencykit.Stream` and that must act when it ends registers ``on_close``.
     """
 
     @property
@@ -116,7 +148,10 @@ class Pipeline:
             if check is not None:
                 check(tuple(ordered[:index]))
         self.policies: tuple[Policy, ...] = tuple(ordered)
-        self._entry = _chain(self.policies)
+        entry: Next = run_attempt
+        for policy in reversed(self.policies):
+            entry = functools.partial(policy.handle, next=entry)
+        self._entry = entry
 
     def __repr__(self) -> str:
         return f"Pipeline({', '.join(map(repr, self.policies))})"
@@ -131,62 +166,44 @@ class Pipeline:
         return result
 
     async def run_traced(self, call: Call) -> tuple[Any, Trace]:
-        """Like :meth:`run`, also returning the call's :class:`~latencykit.Trace`."""
+        """Like :meth:`run`, also returning the call's :class:`~latencykit.Trace`.
+
+        For a stream, the trace goes on filling until the stream ends; ``CallEnded`` is emitted
+        then.
+        """
+        if call.target is UNNAMED:
+            call = call._replace(target=function_target(call.fn))
         trace = Trace(parent=trace_var.get())
         token = trace_var.set(trace)
-        outcome = "cancelled"
-        error: BaseException | None = None
         try:
             result = await self._entry(call)
-            outcome = "ok"
-            return result, trace
         except LatencykitError as exc:
-            outcome, error = "error", exc
             if not exc.attempts:
                 exc.attempts = tuple(trace.attempts)
+            _call_ended(trace, call, "error", exc)
             raise
         except Exception as exc:
-            outcome, error = "error", exc
+            _call_ended(trace, call, "error", exc)
+            raise
+        except BaseException:
+            _call_ended(trace, call, "cancelled", None)
             raise
         finally:
             trace_var.reset(token)
-            trace.ended_at = time.monotonic()
-            if events.listening():
-                events.emit(
-                    events.CallEnded(
-                        call_id=trace.call_id,
-                        target=_target_of(call),
-                        duration=trace.ended_at - trace.started_at,
-                        outcome=outcome,  # type: ignore[arg-type]
-                        attempts=len(trace.attempts),
-                        degraded=trace.degraded,
-                        error_type=None if error is None else type(error).__name__,
-                    )
-                )
+        if isinstance(result, Stream):
+            result.on_close(functools.partial(_stream_ended, trace, call))
+        else:
+            _call_ended(trace, call, "ok", None)
+        return result, trace
 
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        """Decorate an async callable; the wrapper keeps its name, docstring and signature."""
+    @overload
+    def __call__(self, fn: Callable[P, AsyncIterator[T]]) -> Callable[P, LazyStream[T]]: ...
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        """Decorate an async callable (or an async-generator function, whose calls then stream);
+        the wrapper keeps its name, docstring and signature."""
         return decorate(self, fn)
-
-
-def _chain(policies: Sequence[Policy]) -> Next:
-    """Bind each policy to the rest of the pipeline, innermost first.
-
-    A policy may offer ``fuse(inner, inner_next)`` to replace itself and the policy just inside
-    it with one equivalent, cheaper step (the deadline does, with a timed fallback).
-    """
-    entries: list[Next] = [run_attempt]  # entries[k]: the pipeline from policy -k-1 inwards
-    fused_away = False
-    for index in reversed(range(len(policies))):
-        policy, after = policies[index], entries[-1]
-        fuse = getattr(policy, "fuse", None)
-        inner_next = entries[-2] if len(entries) > 1 else None
-        step = None
-        if fuse is not None and inner_next is not None and not fused_away:
-            step = fuse(policies[index + 1], inner_next)
-        fused_away = step is not None
-        entries.append(step if step is not None else functools.partial(policy.handle, next=after))
-    return entries[-1]
 
 
 def compose(*policies: Policy) -> Pipeline:
@@ -194,23 +211,59 @@ def compose(*policies: Policy) -> Pipeline:
     return Pipeline(policies)
 
 
-def _target_of(call: Call) -> str:
-    return call.target or getattr(call.fn, "__qualname__", None) or repr(call.fn)
+def function_target(fn: Callable[..., Any]) -> Target:
+    """The target of a plain callable: named by its qualified name."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return Target(name=getattr(fn, "__qualname__", None) or repr(fn))
+
+
+def _call_ended(trace: Trace, call: Call, outcome: Any, error: BaseException | None) -> None:
+    trace.ended_at = clock()
+    if events.listening():
+        answered = trace.answered
+        events.emit(
+            events.CallEnded(
+                call_id=trace.call_id,
+                target=call.target.key if answered is None else answered[1],
+                duration=trace.ended_at - trace.started_at,
+                outcome=outcome,
+                attempts=len(trace.attempts),
+                degraded=trace.degraded,
+                error_type=None if error is None else type(error).__name__,
+            )
+        )
+
+
+def _stream_ended(trace: Trace, call: Call, stream: Stream[Any]) -> None:
+    error = stream.error
+    if isinstance(error, LatencykitError) and not error.attempts:
+        error.attempts = tuple(trace.attempts)
+    outcome = {"ok": "ok", "error": "error"}.get(stream.outcome, "cancelled")
+    _call_ended(trace, call, outcome, error if outcome == "error" else None)
 
 
 async def run_attempt(call: Call) -> Any:
-    """The innermost ``next``: make one attempt and record it in the trace."""
+    """The innermost ``next``: make one attempt and record it in the trace.
+
+    A streaming call's attempt returns once the stream is committed (its first content chunk
+    arrived); the attempt is recorded when the stream ends.
+    """
     trace = trace_var.get()
     if trace is None:  # a policy's handle() called directly, outside Pipeline.run
         trace = Trace()
     number = trace.next_attempt_number()
-    target = _target_of(call)
+    target = call.target.key
     if events.listening():
         events.emit(events.AttemptStarted(call_id=trace.call_id, attempt=number, target=target))
     token = attempt_var.set(number)
-    started = time.monotonic()
+    started = now()
     try:
-        result = await call.fn(*call.args, **call.kwargs)
+        result = call.fn(*call.args, **call.kwargs)
+        if call.stream is None:
+            result = await result
+        else:
+            result = await _open_stream(result, call, trace, number, started)
     except Exception as exc:
         _record(trace, number, target, started, "error", exc)
         raise
@@ -219,8 +272,52 @@ async def run_attempt(call: Call) -> Any:
         raise
     finally:
         attempt_var.reset(token)
-    _record(trace, number, target, started, "ok", None)
+    trace.answered = (number, target)
+    if call.stream is None:
+        _record(trace, number, target, started, "ok", None)
+    else:
+        result.on_close(functools.partial(_record_stream, trace, number, started))
     return result
+
+
+async def _open_stream(
+    opened: Any, call: Call, trace: Trace, number: int, started: float
+) -> Stream[Any]:
+    guard = call.stream
+    assert guard is not None
+    source = await opened if inspect.isawaitable(opened) else opened
+    if not hasattr(source, "__anext__"):
+        raise TypeError(
+            f"a streaming call must produce an async iterator; {call.target.key} gave {source!r}"
+        )
+    first_token, stall = guard.limits(call.target)
+    stream: Stream[Any] = Stream(
+        source,
+        reader=getattr(source, "chunk_reader", ANY_ITEM),
+        first_token=first_token,
+        stall=stall,
+        deadline=deadline_var.get(),
+        started=started,
+        target=call.target.key,
+        trace=trace,
+        attempt=number,
+    )
+    await stream.commit()
+    return stream
+
+
+def _record_stream(trace: Trace, number: int, started: float, stream: Stream[Any]) -> None:
+    outcome = stream.outcome
+    error = stream.error if outcome == "error" else None
+    _record(
+        trace,
+        number,
+        stream.target,
+        started,
+        "ok" if outcome == "ok" else "error" if outcome == "error" else "cancelled",
+        error,
+        stream.timing(),
+    )
 
 
 def _record(
@@ -230,15 +327,17 @@ def _record(
     started: float,
     outcome: Any,
     error: BaseException | None,
+    timing: Mapping[str, Any] = _EMPTY,
 ) -> None:
     attempt = Attempt(
         number=number,
         target=target,
         start=started - trace.origin,
-        duration=time.monotonic() - started,
+        duration=clock() - started,
         outcome=outcome,
         error_type=None if error is None else type(error).__name__,
         error_kind=None if error is None else classify(error),
+        **timing,
     )
     trace.record(attempt)
     if events.listening():
@@ -258,28 +357,55 @@ def _is_async_callable(fn: object) -> bool:
     )
 
 
-def decorate(
-    pipeline: Pipeline, fn: Callable[P, Awaitable[R]]
-) -> Callable[P, Coroutine[Any, Any, R]]:
-    """Wrap ``fn`` in ``pipeline``. Stacked latencykit decorators merge into one pipeline."""
+def _is_async_generator_function(fn: object) -> bool:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.isasyncgenfunction(fn)
+
+
+def decorate(pipeline: Pipeline, fn: Callable[P, Any]) -> Callable[P, Any]:
+    """Wrap ``fn`` in ``pipeline``. Stacked latencykit decorators merge into one pipeline.
+
+    An async-generator function becomes a function returning a :class:`LazyStream`: its calls
+    are streaming calls (first content item = commit), started on the first ``__anext__``.
+    """
     inner: Pipeline | None = getattr(fn, _PIPELINE_ATTR, None)
     if inner is not None:
-        raw: Callable[P, Awaitable[R]] = fn.__wrapped__  # type: ignore[attr-defined]
+        raw: Callable[P, Any] = fn.__wrapped__  # type: ignore[attr-defined]
         pipeline = inner.adding(*pipeline.policies)
     else:
-        if not _is_async_callable(fn):
-            raise TypeError(
-                f"latencykit policies wrap async callables; {fn!r} is not a coroutine function"
-            )
         raw = fn
-    target = getattr(raw, "__qualname__", None) or repr(raw)
+        if not (_is_async_callable(fn) or _is_async_generator_function(fn)):
+            raise TypeError(
+                f"latencykit policies wrap async callables and async-generator functions; "
+                f"{fn!r} is neither"
+            )
+    target = function_target(raw)
     run = pipeline.run_traced
+    wrapper: Callable[P, Any]
+    if _is_async_generator_function(raw):
+        from .policies.guard import StreamGuard
 
-    @functools.wraps(raw)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        result: R = (await run(Call(raw, args, kwargs, target)))[0]
-        return result
+        unguarded = StreamGuard()
 
+        @functools.wraps(raw)
+        def streaming(*args: P.args, **kwargs: P.kwargs) -> LazyStream[Any]:
+            call = Call(raw, args, kwargs, target, unguarded)
+
+            async def start() -> Stream[Any]:
+                stream: Stream[Any] = (await run(call))[0]
+                return stream
+
+            return LazyStream(start)
+
+        wrapper = streaming
+    else:
+
+        @functools.wraps(raw)
+        async def calling(*args: P.args, **kwargs: P.kwargs) -> Any:
+            return (await run(Call(raw, args, kwargs, target)))[0]
+
+        wrapper = calling
     setattr(wrapper, _PIPELINE_ATTR, pipeline)
     return wrapper
 
@@ -294,6 +420,11 @@ class PolicyDecorator:
 
     __slots__ = ()
 
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        """Decorate an async callable with this policy; signature and type hints are kept."""
+    @overload
+    def __call__(self, fn: Callable[P, AsyncIterator[T]]) -> Callable[P, LazyStream[T]]: ...
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        """Decorate an async callable (or async-generator function) with this policy; signature
+        and type hints are kept."""
         return decorate(Pipeline((self,)), fn)  # type: ignore[arg-type]

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import bisect
 import math
-import time
 from collections import deque
 from collections.abc import Callable
 
 from . import _validation
+from ._cancel import clock as loop_clock
 
 __all__ = ["MAX_SECONDS", "MIN_SECONDS", "LatencyWindow"]
 
@@ -32,7 +32,8 @@ class LatencyWindow:
     Args:
         window: how long a sample counts, in seconds (default ``60``).
         max_samples: most samples kept; the oldest go first (default ``1000``).
-        clock: time source (default ``time.monotonic``); tests pass a fake one.
+        clock: time source (default the event loop's clock,
+            ``time.monotonic`` outside a loop); tests pass a fake one.
 
     Samples are clamped to [1 ms, 10 min], the range of LLM calls.
     """
@@ -44,7 +45,7 @@ class LatencyWindow:
         *,
         window: float = 60.0,
         max_samples: int = 1000,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = loop_clock,
     ) -> None:
         self.window = _validation.seconds("LatencyWindow.window", window)
         if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:

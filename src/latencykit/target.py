@@ -1,13 +1,19 @@
-"""Targets: where an ``LLM`` call can go (a model, its endpoint, its limits).
+"""Targets: where a call can go (a model, its endpoint, its key, its limits).
 
-A target is given as a litellm model string (``"openai/gpt-4o"``) or a dict of litellm arguments
-plus two latencykit keys: ``context_window`` (tokens; lets a context-length error go to a
-larger model) and ``capabilities`` (free-form tags, e.g. ``{"prefill"}``). Everything else in
-the dict (``api_base``, ``api_key``, ``timeout``, ...) is passed to litellm for that target.
+A :class:`Target` is one value object carried on every :class:`~latencykit.Call`. Policies
+know a target by its :attr:`Target.key` (breakers, latency windows, failover routes); the
+``LLM`` turns it into litellm arguments with :meth:`Target.litellm_arguments`. A key belongs
+to its target: it is sent only with that target's ``api_base``, never to another host.
+
+For ``LLM``, a target is given as a litellm model string (``"openai/gpt-4o"``), a dict of litellm
+arguments plus latencykit's own keys (``name``, ``context_window``, ``capabilities``,
+``timeout``), or a ``Target``. For a decorated function, the target is the function itself:
+``Target(name="module.fn")``, with no model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -17,39 +23,52 @@ from . import _validation
 
 __all__ = ["Target", "as_target"]
 
-_LATENCYKIT_KEYS = {"model", "context_window", "capabilities", "timeout", "api_key", "name"}
+_OWN_KEYS = ("model", "name", "api_base", "api_key", "timeout", "context_window", "capabilities")
 _FORBIDDEN = {"max_retries", "num_retries", "stream", "messages"}
 
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One place an LLM call can go.
+    """One place a call can go.
 
     Attributes:
-        model: the litellm model string.
-        name: how attempts, events and breakers call it (default: ``model``).
-        timeout: per-attempt timeout handed to litellm, constant per target so litellm reuses
-            its HTTP client (default ``None``: the ``LLM``'s ``timeout``).
+        model: the litellm model string (default ``""``: not an LLM target, e.g. a function).
+        name: the target's identity in attempts, events, breakers and latency windows
+            (default: ``model``). Two targets with the same name share that state.
+        api_base: the endpoint (default ``None``: litellm's default for the provider).
+        api_key: the key for ``api_base`` (default ``None``: litellm's environment lookup);
+            never shown in reprs, events or errors, never sent to another host.
+        timeout: per-attempt timeout handed to litellm, constant per target so that litellm
+            reuses its HTTP client (default ``None``: the ``LLM``'s ``timeout``).
         context_window: the model's context window in tokens (default ``None``: unknown).
-        capabilities: free-form tags (default empty).
-        api_key: the target's key (default ``None``: litellm's environment lookup); never
-            shown in reprs.
-        arguments: other litellm arguments for this target (``api_base``, ...).
+        capabilities: tags of what the target supports (default empty), e.g.
+            ``{"prefill"}``: accepts an assistant message prefill (used to continue a broken
+            stream).
+        arguments: other litellm arguments for this target (default empty).
     """
 
-    model: str
+    model: str = ""
     name: str = ""
+    api_base: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     timeout: float | None = None
     context_window: int | None = None
     capabilities: frozenset[str] = frozenset()
-    api_key: str | None = field(default=None, repr=False)
     arguments: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, str) or not self.model:
-            raise ValueError(f"target.model must be a non-empty model string, got {self.model!r}")
+        if not isinstance(self.model, str):
+            raise TypeError(f"target.model must be a model string, got {self.model!r}")
+        if not isinstance(self.name, str):
+            raise TypeError(f"target.name must be a string, got {self.name!r}")
         if not self.name:
+            if not self.model:
+                raise ValueError("a target needs a model or a name")
             object.__setattr__(self, "name", self.model)
+        if self.api_base is not None and (not isinstance(self.api_base, str) or not self.api_base):
+            raise ValueError(f"target.api_base must be a non-empty URL, got {self.api_base!r}")
+        if self.api_key is not None and not isinstance(self.api_key, str):
+            raise TypeError("target.api_key must be a string")
         if self.timeout is not None:
             object.__setattr__(self, "timeout", _validation.seconds("target.timeout", self.timeout))
         window = self.context_window
@@ -57,15 +76,52 @@ class Target:
             isinstance(window, bool) or not isinstance(window, int) or window < 1
         ):
             raise ValueError(f"target.context_window must be a positive int, got {window!r}")
-        bad = sorted(set(self.arguments) & _FORBIDDEN)
-        if bad:
-            raise ValueError(f"target {self.name!r} cannot set {bad[0]!r}: latencykit owns it")
-        object.__setattr__(self, "arguments", MappingProxyType(dict(self.arguments)))
+        if isinstance(self.capabilities, str):
+            raise TypeError(
+                f"target.capabilities must be a set of tags, e.g. {{{self.capabilities!r}}}"
+            )
         object.__setattr__(self, "capabilities", frozenset(self.capabilities))
+        if not isinstance(self.arguments, Mapping):
+            raise TypeError(f"target.arguments must be a mapping, got {self.arguments!r}")
+        bad = sorted(set(self.arguments) & (_FORBIDDEN | set(_OWN_KEYS)))
+        if bad:
+            raise ValueError(
+                f"target {self.name!r} cannot set {bad[0]!r} in arguments: "
+                + ("latencykit owns it" if bad[0] in _FORBIDDEN else "it is a Target field")
+            )
+        object.__setattr__(self, "arguments", MappingProxyType(dict(self.arguments)))
 
-    def litellm_arguments(self, default_timeout: float) -> dict[str, Any]:
-        """The litellm arguments that send a call to this target."""
-        arguments = {**self.arguments, "model": self.model}
+    @property
+    def key(self) -> str:
+        """The target's identity: its :attr:`name`."""
+        return self.name
+
+    def supports(self, capability: str) -> bool:
+        """Whether ``capability`` is among the target's :attr:`capabilities`."""
+        return capability in self.capabilities
+
+    def replace(self, **changes: Any) -> Target:
+        """A copy with ``changes``. Moving to another ``api_base`` drops the key unless a new
+        ``api_key`` is given: a key is never sent to another host."""
+        if (
+            "api_base" in changes
+            and changes["api_base"] != self.api_base
+            and "api_key" not in changes
+        ):
+            changes["api_key"] = None
+        if "model" in changes and "name" not in changes and self.name == self.model:
+            changes["name"] = ""  # named after its model: follow the new model
+        return dataclasses.replace(self, **changes)
+
+    def litellm_arguments(
+        self, default_timeout: float, call: Mapping[str, Any] = MappingProxyType({})
+    ) -> dict[str, Any]:
+        """The litellm arguments that send a call with arguments ``call`` to this target: the
+        target's ``arguments`` as defaults, the call's, then the target's identity (model,
+        endpoint, key, timeout), which a call cannot change."""
+        arguments = {**self.arguments, **call, "model": self.model}
+        if self.api_base is not None:
+            arguments["api_base"] = self.api_base
         if self.api_key is not None:
             arguments["api_key"] = self.api_key
         arguments["timeout"] = self.timeout if self.timeout is not None else default_timeout
@@ -73,22 +129,25 @@ class Target:
 
 
 def as_target(spec: object, *, where: str = "target") -> Target:
-    """A :class:`Target` from a model string, a dict of litellm arguments, or a Target."""
+    """A :class:`Target` from a model string, a dict of litellm arguments, or a Target.
+
+    Unknown dict keys are litellm arguments for that target (``temperature``, ...).
+    """
     if isinstance(spec, Target):
         return spec
     if isinstance(spec, str):
+        if not spec:
+            raise ValueError(f"{where} must be a non-empty model string")
         return Target(spec)
     if isinstance(spec, Mapping):
         if "model" not in spec:
             raise ValueError(f"{where} needs a 'model', got keys {sorted(spec)}")
-        extra = {k: v for k, v in spec.items() if k not in _LATENCYKIT_KEYS}
-        return Target(
-            model=spec["model"],
-            name=spec.get("name", ""),
-            timeout=spec.get("timeout"),
-            context_window=spec.get("context_window"),
-            capabilities=frozenset(spec.get("capabilities", ())),
-            api_key=spec.get("api_key"),
-            arguments=extra,
-        )
+        own = {k: spec[k] for k in _OWN_KEYS if k in spec}
+        if "capabilities" in own and not isinstance(own["capabilities"], str):
+            own["capabilities"] = frozenset(own["capabilities"])
+        extra = {k: v for k, v in spec.items() if k not in _OWN_KEYS}
+        try:
+            return Target(**own, arguments=extra)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{where}: {exc}") from None
     raise TypeError(f"{where} must be a model string, a dict of litellm arguments or a Target")

@@ -52,13 +52,11 @@ class RowContext:
 Send = Callable[[int], Awaitable[Sent]]
 
 
+_KEY = "lab-key-not-secret"
+
+
 def _kwargs(ctx: RowContext, i: int) -> dict[str, Any]:
-    return {
-        "messages": MESSAGES,
-        "api_base": ctx.base_url,
-        "api_key": "lab-key-not-secret",
-        "extra_headers": {REQUEST_HEADER: str(i)},
-    }
+    return {"messages": MESSAGES, "extra_headers": {REQUEST_HEADER: str(i)}}
 
 
 def bare(ctx: RowContext) -> Send:
@@ -68,7 +66,9 @@ def bare(ctx: RowContext) -> Send:
     async def send(i: int) -> Sent:
         started = time.monotonic()
         try:
-            await litellm.acompletion(model=f"openai/{PRIMARY}", **_kwargs(ctx, i))
+            await litellm.acompletion(
+                model=f"openai/{PRIMARY}", api_base=ctx.base_url, api_key=_KEY, **_kwargs(ctx, i)
+            )
         except Exception as exc:
             return Sent(time.monotonic() - started, ok=False, error_type=type(exc).__name__)
         return Sent(time.monotonic() - started, ok=True)
@@ -98,6 +98,8 @@ def deadline_degrade(ctx: RowContext) -> Send:
     """``lk.LLM`` with a total deadline and a degraded path to a cheaper model."""
     llm = lk.LLM(
         f"openai/{PRIMARY}",
+        api_base=ctx.base_url,
+        api_key=_KEY,
         deadline=ctx.deadline,
         degrade=lk.Degrade(
             model=f"openai/{DEGRADED}",
@@ -111,7 +113,8 @@ def deadline_degrade(ctx: RowContext) -> Send:
 def hedged(ctx: RowContext) -> Send:
     """``lk.LLM`` with hedged requests after the target's recent p90 (adaptive)."""
     hedge = lk.Hedge(lk.quantile(ctx.hedge_quantile), max_extra_load=ctx.max_extra_load)
-    return _through(lk.LLM(f"openai/{PRIMARY}", hedge=hedge), ctx)
+    llm = lk.LLM(f"openai/{PRIMARY}", api_base=ctx.base_url, api_key=_KEY, hedge=hedge)
+    return _through(llm, ctx)
 
 
 ROWS: dict[str, tuple[str, Callable[[RowContext], Send]]] = {

@@ -28,19 +28,21 @@ from __future__ import annotations
 
 import datetime
 import enum
+import functools
 import math
 import threading
-import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from .. import _validation, events
+from .._cancel import clock as loop_clock
 from .._context import trace_var
 from ..errors import ErrorFilter, ErrorKind, LatencykitError, error_predicate, is_transient
 from ..events import Event
 from ..pipeline import Call, Next, PolicyDecorator, Stage
+from ..stream import Stream
 
 __all__ = [
     "Breaker",
@@ -177,7 +179,7 @@ class BreakerSnapshot:
     """Everything a breaker knows about its key, as plain data a store can keep or serialize.
 
     A :class:`Breaker` reads it from its :class:`BreakerStore` at every operation, changes it,
-    and writes it back. Times are on the breaker's ``clock`` (``time.monotonic`` by default: a
+    and writes it back. Times are on the breaker's ``clock`` (the event loop's clock by default: a
     store shared between processes needs a shared clock, such as ``time.time``).
 
     Attributes:
@@ -374,7 +376,7 @@ class Breaker(PolicyDecorator):
         half_open_calls: int = 3,
         counts: ErrorFilter | None = None,
         store: BreakerStore | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = loop_clock,
     ) -> None:
         if not isinstance(key, str) or not key:
             raise ValueError(f"breaker.key must be a non-empty string, got {key!r}")
@@ -783,12 +785,22 @@ class Breaker(PolicyDecorator):
         except BaseException:
             self.record(permit, None)  # cancelled: neither a success nor a failure
             raise
-        self.record(permit, True, clock() - started)
+        if isinstance(result, Stream):
+            # A stream's outcome is known when it ends; its latency is its time to first chunk.
+            result.on_close(functools.partial(self._stream_ended, permit, clock() - started))
+        else:
+            self.record(permit, True, clock() - started)
         return result
 
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        """Decorate an async callable with this breaker."""
-        return super().__call__(fn)
+    def _stream_ended(self, permit: BreakerPermit, ttft: float, stream: Stream[Any]) -> None:
+        error = stream.error
+        if stream.outcome == "error" and error is not None:
+            failed = isinstance(error, Exception) and self.counts(error)
+            self.record(permit, False if failed else None, ttft)
+        elif stream.outcome in ("ok", "closed"):
+            self.record(permit, True, ttft)
+        else:  # cancelled or abandoned: says nothing about the target
+            self.record(permit, None)
 
 
 # --- the process-wide registry ----------------------------------------------------------------
@@ -812,7 +824,7 @@ def breaker(
     half_open_calls: int = 3,
     counts: ErrorFilter | None = None,
     store: BreakerStore | None = None,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Callable[[], float] = loop_clock,
 ) -> Breaker:
     """The circuit breaker of ``key``, shared process-wide (created on first use).
 
@@ -846,7 +858,7 @@ def breaker(
             at all. :class:`CircuitOpen` from a breaker further in never counts.
         store: where the state lives (default ``None``: a private
             :class:`InMemoryBreakerStore`).
-        clock: time source in seconds (default ``time.monotonic``); durations of calls are
+        clock: time source in seconds (default: the event loop's clock); durations of calls are
             measured with it too.
     """
     candidate = Breaker(

@@ -8,11 +8,8 @@ only shorten the budget, never extend it.
 from __future__ import annotations
 
 import datetime
-import functools
-import time
-from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import anyio
 
@@ -23,9 +20,6 @@ from ..errors import DeadlineExceeded
 from ..pipeline import Call, Next, PolicyDecorator, Stage
 
 __all__ = ["Deadline", "DeadlineScope", "deadline"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 class DeadlineScope:
@@ -42,7 +36,6 @@ class DeadlineScope:
         "_backend",
         "_cancel_scope",
         "_expires",
-        "_started",
         "_token",
         "_trace",
         "_trace_token",
@@ -51,39 +44,21 @@ class DeadlineScope:
         "starts_at",
     )
 
-    def __init__(self, budget: float, *, own_trace: bool = False, armed: bool = True) -> None:
+    def __init__(self, budget: float, *, own_trace: bool = False) -> None:
         self.budget = budget
-        self._started = time.monotonic()
         self._backend = loop = backend()
         self.starts_at = loop.now()
         self._expires = self.starts_at + budget
         self.deadline = min(self._expires, deadline_var.get())
-        # An unarmed scope only publishes the deadline (for remaining() and inner policies);
-        # a policy that guarantees its own, earlier timer arms it later (see arm()).
-        self._cancel_scope = loop.scope(deadline=self._expires) if armed else None
+        self._cancel_scope = loop.scope(deadline=self._expires)
         self._trace: Trace | None = Trace(parent=trace_var.get()) if own_trace else None
 
     def remaining(self) -> float:
         """Seconds left before this scope's (effective) deadline; never negative."""
         return max(0.0, self.deadline - self._backend.now())
 
-    def scope_until(self, deadline: float) -> Any:
-        """A plain cancel scope ending at ``deadline`` (event loop clock), for inner timers."""
-        return self._backend.scope(deadline=deadline)
-
-    def arm(self) -> DeadlineScope:
-        """A scope enforcing this (unarmed) deadline from now on; enter it around the rest."""
-        armed = DeadlineScope.__new__(DeadlineScope)
-        armed.budget, armed._started, armed._expires = self.budget, self._started, self._expires
-        armed.starts_at, armed._backend = self.starts_at, self._backend
-        armed.deadline = self.deadline
-        armed._cancel_scope = self._backend.scope(deadline=self._expires)
-        armed._trace = None
-        return armed
-
     def __enter__(self) -> DeadlineScope:
-        if self._cancel_scope is not None:
-            self._cancel_scope.__enter__()
+        self._cancel_scope.__enter__()
         self._token = deadline_var.set(self.deadline)
         if self._trace is not None:
             self._trace_token = trace_var.set(self._trace)
@@ -98,15 +73,13 @@ class DeadlineScope:
         if self._trace is not None:
             trace_var.reset(self._trace_token)
         deadline_var.reset(self._token)
-        if self._cancel_scope is None:
-            return False
         suppress = bool(self._cancel_scope.__exit__(exc_type, exc, tb))
         if self._cancel_scope.cancelled_caught:
             self._expired()
         return suppress
 
     def _expired(self) -> None:
-        elapsed = time.monotonic() - self._started
+        elapsed = self._backend.now() - self.starts_at
         trace = self._trace or trace_var.get()
         if events.listening():
             call_id = trace.call_id if trace is not None else 0
@@ -140,19 +113,6 @@ class Deadline(PolicyDecorator):
         with DeadlineScope(self.seconds):
             return await next(call)
 
-    def fuse(self, inner: object, inner_next: Next) -> Next | None:
-        """Merge with a timed fallback just inside: one timer per call instead of two.
-
-        While the fallback's primary runs, its ``after`` timer (shorter than the deadline, as
-        composition checks) fires first anyway, so the deadline only has to be armed around the
-        alternative. Behaviour is unchanged; the common case costs one cancel scope less.
-        """
-        from .fallback import Fallback
-
-        if isinstance(inner, Fallback) and inner.after is not None and inner.after < self.seconds:
-            return functools.partial(inner.handle_within, self, next=inner_next)
-        return None
-
     def __enter__(self) -> DeadlineScope:
         scope = DeadlineScope(self.seconds, own_trace=True)
         self._active.setdefault(anyio.get_current_task().id, []).append(scope.__enter__())
@@ -170,10 +130,6 @@ class Deadline(PolicyDecorator):
         if not stack:
             del self._active[task]
         return scope.__exit__(exc_type, exc, tb)
-
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        """Decorate an async callable: every call gets the full budget."""
-        return super().__call__(fn)
 
 
 def deadline(seconds: float | datetime.timedelta) -> Deadline:

@@ -10,19 +10,17 @@ one, so they act per route.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal
 
 from .. import events
 from .._context import trace_var
 from ..errors import ErrorFilter, ErrorKind, attach_others, classify, error_predicate
-from ..pipeline import Call, Next, PolicyDecorator, Stage
+from ..pipeline import Call, Next, PolicyDecorator, Stage, function_target
+from ..target import Target
 
 __all__ = ["Failover", "Route", "failover"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,14 +28,25 @@ class Route:
     """One alternative of a :class:`Failover`.
 
     Attributes:
-        name: recorded as the call's target (a model string, a function name).
-        rewrite: turns the incoming call into the call for this route.
-        context_window: tokens the route accepts (``None``: unknown).
+        target: where the route goes; its ``key`` names the route, its ``context_window`` says
+            what prompts fit.
+        rewrite: turns the incoming call into the call for this route (default: the same call
+            addressed to ``target``).
     """
 
-    name: str
-    rewrite: Callable[[Call], Call]
-    context_window: int | None = None
+    target: Target
+    rewrite: Callable[[Call], Call] | None = None
+
+    @property
+    def name(self) -> str:
+        """The route's name: its target's key."""
+        return self.target.key
+
+    def call(self, call: Call) -> Call:
+        """The call for this route."""
+        if self.rewrite is not None:
+            return self.rewrite(call)
+        return call._replace(target=self.target)
 
 
 class Failover(PolicyDecorator):
@@ -78,7 +87,7 @@ class Failover(PolicyDecorator):
 
     def _start(self, call: Call) -> int | None:
         for index, route in enumerate(self.routes):
-            if route.name == call.target:
+            if route.name == call.target.key:
                 return index
         return None if self.passthrough else 0
 
@@ -92,9 +101,8 @@ class Failover(PolicyDecorator):
         skipped_open: list[str] = []
         previous: str | None = None
         for route in self.routes[start:]:
-            if smaller_than is not None and not (
-                route.context_window is not None and route.context_window > smaller_than
-            ):
+            window = route.target.context_window
+            if smaller_than is not None and not (window is not None and window > smaller_than):
                 self._event(route.name, previous, "context_window")
                 continue
             if self.is_open is not None and self.is_open(route.name):
@@ -104,14 +112,14 @@ class Failover(PolicyDecorator):
             if previous is not None:
                 self._event(route.name, previous, None)
             try:
-                return await next(route.rewrite(call))
+                return await next(route.call(call))
             except Exception as exc:
                 errors.append(exc)
                 previous = route.name
                 if classify(exc) is ErrorKind.CONTEXT_LENGTH:
-                    if route.context_window is None:
+                    if window is None:
                         break  # unknown window: nothing is known to be larger
-                    smaller_than = route.context_window
+                    smaller_than = window
                     continue
                 if not self._handles(exc):
                     attach_others(exc, errors[:-1])
@@ -139,10 +147,6 @@ class Failover(PolicyDecorator):
         else:
             events.emit(events.TargetSkipped(call_id, target=to, reason=skipped))
 
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        """Decorate an async callable: it is the primary; the alternatives follow."""
-        return super().__call__(fn)
-
 
 def failover(
     *alternatives: Callable[..., Awaitable[Any]], on: ErrorFilter | None = None
@@ -157,17 +161,20 @@ def failover(
 
     When every alternative fails, the first (primary) error is raised with the others attached.
     """
-    routes = [Route("", lambda call: call)]  # the decorated function itself, named at call time
+    routes = [Route(_ANY, lambda call: call)]  # the decorated function, named at call time
     for alternative in alternatives:
         if not callable(alternative):
             raise TypeError(f"failover alternatives must be async callables, got {alternative!r}")
-        name = getattr(alternative, "__qualname__", None) or repr(alternative)
-        routes.append(Route(name, _calling(alternative, name)))
+        target = function_target(alternative)
+        routes.append(Route(target, _calling(alternative, target)))
     return Failover(routes, on=on)
 
 
-def _calling(fn: Callable[..., Awaitable[Any]], name: str) -> Callable[[Call], Call]:
+_ANY = Target(name="<the decorated function>")
+
+
+def _calling(fn: Callable[..., Awaitable[Any]], target: Target) -> Callable[[Call], Call]:
     def rewrite(call: Call) -> Call:
-        return call._replace(fn=fn, target=name)
+        return call._replace(fn=fn, target=target)
 
     return rewrite

@@ -10,22 +10,18 @@ from __future__ import annotations
 import contextlib
 import datetime
 import inspect
-import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, ParamSpec, TypeAlias, TypeVar
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 from .. import _validation, events
 from .._cancel import backend
 from .._context import trace_var
 from ..errors import ErrorFilter, ErrorKind, FallbackFailed, classify, error_predicate
 from ..pipeline import Call, Next, Policy, PolicyDecorator, Stage
-from .deadline import Deadline, DeadlineScope
+from .deadline import Deadline
 
 __all__ = ["Fallback", "FallbackReason", "fallback"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,36 +103,19 @@ class Fallback(PolicyDecorator):
                 )
 
     async def handle(self, call: Call, next: Next) -> Any:
-        """Run the primary; on timeout or a handled error, cancel it and run the alternative."""
-        started = time.monotonic()
+        """Run the primary; on timeout or a handled error, cancel it and run the alternative.
+
+        For a streaming call the primary has answered once its first content chunk arrived.
+        """
+        loop = backend()
+        started = loop.now()
         if self.after is None:
             outcome = await self._primary(call, next, contextlib.nullcontext())
         else:
-            loop = backend()
-            outcome = await self._primary(call, next, loop.scope(deadline=loop.now() + self.after))
+            outcome = await self._primary(call, next, loop.scope(deadline=started + self.after))
         if not isinstance(outcome, _Switch):
             return outcome
-        return await self._switch(started, outcome.error, call, next)
-
-    async def handle_within(self, deadline: Deadline, call: Call, next: Next) -> Any:
-        """``deadline`` then this policy, fused: the deadline is armed only for the alternative.
-
-        Used by :meth:`Deadline.fuse` when ``after`` is set and shorter than the deadline.
-        """
-        assert self.after is not None
-        started = time.monotonic()
-        with DeadlineScope(deadline.seconds, armed=False) as budget:
-            # _primary() inlined: this is the hot path of deadline + timed fallback.
-            error: Exception | None = None
-            with budget.scope_until(budget.starts_at + self.after):
-                try:
-                    return await next(call)
-                except Exception as exc:
-                    if not self._handles(exc):
-                        raise
-                    error = exc
-            with budget.arm():
-                return await self._switch(started, error, call, next)
+        return await self._switch(loop.now() - started, outcome.error, call, next)
 
     async def _primary(
         self, call: Call, next: Next, timer: contextlib.AbstractContextManager[Any]
@@ -151,10 +130,10 @@ class Fallback(PolicyDecorator):
                 return _Switch(exc)
         return _Switch(None)  # the timer cancelled the primary
 
-    async def _switch(self, started: float, error: Exception | None, call: Call, next: Next) -> Any:
+    async def _switch(self, elapsed: float, error: Exception | None, call: Call, next: Next) -> Any:
         reason = FallbackReason(
             kind="timeout" if error is None else "error",
-            elapsed=time.monotonic() - started,
+            elapsed=elapsed,
             error=error,
         )
         trace = trace_var.get()
@@ -176,10 +155,6 @@ class Fallback(PolicyDecorator):
             return await self._alternative(reason, call, next)
         except Exception as exc:
             raise FallbackFailed(reason.kind, error, exc) from exc
-
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        """Decorate an async callable with this fallback."""
-        return super().__call__(fn)
 
 
 def fallback(

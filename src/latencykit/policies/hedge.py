@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import datetime
 import math
-import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal
 
 import anyio
 
@@ -33,11 +32,9 @@ from ..budget import RetryBudget
 from ..errors import ErrorFilter, attach_others, error_predicate
 from ..pipeline import Call, Next, PolicyDecorator, Stage
 from ..stats import LatencyWindow
+from ..stream import Stream
 
 __all__ = ["Hedge", "Quantile", "hedge", "quantile"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 _RESERVE_PER_SECOND = 1.0
 """Hedges a default budget allows per second on top of ``max_extra_load`` (Finagle's reserve):
@@ -106,9 +103,10 @@ def _errors(outcomes: list[_Outcome]) -> list[tuple[int, Exception]]:
 class Hedge(PolicyDecorator):
     """The hedging policy; create it with :func:`hedge` (also ``LLM(hedge=lk.Hedge(...))``).
 
-    The arguments are :func:`hedge`'s. ``budget`` and ``windows`` are the live state: the
-    :class:`~latencykit.RetryBudget` shared by every call through this policy, and the
-    :class:`~latencykit.LatencyWindow` of each target seen.
+    The arguments are :func:`hedge`'s. ``budget``, ``windows`` and ``ttft_windows`` are the live
+    state: the :class:`~latencykit.RetryBudget` shared by every call through this policy, the
+    :class:`~latencykit.LatencyWindow` of each target's latencies, and for streaming calls the
+    one of each target's times to first content chunk (a stream is hedged on its first token).
     """
 
     stage = Stage.HEDGE
@@ -120,6 +118,7 @@ class Hedge(PolicyDecorator):
         "on",
         "rewrite",
         "target",
+        "ttft_windows",
         "windows",
     )
 
@@ -161,6 +160,7 @@ class Hedge(PolicyDecorator):
         self.target = target
         self.rewrite = rewrite
         self.windows: dict[str, LatencyWindow] = {}
+        self.ttft_windows: dict[str, LatencyWindow] = {}
 
     def __repr__(self) -> str:
         return (
@@ -178,25 +178,28 @@ class Hedge(PolicyDecorator):
             target=self.target,
             rewrite=rewrite,
         )
-        copy.windows = self.windows
+        copy.windows, copy.ttft_windows = self.windows, self.ttft_windows
         return copy
 
-    def window(self, target: str) -> LatencyWindow:
-        """The latency window of ``target`` (created on first use)."""
-        found = self.windows.get(target)
+    def window(self, target: str, *, ttft: bool = False) -> LatencyWindow:
+        """The latency window of ``target`` (created on first use); with ``ttft``, the window
+        of its times to first content chunk (streaming calls)."""
+        windows = self.ttft_windows if ttft else self.windows
+        found = windows.get(target)
         if found is None:
             spec = self.delay if isinstance(self.delay, Quantile) else quantile(0.5)
-            found = self.windows[target] = LatencyWindow(
+            found = windows[target] = LatencyWindow(
                 window=spec.window, max_samples=spec.max_samples
             )
         return found
 
-    def current_delay(self, target: str) -> float | None:
-        """The hedging delay for ``target`` now; ``None`` (no hedging) while warming up, or
-        while the target's tail is too light for a hedge to win (adaptive delays only)."""
+    def current_delay(self, target: str, *, ttft: bool = False) -> float | None:
+        """The hedging delay for ``target`` now (with ``ttft``: for a streaming call, from its
+        times to first content chunk); ``None`` (no hedging) while warming up, or while the
+        target's tail is too light for a hedge to win (adaptive delays only)."""
         if not isinstance(self.delay, Quantile):
             return self.delay
-        window = self.window(target)
+        window = self.window(target, ttft=ttft)
         if window.count() < self.delay.min_samples:
             return None
         delay, fastest, slowest = window.quantiles(self.delay.q, 0.0, 1.0)
@@ -207,27 +210,29 @@ class Hedge(PolicyDecorator):
             return None
         return delay
 
-    def _fits_deadline(self, target: str) -> bool:
+    def _fits_deadline(self, target: str, ttft: bool) -> bool:
         # An attempt is worth starting only if the budget left covers the target's typical
         # (median) latency; with no samples yet, any budget will do.
         deadline = deadline_var.get()
         if deadline == math.inf:
             return True
-        typical = self.window(target).quantile(0.5) or 0.0
+        typical = self.window(target, ttft=ttft).quantile(0.5) or 0.0
         return deadline - backend().now() > typical
 
     async def handle(self, call: Call, next: Next) -> Any:
         """Run the primary, hedge it after the delay, return the first acceptable outcome."""
         self.budget.deposit_once()
         primary = call if self.rewrite is None else self.rewrite(call, 0)
-        delay = self.current_delay(primary.target)
+        ttft = call.stream is not None  # a stream's race is decided by its first content chunk
+        delay = self.current_delay(primary.target.key, ttft=ttft)
+        now = backend().now
         first_error: Exception | None = None
         if delay is None or self.max_attempts == 1:
             # No hedge can fall due: run the primary inline (no task group, the common case
             # for light tails and warm-up). Only a handled failure starts the race below.
-            first_started = time.monotonic()
+            first_started = now()
             try:
-                return await self._timed(primary, next)
+                return await self._timed(primary, next, ttft)
             except Exception as exc:
                 if self.max_attempts == 1 or not self._handles(exc):
                     raise
@@ -240,7 +245,7 @@ class Hedge(PolicyDecorator):
         starts: list[float] = []
 
         async def attempt(index: int, this: Call) -> None:
-            started = time.monotonic()
+            started = now()
             try:
                 result = await next(this)
             except Exception as exc:
@@ -248,10 +253,10 @@ class Hedge(PolicyDecorator):
             except BaseException:
                 # Cancelled (lost the race): its running time is a lower bound of its latency.
                 if winner and winner[0].index != index:
-                    self.window(this.target).record(time.monotonic() - started)
+                    self.window(this.target.key, ttft=ttft).record(now() - started)
                 raise
             else:
-                self.window(this.target).record(time.monotonic() - started)
+                self.window(this.target.key, ttft=ttft).record(now() - started)
                 outcome = _Outcome(index, result=result)
                 outcomes.append(outcome)
                 if not winner:
@@ -263,7 +268,7 @@ class Hedge(PolicyDecorator):
             index = len(starts)
             this = call if self.rewrite is None else self.rewrite(call, index)
             if reason is not None:
-                if not self._fits_deadline(this.target):
+                if not self._fits_deadline(this.target.key, ttft):
                     self._skipped(call_id, index, "deadline")
                     return False
                 if not self.budget.try_withdraw():
@@ -274,12 +279,12 @@ class Hedge(PolicyDecorator):
                         events.HedgeFired(
                             call_id,
                             attempt=index + 1,
-                            target=this.target,
+                            target=this.target.key,
                             reason=reason,
                             delay=delay,
                         )
                     )
-            starts.append(time.monotonic())
+            starts.append(now())
             group.start_soon(attempt, index, this)
             return True
 
@@ -307,12 +312,16 @@ class Hedge(PolicyDecorator):
                     break
                 wait = math.inf
                 if can_launch and delay is not None:
-                    wait = max(0.0, starts[-1] + delay - time.monotonic())
+                    wait = max(0.0, starts[-1] + delay - now())
                 changed = anyio.Event()
                 with anyio.move_on_after(wait) as timer:
                     await changed.wait()
                 if timer.cancelled_caught:
                     hedging = launch("delay")
+        for outcome in outcomes:
+            # A stream that committed too late to win is closed now (its HTTP response too).
+            if isinstance(outcome.result, Stream) and (not winner or outcome is not winner[0]):
+                await outcome.result.aclose()
         if winner:
             won = winner[0]
             if won.index and events.listening():
@@ -324,19 +333,16 @@ class Hedge(PolicyDecorator):
         attach_others(raised, [error for _, error in failures if error is not raised])
         raise raised
 
-    async def _timed(self, call: Call, next: Next) -> Any:
-        started = time.monotonic()
+    async def _timed(self, call: Call, next: Next, ttft: bool) -> Any:
+        now = backend().now
+        started = now()
         result = await next(call)
-        self.window(call.target).record(time.monotonic() - started)
+        self.window(call.target.key, ttft=ttft).record(now() - started)
         return result
 
     def _skipped(self, call_id: int, index: int, reason: Literal["budget", "deadline"]) -> None:
         if events.listening():
             events.emit(events.HedgeSkipped(call_id, attempt=index + 1, reason=reason))
-
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        """Decorate an async callable with this hedging policy."""
-        return super().__call__(fn)
 
 
 def hedge(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import datetime
 import math
 import random
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeAlias, TypeVar
 
@@ -268,10 +268,6 @@ class Retry(PolicyDecorator):
 
     async def _sleep_for(self, seconds: float) -> None:
         await self._sleep(float(seconds))  # tenacity passes a float subclass (DoSleep)
-
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-        """Decorate an async callable with this retry policy."""
-        return super().__call__(fn)
 
 
 class _Run:

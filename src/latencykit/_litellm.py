@@ -1,0 +1,141 @@
+"""What latencykit needs to know about litellm: its lazy import, and its streams.
+
+litellm facts this module is built on (measured, see ../shared/DESIGN.md §6): importing it takes
+seconds, so it is imported on first use; ``acompletion(stream=True)`` returns a
+``CustomStreamWrapper`` that keeps its HTTP connection open until ``aclose()``; and when a
+connection ends without the provider's ``finish_reason``, litellm may end the iteration normally
+with a ``finish_reason="stop"`` chunk of its own making, so the end of a stream is judged from
+what the provider sent (litellm records it in ``received_finish_reason``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from .errors import StreamBroken, provider_error
+
+if TYPE_CHECKING:
+    from .target import Target
+
+__all__ = ["LITELLM_CHUNKS", "LitellmChunks", "litellm"]
+
+_UNKNOWN = object()
+_NOT_CONTENT: tuple[str | None, str | None] = (None, None)
+
+
+def litellm() -> Any:
+    """Import litellm on first use (it takes seconds; ``import latencykit`` must stay fast)."""
+    import litellm
+
+    return litellm
+
+
+class _LitellmChunkReader:
+    """Reads litellm's ``ModelResponseStream`` chunks for a :class:`~latencykit.Stream`.
+
+    Content is a non-empty ``delta.content``, a tool-call (or legacy function-call) delta, or
+    reasoning text; a role-only chunk, an empty delta, a finish chunk and a usage chunk are not.
+    """
+
+    requires_finish = True
+
+    def read(self, chunk: Any) -> tuple[str | None, str | None]:
+        choices = chunk.choices
+        if not choices:
+            return _NOT_CONTENT
+        choice = choices[0]
+        delta = choice.delta
+        text = delta.content
+        if not text:
+            text = (
+                ""
+                if delta.tool_calls
+                or getattr(delta, "reasoning_content", None)
+                or getattr(delta, "function_call", None)
+                else None
+            )
+        return text, choice.finish_reason
+
+    def output_tokens(self, chunk: Any) -> int | None:
+        usage = getattr(chunk, "usage", None)
+        tokens = getattr(usage, "completion_tokens", None)
+        return tokens if isinstance(tokens, int) else None
+
+
+LITELLM_CHUNKS = _LitellmChunkReader()
+
+
+class LitellmChunks:
+    """One streaming attempt through litellm, as an async iterator of its chunks.
+
+    Opened on the first ``__anext__`` (``litellm.acompletion(..., stream=True)``); provider
+    errors come out as latencykit's :class:`~latencykit.ProviderError` types (keys scrubbed);
+    a finish chunk litellm made up for a cut connection raises
+    :class:`~latencykit.StreamBroken` instead. Runs on asyncio (on trio, inside the bridge).
+    """
+
+    chunk_reader = LITELLM_CHUNKS
+    __slots__ = ("_arguments", "_closed", "_loop", "_secrets", "_target", "_wrapper")
+
+    def __init__(self, arguments: dict[str, Any], target: Target, secrets: tuple[str, ...]) -> None:
+        self._arguments = arguments
+        self._target = target
+        self._secrets = secrets
+        self._wrapper: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+
+    def __aiter__(self) -> LitellmChunks:
+        return self
+
+    async def __anext__(self) -> Any:
+        wrapper = self._wrapper
+        try:
+            if wrapper is None:
+                if self._closed:
+                    raise StopAsyncIteration
+                self._loop = asyncio.get_running_loop()
+                wrapper = self._wrapper = await litellm().acompletion(
+                    **self._arguments, stream=True, max_retries=0
+                )
+            chunk = await wrapper.__anext__()
+        except StopAsyncIteration:
+            raise
+        except Exception as exc:
+            raise provider_error(exc, target=self._target.key, secrets=self._secrets) from exc
+        choices = chunk.choices
+        if (
+            choices
+            and choices[0].finish_reason is not None
+            and getattr(wrapper, "received_finish_reason", _UNKNOWN) is None
+            and getattr(wrapper, "intermittent_finish_reason", _UNKNOWN) is None
+        ):
+            raise StreamBroken(
+                "the connection ended before the provider sent a finish_reason",
+                target=self._target.key,
+                reason="cut",
+            )
+        return chunk
+
+    async def aclose(self) -> None:
+        """Close the litellm stream and its HTTP response (idempotent)."""
+        self._closed = True
+        wrapper, self._wrapper = self._wrapper, None
+        if wrapper is not None:
+            await wrapper.aclose()
+
+    def close_nowait(self) -> None:
+        """Schedule :meth:`aclose` on the stream's loop (from a finaliser, any thread)."""
+        loop = self._loop
+        if self._wrapper is not None and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(_spawn, loop, self.aclose)
+
+
+_closing: set[asyncio.Task[None]] = set()  # strong references until the closes finish
+
+
+def _spawn(loop: asyncio.AbstractEventLoop, close: Any) -> None:
+    task = loop.create_task(close())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)

@@ -1,0 +1,149 @@
+"""``StreamGuard``: bound the time to the first content chunk and the gaps between chunks.
+
+A stream that never starts, or stops in the middle while the connection stays open (SSE
+keep-alive comments flowing, or nothing at all), is the streaming tail no HTTP timeout catches.
+The guard turns both into typed transient errors: :class:`~latencykit.FirstTokenTimeout` before
+the first content chunk (failover and hedging move on, like any attempt timeout) and
+:class:`~latencykit.StreamStalled` after it. Keep-alives and empty deltas never reset either
+clock: only content does.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import AsyncIterator
+from typing import Any, Literal, TypeVar
+
+from .. import _validation
+from .._cancel import now
+from .._context import deadline_var, trace_var
+from ..pipeline import Call, Next, PolicyDecorator, Stage
+from ..stream import ANY_ITEM, ChunkReader, Stream
+from ..target import Target
+
+__all__ = ["OnBreak", "StreamGuard", "guard_stream", "stream_guard"]
+
+T = TypeVar("T")
+
+OnBreak = Literal["raise", "continue"]
+"""What a stream does when it breaks after its first content chunk (see :class:`StreamGuard`)."""
+
+
+class StreamGuard(PolicyDecorator):
+    """Limits on a streaming call; a policy (stage ``ATTEMPT``), a decorator for async-generator
+    functions, and the ``stream_guard=`` of :class:`~latencykit.LLM`.
+
+    Args:
+        first_token: seconds from the start of an attempt to its first content chunk; past it the
+            attempt fails with :class:`~latencykit.FirstTokenTimeout` (default ``None``: no
+            limit of its own; in ``LLM`` the target's attempt ``timeout``, so that a default
+            stream never waits forever).
+        stall: longest gap between two content chunks after the first; past it the stream
+            breaks with :class:`~latencykit.StreamStalled` (default ``None``: no limit of its
+            own; in ``LLM`` the target's attempt ``timeout``).
+        on_break: what a stream that breaks after its first content chunk (cut, stall, error
+            event) does: ``"raise"`` (default) raises :class:`~latencykit.StreamBroken` with the
+            partial text; ``"continue"`` asks the same or the next target to continue within the
+            remaining budget (``LLM`` only): with an assistant prefill on targets declaring
+            ``capabilities={"prefill"}``, otherwise by regenerating the answer, checking that it
+            repeats the text already delivered and skipping it (``StreamBroken`` with
+            ``reason="recovery_diverged"`` if it does not).
+        max_resumes: how many times one stream may be continued (default ``2``).
+
+    The total deadline holds on every chunk whatever the guard says.
+    """
+
+    stage = Stage.ATTEMPT
+    __slots__ = ("first_token", "max_resumes", "on_break", "stall")
+
+    def __init__(
+        self,
+        *,
+        first_token: float | datetime.timedelta | None = None,
+        stall: float | datetime.timedelta | None = None,
+        on_break: OnBreak = "raise",
+        max_resumes: int = 2,
+    ) -> None:
+        self.first_token = (
+            None
+            if first_token is None
+            else _validation.seconds("StreamGuard.first_token", first_token)
+        )
+        self.stall = None if stall is None else _validation.seconds("StreamGuard.stall", stall)
+        if on_break not in ("raise", "continue"):
+            raise ValueError(
+                f"StreamGuard.on_break must be 'raise' or 'continue', got {on_break!r}"
+            )
+        self.on_break: OnBreak = on_break
+        if isinstance(max_resumes, bool) or not isinstance(max_resumes, int) or max_resumes < 0:
+            raise ValueError(f"StreamGuard.max_resumes must be an int >= 0, got {max_resumes!r}")
+        self.max_resumes = max_resumes
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamGuard(first_token={self.first_token}, stall={self.stall}, "
+            f"on_break={self.on_break!r})"
+        )
+
+    def limits(self, target: Target) -> tuple[float | None, float | None]:
+        """``(first_token, stall)`` for an attempt on ``target``: the guard's own, capped by the
+        target's attempt timeout when it has one."""
+        first_token, stall = self.first_token, self.stall
+        if target.timeout is not None:
+            first_token = min(first_token or math.inf, target.timeout)
+            stall = min(stall or math.inf, target.timeout)
+        return first_token, stall
+
+    async def handle(self, call: Call, next: Next) -> Any:
+        """Apply this guard to a streaming call (a non-streaming call goes through as is)."""
+        if call.stream is None:
+            return await next(call)
+        return await next(call._replace(stream=self))
+
+
+def stream_guard(
+    *,
+    first_token: float | datetime.timedelta | None = None,
+    stall: float | datetime.timedelta | None = None,
+    on_break: OnBreak = "raise",
+    max_resumes: int = 2,
+) -> StreamGuard:
+    """A :class:`StreamGuard`; as a decorator on an async-generator function::
+
+        @lk.deadline(30)
+        @lk.stream_guard(first_token=2.0, stall=5.0)
+        async def tokens(prompt: str) -> AsyncIterator[str]: ...
+
+    The arguments and defaults are :class:`StreamGuard`'s.
+    """
+    return StreamGuard(
+        first_token=first_token, stall=stall, on_break=on_break, max_resumes=max_resumes
+    )
+
+
+def guard_stream(
+    source: AsyncIterator[T],
+    *,
+    first_token: float | datetime.timedelta | None = None,
+    stall: float | datetime.timedelta | None = None,
+    reader: ChunkReader = ANY_ITEM,
+) -> Stream[T]:
+    """Guard an async iterator you already have: ``async for x in lk.guard_stream(it, ...)``.
+
+    ``first_token`` counts from this call; ``stall`` as in :class:`StreamGuard` (both default
+    ``None``: no limit); an enclosing :func:`~latencykit.deadline` bounds every item. Every item
+    is content unless ``reader`` says otherwise. Must be called inside an event loop. Close the
+    result (``async with``, ``aclose()``), which closes ``source``.
+    """
+    guard = StreamGuard(first_token=first_token, stall=stall)
+    return Stream(
+        source,
+        reader=reader,
+        first_token=guard.first_token,
+        stall=guard.stall,
+        deadline=deadline_var.get(),
+        started=now(),
+        target=getattr(source, "__qualname__", type(source).__qualname__),
+        trace=trace_var.get(),
+    )

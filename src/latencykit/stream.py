@@ -1,0 +1,575 @@
+"""Streams with a lifetime: first-chunk commit, timing, stall and deadline guards, close callbacks.
+
+A stream attempt is an ordinary attempt until its first **content** chunk arrives (text, a
+tool-call delta or reasoning text; role-only chunks, empty deltas and SSE keep-alives are not
+content): only then is it *committed*, and the attempt "returns" to the policies around it. So
+deadline, degrade, hedge, failover, breaker and retry act on "opened and produced a first content
+chunk" exactly as they act on a response.
+
+A committed :class:`Stream` outlives the pipeline run that produced it. What must happen when it
+ends (the attempt record, the breaker's outcome, ``CallEnded``, closing the HTTP response) is
+registered on it with :meth:`Stream.on_close` and runs exactly once, in the order registered
+(the attempt's first, the call's last: as nested ``with`` blocks unwind): on
+normal end, error, ``aclose()``, ``break`` out of ``async with``, cancellation, and garbage
+collection (with a ``ResourceWarning``, like an unclosed file).
+
+After commit, every ``__anext__`` waits at most until the earlier of the call's absolute deadline
+and the stall limit (the last content chunk plus ``stall``); a timer is armed only for waits
+that have such a limit. The per-chunk path reads the clock, classifies the chunk and hands it on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import warnings
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
+
+from . import events
+from ._cancel import backend
+
+if TYPE_CHECKING:
+    from ._context import Trace
+
+__all__ = ["ChunkReader", "LazyStream", "Stream", "StreamOutcome"]
+
+T = TypeVar("T")
+logger = logging.getLogger("latencykit")
+
+StreamOutcome = Literal["open", "ok", "error", "closed", "cancelled", "abandoned"]
+"""How a stream ended: ``"ok"`` (complete), ``"error"`` (broke or failed), ``"closed"`` (the
+consumer closed it before the end), ``"cancelled"`` (the consumer was cancelled), ``"abandoned"``
+(garbage-collected unclosed); ``"open"`` until then."""
+
+_CLOSE_GRACE = 5.0  # seconds a close may take to release the HTTP response before we move on
+
+
+class ChunkReader(Protocol):
+    """How a stream's items are read: which are content, and how the provider ended it."""
+
+    requires_finish: bool
+    """Whether a stream is complete only when the provider said so (a ``finish_reason``):
+    an LLM stream that just stops was cut. Plain iterators are complete when they end."""
+
+    def read(self, item: Any) -> tuple[str | None, str | None]:
+        """``(content, finish_reason)`` of ``item``: its content text (``""`` for content
+        without text, such as a tool-call delta; ``None`` when it is not content) and the
+        finish reason it carries, if any."""
+        ...
+
+    def output_tokens(self, item: Any) -> int | None:
+        """Output tokens reported in ``item`` (a usage chunk), else ``None``."""
+        ...
+
+
+class _AnyItem:
+    """Plain async iterators: every item is content; the end of iteration completes them."""
+
+    requires_finish = False
+    _READ: tuple[str | None, str | None] = ("", None)
+
+    def read(self, item: Any) -> tuple[str | None, str | None]:
+        return self._READ
+
+    def output_tokens(self, item: Any) -> int | None:
+        return None
+
+
+ANY_ITEM: ChunkReader = _AnyItem()
+
+
+class _Expired(Exception):
+    """A wait reached its limit (stall or deadline)."""
+
+
+Recover = Callable[["Stream[Any]", Exception], Awaitable["Stream[Any] | None"]]
+"""``recover(broken, error)``: a committed stream continuing ``broken``, or ``None``."""
+
+
+class Stream(Generic[T]):
+    """An async iterator of chunks with a lifetime: use ``async for``, ``async with``, and
+    ``aclose()``.
+
+    Returned by ``await llm.acompletion(..., stream=True)`` (items are litellm's own chunk
+    objects, so ``litellm.stream_chunk_builder(chunks)`` works on them), by a latencykit-decorated
+    async-generator function, and by :func:`~latencykit.guard_stream`. Errors it raises after
+    the first content chunk: :class:`~latencykit.StreamBroken` (or
+    :class:`~latencykit.StreamStalled`) for a stream that broke, a
+    :class:`~latencykit.ProviderError` for a provider error sent mid-stream that is not
+    transient (a content filter), :class:`~latencykit.DeadlineExceeded` when the call's
+    deadline expires; each carries the text delivered so far (``partial_text``) and the attempt
+    history. A stream is never ended silently short of its end.
+
+    Attributes:
+        target: the key of the target that is answering.
+        outcome: ``"open"`` until the stream ends, then how it ended (:data:`StreamOutcome`).
+        error: the exception it ended with, if any.
+        ttft: seconds from the start of the attempt to its first content chunk (``None``
+            before it).
+        chunks: content chunks received so far.
+        finish_reason: the provider's finish reason, once sent.
+        output_tokens: output tokens the provider reported (``None`` until a usage chunk).
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_budget",
+        "_buffer",
+        "_callbacks",
+        "_committed",
+        "_deadline",
+        "_first_at",
+        "_gaps",
+        "_last_at",
+        "_now",
+        "_nowait",
+        "_pieces",
+        "_reader",
+        "_scope",
+        "_source",
+        "_started",
+        "_trace",
+        "attempt",
+        "chunks",
+        "error",
+        "finish_reason",
+        "first_token",
+        "outcome",
+        "output_tokens",
+        "recover",
+        "report_info",
+        "stall",
+        "target",
+    )
+
+    def __init__(
+        self,
+        source: AsyncIterator[T],
+        *,
+        reader: ChunkReader = ANY_ITEM,
+        first_token: float | None = None,
+        stall: float | None = None,
+        deadline: float = math.inf,
+        started: float | None = None,
+        target: str = "",
+        trace: Trace | None = None,
+        attempt: int = 0,
+    ) -> None:
+        loop = backend()
+        self._source = source
+        self._nowait: Callable[[], Any] | None = getattr(source, "receive_nowait", None)
+        self._reader = reader
+        self._now = loop.now
+        self._scope = loop.scope
+        self.first_token = first_token
+        self.stall = stall
+        self._deadline = deadline
+        self._started = loop.now() if started is None else started
+        self._budget = (
+            deadline - (trace.origin if trace is not None else self._started)
+            if deadline != math.inf
+            else math.inf
+        )
+        self.target = target
+        self._trace = trace
+        self.attempt = attempt
+        self._buffer: deque[T] = deque()
+        self._callbacks: list[Callable[[Stream[T]], object]] = []
+        self._committed = False
+        self._first_at: float | None = None
+        self._last_at = self._started
+        self._gaps: list[float] = []
+        self._pieces: list[str] = []
+        self.chunks = 0
+        self.finish_reason: str | None = None
+        self.output_tokens: int | None = None
+        self.outcome: StreamOutcome = "open"
+        self.error: BaseException | None = None
+        self.recover: Recover | None = None
+        self.report_info: Any = None  # set by the front that returned it (LLM: for report())
+
+    def __repr__(self) -> str:
+        return f"<latencykit.Stream {self.target!r} {self.outcome}, {self.chunks} chunks>"
+
+    # --- what the stream measured -------------------------------------------------------------
+
+    @property
+    def ttft(self) -> float | None:
+        """Seconds from the attempt's start to the first content chunk (``None`` before it)."""
+        return None if self._first_at is None else self._first_at - self._started
+
+    @property
+    def started_at(self) -> float:
+        """When the answering attempt started, on the event loop's clock."""
+        return self._started
+
+    @property
+    def gaps(self) -> tuple[float, ...]:
+        """The gaps between consecutive content chunks, in seconds."""
+        return tuple(self._gaps)
+
+    @property
+    def partial_text(self) -> str:
+        """The content text received so far (all of it once the stream is complete)."""
+        return "".join(self._pieces)
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds from the attempt's start to the last content chunk (or to now, before one)."""
+        return (self._last_at if self._first_at is not None else self._now()) - self._started
+
+    def timing(self) -> dict[str, Any]:
+        """The stream's measurements as the fields of an :class:`~latencykit.Attempt`."""
+        gaps = self._gaps
+        return {
+            "ttft": self.ttft,
+            "chunks": self.chunks,
+            "gap_p50": statistics.median(gaps) if gaps else None,
+            "gap_max": max(gaps) if gaps else None,
+            "output_tokens": self.output_tokens,
+        }
+
+    # --- lifetime --------------------------------------------------------------------------------
+
+    def on_close(self, callback: Callable[[Stream[T]], object]) -> None:
+        """Run ``callback(stream)`` once when the stream ends, however it ends.
+
+        Callbacks run in the order registered: the policies register theirs as the stream
+        travels out of the pipeline, so the attempt's runs first and the call's last, as
+        nested ``with`` blocks unwind. One that raises is logged and the others still run.
+        Callbacks are synchronous: they may run from a garbage-collection finaliser."""
+        if self.outcome != "open":
+            self._run_callback(callback)
+        else:
+            self._callbacks.append(callback)
+
+    def _run_callback(self, callback: Callable[[Stream[T]], object]) -> None:
+        try:
+            callback(self)
+        except Exception:
+            logger.exception("latencykit stream close callback %r failed", callback)
+
+    def _settle(self, outcome: StreamOutcome, error: BaseException | None) -> None:
+        if self.outcome != "open":
+            return
+        self.outcome, self.error = outcome, error
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            self._run_callback(callback)
+
+    async def _release(self) -> None:
+        """Close the source (the HTTP response), shielded and bounded: cancellation must not
+        leave a connection open, and a hung close must not hang the caller."""
+        self._buffer.clear()
+        aclose = getattr(self._source, "aclose", None)
+        if aclose is None:
+            return
+        with self._scope(shield=True, deadline=self._now() + _CLOSE_GRACE):
+            try:
+                await aclose()
+            except Exception:
+                logger.debug("latencykit: closing a stream's source failed", exc_info=True)
+
+    async def _end(self, outcome: StreamOutcome, error: BaseException | None) -> None:
+        if self.outcome != "open":
+            return
+        try:
+            await self._release()
+        finally:
+            self._settle(outcome, error)
+
+    async def aclose(self) -> None:
+        """Close the stream and its HTTP response now; idempotent. Closing before the end is
+        not an error (outcome ``"closed"``)."""
+        await self._end("closed", None)
+
+    def __del__(self) -> None:
+        if getattr(self, "outcome", "ok") != "open":
+            return
+        warnings.warn(
+            f"latencykit stream for {self.target!r} was never closed; closing it now "
+            "(use `async with` or aclose())",
+            ResourceWarning,
+            source=self,
+            stacklevel=1,
+        )
+        close_nowait = getattr(self._source, "close_nowait", None)
+        if close_nowait is not None:
+            try:
+                close_nowait()
+            except Exception:
+                logger.debug("latencykit: closing an abandoned stream failed", exc_info=True)
+        self._settle("abandoned", None)
+
+    async def __aenter__(self) -> Stream[T]:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._end("closed", None)
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def __aiter__(self) -> Stream[T]:
+        return self
+
+    async def _pull(self, limit: float) -> T:
+        """The source's next item, waiting until ``limit`` at most (``_Expired`` after)."""
+        nowait = self._nowait
+        if nowait is not None:  # a bridged source: take what is buffered without a timer
+            item = nowait()
+            if item is not _NOTHING:
+                return item  # type: ignore[no-any-return]
+        if limit == math.inf:
+            return await self._source.__anext__()
+        with self._scope(deadline=limit):
+            return await self._source.__anext__()
+        raise _Expired
+
+    def _observe(self, item: T) -> bool:
+        """Take the measurements of one item; whether it is content."""
+        text, finish = self._reader.read(item)
+        if finish is not None:
+            self.finish_reason = finish
+        if text is None:
+            tokens = self._reader.output_tokens(item)
+            if tokens is not None:
+                self.output_tokens = tokens
+            return False
+        now = self._now()
+        if self._first_at is None:
+            self._first_at = now
+        else:
+            self._gaps.append(now - self._last_at)
+        self._last_at = now
+        self.chunks += 1
+        if text:
+            self._pieces.append(text)
+        return True
+
+    async def commit(self, *, within_deadline: bool = False) -> None:
+        """Read until the first content chunk (kept for the consumer) or the end of the stream.
+
+        Raises :class:`~latencykit.FirstTokenTimeout` when none arrived within ``first_token``
+        seconds of the start, and what the source raised (wrapped) otherwise; the stream is
+        closed before any error leaves. ``within_deadline``: also bound the wait by the
+        deadline (when no enclosing deadline scope does it: a lazily started stream).
+        """
+        if self._committed:
+            return
+        limit = math.inf if self.first_token is None else self._started + self.first_token
+        if within_deadline:
+            limit = min(limit, self._deadline)
+        try:
+            while True:
+                try:
+                    item = await self._pull(limit)
+                except StopAsyncIteration:
+                    self._check_complete()
+                    break
+                self._buffer.append(item)
+                if self._observe(item):
+                    break
+        except _Expired:
+            from .errors import FirstTokenTimeout
+
+            error: BaseException = (
+                self._expired_error()
+                if self._now() >= self._deadline
+                else FirstTokenTimeout(
+                    f"no content chunk within {self.first_token:g}s", target=self.target
+                )
+            )
+            await self._end("error", error)
+            raise error from None
+        except Exception as exc:
+            await self._end("error", exc)
+            raise
+        except BaseException as exc:
+            await self._end("cancelled", exc)
+            raise
+        self._committed = True
+        if self._first_at is not None and events.listening():
+            events.emit(
+                events.FirstToken(
+                    self._call_id(), attempt=self.attempt, target=self.target, ttft=self.ttft or 0.0
+                )
+            )
+
+    def _call_id(self) -> int:
+        return 0 if self._trace is None else self._trace.call_id
+
+    def _check_complete(self) -> None:
+        if self._reader.requires_finish and self.finish_reason is None:
+            from .errors import StreamBroken
+
+            raise StreamBroken(
+                "the stream ended without a finish_reason: the connection was cut",
+                target=self.target,
+                reason="cut",
+            )
+
+    async def __anext__(self) -> T:
+        buffer = self._buffer
+        if buffer:
+            return buffer.popleft()
+        if not self._committed:
+            if self.outcome != "open":
+                raise StopAsyncIteration
+            await self.commit(within_deadline=True)  # a lazily started stream (guard_stream)
+            return await self.__anext__()
+        if self.outcome != "open":
+            raise StopAsyncIteration
+        limit = self._deadline
+        stall = self.stall
+        if stall is not None and self._last_at + stall < limit:
+            limit = self._last_at + stall
+        try:
+            item = await self._pull(limit)
+        except StopAsyncIteration:
+            try:
+                self._check_complete()
+            except Exception as exc:
+                return await self._broken(exc)
+            await self._end("ok", None)
+            raise
+        except _Expired:
+            return await self._broken(self._expired_error())
+        except Exception as exc:
+            return await self._broken(exc)
+        except BaseException as exc:
+            await self._end("cancelled", exc)
+            raise
+        self._observe(item)
+        return item
+
+    def _expired_error(self) -> Exception:
+        from .errors import DeadlineExceeded, StreamStalled
+
+        now = self._now()
+        if now >= self._deadline:
+            if events.listening():
+                events.emit(
+                    events.DeadlineExpired(
+                        self._call_id(), budget=self._budget, elapsed=now - self._started
+                    )
+                )
+            error: Exception = DeadlineExceeded(self._budget, now - self._started)
+            return error
+        if events.listening():
+            events.emit(
+                events.StallDetected(
+                    self._call_id(),
+                    attempt=self.attempt,
+                    target=self.target,
+                    stall=self.stall or 0.0,
+                    chunks=self.chunks,
+                )
+            )
+        return StreamStalled(
+            f"no content chunk for {self.stall:g}s after {self.chunks} chunks",
+            target=self.target,
+            reason="stall",
+        )
+
+    async def _broken(self, error: Exception) -> T:
+        """The stream broke after commit: recover if allowed, else end it and raise ``error``
+        with the partial answer attached."""
+        from .errors import is_transient
+
+        recover = self.recover
+        if recover is not None and is_transient(error) and self.outcome == "open":
+            await self._release()
+            continued = await recover(self, error)
+            if continued is not None:
+                self._adopt(continued)
+                return await self.__anext__()
+        _attach_partial(error, self)
+        await self._end("error", error)
+        raise error
+
+    def _adopt(self, other: Stream[Any]) -> None:
+        """Go on reading from ``other``, a committed stream continuing this one (a recovery).
+
+        ``other`` keeps its own guards and measures its own attempt; this stream goes on
+        measuring what the consumer receives, and closing it closes ``other``.
+        """
+        self._source, self._nowait = other, None
+        self.target = other.target
+        self._last_at = self._now()
+        if events.listening():
+            events.emit(
+                events.StreamResumed(
+                    self._call_id(), attempt=other.attempt, target=other.target, chunks=self.chunks
+                )
+            )
+
+
+def _attach_partial(error: BaseException, stream: Stream[Any]) -> None:
+    for name, value in (
+        ("partial_text", stream.partial_text),
+        ("finish_reason", stream.finish_reason),
+        ("chunks", stream.chunks),
+    ):
+        try:
+            setattr(error, name, value)
+        except AttributeError:  # an exception type with __slots__
+            return
+
+
+class _NothingType:
+    __slots__ = ()
+
+
+_NOTHING: Any = _NothingType()
+"""What a bridged source's ``receive_nowait()`` returns when no item is buffered."""
+
+
+class LazyStream(Generic[T]):
+    """A stream that starts on its first ``__anext__``: what a latencykit-decorated
+    async-generator function returns (``async for chunk in ask(q)``), since the policies must
+    run inside the consumer's iteration. It behaves as the :class:`Stream` it opens; ``stream``
+    is that stream once started."""
+
+    __slots__ = ("_closed", "_open", "stream")
+
+    def __init__(self, open: Callable[[], Awaitable[Stream[T]]]) -> None:
+        self._open = open
+        self._closed = False
+        self.stream: Stream[T] | None = None
+
+    def __aiter__(self) -> LazyStream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        stream = self.stream
+        if stream is None:
+            if self._closed:
+                raise StopAsyncIteration
+            stream = self.stream = await self._open()
+        return await stream.__anext__()
+
+    async def aclose(self) -> None:
+        """Close the stream (before it started: it never will)."""
+        self._closed = True
+        if self.stream is not None:
+            await self.stream.aclose()
+
+    async def __aenter__(self) -> LazyStream[T]:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

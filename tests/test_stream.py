@@ -1,0 +1,330 @@
+"""Streaming through lk.LLM(stream=True): real litellm, the fake provider on 127.0.0.1, asyncio and
+trio. Each case asserts what the user receives (the full text or a typed error, never a truncated
+success), the attempts per target, the disconnects the server saw, and time bounds."""
+
+from __future__ import annotations
+
+import gc
+import time
+import warnings
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+import latencykit as lk
+from latencykit.testing import Behavior, FakeProvider, Fault, RecordedAttempt
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+KEY = "sk-stream-test-0123456789"
+CLOSE_BOUND = 0.05  # the server sees the client go within this of the close (the issue's bound)
+TEXT = "tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7"
+
+
+@pytest.fixture
+def fake(fake_provider: FakeProvider) -> FakeProvider:
+    return fake_provider
+
+
+def make_llm(fake: FakeProvider, model: str = "primary", **options: Any) -> lk.LLM:
+    return lk.LLM(f"openai/{model}", api_base=fake.base_url, api_key=KEY, **options)
+
+
+def target(fake: FakeProvider, model: str, **extra: Any) -> dict[str, Any]:
+    return {"model": f"openai/{model}", "api_base": fake.base_url, "api_key": KEY, **extra}
+
+
+async def read_all(stream: lk.Stream[Any]) -> list[Any]:
+    async with stream:
+        return [chunk async for chunk in stream]
+
+
+def text_of(chunks: list[Any]) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+async def disconnected(fake: FakeProvider, model: str) -> RecordedAttempt:
+    await fake.wait_for_async(
+        lambda seen: any(a.model == model and a.disconnected for a in seen), 3.0
+    )
+    return next(a for a in fake.attempts if a.model == model and a.disconnected)
+
+
+async def test_a_stream_yields_litellm_chunks_and_reports_its_timing(fake: FakeProvider) -> None:
+    fake.script("primary", Behavior(output_tokens=8, itl=0.005))
+    llm = make_llm(fake)
+    seen: list[lk.Event] = []
+    with lk.subscribe(seen.append):
+        stream = await llm.acompletion(
+            messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+        )
+        assert isinstance(stream, lk.Stream) and stream.chunks == 1  # committed on content
+        chunks = await read_all(stream)
+    import litellm
+
+    assert text_of(chunks) == TEXT
+    built: Any = litellm.stream_chunk_builder(chunks)
+    assert built.choices[0].message.content == TEXT
+    assert stream.outcome == "ok" and stream.finish_reason == "stop"
+    assert stream.output_tokens == 8
+    report = lk.report(stream)
+    assert report.target == "openai/primary" and report.chunks == 8
+    assert report.ttft is not None and 0 < report.ttft <= report.duration
+    [attempt] = report.attempts
+    assert attempt.outcome == "ok" and attempt.chunks == 8 and attempt.output_tokens == 8
+    assert attempt.ttft is not None and attempt.gap_max is not None
+    [first] = [e for e in seen if isinstance(e, lk.FirstToken)]
+    assert first.target == "openai/primary"
+    [ended] = [e for e in seen if isinstance(e, lk.CallEnded)]
+    assert ended.outcome == "ok" and ended.target == "openai/primary"
+    assert [a.completed for a in fake.attempts] == [True]
+
+
+async def test_errors_before_the_first_chunk_fail_over(fake: FakeProvider) -> None:
+    fake.script("down", Behavior(fault=Fault.HTTP_503))
+    fake.script("reset", Behavior(fault=Fault.RESET_BEFORE_HEADERS))
+    fake.script("limited", Behavior(fault=Fault.HTTP_429))
+    fake.script("good", Behavior(output_tokens=8))
+    llm = make_llm(
+        fake,
+        "down",
+        failover=[target(fake, "reset"), target(fake, "limited"), target(fake, "good")],
+    )
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    assert text_of(await read_all(stream)) == TEXT
+    report = lk.report(stream)
+    assert report.target == "openai/good"
+    assert [(a.target, a.error_kind) for a in report.attempts] == [
+        ("openai/down", lk.ErrorKind.SERVER_ERROR),
+        ("openai/reset", lk.ErrorKind.CONNECTION),
+        ("openai/limited", lk.ErrorKind.RATE_LIMITED),
+        ("openai/good", None),
+    ]
+
+
+async def test_a_slow_first_token_behind_keepalives_fails_over_after_first_token(
+    fake: FakeProvider,
+) -> None:
+    fake.script(
+        "slow", Behavior(fault=Fault.KEEPALIVE_THEN_TOKENS, ttft=30.0, keepalive_every=0.05)
+    )
+    fake.script("good", Behavior(output_tokens=8))
+    llm = make_llm(
+        fake, "slow", failover=[target(fake, "good")], stream_guard=lk.StreamGuard(first_token=0.4)
+    )
+    started = time.monotonic()
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    committed = time.monotonic() - started
+    assert text_of(await read_all(stream)) == TEXT
+    assert 0.4 <= committed < 0.4 + 1.0
+    [timed_out, ok] = lk.report(stream).attempts
+    assert timed_out.error_type == "FirstTokenTimeout" and ok.outcome == "ok"
+    await disconnected(fake, "slow")
+
+
+async def test_a_stall_after_the_first_chunk_raises_stream_stalled_with_the_partial_text(
+    fake: FakeProvider,
+) -> None:
+    fake.script("stalls", Behavior(fault=Fault.STALL, stall_after=3, output_tokens=8))
+    llm = make_llm(fake, "stalls", stream_guard=lk.StreamGuard(stall=0.3))
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    received: list[Any] = []
+
+    async def consume() -> None:
+        async with stream:
+            async for chunk in stream:
+                received.append(chunk)
+
+    with pytest.raises(lk.StreamStalled) as info:
+        await consume()
+    raised_at = time.monotonic()
+    assert info.value.partial_text == "tok0 tok1 tok2" == text_of(received)
+    assert info.value.reason == "stall" and info.value.chunks == 3
+    assert stream.outcome == "error"
+    [attempt] = info.value.attempts
+    assert attempt.outcome == "error" and attempt.chunks == 3
+    gone = await disconnected(fake, "stalls")
+    assert gone.disconnected_at is not None and gone.disconnected_at - raised_at <= CLOSE_BOUND
+
+
+@pytest.mark.parametrize("fault", [Fault.CUT, Fault.MALFORMED_CHUNK])
+async def test_a_broken_stream_is_never_a_complete_answer(fake: FakeProvider, fault: Fault) -> None:
+    fake.script("breaks", Behavior(fault=fault, stall_after=3, output_tokens=8))
+    stream = await make_llm(fake, "breaks").acompletion(messages=MESSAGES, stream=True)
+    with pytest.raises(lk.StreamBroken) as info:
+        await read_all(stream)
+    assert info.value.partial_text == "tok0 tok1 tok2"
+    assert info.value.finish_reason is None
+    assert lk.classify(info.value) is lk.ErrorKind.STREAM_BROKEN
+
+
+async def test_a_stream_without_done_but_with_finish_reason_is_complete(
+    fake: FakeProvider,
+) -> None:
+    fake.script("nodone", Behavior(fault=Fault.MISSING_DONE, output_tokens=8))
+    stream = await make_llm(fake, "nodone").acompletion(messages=MESSAGES, stream=True)
+    assert text_of(await read_all(stream)) == TEXT
+    assert stream.outcome == "ok"
+
+
+async def test_content_policy_before_the_first_chunk_is_raised_at_once(
+    fake: FakeProvider,
+) -> None:
+    fake.script("strict", Behavior(fault=Fault.CONTENT_POLICY))
+    fake.script("other", Behavior())
+    llm = make_llm(fake, "strict", failover=[target(fake, "other")])
+    with pytest.raises(lk.ContentPolicyViolation):
+        await llm.acompletion(messages=MESSAGES, stream=True)
+    assert [a.model for a in fake.attempts] == ["strict"]
+
+
+async def test_context_length_goes_only_to_a_larger_window(fake: FakeProvider) -> None:
+    fake.script("small", Behavior(context_window=1))
+    fake.script("same", Behavior())
+    fake.script("large", Behavior(output_tokens=8))
+    llm = make_llm(
+        fake,
+        "small",
+        context_window=1,
+        failover=[target(fake, "same", context_window=1), target(fake, "large", context_window=9)],
+    )
+    long_prompt = [{"role": "user", "content": "word " * 100}]  # about 125 tokens: > 1
+    stream = await llm.acompletion(messages=long_prompt, stream=True)
+    assert text_of(await read_all(stream)) == TEXT
+    assert [a.model for a in fake.attempts] == ["small", "large"]
+
+
+async def test_a_hedged_stream_is_won_by_the_first_content_chunk(fake: FakeProvider) -> None:
+    # The first request is slow to its first token, the second (the hedge) is fast.
+    fake.script("model", [Behavior(ttft=30.0), Behavior(output_tokens=8)])
+    llm = make_llm(fake, "model", hedge=lk.Hedge(0.2, max_extra_load=1.0))
+    started = time.monotonic()
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    assert time.monotonic() - started < 2.0
+    assert text_of(await read_all(stream)) == TEXT
+    report = lk.report(stream)
+    assert report.answered_by == 2
+    assert sorted((a.number, a.outcome) for a in report.attempts) == [(1, "cancelled"), (2, "ok")]
+    loser = await disconnected(fake, "model")
+    assert loser.tokens_sent == 0
+
+
+async def test_breaking_out_closes_the_response_at_once(fake: FakeProvider) -> None:
+    fake.script("long", Behavior(output_tokens=200, itl=0.02))
+    llm = make_llm(fake, "long", breaker={"minimum_calls": 1})
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    async with stream:
+        async for _ in stream:
+            if stream.chunks == 3:
+                break
+    closed_at = time.monotonic()
+    assert stream.outcome == "closed"
+    gone = await disconnected(fake, "long")
+    assert gone.disconnected_at is not None and gone.disconnected_at - closed_at <= CLOSE_BOUND
+    [attempt] = lk.report(stream).attempts
+    assert attempt.outcome == "cancelled" and attempt.chunks == 3
+    # The consumer's choice says nothing bad about the provider.
+    assert lk.breakers()["openai/long"].metrics().failures == 0
+
+
+async def test_a_cancelled_consumer_closes_the_response(fake: FakeProvider) -> None:
+    fake.script("long", Behavior(output_tokens=200, itl=0.02))
+    stream = await make_llm(fake, "long").acompletion(messages=MESSAGES, stream=True)
+    with anyio.move_on_after(0.2):
+        async for _ in stream:
+            pass
+    cancelled_at = time.monotonic()
+    assert stream.outcome == "cancelled"
+    gone = await disconnected(fake, "long")
+    assert gone.disconnected_at is not None and gone.disconnected_at - cancelled_at <= CLOSE_BOUND
+
+
+async def test_the_total_deadline_holds_on_every_chunk(fake: FakeProvider) -> None:
+    fake.script("long", Behavior(output_tokens=200, itl=0.02))
+    stream = await make_llm(fake, "long", deadline=0.5).acompletion(messages=MESSAGES, stream=True)
+    started = time.monotonic()
+    with pytest.raises(lk.DeadlineExceeded) as info:
+        await read_all(stream)
+    assert time.monotonic() - started < 0.5 + 0.2
+    assert info.value.partial_text and TEXT.startswith(info.value.partial_text[:20])
+    assert info.value.budget == pytest.approx(0.5, abs=0.05)
+    await disconnected(fake, "long")
+
+
+async def test_degrade_after_counts_to_the_first_content_chunk(fake: FakeProvider) -> None:
+    fake.script(
+        "slow", Behavior(fault=Fault.KEEPALIVE_THEN_TOKENS, ttft=30.0, keepalive_every=0.05)
+    )
+    fake.script("cheap", Behavior(output_tokens=8))
+    llm = make_llm(fake, "slow", deadline=5.0, degrade=lk.Degrade(model="openai/cheap", after=0.3))
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    assert text_of(await read_all(stream)) == TEXT
+    report = lk.report(stream)
+    assert report.degraded and report.fallback_reason == "timeout"
+    assert report.target == "openai/cheap"
+
+
+async def test_an_unclosed_stream_is_closed_when_collected(fake: FakeProvider) -> None:
+    fake.script("long", Behavior(output_tokens=200, itl=0.02))
+    ended: list[lk.Event] = []
+    with lk.subscribe(ended.append):
+        stream = await make_llm(fake, "long").acompletion(messages=MESSAGES, stream=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del stream
+            gc.collect()
+        assert any(issubclass(w.category, ResourceWarning) for w in caught)
+    await disconnected(fake, "long")
+    [call] = [e for e in ended if isinstance(e, lk.CallEnded)]
+    assert call.outcome == "cancelled"
+
+
+async def test_decorated_async_generators_stream_through_the_policies() -> None:
+    @lk.deadline(5)
+    @lk.stream_guard(first_token=0.2, stall=0.2)
+    async def tokens(n: int, pause_at: int | None = None) -> AsyncIterator[int]:
+        for i in range(n):
+            if i == pause_at:
+                await anyio.sleep(10)
+            yield i
+
+    assert [x async for x in tokens(3)] == [0, 1, 2]
+    started = time.monotonic()
+    with pytest.raises(lk.FirstTokenTimeout):
+        async for _ in tokens(3, pause_at=0):
+            pass
+    with pytest.raises(lk.StreamStalled) as info:
+        async for _ in tokens(3, pause_at=2):
+            pass
+    assert info.value.chunks == 2
+    assert time.monotonic() - started < 0.2 + 0.2 + 1.0
+
+
+async def test_guard_stream_guards_any_async_iterator() -> None:
+    async def items() -> AsyncIterator[str]:
+        yield "a"
+        await anyio.sleep(10)
+        yield "b"
+
+    received = []
+
+    async def consume() -> None:
+        async with lk.guard_stream(items(), first_token=1.0, stall=0.2) as guarded:
+            async for item in guarded:
+                received.append(item)
+
+    with pytest.raises(lk.StreamStalled):
+        await consume()
+    assert received == ["a"]
+
+
+def test_stream_guard_validates_its_options() -> None:
+    with pytest.raises(ValueError, match=r"StreamGuard\.stall"):
+        lk.StreamGuard(stall=0)
+    with pytest.raises(ValueError, match=r"StreamGuard\.on_break"):
+        lk.StreamGuard(on_break="retry")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"LLM\.stream_guard"):
+        lk.LLM("openai/x", stream_guard=3)  # type: ignore[arg-type]
