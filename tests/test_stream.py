@@ -324,7 +324,7 @@ async def test_guard_stream_guards_any_async_iterator() -> None:
 def test_stream_guard_validates_its_options() -> None:
     with pytest.raises(ValueError, match=r"StreamGuard\.stall"):
         lk.StreamGuard(stall=0)
-    with pytest.raises(ValueError, match=r"StreamGuard\.on_break"):
-        lk.StreamGuard(on_break="retry")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"StreamGuard\.first_token"):
+        lk.StreamGuard(first_token="1")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"LLM\.stream_guard"):
         lk.LLM("openai/x", stream_guard=3)  # type: ignore[arg-type]

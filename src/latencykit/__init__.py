@@ -44,7 +44,6 @@ from .events import HedgeFired as HedgeFired
 from .events import HedgeSkipped as HedgeSkipped
 from .events import HedgeWon as HedgeWon
 from .events import StallDetected as StallDetected
-from .events import StreamResumed as StreamResumed
 from .events import Subscription as Subscription
 from .events import TargetSkipped as TargetSkipped
 from .events import subscribe as subscribe
@@ -162,7 +161,6 @@ __all__ = [
     "Stream",
     "StreamBroken",
     "StreamGuard",
-    "StreamResumed",
     "StreamStalled",
     "Subscription",
     "Target",

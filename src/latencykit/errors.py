@@ -225,7 +225,7 @@ class FirstTokenTimeout(AttemptTimeout):
     target do not, by default (see :func:`~latencykit.retry`)."""
 
 
-StreamBreak = Literal["cut", "stall", "error", "recovery_diverged"]
+StreamBreak = Literal["cut", "stall", "error"]
 """Why a stream broke (:attr:`StreamBroken.reason`)."""
 
 
@@ -237,9 +237,8 @@ class StreamBroken(TransientError):
 
     Attributes:
         reason: ``"cut"`` (ended without the provider's finish), ``"stall"``
-            (:class:`StreamStalled`), ``"error"`` (the provider or the connection failed
-            mid-stream) or ``"recovery_diverged"`` (a regenerated answer did not repeat the text
-            already delivered).
+            (:class:`StreamStalled`) or ``"error"`` (the provider or the connection failed
+            mid-stream).
         partial_text: the content text delivered before the break (default ``""``).
         finish_reason: the finish reason the provider sent, if any (default ``None``).
         chunks: content chunks delivered before the break (default ``0``).

@@ -37,7 +37,6 @@ __all__ = [
     "HedgeSkipped",
     "HedgeWon",
     "StallDetected",
-    "StreamResumed",
     "Subscription",
     "TargetSkipped",
     "subscribe",
@@ -204,21 +203,6 @@ class StallDetected(Event):
     attempt: int
     target: str
     stall: float
-    chunks: int
-
-
-@dataclass(frozen=True, slots=True)
-class StreamResumed(Event):
-    """A broken stream goes on from another attempt (``StreamGuard(on_break="continue")``).
-
-    Attributes:
-        attempt: the number of the attempt that continues it.
-        target: that attempt's target.
-        chunks: content chunks the consumer had received before the break.
-    """
-
-    attempt: int
-    target: str
     chunks: int
 
 

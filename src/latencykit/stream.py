@@ -86,10 +86,6 @@ class _Expired(Exception):
     """A wait reached its limit (stall or deadline)."""
 
 
-Recover = Callable[["Stream[Any]", Exception], Awaitable["Stream[Any] | None"]]
-"""``recover(broken, error)``: a committed stream continuing ``broken``, or ``None``."""
-
-
 class Stream(Generic[T]):
     """An async iterator of chunks with a lifetime: use ``async for``, ``async with``, and
     ``aclose()``.
@@ -140,7 +136,6 @@ class Stream(Generic[T]):
         "first_token",
         "outcome",
         "output_tokens",
-        "recover",
         "report_info",
         "stall",
         "target",
@@ -189,7 +184,6 @@ class Stream(Generic[T]):
         self.output_tokens: int | None = None
         self.outcome: StreamOutcome = "open"
         self.error: BaseException | None = None
-        self.recover: Recover | None = None
         self.report_info: Any = None  # set by the front that returned it (LLM: for report())
 
     def __repr__(self) -> str:
@@ -481,36 +475,10 @@ class Stream(Generic[T]):
         )
 
     async def _broken(self, error: Exception) -> T:
-        """The stream broke after commit: recover if allowed, else end it and raise ``error``
-        with the partial answer attached."""
-        from .errors import is_transient
-
-        recover = self.recover
-        if recover is not None and is_transient(error) and self.outcome == "open":
-            await self._release()
-            continued = await recover(self, error)
-            if continued is not None:
-                self._adopt(continued)
-                return await self.__anext__()
+        """The stream broke after commit: end it and raise ``error`` with the partial answer."""
         _attach_partial(error, self)
         await self._end("error", error)
         raise error
-
-    def _adopt(self, other: Stream[Any]) -> None:
-        """Go on reading from ``other``, a committed stream continuing this one (a recovery).
-
-        ``other`` keeps its own guards and measures its own attempt; this stream goes on
-        measuring what the consumer receives, and closing it closes ``other``.
-        """
-        self._source, self._nowait = other, None
-        self.target = other.target
-        self._last_at = self._now()
-        if events.listening():
-            events.emit(
-                events.StreamResumed(
-                    self._call_id(), attempt=other.attempt, target=other.target, chunks=self.chunks
-                )
-            )
 
 
 def _attach_partial(error: BaseException, stream: Stream[Any]) -> None:

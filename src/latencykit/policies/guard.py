@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import math
 from collections.abc import AsyncIterator
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from .. import _validation
 from .._cancel import now
@@ -22,12 +22,9 @@ from ..pipeline import Call, Next, PolicyDecorator, Stage
 from ..stream import ANY_ITEM, ChunkReader, Stream
 from ..target import Target
 
-__all__ = ["OnBreak", "StreamGuard", "guard_stream", "stream_guard"]
+__all__ = ["StreamGuard", "guard_stream", "stream_guard"]
 
 T = TypeVar("T")
-
-OnBreak = Literal["raise", "continue"]
-"""What a stream does when it breaks after its first content chunk (see :class:`StreamGuard`)."""
 
 
 class StreamGuard(PolicyDecorator):
@@ -42,28 +39,20 @@ class StreamGuard(PolicyDecorator):
         stall: longest gap between two content chunks after the first; past it the stream
             breaks with :class:`~latencykit.StreamStalled` (default ``None``: no limit of its
             own; in ``LLM`` the target's attempt ``timeout``).
-        on_break: what a stream that breaks after its first content chunk (cut, stall, error
-            event) does: ``"raise"`` (default) raises :class:`~latencykit.StreamBroken` with the
-            partial text; ``"continue"`` asks the same or the next target to continue within the
-            remaining budget (``LLM`` only): with an assistant prefill on targets declaring
-            ``capabilities={"prefill"}``, otherwise by regenerating the answer, checking that it
-            repeats the text already delivered and skipping it (``StreamBroken`` with
-            ``reason="recovery_diverged"`` if it does not).
-        max_resumes: how many times one stream may be continued (default ``2``).
 
-    The total deadline holds on every chunk whatever the guard says.
+    A stream that breaks after its first content chunk (cut, stall, error event) raises
+    :class:`~latencykit.StreamBroken` with the partial text. The total deadline holds on every
+    chunk whatever the guard says.
     """
 
     stage = Stage.ATTEMPT
-    __slots__ = ("first_token", "max_resumes", "on_break", "stall")
+    __slots__ = ("first_token", "stall")
 
     def __init__(
         self,
         *,
         first_token: float | datetime.timedelta | None = None,
         stall: float | datetime.timedelta | None = None,
-        on_break: OnBreak = "raise",
-        max_resumes: int = 2,
     ) -> None:
         self.first_token = (
             None
@@ -71,20 +60,9 @@ class StreamGuard(PolicyDecorator):
             else _validation.seconds("StreamGuard.first_token", first_token)
         )
         self.stall = None if stall is None else _validation.seconds("StreamGuard.stall", stall)
-        if on_break not in ("raise", "continue"):
-            raise ValueError(
-                f"StreamGuard.on_break must be 'raise' or 'continue', got {on_break!r}"
-            )
-        self.on_break: OnBreak = on_break
-        if isinstance(max_resumes, bool) or not isinstance(max_resumes, int) or max_resumes < 0:
-            raise ValueError(f"StreamGuard.max_resumes must be an int >= 0, got {max_resumes!r}")
-        self.max_resumes = max_resumes
 
     def __repr__(self) -> str:
-        return (
-            f"StreamGuard(first_token={self.first_token}, stall={self.stall}, "
-            f"on_break={self.on_break!r})"
-        )
+        return f"StreamGuard(first_token={self.first_token}, stall={self.stall})"
 
     def limits(self, target: Target) -> tuple[float | None, float | None]:
         """``(first_token, stall)`` for an attempt on ``target``: the guard's own, capped by the
@@ -106,8 +84,6 @@ def stream_guard(
     *,
     first_token: float | datetime.timedelta | None = None,
     stall: float | datetime.timedelta | None = None,
-    on_break: OnBreak = "raise",
-    max_resumes: int = 2,
 ) -> StreamGuard:
     """A :class:`StreamGuard`; as a decorator on an async-generator function::
 
@@ -117,9 +93,7 @@ def stream_guard(
 
     The arguments and defaults are :class:`StreamGuard`'s.
     """
-    return StreamGuard(
-        first_token=first_token, stall=stall, on_break=on_break, max_resumes=max_resumes
-    )
+    return StreamGuard(first_token=first_token, stall=stall)
 
 
 def guard_stream(
