@@ -23,6 +23,10 @@ ANSWER = "Queueing at the provider, long outputs, and stalled streams."
 
 async def main(base_url: str) -> None:
     key = "not-a-real-key"
+    # litellm's first request initialises its HTTP stack (about 0.5 s, blocking the event loop):
+    # make it at start-up, not inside a call whose first token is timed.
+    warm_up = lk.LLM("openai/backup-model", api_base=base_url, api_key=key)
+    await warm_up.acompletion(messages=MESSAGES)
     # The primary sends keep-alives but no token for a long time; the guard gives it 0.5 s to
     # produce its first content chunk, then the call fails over to the backup.
     llm = lk.LLM(

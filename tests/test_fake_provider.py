@@ -73,6 +73,53 @@ def sixteen_tokens() -> str:
     return " ".join(f"tok{i}" for i in range(16))
 
 
+def sse_events(text: str) -> list[str]:
+    """The SSE events of a response body, without their blank-line separators."""
+    return [event for event in text.split("\n\n") if event]
+
+
+def deltas(events: list[str]) -> list[tuple[dict[str, Any], str | None]]:
+    """(delta, finish_reason) of each chunk event with a choice; comments etc. skipped."""
+    out = []
+    for event in events:
+        if event.startswith("data: {"):
+            chunk = json.loads(event[6:])
+            if chunk.get("choices"):
+                choice = chunk["choices"][0]
+                out.append((choice["delta"], choice["finish_reason"]))
+    return out
+
+
+def raw_post(port: int, body: dict[str, Any], behavior: dict[str, Any] | None = None) -> bytes:
+    """POST a chat request over a bare socket with ``Connection: close``; read to EOF."""
+    data = json.dumps(body).encode()
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    if behavior is not None:
+        head += f"x-fake-behavior: {json.dumps(behavior)}\r\n"
+    head += f"Content-Length: {len(data)}\r\n\r\n"
+    received = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head.encode() + data)
+        while more := sock.recv(65536):
+            received += more
+    return received
+
+
+def dechunk(raw: bytes) -> tuple[bytes, list[bytes]]:
+    """A chunked response's head and chunk payloads; fails unless the body ends properly."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    payloads: list[bytes] = []
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            assert rest == b"\r\n", f"no proper end of the chunked body: {rest!r}"
+            return head, payloads
+        payloads.append(rest[:size])
+        assert rest[size : size + 2] == b"\r\n"
+        rest = rest[size + 2 :]
+
+
 # --------------------------------------------------------------------------- responses
 
 
@@ -261,6 +308,7 @@ EXPECTED_EXCEPTIONS: list[tuple[Fault, bool, type[Exception]]] = [
     (Fault.RESET_BEFORE_HEADERS, False, llm_errors.InternalServerError),
     (Fault.CUT, False, llm_errors.InternalServerError),
     (Fault.MALFORMED_CHUNK, False, llm_errors.InternalServerError),
+    (Fault.ERROR_EVENT, False, llm_errors.InternalServerError),
     (Fault.HTTP_429, True, llm_errors.RateLimitError),
     (Fault.HTTP_500, True, llm_errors.InternalServerError),
     (Fault.HTTP_503, True, llm_errors.ServiceUnavailableError),
@@ -269,6 +317,7 @@ EXPECTED_EXCEPTIONS: list[tuple[Fault, bool, type[Exception]]] = [
     (Fault.RESET_BEFORE_HEADERS, True, llm_errors.InternalServerError),
     (Fault.CUT, True, llm_errors.MidStreamFallbackError),
     (Fault.MALFORMED_CHUNK, True, llm_errors.MidStreamFallbackError),
+    (Fault.ERROR_EVENT, True, llm_errors.MidStreamFallbackError),
 ]
 
 
@@ -336,6 +385,95 @@ async def test_missing_done_still_parses_and_closes(fake_provider: FakeProvider)
     assert last(fake_provider.attempts).completed
 
 
+@asyncio_only
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("kind", "in_json", "in_stream"),
+    [
+        ("server_error", llm_errors.InternalServerError, llm_errors.MidStreamFallbackError),
+        ("overloaded", llm_errors.APIError, llm_errors.MidStreamFallbackError),
+        ("rate_limit", llm_errors.RateLimitError, llm_errors.MidStreamFallbackError),
+        ("content_filter", llm_errors.BadRequestError, llm_errors.MidStreamFallbackError),
+        (
+            "context_length",
+            llm_errors.ContextWindowExceededError,
+            llm_errors.ContextWindowExceededError,
+        ),
+    ],
+)
+async def test_error_event_kinds_in_litellm(
+    fake_provider: FakeProvider,
+    kind: str,
+    in_json: type[Exception],
+    in_stream: type[Exception],
+    stream: bool,
+) -> None:
+    fake_provider.script("e", Behavior(fault=Fault.ERROR_EVENT, error=kind, stall_after=2))
+
+    async def call() -> None:
+        response = await complete(fake_provider, "e", stream=stream)
+        if stream:
+            await collect(response)
+
+    expected = in_stream if stream else in_json
+    with pytest.raises(expected) as info:
+        await call()
+    assert type(info.value) is expected
+    if stream and expected is llm_errors.MidStreamFallbackError:
+        cause = "RateLimitError" if kind == "rate_limit" else "APIConnectionError"
+        assert f"litellm.{cause}" in str(info.value)
+
+
+@asyncio_only
+async def test_stream_faults_litellm_does_not_surface(fake_provider: FakeProvider) -> None:
+    fake_provider.script("role", Behavior(role_chunk=True, output_tokens=2))
+    text, chunks = await collect(await complete(fake_provider, "role", stream=True))
+    first = chunks[0].choices[0].delta
+    assert (first.role, first.content, text) == ("assistant", "", "tok0 tok1")
+
+    # litellm makes up a finish_reason for an answer that ended without one.
+    fake_provider.script("cut", Behavior(fault=Fault.CUT_WITH_DONE, stall_after=2))
+    text, chunks = await collect(await complete(fake_provider, "cut", stream=True))
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert (text, finish) == ("tok0 tok1", ["stop"])
+    response = await complete(fake_provider, "cut")
+    assert response.choices[0].message.content == "tok0 tok1"
+    assert response.choices[0].finish_reason == "stop"  # null on the wire
+
+    # Keep-alives restart the client's read timeout; the empty deltas are not yielded.
+    fake_provider.script(
+        "ka",
+        Behavior(
+            fault=Fault.STALL,
+            stall_after=1,
+            stall_for=1.0,
+            stall_keepalive=True,
+            keepalive_every=0.05,
+            output_tokens=2,
+        ),
+    )
+    response = await complete(fake_provider, "ka", stream=True, timeout=0.5)
+    text, chunks = await collect(response)
+    assert text == "tok0 tok1"
+    assert len(chunks) == 3  # two tokens and the finish chunk
+
+
+@asyncio_only
+@pytest.mark.parametrize("stream", [False, True])
+async def test_prefill_through_litellm(fake_provider: FakeProvider, stream: bool) -> None:
+    messages = [*MESSAGES, {"role": "assistant", "content": "tok0 tok1"}]
+    fake_provider.script("p", Behavior(output_tokens=4))
+    response = await complete(fake_provider, "p", messages=messages, stream=stream)
+    text = (await collect(response))[0] if stream else response.choices[0].message.content
+    assert text == " tok2 tok3"
+    fake_provider.script("np", Behavior(rejects_prefill=True))
+    with pytest.raises(llm_errors.BadRequestError, match="assistant message prefill") as info:
+        await complete(fake_provider, "np", messages=messages, stream=stream)
+    assert type(info.value) is llm_errors.BadRequestError
+
+
 async def test_reset_before_headers_sends_rst(fake_provider: FakeProvider) -> None:
     fake_provider.script("reset", Behavior(fault=Fault.RESET_BEFORE_HEADERS))
     body = json.dumps(chat_body("reset")).encode()
@@ -365,11 +503,14 @@ async def test_reset_before_headers_sends_rst(fake_provider: FakeProvider) -> No
         (Fault.HANG, True, llm_errors.Timeout),
         (Fault.STALL, False, llm_errors.Timeout),
         (Fault.STALL, True, llm_errors.MidStreamFallbackError),
+        (Fault.HEADERS_THEN_SILENCE, False, llm_errors.Timeout),
+        (Fault.HEADERS_THEN_SILENCE, True, llm_errors.MidStreamFallbackError),
     ],
 )
 async def test_silent_server_ends_in_client_timeout_and_is_recorded(
     fake_provider: FakeProvider, fault: Fault, stream: bool, expected: type[Exception]
 ) -> None:
+    await complete(fake_provider, "warm-up")  # litellm's first call imports a lot
     fake_provider.script("quiet", Behavior(fault=fault, stall_after=2))
 
     async def call() -> None:
@@ -381,15 +522,15 @@ async def test_silent_server_ends_in_client_timeout_and_is_recorded(
     with pytest.raises(expected, match=r"(?i)time"):
         await call()
     assert time.monotonic() - started < 2.0
-    attempts = await fake_provider.wait_for_async(lambda a: len(a) == 1 and a[0].disconnected)
-    attempt = attempts[0]
+    attempts = await fake_provider.wait_for_async(lambda a: len(a) == 2 and a[1].disconnected)
+    attempt = attempts[1]
     assert not attempt.completed
     assert 0.2 < attempt.disconnected_at - attempt.arrived_at < 1.5  # type: ignore[operator]
     if fault is Fault.HANG:
         assert attempt.status is None and attempt.first_byte_at is None
     else:
         assert attempt.status == 200
-        assert attempt.tokens_sent == (2 if stream else 0)
+        assert attempt.tokens_sent == (2 if stream and fault is Fault.STALL else 0)
 
 
 async def test_raw_http_pipelining_chunked_body_and_garbage(fake_provider: FakeProvider) -> None:
@@ -476,6 +617,291 @@ async def test_malformed_chunk_then_stream_continues(fake_provider: FakeProvider
     assert events[1] == "data: {not json"
     assert events[-1] == "data: [DONE]"
     assert last(fake_provider.attempts).tokens_sent == 3
+
+
+# --------------------------------------------------------------------------- stream faults
+
+ROLE_ONLY = {"role": "assistant", "content": ""}
+EMPTY_DELTA = {"content": ""}
+
+
+async def test_role_chunk_comes_with_the_headers_before_ttft(fake_provider: FakeProvider) -> None:
+    fake_provider.script("r", Behavior(role_chunk=True, ttft=0.6, output_tokens=2))
+    arrivals: list[tuple[float, str]] = []
+    async with httpx.AsyncClient() as client:
+        started = time.monotonic()
+        url = f"{fake_provider.base_url}/chat/completions"
+        async with client.stream("POST", url, json=chat_body("r", stream=True)) as response:
+            async for line in response.aiter_lines():
+                if line:
+                    arrivals.append((time.monotonic() - started, line))
+    events = [line for _, line in arrivals]
+    assert deltas(events) == [
+        (ROLE_ONLY, None),  # exactly, and no later chunk repeats the role
+        ({"content": "tok0"}, None),
+        ({"content": " tok1"}, None),
+        ({}, "stop"),
+    ]
+    assert events[-1] == "data: [DONE]"
+    role_at, first_token_at = arrivals[0][0], arrivals[1][0]
+    assert role_at < 0.6 <= first_token_at  # the first content token still waits ttft
+    attempt = last(fake_provider.attempts)
+    assert attempt.first_byte_at - attempt.arrived_at < 0.3  # type: ignore[operator]
+    assert attempt.tokens_sent == 2 and attempt.completed
+
+
+async def test_cut_with_done_ends_the_body_without_finish_reason(
+    fake_provider: FakeProvider,
+) -> None:
+    fake_provider.script("c", Behavior(fault=Fault.CUT_WITH_DONE, stall_after=2, output_tokens=5))
+    body = chat_body("c", stream=True, stream_options={"include_usage": True})
+    raw = await anyio.to_thread.run_sync(raw_post, fake_provider.port, body)
+    head, payloads = dechunk(raw)  # the chunked body ends with its last chunk
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    events = [p.decode().removesuffix("\n\n") for p in payloads]
+    assert events[-1] == "data: [DONE]"
+    assert deltas(events) == [
+        ({"role": "assistant", "content": "tok0", "refusal": None}, None),
+        ({"content": " tok1"}, None),
+    ]
+    assert len(events) == 3  # no finish_reason chunk, no usage chunk
+    attempt = last(fake_provider.attempts)
+    assert attempt.fault is Fault.CUT_WITH_DONE
+    assert attempt.tokens_sent == 2 and attempt.completed and not attempt.disconnected
+
+    async with httpx.AsyncClient() as client:
+        url = f"{fake_provider.base_url}/chat/completions"
+        plain = (await client.post(url, json=chat_body("c"))).json()
+    assert plain["choices"][0]["message"]["content"] == "tok0 tok1"
+    assert plain["choices"][0]["finish_reason"] is None
+    assert plain["usage"]["completion_tokens"] == 2
+    assert last(fake_provider.attempts).tokens_sent == 2
+
+
+ERROR_EVENTS: list[tuple[str, int, str, str | None, str]] = [
+    ("server_error", 500, "server_error", None, "The server had an error while processing"),
+    ("overloaded", 529, "overloaded_error", None, "Overloaded"),
+    ("rate_limit", 429, "rate_limit_exceeded", "rate_limit_exceeded", "Rate limit reached"),
+    ("content_filter", 400, "invalid_request_error", "content_filter", "content management"),
+    ("context_length", 400, "invalid_request_error", "context_length_exceeded", "context length"),
+]
+
+
+@pytest.mark.parametrize(("kind", "status", "type_", "code", "message"), ERROR_EVENTS)
+async def test_error_event_as_first_event_and_as_http_error(
+    fake_provider: FakeProvider, kind: str, status: int, type_: str, code: str | None, message: str
+) -> None:
+    fake_provider.script(
+        "e", Behavior(fault=Fault.ERROR_EVENT, error=kind, stall_after=0, ttft=0.2)
+    )
+    raw = await anyio.to_thread.run_sync(raw_post, fake_provider.port, chat_body("e", stream=True))
+    head, payloads = dechunk(raw)
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    assert b"Content-Type: text/event-stream" in head
+    (event,) = payloads  # the error is the only event: no role chunk before, no [DONE] after
+    assert event.startswith(b"data: {") and event.endswith(b"}\n\n")
+    error = json.loads(event[6:])
+    assert list(error) == ["error"]
+    assert list(error["error"]) == ["message", "type", "param", "code"]
+    assert error["error"]["type"] == type_
+    assert error["error"]["code"] == code
+    assert error["error"]["param"] is None
+    assert message in error["error"]["message"]
+    attempt = last(fake_provider.attempts)
+    assert attempt.fault is Fault.ERROR_EVENT and attempt.status == 200
+    assert attempt.tokens_sent == 0 and attempt.completed
+    assert attempt.first_byte_at - attempt.arrived_at >= 0.2  # type: ignore[operator]
+
+    async with httpx.AsyncClient() as client:
+        url = f"{fake_provider.base_url}/chat/completions"
+        response = await client.post(url, json=chat_body("e"))
+    assert response.status_code == status
+    assert response.json() == error  # the same error object
+    attempt = last(fake_provider.attempts)
+    assert attempt.status == status and attempt.completed
+    assert attempt.first_byte_at - attempt.arrived_at >= 0.2  # type: ignore[operator]
+
+
+def test_error_events_cover_every_behavior_error() -> None:
+    from latencykit.testing._behavior import ERROR_KINDS
+
+    assert sorted(kind for kind, *_ in ERROR_EVENTS) == sorted(ERROR_KINDS)
+
+
+async def test_error_event_after_tokens_from_the_header(fake_provider: FakeProvider) -> None:
+    behavior = {"fault": "error_event", "error": "overloaded", "stall_after": 2}
+    raw = await anyio.to_thread.run_sync(
+        raw_post, fake_provider.port, chat_body("h", stream=True), behavior
+    )
+    _, payloads = dechunk(raw)
+    events = [p.decode().removesuffix("\n\n") for p in payloads]
+    assert [d for d, _ in deltas(events)] == [
+        {"role": "assistant", "content": "tok0", "refusal": None},
+        {"content": " tok1"},
+    ]
+    assert events[2:] == [
+        'data: {"error":{"message":"Overloaded","type":"overloaded_error","param":null,'
+        '"code":null}}'
+    ]
+    attempt = last(fake_provider.attempts)
+    assert attempt.fault is Fault.ERROR_EVENT and attempt.tokens_sent == 2 and attempt.completed
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_headers_then_silence_until_the_client_leaves(
+    fake_provider: FakeProvider, stream: bool
+) -> None:
+    fake_provider.script("quiet", Behavior(fault=Fault.HEADERS_THEN_SILENCE, ttft=5.0))
+    received = b""
+    async with httpx.AsyncClient(timeout=10) as client:
+        started = time.monotonic()
+        url = f"{fake_provider.base_url}/chat/completions"
+        async with client.stream("POST", url, json=chat_body("quiet", stream=stream)) as response:
+            headers_after = time.monotonic() - started
+            with anyio.move_on_after(0.4):
+                async for data in response.aiter_raw():
+                    received += data
+        closed_at = time.monotonic()
+    assert headers_after < 3.0  # at once, not after ttft
+    assert response.status_code == 200
+    if stream:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["transfer-encoding"] == "chunked"
+    else:
+        assert response.headers["content-type"] == "application/json"
+        assert int(response.headers["content-length"]) > 0
+    assert received == b""
+    attempts = await fake_provider.wait_for_async(lambda a: a[-1].disconnected)
+    attempt = attempts[-1]
+    assert attempt.fault is Fault.HEADERS_THEN_SILENCE and attempt.status == 200
+    assert attempt.first_byte_at - attempt.arrived_at < 1.0  # type: ignore[operator]
+    assert attempt.tokens_sent == 0 and not attempt.completed
+    assert attempt.disconnected_at - closed_at <= 0.5  # type: ignore[operator]
+
+
+async def test_headers_then_silence_with_keepalives(fake_provider: FakeProvider) -> None:
+    fake_provider.script(
+        "ka",
+        Behavior(
+            fault=Fault.HEADERS_THEN_SILENCE,
+            stall_keepalive=True,
+            keepalive_every=0.05,
+            role_chunk=True,
+        ),
+    )
+    events: list[str] = []
+    async with httpx.AsyncClient(timeout=10) as client:
+        url = f"{fake_provider.base_url}/chat/completions"
+        async with client.stream("POST", url, json=chat_body("ka", stream=True)) as response:
+            async for line in response.aiter_lines():
+                if line:
+                    events.append(line)
+                if len(events) == 5:
+                    break
+    assert events[0].startswith("data: ")  # the role chunk, with the headers
+    assert events[1] == events[3] == ": keep-alive"
+    assert deltas(events) == [(ROLE_ONLY, None), (EMPTY_DELTA, None), (EMPTY_DELTA, None)]
+    attempts = await fake_provider.wait_for_async(lambda a: a[-1].disconnected)
+    assert attempts[-1].tokens_sent == 0 and not attempts[-1].completed
+
+
+async def test_stall_keepalive_alternates_comments_and_empty_deltas(
+    fake_provider: FakeProvider,
+) -> None:
+    fake_provider.script(
+        "s",
+        Behavior(
+            fault=Fault.STALL,
+            stall_after=2,
+            stall_for=0.45,
+            stall_keepalive=True,
+            keepalive_every=0.1,
+            output_tokens=3,
+        ),
+    )
+    async with httpx.AsyncClient(timeout=10) as client:
+        started = time.monotonic()
+        url = f"{fake_provider.base_url}/chat/completions"
+        response = await client.post(url, json=chat_body("s", stream=True))
+    took = time.monotonic() - started
+    events = sse_events(response.text)
+    pause = events[2:6]  # between tok1 and tok2: ticks at 0.1, 0.2, 0.3 and 0.4 s
+    assert pause[0] == pause[2] == ": keep-alive"
+    assert deltas(pause) == [(EMPTY_DELTA, None), (EMPTY_DELTA, None)]
+    assert deltas(events) == [
+        ({"role": "assistant", "content": "tok0", "refusal": None}, None),
+        ({"content": " tok1"}, None),
+        (EMPTY_DELTA, None),
+        (EMPTY_DELTA, None),
+        ({"content": " tok2"}, None),
+        ({}, "stop"),
+    ]
+    assert events[-1] == "data: [DONE]"
+    assert len(events) == 9
+    assert took >= 0.45
+    attempt = last(fake_provider.attempts)
+    assert attempt.tokens_sent == 3 and attempt.completed
+
+
+PREFILL_CASES: list[tuple[str | None, Any, list[str]]] = [
+    (None, "tok0 tok1", [f" tok{i}" for i in range(2, 16)]),
+    ("Hello there, world!", "Hello", [" there,", " world!"]),
+    ("Hello there, world!", "Hello th", ["ere,", " world!"]),
+    ("Hello there, world!", [{"type": "text", "text": "Hello "}], ["there,", " world!"]),
+    ("Hello there, world!", "Goodbye", ["Hello", " there,", " world!"]),
+]
+
+
+@pytest.mark.parametrize(("text", "prefill", "expected"), PREFILL_CASES)
+async def test_prefill_is_continued(
+    fake_provider: FakeProvider, text: str | None, prefill: Any, expected: list[str]
+) -> None:
+    fake_provider.script("p", Behavior(text=text))
+    messages = [*MESSAGES, {"role": "assistant", "content": prefill}]
+    prefill_chars = len(prefill if isinstance(prefill, str) else prefill[0]["text"])
+    async with httpx.AsyncClient() as client:
+        url = f"{fake_provider.base_url}/chat/completions"
+        plain = (await client.post(url, json=chat_body("p", messages=messages))).json()
+        streamed = await client.post(url, json=chat_body("p", messages=messages, stream=True))
+    assert plain["choices"][0]["message"]["content"] == "".join(expected)
+    assert plain["usage"]["completion_tokens"] == len(expected)
+    contents = [d.get("content") for d, reason in deltas(sse_events(streamed.text)) if not reason]
+    assert contents == expected
+    for attempt in fake_provider.attempts:
+        assert attempt.prefill_chars == prefill_chars
+        assert attempt.tokens_sent == len(expected)
+
+
+async def test_no_prefill_is_recorded_as_zero(fake_provider: FakeProvider) -> None:
+    async with httpx.AsyncClient() as client:
+        await client.post(f"{fake_provider.base_url}/chat/completions", json=chat_body())
+    assert last(fake_provider.attempts).prefill_chars == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_rejects_prefill_answers_400_after_ttft(
+    fake_provider: FakeProvider, stream: bool
+) -> None:
+    fake_provider.script(
+        "np", Behavior(rejects_prefill=True, ttft=0.2, fault=Fault.STALL, stall_for=0.1)
+    )
+    prefilled = [*MESSAGES, {"role": "assistant", "content": "tok0"}]
+    async with httpx.AsyncClient() as client:
+        url = f"{fake_provider.base_url}/chat/completions"
+        rejected = await client.post(url, json=chat_body("np", messages=prefilled, stream=stream))
+        accepted = await client.post(
+            url, json=chat_body("np", stream=stream, messages=[*prefilled, MESSAGES[0]])
+        )
+    assert rejected.status_code == 400
+    assert rejected.headers["content-type"] == "application/json"
+    error = rejected.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert "does not support assistant message prefill" in error["message"]
+    assert accepted.status_code == 200  # the last message is the user's: the stall applies
+    first, second = fake_provider.attempts
+    assert first.status == 400 and first.fault is None and first.prefill_chars == 4
+    assert first.first_byte_at - first.arrived_at >= 0.2  # type: ignore[operator]
+    assert second.fault is Fault.STALL and second.prefill_chars == 0
 
 
 # --------------------------------------------------------------------------- disconnects
@@ -708,6 +1134,11 @@ def test_fixture_gives_a_started_provider(fake_provider: FakeProvider) -> None:
         ({"keepalive_every": 0}, "keepalive_every"),
         ({"context_window": 0}, "context_window"),
         ({"text": 12}, "text"),
+        ({"role_chunk": 1}, "role_chunk"),
+        ({"stall_keepalive": "yes"}, "stall_keepalive"),
+        ({"rejects_prefill": None}, "rejects_prefill"),
+        ({"error": "boom"}, "error"),
+        ({"error": None}, "error"),
     ],
 )
 def test_behavior_validation_names_the_field(kwargs: dict[str, Any], field: str) -> None:
@@ -719,6 +1150,30 @@ def test_behavior_defaults_and_from_json() -> None:
     default = Behavior()
     assert (default.ttft, default.itl, default.output_tokens, default.fault) == (0.0, 0.0, 16, None)
     assert (default.stall_after, default.stall_for, default.keepalive_every) == (4, None, 0.5)
+    assert (default.role_chunk, default.stall_keepalive, default.rejects_prefill) == (
+        False,
+        False,
+        False,
+    )
+    assert default.error == "server_error"
+    new_fields = {
+        "fault": "CUT_WITH_DONE",
+        "role_chunk": True,
+        "stall_keepalive": True,
+        "rejects_prefill": True,
+        "error": "content_filter",
+    }
+    assert Behavior.from_json(new_fields) == Behavior(
+        fault=Fault.CUT_WITH_DONE,
+        role_chunk=True,
+        stall_keepalive=True,
+        rejects_prefill=True,
+        error="content_filter",
+    )
+    assert Behavior.from_json({"fault": "headers_then_silence"}).fault is (
+        Fault.HEADERS_THEN_SILENCE
+    )
+    assert Behavior.from_json({"fault": "error_event"}).fault is Fault.ERROR_EVENT
     parsed = Behavior.from_json({"fault": "HTTP_503", "ttft": 1})
     assert parsed == Behavior(fault=Fault.HTTP_503, ttft=1)
     with pytest.raises(ValueError, match="unknown Behavior field"):

@@ -25,8 +25,15 @@ TEXT = "tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7"
 
 
 @pytest.fixture
-def fake(fake_provider: FakeProvider) -> FakeProvider:
-    return fake_provider
+async def fake(fake_provider: FakeProvider) -> AsyncIterator[FakeProvider]:
+    lk.reset_breakers()  # breakers are process-wide, keyed by target: start each test fresh
+    # litellm's first request on a loop initialises its HTTP stack (up to seconds, blocking):
+    # do it here, not inside a test that times the first token.
+    warm = await make_llm(fake_provider, "warm-up").acompletion(messages=MESSAGES, stream=True)
+    await read_all(warm)
+    fake_provider.reset()
+    yield fake_provider
+    lk.reset_breakers()
 
 
 def make_llm(fake: FakeProvider, model: str = "primary", **options: Any) -> lk.LLM:
@@ -328,3 +335,293 @@ def test_stream_guard_validates_its_options() -> None:
         lk.StreamGuard(first_token="1")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"LLM\.stream_guard"):
         lk.LLM("openai/x", stream_guard=3)  # type: ignore[arg-type]
+
+
+# --- continuing a broken stream (StreamGuard(on_break="continue")) --------------------------
+
+
+def resuming(**options: Any) -> lk.StreamGuard:
+    return lk.StreamGuard(on_break="continue", **options)
+
+
+async def test_a_cut_stream_is_continued_by_regenerating_and_skipping_the_delivered_text(
+    fake: FakeProvider,
+) -> None:
+    fake.script(
+        "model",
+        [Behavior(fault=Fault.CUT, stall_after=3, output_tokens=8), Behavior(output_tokens=8)],
+    )
+    llm = make_llm(fake, "model", stream_guard=resuming())
+    seen: list[lk.Event] = []
+    with lk.subscribe(seen.append):
+        stream = await llm.acompletion(messages=MESSAGES, stream=True)
+        chunks = await read_all(stream)
+    assert text_of(chunks) == TEXT == stream.partial_text
+    assert stream.outcome == "ok" and stream.resumes == 1
+    [resumed] = [e for e in seen if isinstance(e, lk.StreamResumed)]
+    assert resumed.mode == "regenerate" and resumed.chunks == 3
+    broken, continued = sorted(lk.report(stream).attempts, key=lambda a: a.number)
+    assert broken.error_kind is lk.ErrorKind.STREAM_BROKEN and broken.chunks == 3
+    assert continued.outcome == "ok"
+    assert [a.prefill_chars for a in fake.attempts] == [0, 0]
+
+
+async def test_a_prefill_capable_target_continues_from_the_delivered_text(
+    fake: FakeProvider,
+) -> None:
+    fake.script(
+        "model",
+        [Behavior(fault=Fault.CUT, stall_after=3, output_tokens=8), Behavior(output_tokens=8)],
+    )
+    llm = make_llm(fake, "model", capabilities={"prefill"}, stream_guard=resuming())
+    seen: list[lk.Event] = []
+    with lk.subscribe(seen.append):
+        stream = await llm.acompletion(messages=MESSAGES, stream=True)
+        assert text_of(await read_all(stream)) == TEXT
+    [resumed] = [e for e in seen if isinstance(e, lk.StreamResumed)]
+    assert resumed.mode == "prefill"
+    _, second = fake.attempts
+    assert second.prefill_chars == len("tok0 tok1 tok2")
+    assert second.tokens_sent == 5  # only what was missing
+
+
+async def test_a_rejected_prefill_is_not_a_failure_and_falls_back_to_regenerating(
+    fake: FakeProvider,
+) -> None:
+    strict = Behavior(rejects_prefill=True, output_tokens=8)
+    fake.script(
+        "model", [Behavior(fault=Fault.CUT, stall_after=3, output_tokens=8), strict, strict]
+    )
+    llm = make_llm(
+        fake,
+        "model",
+        capabilities={"prefill"},
+        stream_guard=resuming(),
+        breaker={"minimum_calls": 3},
+    )
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    assert text_of(await read_all(stream)) == TEXT
+    assert [(a.prefill_chars > 0, a.status) for a in fake.attempts] == [
+        (False, 200),
+        (True, 400),
+        (False, 200),
+    ]
+    metrics = lk.breakers()["openai/model"].metrics()
+    assert metrics.failures == 1  # the cut only: the rejected prefill does not count
+
+
+async def test_a_regeneration_that_diverges_is_never_spliced(fake: FakeProvider) -> None:
+    fake.script(
+        "model",
+        [
+            Behavior(fault=Fault.CUT, stall_after=3, text="The answer is forty two."),
+            Behavior(text="A different answer altogether."),
+        ],
+    )
+    llm = make_llm(fake, "model", stream_guard=resuming())
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    with pytest.raises(lk.StreamBroken) as info:
+        await read_all(stream)
+    assert info.value.reason == "recovery_diverged"
+    assert info.value.partial_text == "The answer is"
+
+
+async def test_a_stall_is_recovered_on_the_next_target_within_the_stall_limit(
+    fake: FakeProvider,
+) -> None:
+    fake.script(
+        "stalls",
+        [
+            Behavior(fault=Fault.STALL, stall_after=3, output_tokens=8),
+            Behavior(fault=Fault.HTTP_503),
+        ],
+    )
+    fake.script("backup", Behavior(output_tokens=8))
+    llm = make_llm(
+        fake, "stalls", failover=[target(fake, "backup")], stream_guard=resuming(stall=0.3)
+    )
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    started = time.monotonic()
+    assert text_of(await read_all(stream)) == TEXT
+    assert time.monotonic() - started < 0.3 + 1.0
+    assert lk.report(stream).target == "openai/backup"
+    assert [a.model for a in fake.attempts] == ["stalls", "stalls", "backup"]
+    await disconnected(fake, "stalls")
+
+
+async def test_recovery_gives_up_after_max_resumes(fake: FakeProvider) -> None:
+    cut = Behavior(fault=Fault.CUT, stall_after=3, output_tokens=8)
+    fake.script("model", [cut, cut, cut])
+    llm = make_llm(fake, "model", stream_guard=resuming(max_resumes=1))
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    with pytest.raises(lk.StreamBroken) as info:
+        await read_all(stream)
+    assert info.value.reason != "recovery_diverged" and stream.resumes == 1
+    assert len(fake.attempts) == 2
+
+
+# --- what the provider sends, as it sends it ----------------------------------------------------
+
+
+async def test_a_role_only_first_chunk_does_not_commit_the_stream(fake: FakeProvider) -> None:
+    # Role chunk at once, content after 30 s: the guard must wait for content, not the role.
+    fake.script("slow", Behavior(role_chunk=True, ttft=30.0))
+    fake.script("good", Behavior(role_chunk=True, output_tokens=8))
+    llm = make_llm(
+        fake, "slow", failover=[target(fake, "good")], stream_guard=lk.StreamGuard(first_token=0.3)
+    )
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    chunks = await read_all(stream)
+    assert text_of(chunks) == TEXT
+    assert chunks[0].choices[0].delta.role == "assistant"  # chunks read before commit are kept
+    assert [a.error_type for a in lk.report(stream).attempts] == ["FirstTokenTimeout", None]
+
+
+async def test_headers_then_silence_fails_over_after_first_token(fake: FakeProvider) -> None:
+    fake.script("silent", Behavior(fault=Fault.HEADERS_THEN_SILENCE))
+    fake.script("good", Behavior(output_tokens=8))
+    llm = make_llm(
+        fake,
+        "silent",
+        failover=[target(fake, "good")],
+        stream_guard=lk.StreamGuard(first_token=0.3),
+    )
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    assert text_of(await read_all(stream)) == TEXT
+    await disconnected(fake, "silent")
+
+
+async def test_keepalives_and_empty_deltas_do_not_hide_a_stall(fake: FakeProvider) -> None:
+    fake.script(
+        "stalls",
+        Behavior(fault=Fault.STALL, stall_after=3, stall_keepalive=True, keepalive_every=0.05),
+    )
+    stream = await make_llm(fake, "stalls", stream_guard=lk.StreamGuard(stall=0.4)).acompletion(
+        messages=MESSAGES, stream=True
+    )
+    started = time.monotonic()
+    with pytest.raises(lk.StreamStalled) as info:
+        await read_all(stream)
+    assert 0.3 <= time.monotonic() - started < 0.4 + 0.5
+    assert info.value.partial_text == "tok0 tok1 tok2"
+
+
+@pytest.mark.parametrize("error", ["overloaded", "server_error", "rate_limit"])
+async def test_a_transient_error_event_before_content_fails_over(
+    fake: FakeProvider, error: str
+) -> None:
+    fake.script("flaky", Behavior(fault=Fault.ERROR_EVENT, error=error, stall_after=0))
+    fake.script("good", Behavior(output_tokens=8))
+    llm = make_llm(fake, "flaky", failover=[target(fake, "good")])
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    assert text_of(await read_all(stream)) == TEXT
+    assert [a.model for a in fake.attempts] == ["flaky", "good"]
+
+
+async def test_a_content_filter_event_stops_at_once(fake: FakeProvider) -> None:
+    fake.script("strict", Behavior(fault=Fault.ERROR_EVENT, error="content_filter", stall_after=0))
+    fake.script("other", Behavior())
+    llm = make_llm(fake, "strict", failover=[target(fake, "other")], retry=lk.Retry())
+    with pytest.raises(lk.ContentPolicyViolation):
+        await llm.acompletion(messages=MESSAGES, stream=True)
+    assert [a.model for a in fake.attempts] == ["strict"]
+
+
+async def test_a_content_filter_mid_stream_is_raised_with_the_partial_text_and_not_resumed(
+    fake: FakeProvider,
+) -> None:
+    fake.script(
+        "strict",
+        [
+            Behavior(fault=Fault.ERROR_EVENT, error="content_filter", stall_after=3),
+            Behavior(output_tokens=8),
+        ],
+    )
+    llm = make_llm(fake, "strict", stream_guard=lk.StreamGuard(on_break="continue"))
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    with pytest.raises(lk.ContentPolicyViolation) as info:
+        await read_all(stream)
+    assert info.value.partial_text == "tok0 tok1 tok2"
+    assert len(fake.attempts) == 1
+
+
+async def test_an_overload_event_mid_stream_is_a_transient_break(fake: FakeProvider) -> None:
+    fake.script("busy", Behavior(fault=Fault.ERROR_EVENT, error="overloaded", stall_after=3))
+    stream = await make_llm(fake, "busy").acompletion(messages=MESSAGES, stream=True)
+    with pytest.raises(lk.StreamBroken) as info:
+        await read_all(stream)
+    assert info.value.partial_text == "tok0 tok1 tok2" and lk.is_transient(info.value)
+
+
+async def test_done_without_a_finish_reason_is_a_cut(fake: FakeProvider) -> None:
+    fake.script("cut", Behavior(fault=Fault.CUT_WITH_DONE, stall_after=3))
+    stream = await make_llm(fake, "cut").acompletion(messages=MESSAGES, stream=True)
+    with pytest.raises(lk.StreamBroken) as info:
+        await read_all(stream)
+    assert info.value.reason == "cut" and info.value.partial_text == "tok0 tok1 tok2"
+
+
+@pytest.mark.timeout(240)
+async def test_many_mixed_streams_leave_no_task_nor_connection_behind(fake: FakeProvider) -> None:
+    fake.script("ok", Behavior(output_tokens=6))
+    fake.script("stalls", Behavior(fault=Fault.STALL, stall_after=2, output_tokens=6))
+    fake.script("cut", Behavior(fault=Fault.CUT, stall_after=2, output_tokens=6))
+    fake.script("long", Behavior(output_tokens=50, itl=0.002))
+    fake.script("silent", Behavior(fault=Fault.KEEPALIVE_THEN_TOKENS, ttft=30.0))
+    # litellm costs ~20 ms of CPU per stream here: 20 at a time keeps healthy streams far from
+    # the limits on a loaded 2-core machine.
+    guard = lk.StreamGuard(first_token=3.0, stall=1.0)
+    mix = ("ok", "long", "cut", "ok", "stalls", "ok", "long", "cut", "ok", "ok") * 2
+    mix = (*mix[:-1], "silent")
+    llms = {m: make_llm(fake, m, stream_guard=guard) for m in set(mix)}
+    outcomes: dict[str, int] = {}
+    workers = anyio.CapacityLimiter(20)
+
+    async def one(i: int) -> None:
+        model = mix[i % len(mix)]
+        async with workers:
+            try:
+                stream = await llms[model].acompletion(messages=MESSAGES, stream=True)
+                async with stream:
+                    async for _ in stream:
+                        if model == "long" and stream.chunks == 5:
+                            break  # the consumer leaves early
+            except lk.LatencykitError as exc:
+                outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
+            else:
+                outcomes[model] = outcomes.get(model, 0) + 1
+
+    tasks_before = _tasks()
+    with anyio.fail_after(200):
+        async with anyio.create_task_group() as group:
+            for i in range(1000):
+                group.start_soon(one, i)
+    # Every stream ends as a full answer or a typed error (under load a cut may be seen as a
+    # stall first: the loop is busy longer than the stall limit).
+    counts = (outcomes["ok"], outcomes["long"], outcomes["FirstTokenTimeout"])
+    assert counts == (450, 200, 50), outcomes
+    assert outcomes.get("StreamStalled", 0) + outcomes.get("StreamBroken", 0) == 300
+    # Every response finished, or its client went away (a cut is the server's own doing).
+    await fake.wait_for_async(
+        lambda seen: all(a.ended_at or a.disconnected or a.fault is Fault.CUT for a in seen), 5.0
+    )
+    assert len(fake.attempts) == 1000
+    for _ in range(100):  # a keep-alive pool may stay; nothing per stream
+        if fake.open_connections <= 20:
+            break
+        await anyio.sleep(0.05)
+    assert fake.open_connections <= 20
+    assert _tasks() <= tasks_before + 2
+
+
+def _tasks() -> int:
+    """Tasks alive in this event loop."""
+    import asyncio
+
+    import sniffio
+
+    if sniffio.current_async_library() == "asyncio":
+        return len(asyncio.all_tasks())
+    import trio
+
+    return trio.lowlevel.current_statistics().tasks_living

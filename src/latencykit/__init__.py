@@ -44,6 +44,7 @@ from .events import HedgeFired as HedgeFired
 from .events import HedgeSkipped as HedgeSkipped
 from .events import HedgeWon as HedgeWon
 from .events import StallDetected as StallDetected
+from .events import StreamResumed as StreamResumed
 from .events import Subscription as Subscription
 from .events import TargetSkipped as TargetSkipped
 from .events import subscribe as subscribe
@@ -158,6 +159,7 @@ __all__ = [
     "Route",
     "Stage",
     "StallDetected",
+    "StreamResumed",
     "Stream",
     "StreamBroken",
     "StreamGuard",

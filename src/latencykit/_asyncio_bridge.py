@@ -166,7 +166,9 @@ class BridgedStream:
 
     def _push(self, item: Any) -> None:
         self._items.append(item)
-        wakeup, self._wakeup = self._wakeup, None
+        # Only the reader writes _wakeup: a read-then-clear here could erase the reader's next
+        # wakeup between the two steps (a lost wakeup). An extra wakeup is harmless.
+        wakeup = self._wakeup
         if wakeup is not None:
             self._call_trio(wakeup)
 
@@ -225,11 +227,14 @@ class BridgedStream:
             if self._closed:
                 raise StopAsyncIteration
             arrived = trio.Event()
-            self._wakeup = arrived.set
-            if self._items:  # pushed meanwhile: take it
+            self._wakeup = arrived.set  # before looking again: a push after the look wakes us
+            if not self._items:
+                try:
+                    await arrived.wait()
+                finally:
+                    self._wakeup = None
+            else:
                 self._wakeup = None
-                continue
-            await arrived.wait()
 
     async def aclose(self) -> None:
         """Stop the pump and close the source; wait (shielded, bounded) until it is closed."""

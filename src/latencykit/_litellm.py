@@ -18,7 +18,7 @@ from .errors import StreamBroken, provider_error
 if TYPE_CHECKING:
     from .target import Target
 
-__all__ = ["LITELLM_CHUNKS", "LitellmChunks", "litellm"]
+__all__ = ["LITELLM_CHUNKS", "LitellmChunks", "SkipPrefix", "litellm"]
 
 _UNKNOWN = object()
 _NOT_CONTENT: tuple[str | None, str | None] = (None, None)
@@ -139,3 +139,51 @@ def _spawn(loop: asyncio.AbstractEventLoop, close: Any) -> None:
     task = loop.create_task(close())
     _closing.add(task)
     task.add_done_callback(_closing.discard)
+
+
+class SkipPrefix:
+    """A regenerated answer with the text already delivered skipped: what continues a broken
+    stream on a target that cannot take an assistant prefill.
+
+    The regeneration must repeat ``prefix`` exactly; its chunks inside the prefix are dropped,
+    the one across its end is cut to what is new. If it says anything else, it raises
+    :class:`~latencykit.StreamBroken` with ``reason="recovery_diverged"``: two different
+    answers are never spliced.
+    """
+
+    __slots__ = ("_rest", "_stream", "attempt", "target")
+
+    def __init__(self, stream: Any, prefix: str) -> None:
+        self._stream = stream
+        self._rest = prefix
+        self.target: str = stream.target
+        self.attempt: int = stream.attempt
+
+    def __aiter__(self) -> SkipPrefix:
+        return self
+
+    async def __anext__(self) -> Any:
+        while True:
+            chunk = await self._stream.__anext__()
+            rest = self._rest
+            if not rest:
+                return chunk
+            text, finish = LITELLM_CHUNKS.read(chunk)
+            if text is None and finish is None:
+                continue  # a role-only or empty chunk: the consumer has had one
+            if not text or not rest.startswith(text[: len(rest)]):
+                raise StreamBroken(
+                    "the regenerated answer does not repeat the text already delivered",
+                    target=self.target,
+                    reason="recovery_diverged",
+                )
+            if len(text) <= len(rest):
+                self._rest = rest[len(text) :]
+                continue
+            self._rest = ""
+            chunk.choices[0].delta.content = text[len(rest) :]
+            return chunk
+
+    async def aclose(self) -> None:
+        """Close the regenerated stream."""
+        await self._stream.aclose()

@@ -225,7 +225,7 @@ class FirstTokenTimeout(AttemptTimeout):
     target do not, by default (see :func:`~latencykit.retry`)."""
 
 
-StreamBreak = Literal["cut", "stall", "error"]
+StreamBreak = Literal["cut", "stall", "error", "recovery_diverged"]
 """Why a stream broke (:attr:`StreamBroken.reason`)."""
 
 
@@ -237,8 +237,9 @@ class StreamBroken(TransientError):
 
     Attributes:
         reason: ``"cut"`` (ended without the provider's finish), ``"stall"``
-            (:class:`StreamStalled`) or ``"error"`` (the provider or the connection failed
-            mid-stream).
+            (:class:`StreamStalled`), ``"error"`` (the provider or the connection failed
+            mid-stream) or ``"recovery_diverged"`` (a regenerated answer did not repeat the text
+            already delivered).
         partial_text: the content text delivered before the break (default ``""``).
         finish_reason: the finish reason the provider sent, if any (default ``None``).
         chunks: content chunks delivered before the break (default ``0``).
@@ -440,6 +441,38 @@ def _kind_by_class_name(exc: BaseException) -> ErrorKind | None:
     return None
 
 
+# OpenAI-style error ``code`` / ``type`` -> kind, for errors that arrive without a telling class
+# (an error event in the middle of a stream reaches us as litellm's MidStreamFallbackError, a
+# generic 400 as BadRequestError).
+_CODE_KINDS = {
+    "content_filter": ErrorKind.CONTENT_POLICY,
+    "content_policy_violation": ErrorKind.CONTENT_POLICY,
+    "context_length_exceeded": ErrorKind.CONTEXT_LENGTH,
+    "invalid_api_key": ErrorKind.AUTHENTICATION,
+}
+_TYPE_KINDS = {
+    "authentication_error": ErrorKind.AUTHENTICATION,
+    "permission_error": ErrorKind.AUTHENTICATION,
+    "invalid_request_error": ErrorKind.BAD_REQUEST,
+}
+
+
+def _kind_by_error_code(exc: BaseException) -> ErrorKind | None:
+    """The kind an OpenAI-style error body in the cause chain names, if any (``code`` first,
+    then ``type``)."""
+    by_type = None
+    for link in _chain(exc):
+        body = getattr(link, "body", None)
+        for source in (body, link) if isinstance(body, Mapping) else (link,):
+            get = source.get if isinstance(source, Mapping) else source.__dict__.get
+            code, kind_name = get("code"), get("type")
+            if isinstance(code, str) and code in _CODE_KINDS:
+                return _CODE_KINDS[code]
+            if by_type is None and isinstance(kind_name, str):
+                by_type = _TYPE_KINDS.get(kind_name)
+    return by_type
+
+
 def classify(exc: BaseException) -> ErrorKind:
     """Classify any exception into an :class:`ErrorKind`.
 
@@ -454,6 +487,12 @@ def classify(exc: BaseException) -> ErrorKind:
     if isinstance(exc, LatencykitError) and exc.kind is not None:
         return exc.kind
     kind = _kind_by_class_name(exc)
+    if kind is ErrorKind.STREAM_BROKEN or kind is ErrorKind.BAD_REQUEST:
+        # A content filter or a context-length error sent as an event mid-stream, or behind a
+        # generic 400: it says more than the class does, and it is not worth another attempt.
+        refined = _kind_by_error_code(exc)
+        if refined is not None and refined is not kind and not refined.transient:
+            return refined
     if kind is ErrorKind.SERVER_ERROR or kind is None:
         client_side = False
         for link in _chain(exc):

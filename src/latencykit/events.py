@@ -37,6 +37,7 @@ __all__ = [
     "HedgeSkipped",
     "HedgeWon",
     "StallDetected",
+    "StreamResumed",
     "Subscription",
     "TargetSkipped",
     "subscribe",
@@ -203,6 +204,25 @@ class StallDetected(Event):
     attempt: int
     target: str
     stall: float
+    chunks: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamResumed(Event):
+    """A broken stream goes on from another attempt (``StreamGuard(on_break="continue")``).
+
+    Attributes:
+        attempt: the number of the attempt that continues it.
+        target: that attempt's target.
+        mode: ``"prefill"`` (the target continued the delivered text given as an assistant
+            prefill) or ``"regenerate"`` (it answered again; the delivered text is checked and
+            skipped).
+        chunks: content chunks the consumer had received before the break.
+    """
+
+    attempt: int
+    target: str
+    mode: Literal["prefill", "regenerate"]
     chunks: int
 
 

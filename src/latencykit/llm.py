@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import datetime
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import sniffio
 
-from . import _validation
-from ._cancel import clock
-from ._context import Attempt, Trace, current_attempt
-from ._litellm import LitellmChunks, litellm
-from .errors import ErrorFilter, provider_error
+from . import _validation, events
+from ._cancel import backend, clock
+from ._context import Attempt, Trace, current_attempt, deadline_var, trace_var
+from ._litellm import LitellmChunks, SkipPrefix, litellm
+from .errors import ErrorFilter, ErrorKind, classify, is_transient, provider_error
 from .pipeline import Call, Next, Pipeline, Policy, Stage
 from .policies.breaker import Breaker
 from .policies.breaker import breaker as breaker_for
@@ -334,6 +334,10 @@ class LLM:
         self._routes = [Route(t, functools.partial(self._to_target, t)) for t in self.targets]
         self._degraded = None if degrade is None else degrade.target(self.targets[0])
         self._pipeline = Pipeline(self._policies(failover_on, retry, breaker))
+        # Per target (breaker, retry, attempt): what continues a broken stream on a target.
+        self._per_target = Pipeline(
+            p for p in self._pipeline.policies if int(p.stage) >= Stage.BREAKER
+        )
         # Import litellm now (seconds, once per process) rather than inside the first call,
         # where the import would block the event loop and no deadline could preempt it.
         self._litellm = litellm()
@@ -434,6 +438,8 @@ class LLM:
         result, trace = await self._pipeline.run_traced(call)
         if stream:
             result.report_info = (trace, result.target)
+            if self.stream_guard.on_break == "continue":
+                result.recover = functools.partial(self._continue, call, trace)
             return result
         hidden = result._hidden_params
         # The report is built on demand by report(): most callers never ask for it.
@@ -472,6 +478,60 @@ class LLM:
             raise provider_error(exc, target=target.key, secrets=self._secrets) from exc
         response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), target.key)
         return response
+
+    async def _continue(
+        self, call: Call, trace: Trace, broken: Stream[Any], error: Exception
+    ) -> AsyncIterator[Any] | None:
+        """A source continuing ``broken`` (see ``StreamGuard(on_break="continue")``), or
+        ``None`` when no target could within the budget and ``max_resumes``."""
+        loop = backend()
+        if broken.resumes >= self.stream_guard.max_resumes or loop.now() >= broken.deadline:
+            return None
+        delivered = broken.partial_text
+        messages = list(call.kwargs.get("messages") or ())
+        targets = [t for t in self.targets if t.key == broken.target] or [call.target]
+        targets += [t for t in self.targets if t.key != targets[0].key]
+        trace_token = trace_var.set(trace)
+        deadline_token = deadline_var.set(broken.deadline)
+        try:
+            with loop.scope(deadline=broken.deadline):
+                for target in targets:
+                    modes = ("prefill", "regenerate") if target.supports("prefill") else ()
+                    for mode in modes or ("regenerate",):
+                        kwargs = dict(call.kwargs)
+                        if mode == "prefill" and delivered:
+                            kwargs["messages"] = [
+                                *messages,
+                                {"role": "assistant", "content": delivered},
+                            ]
+                        attempt = call._replace(
+                            fn=self._attempt_on(target, True), kwargs=kwargs, target=target
+                        )
+                        try:
+                            continued, _ = await self._per_target.run_traced(attempt)
+                        except Exception as exc:
+                            if mode == "prefill" and classify(exc) is ErrorKind.BAD_REQUEST:
+                                continue  # the target refused the prefill: regenerate instead
+                            if is_transient(exc):
+                                break  # this target cannot now: the next one
+                            return None  # not worth another target; the break stands
+                        if events.listening():
+                            events.emit(
+                                events.StreamResumed(
+                                    trace.call_id,
+                                    attempt=continued.attempt,
+                                    target=continued.target,
+                                    mode=mode,  # type: ignore[arg-type]
+                                    chunks=broken.chunks,
+                                )
+                            )
+                        if mode == "prefill" and delivered:
+                            return continued  # type: ignore[no-any-return]
+                        return SkipPrefix(continued, delivered)
+        finally:
+            deadline_var.reset(deadline_token)
+            trace_var.reset(trace_token)
+        return None
 
     async def _degraded_path(self, reason: FallbackReason, call: Call, next: Next) -> Any:
         assert self.degrade is not None and self._degraded is not None

@@ -43,7 +43,7 @@ from . import events
 from ._cancel import clock, now
 from ._context import Attempt, Trace, attempt_var, deadline_var, trace_var
 from .errors import LatencykitError, classify
-from .stream import ANY_ITEM, LazyStream, Stream
+from .stream import ANY_ITEM, LazyStream, Stream, StreamOutcome
 from .target import Target
 
 if TYPE_CHECKING:
@@ -235,11 +235,16 @@ def _call_ended(trace: Trace, call: Call, outcome: Any, error: BaseException | N
         )
 
 
-def _stream_ended(trace: Trace, call: Call, stream: Stream[Any]) -> None:
-    error = stream.error
+def _stream_ended(
+    trace: Trace,
+    call: Call,
+    stream: Stream[Any],
+    outcome: StreamOutcome,
+    error: BaseException | None,
+) -> None:
     if isinstance(error, LatencykitError) and not error.attempts:
         error.attempts = tuple(trace.attempts)
-    outcome = {"ok": "ok", "error": "error"}.get(stream.outcome, "cancelled")
+    outcome = _ATTEMPT_OUTCOME[outcome]
     _call_ended(trace, call, outcome, error if outcome == "error" else None)
 
 
@@ -276,7 +281,7 @@ async def run_attempt(call: Call) -> Any:
     if call.stream is None:
         _record(trace, number, target, started, "ok", None)
     else:
-        result.on_close(functools.partial(_record_stream, trace, number, started))
+        result.on_close(functools.partial(_record_stream, trace, number, started), attempt=True)
     return result
 
 
@@ -306,16 +311,31 @@ async def _open_stream(
     return stream
 
 
-def _record_stream(trace: Trace, number: int, started: float, stream: Stream[Any]) -> None:
-    outcome = stream.outcome
-    error = stream.error if outcome == "error" else None
+_ATTEMPT_OUTCOME: dict[str, Any] = {
+    "ok": "ok",
+    "error": "error",
+    "closed": "cancelled",
+    "cancelled": "cancelled",
+    "abandoned": "cancelled",
+}
+
+
+def _record_stream(
+    trace: Trace,
+    number: int,
+    started: float,
+    stream: Stream[Any],
+    outcome: StreamOutcome,
+    error: BaseException | None,
+) -> None:
+    outcome = _ATTEMPT_OUTCOME[outcome]
     _record(
         trace,
         number,
         stream.target,
         started,
-        "ok" if outcome == "ok" else "error" if outcome == "error" else "cancelled",
-        error,
+        outcome,
+        error if outcome == "error" else None,
         stream.timing(),
     )
 

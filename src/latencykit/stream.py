@@ -82,6 +82,13 @@ class _AnyItem:
 ANY_ITEM: ChunkReader = _AnyItem()
 
 
+CloseCallback = Callable[["Stream[Any]", StreamOutcome, "BaseException | None"], object]
+"""``callback(stream, outcome, error)``, registered with :meth:`Stream.on_close`."""
+
+Recover = Callable[["Stream[Any]", Exception], Awaitable["AsyncIterator[Any] | None"]]
+"""``recover(broken, error)``: a source continuing ``broken`` (already committed), or ``None``."""
+
+
 class _Expired(Exception):
     """A wait reached its limit (stall or deadline)."""
 
@@ -136,7 +143,9 @@ class Stream(Generic[T]):
         "first_token",
         "outcome",
         "output_tokens",
+        "recover",
         "report_info",
+        "resumes",
         "stall",
         "target",
     )
@@ -173,7 +182,7 @@ class Stream(Generic[T]):
         self._trace = trace
         self.attempt = attempt
         self._buffer: deque[T] = deque()
-        self._callbacks: list[Callable[[Stream[T]], object]] = []
+        self._callbacks: list[tuple[CloseCallback, bool]] = []
         self._committed = False
         self._first_at: float | None = None
         self._last_at = self._started
@@ -184,6 +193,8 @@ class Stream(Generic[T]):
         self.output_tokens: int | None = None
         self.outcome: StreamOutcome = "open"
         self.error: BaseException | None = None
+        self.recover: Recover | None = None
+        self.resumes = 0
         self.report_info: Any = None  # set by the front that returned it (LLM: for report())
 
     def __repr__(self) -> str:
@@ -195,6 +206,11 @@ class Stream(Generic[T]):
     def ttft(self) -> float | None:
         """Seconds from the attempt's start to the first content chunk (``None`` before it)."""
         return None if self._first_at is None else self._first_at - self._started
+
+    @property
+    def deadline(self) -> float:
+        """The call's absolute deadline on the event loop's clock (``inf``: none)."""
+        return self._deadline
 
     @property
     def started_at(self) -> float:
@@ -229,21 +245,28 @@ class Stream(Generic[T]):
 
     # --- lifetime --------------------------------------------------------------------------------
 
-    def on_close(self, callback: Callable[[Stream[T]], object]) -> None:
-        """Run ``callback(stream)`` once when the stream ends, however it ends.
+    def on_close(self, callback: CloseCallback, *, attempt: bool = False) -> None:
+        """Run ``callback(stream, outcome, error)`` once when the stream ends, however it ends.
+
+        ``attempt=True`` scopes the callback to the attempt that is answering (an attempt
+        record, a breaker permit): if a broken stream is continued by another attempt
+        (``StreamGuard(on_break="continue")``), it runs at the break, with outcome ``"error"``;
+        other callbacks run when the stream the consumer holds ends.
 
         Callbacks run in the order registered: the policies register theirs as the stream
         travels out of the pipeline, so the attempt's runs first and the call's last, as
         nested ``with`` blocks unwind. One that raises is logged and the others still run.
         Callbacks are synchronous: they may run from a garbage-collection finaliser."""
         if self.outcome != "open":
-            self._run_callback(callback)
+            self._run_callback(callback, self.outcome, self.error)
         else:
-            self._callbacks.append(callback)
+            self._callbacks.append((callback, attempt))
 
-    def _run_callback(self, callback: Callable[[Stream[T]], object]) -> None:
+    def _run_callback(
+        self, callback: CloseCallback, outcome: StreamOutcome, error: BaseException | None
+    ) -> None:
         try:
-            callback(self)
+            callback(self, outcome, error)
         except Exception:
             logger.exception("latencykit stream close callback %r failed", callback)
 
@@ -252,8 +275,18 @@ class Stream(Generic[T]):
             return
         self.outcome, self.error = outcome, error
         callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            self._run_callback(callback)
+        for callback, _ in callbacks:
+            self._run_callback(callback, outcome, error)
+
+    def _settle_attempt(self, error: BaseException) -> None:
+        """The answering attempt broke and another continues: settle the attempt's callbacks."""
+        kept: list[tuple[CloseCallback, bool]] = []
+        for callback, attempt in self._callbacks:
+            if attempt:
+                self._run_callback(callback, "error", error)
+            else:
+                kept.append((callback, attempt))
+        self._callbacks = kept
 
     async def _release(self) -> None:
         """Close the source (the HTTP response), shielded and bounded: cancellation must not
@@ -475,10 +508,39 @@ class Stream(Generic[T]):
         )
 
     async def _broken(self, error: Exception) -> T:
-        """The stream broke after commit: end it and raise ``error`` with the partial answer."""
+        """The stream broke after commit: continue it from another attempt if it may (a
+        ``recover`` hook is set and the break is transient), else end it and raise ``error``
+        with the partial answer attached."""
+        recover = self.recover
+        if recover is not None and _recoverable(error) and self.outcome == "open":
+            await self._release()
+            self._settle_attempt(error)
+            try:
+                source = await recover(self, error)
+            except Exception as failed:
+                # The continuation failed too: the original break is what the consumer sees.
+                source = None
+                error.__context__ = failed
+            if source is not None:
+                self.resumes += 1
+                self.target = getattr(source, "target", self.target)
+                self.attempt = getattr(source, "attempt", self.attempt)
+                self._source, self._nowait = source, None
+                self._last_at = self._now()
+                return await self.__anext__()
         _attach_partial(error, self)
         await self._end("error", error)
         raise error
+
+
+def _recoverable(error: Exception) -> bool:
+    from .errors import DeadlineExceeded, is_transient
+
+    return (
+        is_transient(error)
+        and not isinstance(error, DeadlineExceeded)
+        and getattr(error, "reason", None) != "recovery_diverged"
+    )
 
 
 def _attach_partial(error: BaseException, stream: Stream[Any]) -> None:

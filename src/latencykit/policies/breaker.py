@@ -42,7 +42,7 @@ from .._context import trace_var
 from ..errors import ErrorFilter, ErrorKind, LatencykitError, error_predicate, is_transient
 from ..events import Event
 from ..pipeline import Call, Next, PolicyDecorator, Stage
-from ..stream import Stream
+from ..stream import Stream, StreamOutcome
 
 __all__ = [
     "Breaker",
@@ -787,17 +787,25 @@ class Breaker(PolicyDecorator):
             raise
         if isinstance(result, Stream):
             # A stream's outcome is known when it ends; its latency is its time to first chunk.
-            result.on_close(functools.partial(self._stream_ended, permit, clock() - started))
+            result.on_close(
+                functools.partial(self._stream_ended, permit, clock() - started), attempt=True
+            )
         else:
             self.record(permit, True, clock() - started)
         return result
 
-    def _stream_ended(self, permit: BreakerPermit, ttft: float, stream: Stream[Any]) -> None:
-        error = stream.error
-        if stream.outcome == "error" and error is not None:
+    def _stream_ended(
+        self,
+        permit: BreakerPermit,
+        ttft: float,
+        stream: Stream[Any],
+        outcome: StreamOutcome,
+        error: BaseException | None,
+    ) -> None:
+        if outcome == "error" and error is not None:
             failed = isinstance(error, Exception) and self.counts(error)
             self.record(permit, False if failed else None, ttft)
-        elif stream.outcome in ("ok", "closed"):
+        elif outcome in ("ok", "closed"):
             self.record(permit, True, ttft)
         else:  # cancelled or abandoned: says nothing about the target
             self.record(permit, None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import math
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .. import _validation
 from .._cancel import now
@@ -22,7 +22,10 @@ from ..pipeline import Call, Next, PolicyDecorator, Stage
 from ..stream import ANY_ITEM, ChunkReader, Stream
 from ..target import Target
 
-__all__ = ["StreamGuard", "guard_stream", "stream_guard"]
+__all__ = ["OnBreak", "StreamGuard", "guard_stream", "stream_guard"]
+
+OnBreak = Literal["raise", "continue"]
+"""What a stream does when it breaks after its first content chunk (see :class:`StreamGuard`)."""
 
 T = TypeVar("T")
 
@@ -39,20 +42,31 @@ class StreamGuard(PolicyDecorator):
         stall: longest gap between two content chunks after the first; past it the stream
             breaks with :class:`~latencykit.StreamStalled` (default ``None``: no limit of its
             own; in ``LLM`` the target's attempt ``timeout``).
+        on_break: what a stream that breaks after its first content chunk (cut, stall,
+            transient error event) does: ``"raise"`` (default) raises
+            :class:`~latencykit.StreamBroken` with the partial text; ``"continue"`` (honoured by
+            :class:`~latencykit.LLM`) asks the same target, then the others in failover order,
+            to continue within the remaining budget: with an assistant prefill on targets that
+            declare ``capabilities={"prefill"}``, otherwise by regenerating the answer, checking
+            that it repeats the text already delivered and skipping it (``StreamBroken`` with
+            ``reason="recovery_diverged"`` if it does not: two answers are never spliced). A
+            target that rejects the prefill (a 400) is not counted as a failure; the original
+            break is raised if nothing can continue.
+        max_resumes: how many times one stream may be continued (default ``2``).
 
-    A stream that breaks after its first content chunk (cut, stall, error event) raises
-    :class:`~latencykit.StreamBroken` with the partial text. The total deadline holds on every
-    chunk whatever the guard says.
+    The total deadline holds on every chunk whatever the guard says.
     """
 
     stage = Stage.ATTEMPT
-    __slots__ = ("first_token", "stall")
+    __slots__ = ("first_token", "max_resumes", "on_break", "stall")
 
     def __init__(
         self,
         *,
         first_token: float | datetime.timedelta | None = None,
         stall: float | datetime.timedelta | None = None,
+        on_break: OnBreak = "raise",
+        max_resumes: int = 2,
     ) -> None:
         self.first_token = (
             None
@@ -60,9 +74,20 @@ class StreamGuard(PolicyDecorator):
             else _validation.seconds("StreamGuard.first_token", first_token)
         )
         self.stall = None if stall is None else _validation.seconds("StreamGuard.stall", stall)
+        if on_break not in ("raise", "continue"):
+            raise ValueError(
+                f"StreamGuard.on_break must be 'raise' or 'continue', got {on_break!r}"
+            )
+        self.on_break: OnBreak = on_break
+        if isinstance(max_resumes, bool) or not isinstance(max_resumes, int) or max_resumes < 0:
+            raise ValueError(f"StreamGuard.max_resumes must be an int >= 0, got {max_resumes!r}")
+        self.max_resumes = max_resumes
 
     def __repr__(self) -> str:
-        return f"StreamGuard(first_token={self.first_token}, stall={self.stall})"
+        return (
+            f"StreamGuard(first_token={self.first_token}, stall={self.stall}, "
+            f"on_break={self.on_break!r}, max_resumes={self.max_resumes})"
+        )
 
     def limits(self, target: Target) -> tuple[float | None, float | None]:
         """``(first_token, stall)`` for an attempt on ``target``: the guard's own, capped by the
@@ -84,6 +109,8 @@ def stream_guard(
     *,
     first_token: float | datetime.timedelta | None = None,
     stall: float | datetime.timedelta | None = None,
+    on_break: OnBreak = "raise",
+    max_resumes: int = 2,
 ) -> StreamGuard:
     """A :class:`StreamGuard`; as a decorator on an async-generator function::
 
@@ -93,7 +120,9 @@ def stream_guard(
 
     The arguments and defaults are :class:`StreamGuard`'s.
     """
-    return StreamGuard(first_token=first_token, stall=stall)
+    return StreamGuard(
+        first_token=first_token, stall=stall, on_break=on_break, max_resumes=max_resumes
+    )
 
 
 def guard_stream(

@@ -33,9 +33,24 @@ class Fault(str, enum.Enum):
     KEEPALIVE_THEN_TOKENS = "keepalive_then_tokens"
     """Streaming: headers at once, ``: keep-alive`` SSE comments during ``ttft``, then tokens."""
     STALL = "stall"
-    """Streaming: pause ``stall_for`` seconds (``None``: forever) after ``stall_after`` tokens."""
+    """Streaming: pause ``stall_for`` seconds (``None``: forever) after ``stall_after`` tokens,
+    silently or with keep-alives (``Behavior.stall_keepalive``)."""
     CUT = "cut"
     """Close the connection after ``stall_after`` tokens, without finish_reason nor [DONE]."""
+    CUT_WITH_DONE = "cut_with_done"
+    """Streaming: after ``stall_after`` tokens send ``data: [DONE]`` with no chunk carrying a
+    ``finish_reason`` (nor usage) before it, and end the body properly. Non-streaming: a 200
+    whose content stops after ``stall_after`` tokens, with ``finish_reason`` null."""
+    ERROR_EVENT = "error_event"
+    """Fail with the error chosen by ``Behavior.error``. Streaming: after ``stall_after``
+    tokens (``0``: as the first event, with the headers at ``ttft``) send one
+    ``data: {"error": {...}}`` event and end the body, without [DONE]. Non-streaming: the
+    matching HTTP status (500, 529, 429, 400, 400) with the same body, after ``ttft``."""
+    HEADERS_THEN_SILENCE = "headers_then_silence"
+    """Send the 200 headers on arrival, ignoring ``ttft`` (SSE headers, plus the role chunk
+    with ``Behavior.role_chunk``, for a stream; JSON headers with the ``Content-Length`` of
+    the answer otherwise), then nothing until the client disconnects. A stream gets
+    keep-alives meanwhile if ``Behavior.stall_keepalive`` is set."""
     MALFORMED_CHUNK = "malformed_chunk"
     """Streaming: after ``stall_after`` tokens send ``data: {not json`` then continue."""
     MISSING_DONE = "missing_done"
@@ -47,6 +62,10 @@ class Fault(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+ERROR_KINDS = ("server_error", "overloaded", "rate_limit", "content_filter", "context_length")
+"""The values of ``Behavior.error``, the errors ``Fault.ERROR_EVENT`` can send."""
 
 
 def _number(name: str, value: object, *, allow_none: bool = False, positive: bool = False) -> None:
@@ -68,6 +87,11 @@ def _integer(name: str, value: object, *, minimum: int, allow_none: bool = False
         raise ValueError(f"Behavior.{name} must be >= {minimum}, got {value!r}")
 
 
+def _flag(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"Behavior.{name} must be a bool, got {value!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Behavior:
     """How the fake provider answers one chat-completion request.
@@ -79,26 +103,40 @@ class Behavior:
     ttft: Latency | float = 0.0
     """Seconds from request arrival to the first response byte. Default ``0.0``.
 
-    Streaming: the headers and the first token are sent after ``ttft``. Non-streaming: the
-    whole response is sent after ``ttft + output_tokens * itl``. Error faults (429, 500,
-    503, 400s) and ``RESET_BEFORE_HEADERS`` wait ``ttft`` before failing."""
+    Streaming: the headers and the first token are sent after ``ttft`` (the headers at once
+    with ``role_chunk``, ``KEEPALIVE_THEN_TOKENS`` and ``HEADERS_THEN_SILENCE``, which
+    ignores ``ttft``). Non-streaming: the whole response is sent after
+    ``ttft + output_tokens * itl``. Error faults (429, 500, 503, 400s, ``ERROR_EVENT``
+    without a stream), ``rejects_prefill`` and ``RESET_BEFORE_HEADERS`` wait ``ttft``
+    before failing."""
     itl: Latency | float = 0.0
     """Seconds between streamed tokens (inter-token latency). Default ``0.0``."""
     output_tokens: int = 16
-    """Number of tokens generated (``tok0 tok1 ...``, one per chunk). Default ``16``."""
+    """Number of tokens generated (``tok0 tok1 ...``, one per chunk). Default ``16``.
+
+    If the request ends with an assistant message (a prefill) that the answer text starts
+    with, only the rest of the text is emitted, and counted (see ``rejects_prefill``)."""
     fault: Fault | None = None
     """Injected failure, or ``None`` (default) for a normal answer."""
     retry_after: float | None = None
     """Seconds sent as ``Retry-After`` header with a 429. Default ``None`` (no header)."""
     stall_after: int = 4
-    """Tokens sent before a ``STALL``, ``CUT`` or ``MALFORMED_CHUNK`` fault. Default ``4``.
+    """Tokens sent before a ``STALL``, ``CUT``, ``CUT_WITH_DONE``, ``ERROR_EVENT`` or
+    ``MALFORMED_CHUNK`` fault. Default ``4``.
 
-    If the answer has fewer tokens, the fault happens after the last token."""
+    If the answer has fewer tokens, the fault happens after the last token. With ``0`` the
+    headers and an empty role chunk come first, except for ``ERROR_EVENT``, whose error is
+    the first event."""
     stall_for: float | None = None
     """``STALL`` pause in seconds; ``None`` (default) stalls until the client disconnects.
     After the pause the stream continues normally."""
+    stall_keepalive: bool = False
+    """Streaming: send keep-alives every ``keepalive_every`` seconds during a ``STALL`` pause
+    and during ``HEADERS_THEN_SILENCE``, alternately a ``: keep-alive`` comment and a chunk
+    with an empty ``{"content": ""}`` delta and no finish_reason. Default ``False``."""
     keepalive_every: float = 0.5
-    """Interval of ``: keep-alive`` comments for ``KEEPALIVE_THEN_TOKENS``. Default ``0.5``."""
+    """Interval of the keep-alives of ``KEEPALIVE_THEN_TOKENS`` and ``stall_keepalive``.
+    Default ``0.5``."""
     context_window: int | None = None
     """If set and the prompt's estimated tokens (characters of all message contents // 4,
     at least 1) exceed it, answer 400 ``context_length_exceeded``. Default ``None``."""
@@ -107,6 +145,24 @@ class Behavior:
 
     It is split into word tokens (each with its leading whitespace), one per chunk, and
     the number of words replaces ``output_tokens``."""
+    role_chunk: bool = False
+    """Streaming: send a role-only chunk (delta ``{"role": "assistant", "content": ""}``)
+    with the headers on arrival, before ``ttft``; no later chunk carries the role. Default
+    ``False``: the role rides on the first content chunk, sent after ``ttft``."""
+    error: str = "server_error"
+    """The error ``Fault.ERROR_EVENT`` sends, one of :data:`ERROR_KINDS`. Default
+    ``"server_error"``:
+
+    - ``"server_error"``: type ``server_error``, code null; HTTP 500;
+    - ``"overloaded"``: type ``overloaded_error``, message ``Overloaded``; HTTP 529;
+    - ``"rate_limit"``: type and code ``rate_limit_exceeded``; HTTP 429;
+    - ``"content_filter"``: type ``invalid_request_error``, code ``content_filter``; HTTP 400;
+    - ``"context_length"``: type ``invalid_request_error``, code
+      ``context_length_exceeded``; HTTP 400."""
+    rejects_prefill: bool = False
+    """Answer 400 ``invalid_request_error`` ("does not support assistant message prefill"),
+    after ``ttft``, to a request whose last message has role ``assistant``; the fault, if
+    any, is not applied. Default ``False``: such a request gets its prefill continued."""
 
     def __post_init__(self) -> None:
         for name in ("ttft", "itl"):
@@ -123,6 +179,12 @@ class Behavior:
         _integer("context_window", self.context_window, minimum=1, allow_none=True)
         if self.text is not None and not isinstance(self.text, str):
             raise ValueError(f"Behavior.text must be a str or None, got {self.text!r}")
+        for name in ("role_chunk", "stall_keepalive", "rejects_prefill"):
+            _flag(name, getattr(self, name))
+        if not isinstance(self.error, str) or self.error not in ERROR_KINDS:
+            raise ValueError(
+                f"Behavior.error must be one of {', '.join(ERROR_KINDS)}, got {self.error!r}"
+            )
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Behavior:

@@ -30,12 +30,15 @@ from ._http import (
 from ._latency import sample_seconds
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine
+    from collections.abc import Awaitable, Callable, Coroutine
 
     from ._records import AttemptState
     from ._server import FakeProvider
 
-_FAULT_POINT = frozenset({Fault.STALL, Fault.CUT, Fault.MALFORMED_CHUNK})
+_FAULT_POINT = frozenset(
+    {Fault.STALL, Fault.CUT, Fault.CUT_WITH_DONE, Fault.ERROR_EVENT, Fault.MALFORMED_CHUNK}
+)
+_HEADERS_AT_ONCE = frozenset({Fault.KEEPALIVE_THEN_TOKENS, Fault.HEADERS_THEN_SILENCE})
 _CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
 _MODELS_PATHS = frozenset({"/v1/models", "/models"})
 
@@ -56,13 +59,27 @@ def _consume(task: asyncio.Task[bool]) -> None:
 class _Plan:
     """Everything decided when a chat request arrives (latencies are sampled up front)."""
 
-    __slots__ = ("behavior", "fault", "gaps", "tokens", "ttft")
+    __slots__ = ("behavior", "fault", "gaps", "rejects_prefill", "tokens", "ttft")
 
-    def __init__(self, behavior: Behavior, fault: Fault | None, provider: FakeProvider) -> None:
+    def __init__(
+        self,
+        behavior: Behavior,
+        provider: FakeProvider,
+        *,
+        prompt_tokens: int,
+        prefill: str | None,
+    ) -> None:
         rng = provider._rng
         self.behavior = behavior
+        # A refused request goes no further: no fault applies to it.
+        self.rejects_prefill = behavior.rejects_prefill and prefill is not None
+        fault = None if self.rejects_prefill else behavior.fault
+        window = behavior.context_window
+        if not self.rejects_prefill and window is not None and prompt_tokens > window:
+            fault = Fault.CONTEXT_LENGTH
         self.fault = fault
-        self.tokens = oa.tokens_for(behavior.text, behavior.output_tokens)
+        answer = oa.tokens_for(behavior.text, behavior.output_tokens)
+        self.tokens = oa.continuation(answer, prefill)
         self.ttft = sample_seconds(behavior.ttft, rng)
         self.gaps = [sample_seconds(behavior.itl, rng) for _ in self.tokens]
 
@@ -142,6 +159,9 @@ class _Exchange:
         """Answer according to ``plan``; return whether the connection may be reused."""
         fault = plan.fault
         first_at = self.arrived_at + plan.ttft
+        if plan.rejects_prefill:
+            await _sleep_until(first_at)
+            return await self.send_json(*oa.prefill_rejected())
         if fault is Fault.HANG:
             await asyncio.get_running_loop().create_future()  # until the client goes away
         if fault is Fault.RESET_BEFORE_HEADERS:
@@ -163,43 +183,84 @@ class _Exchange:
             if fault is Fault.HTTP_429 and plan.behavior.retry_after is not None:
                 extra.append(("Retry-After", _seconds_header(plan.behavior.retry_after)))
             return await self.send_json(status, body, extra)
+        if fault is Fault.ERROR_EVENT and not self.stream:
+            await _sleep_until(first_at)
+            return await self.send_json(*self.error_event(plan))
         if self.stream:
             return await self._respond_stream(plan)
         return await self._respond_json(plan)
 
-    async def _pause(self, stall_for: float | None) -> float:
-        if stall_for is None:
+    def error_event(self, plan: _Plan) -> tuple[int, bytes]:
+        return oa.error_event(
+            plan.behavior.error,
+            prompt_tokens=self.prompt_tokens,
+            context_window=plan.behavior.context_window,
+        )
+
+    async def _pause(
+        self,
+        stall_for: float | None,
+        beat: Callable[[int], Awaitable[None]] | None = None,
+        every: float = 0.0,
+    ) -> float:
+        """Wait ``stall_for`` seconds (``None``: until the client goes away); return it.
+
+        ``beat(k)`` is awaited every ``every`` seconds meanwhile, ``k`` counting from 0.
+        """
+        start = time.monotonic()
+        end = None if stall_for is None else start + stall_for
+        k = 0
+        while beat is not None:
+            # Ticks are scheduled from the start, so a late wake-up does not shift them.
+            tick = start + (k + 1) * every
+            if end is not None and tick >= end:
+                break
+            await _sleep_until(tick)
+            await beat(k)
+            k += 1
+        if end is None:
             await asyncio.get_running_loop().create_future()  # until the client goes away
-        await asyncio.sleep(stall_for or 0.0)
+        else:
+            await _sleep_until(end)
         return stall_for or 0.0
 
     async def _respond_json(self, plan: _Plan) -> bool:
-        await _sleep_until(self.arrived_at + plan.ttft + sum(plan.gaps))
-        n = len(plan.tokens)
-        if plan.fault is Fault.MALFORMED_CHUNK:
+        fault = plan.fault
+        tokens = plan.tokens
+        finish_reason: str | None = "stop"
+        if fault is Fault.CUT_WITH_DONE:  # the answer stops early, without a reason
+            tokens = tokens[: plan.behavior.stall_after]
+            finish_reason = None
+        n = len(tokens)
+        if fault is Fault.MALFORMED_CHUNK:
             body = b"{not json"
         else:
             body = oa.completion(
                 self.completion_id,
                 self.created,
                 self.model,
-                "".join(plan.tokens),
+                "".join(tokens),
                 self.prompt_tokens,
                 n,
+                finish_reason,
             )
         headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
         head = response_head(200, headers + self.common_headers())
+        if fault is Fault.HEADERS_THEN_SILENCE:
+            await self.send(head, status=200)
+            await self._pause(None)
+        await _sleep_until(self.arrived_at + plan.ttft + sum(plan.gaps[:n]))
         half = len(body) // 2
-        if plan.fault is Fault.CUT:
+        if fault is Fault.CUT:
             await self.send(head + body[:half], status=200)
             return False
-        tokens = 0 if plan.fault is Fault.MALFORMED_CHUNK else n
-        if plan.fault is Fault.STALL:
+        sent = 0 if fault is Fault.MALFORMED_CHUNK else n
+        if fault is Fault.STALL:
             await self.send(head + body[:half], status=200)
             await self._pause(plan.behavior.stall_for)
-            await self.send(body[half:], tokens=tokens, final=True)
+            await self.send(body[half:], tokens=sent, final=True)
         else:
-            await self.send(head + body, status=200, tokens=tokens, final=True)
+            await self.send(head + body, status=200, tokens=sent, final=True)
         return self.keep_alive
 
     async def _respond_stream(self, plan: _Plan) -> bool:
@@ -226,18 +287,45 @@ class _Exchange:
                 head_sent = True
                 await self.send(head + chunked(event), status=200, tokens=tokens)
 
+        async def finish(events: list[bytes]) -> bool:
+            """Send the last events and end the body, in one write as a real server does."""
+            nonlocal head_sent
+            tail = b"".join(chunked(e) for e in events) + LAST_CHUNK
+            if head_sent:
+                await self.send(tail, final=True)
+            else:
+                head_sent = True
+                await self.send(head + tail, status=200, final=True)
+            return self.keep_alive and not missing_done
+
+        def chunk(delta: dict[str, object], finish_reason: str | None = None) -> bytes:
+            return oa.chunk(self.completion_id, self.created, self.model, delta, finish_reason)
+
         def delta(content: str) -> bytes:
             nonlocal role_sent
-            d: dict[str, object] = {"content": content}
-            if not role_sent:
+            if role_sent:
+                return chunk({"content": content})
+            role_sent = True
+            return chunk({"role": "assistant", "content": content, "refusal": None})
+
+        async def beat(k: int) -> None:
+            # Alternately a comment and an empty delta: neither is content to a client.
+            await emit(oa.KEEPALIVE_EVENT if k % 2 == 0 else chunk({"content": ""}))
+
+        keepalive = beat if behavior.stall_keepalive else None
+
+        if behavior.role_chunk or fault in _HEADERS_AT_ONCE:
+            head_sent = True
+            first = head
+            if behavior.role_chunk:
                 role_sent = True
-                d = {"role": "assistant", "content": content, "refusal": None}
-            return oa.chunk(self.completion_id, self.created, self.model, d)
+                first += chunked(chunk({"role": "assistant", "content": ""}))
+            await self.send(first, status=200)
+        if fault is Fault.HEADERS_THEN_SILENCE:
+            await self._pause(None, keepalive, behavior.keepalive_every)
 
         deadline = self.arrived_at + plan.ttft
         if fault is Fault.KEEPALIVE_THEN_TOKENS:
-            head_sent = True
-            await self.send(head, status=200)
             tick = time.monotonic() + behavior.keepalive_every
             while tick < deadline:
                 await _sleep_until(tick)
@@ -248,13 +336,20 @@ class _Exchange:
         fault_at = min(behavior.stall_after, n) if fault in _FAULT_POINT else -1
         for i in range(n + 1):
             if i == fault_at:
-                if not role_sent:  # fault before the first token: headers + role first
-                    await _sleep_until(deadline)
+                await _sleep_until(deadline)  # fault before the first token: wait ttft
+                if fault is Fault.ERROR_EVENT:  # may be the very first event
+                    _, error = self.error_event(plan)
+                    return await finish([oa.sse_event(error)])
+                if not role_sent:  # headers + role first
                     await emit(delta(""))
                 if fault is Fault.STALL:
-                    deadline += await self._pause(behavior.stall_for)
+                    deadline += await self._pause(
+                        behavior.stall_for, keepalive, behavior.keepalive_every
+                    )
                 elif fault is Fault.CUT:
                     return False  # the connection handler closes the socket
+                elif fault is Fault.CUT_WITH_DONE:
+                    return await finish([oa.DONE_EVENT])
                 else:
                     await emit(oa.MALFORMED_EVENT)
             if i > 0:
@@ -264,20 +359,14 @@ class _Exchange:
                 break
             await emit(delta(plan.tokens[i]), tokens=1)
 
-        # The end of the stream goes out in one write, as a real server flushes it.
         events = [delta("")] if not role_sent else []
-        events.append(oa.chunk(self.completion_id, self.created, self.model, {}, "stop"))
+        events.append(chunk({}, "stop"))
         if self.include_usage:
             usage = oa.usage(self.prompt_tokens, n)
             events.append(oa.chunk(self.completion_id, self.created, self.model, None, None, usage))
         if not missing_done:
             events.append(oa.DONE_EVENT)
-        tail = b"".join(chunked(e) for e in events) + LAST_CHUNK
-        if head_sent:
-            await self.send(tail, final=True)
-        else:
-            await self.send(head + tail, status=200, final=True)
-        return self.keep_alive and not missing_done
+        return await finish(events)
 
 
 async def _sleep_until(deadline: float) -> None:
@@ -438,11 +527,13 @@ class Engine:
             stream and isinstance(options, dict) and options.get("include_usage") is True
         )
         prompt_tokens = oa.estimate_prompt_tokens(body)
+        prefill = oa.prefill(body)
         provider = self.provider
         attempt, info, resolver = provider._begin(
             model=model,
             stream=stream,
             prompt_tokens=prompt_tokens,
+            prefill_chars=len(prefill or ""),
             headers=request.headers,
             connection_id=conn.id,
             arrived_at=request.arrived_at,
@@ -493,11 +584,8 @@ class Engine:
         )
         if error is not None:
             return await self._watch(conn, attempt, exchange.send_json(*error))
-        fault = behavior.fault
-        if behavior.context_window is not None and prompt_tokens > behavior.context_window:
-            fault = Fault.CONTEXT_LENGTH
-        provider._update(attempt, fault=fault)
-        plan = _Plan(behavior, fault, provider)
+        plan = _Plan(behavior, provider, prompt_tokens=prompt_tokens, prefill=prefill)
+        provider._update(attempt, fault=plan.fault)
         return await self._watch(conn, attempt, exchange.respond(plan))
 
     async def _watch(

@@ -26,6 +26,7 @@ REASONS = {
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
+    529: "Site Overloaded",  # not in the RFCs; sent by overloaded LLM APIs
 }
 
 

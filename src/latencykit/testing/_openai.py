@@ -32,22 +32,52 @@ def tokens_for(text: str | None, output_tokens: int) -> list[str]:
     return _WORD.findall(text)
 
 
+def continuation(tokens: list[str], prefill: str | None) -> list[str]:
+    """The tokens left to emit once the client prefilled the answer with ``prefill``.
+
+    If the answer starts with the prefill, only the rest is emitted (re-split into words,
+    so a prefill ending mid-word is continued mid-word); otherwise the whole answer.
+    """
+    if not prefill:
+        return tokens
+    answer = "".join(tokens)
+    if not answer.startswith(prefill):
+        return tokens
+    return _WORD.findall(answer[len(prefill) :])
+
+
+def _content_text(content: object) -> str:
+    """The text of a message's content: a string or a list of ``{"text": ...}`` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _messages(body: Mapping[str, object]) -> list[dict[str, object]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    return [m for m in messages if isinstance(m, dict)]
+
+
 def estimate_prompt_tokens(body: Mapping[str, object]) -> int:
     """Characters of all message contents // 4, at least 1."""
-    chars = 0
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            if not isinstance(message, dict):
-                continue
-            content = message.get("content")
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        chars += len(part["text"])
+    chars = sum(len(_content_text(m.get("content"))) for m in _messages(body))
     return max(chars // 4, 1)
+
+
+def prefill(body: Mapping[str, object]) -> str | None:
+    """The text of a trailing ``assistant`` message (the start of the answer), else ``None``."""
+    messages = _messages(body)
+    if not messages or messages[-1].get("role") != "assistant":
+        return None
+    return _content_text(messages[-1].get("content"))
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -60,7 +90,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def completion(
-    completion_id: str, created: int, model: str, content: str, prompt_tokens: int, n_tokens: int
+    completion_id: str,
+    created: int,
+    model: str,
+    content: str,
+    prompt_tokens: int,
+    n_tokens: int,
+    finish_reason: str | None = "stop",
 ) -> bytes:
     """A non-streaming ``chat.completion`` body."""
     return dumps(
@@ -75,12 +111,17 @@ def completion(
                     "index": 0,
                     "message": {"role": "assistant", "content": content, "refusal": None},
                     "logprobs": None,
-                    "finish_reason": "stop",
+                    "finish_reason": finish_reason,
                 }
             ],
             "usage": usage(prompt_tokens, n_tokens),
         }
     )
+
+
+def sse_event(data: bytes) -> bytes:
+    """An SSE ``data:`` event carrying ``data``."""
+    return b"data: " + data + b"\n\n"
 
 
 def chunk(
@@ -107,7 +148,7 @@ def chunk(
     }
     if usage_obj is not None:
         obj["usage"] = dict(usage_obj)
-    return b"data: " + dumps(obj) + b"\n\n"
+    return sse_event(dumps(obj))
 
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -143,11 +184,8 @@ def fault_error(
             "service_unavailable",
         )
     if fault is Fault.CONTEXT_LENGTH:
-        limit = context_window if context_window is not None else DEFAULT_CONTEXT_WINDOW
-        used = max(prompt_tokens, limit + 1)
         return 400, error_body(
-            f"This model's maximum context length is {limit} tokens. However, your messages "
-            f"resulted in {used} tokens. Please reduce the length of the messages.",
+            _context_length_message(prompt_tokens, context_window),
             "invalid_request_error",
             "context_length_exceeded",
             "messages",
@@ -161,6 +199,63 @@ def fault_error(
             "content_policy_violation",
         )
     raise ValueError(f"{fault} is not an HTTP error fault")
+
+
+def _context_length_message(prompt_tokens: int, context_window: int | None) -> str:
+    limit = context_window if context_window is not None else DEFAULT_CONTEXT_WINDOW
+    used = max(prompt_tokens, limit + 1)
+    return (
+        f"This model's maximum context length is {limit} tokens. However, your messages "
+        f"resulted in {used} tokens. Please reduce the length of the messages."
+    )
+
+
+# Behavior.error -> (HTTP status, type, code, message); "context_length" builds its message.
+_ERROR_EVENTS: dict[str, tuple[int, str, str | None, str]] = {
+    "server_error": (
+        500,
+        "server_error",
+        None,
+        "The server had an error while processing your request. Sorry about that!",
+    ),
+    "overloaded": (529, "overloaded_error", None, "Overloaded"),
+    "rate_limit": (
+        429,
+        "rate_limit_exceeded",
+        "rate_limit_exceeded",
+        "Rate limit reached for requests. Please try again later.",
+    ),
+    "content_filter": (
+        400,
+        "invalid_request_error",
+        "content_filter",
+        "The response was filtered due to the prompt triggering the content management "
+        "policy. Please modify your prompt and retry.",
+    ),
+    "context_length": (400, "invalid_request_error", "context_length_exceeded", ""),
+}
+
+
+def error_event(kind: str, *, prompt_tokens: int, context_window: int | None) -> tuple[int, bytes]:
+    """``Fault.ERROR_EVENT``: the HTTP status and the ``{"error": ...}`` object for ``kind``.
+
+    A stream sends the object as one SSE ``data:`` event, a JSON answer as its body.
+    """
+    status, type_, code, message = _ERROR_EVENTS[kind]
+    if kind == "context_length":
+        message = _context_length_message(prompt_tokens, context_window)
+    return status, error_body(message, type_, code)
+
+
+def prefill_rejected() -> tuple[int, bytes]:
+    """Status and body for ``Behavior.rejects_prefill``."""
+    return 400, error_body(
+        "This model does not support assistant message prefill: "
+        "the last message must have role 'user'.",
+        "invalid_request_error",
+        None,
+        "messages",
+    )
 
 
 HTTP_ERROR_FAULTS = frozenset(

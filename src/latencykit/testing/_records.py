@@ -20,7 +20,8 @@ class RecordedAttempt:
     has received is already recorded; a client's disconnect is recorded within a few
     milliseconds (wait for it with ``wait_for``/``wait_for_async``). A request whose
     response the server cut on purpose (``Fault.CUT``, ``RESET_BEFORE_HEADERS``) is neither
-    ``completed`` nor ``disconnected``; so is one still in progress.
+    ``completed`` nor ``disconnected``; so is one still in progress. A stream that ends
+    early but properly (``CUT_WITH_DONE``, ``ERROR_EVENT``) is ``completed``.
     """
 
     index: int
@@ -49,6 +50,9 @@ class RecordedAttempt:
     """Request headers with lowercase keys; ``authorization`` and ``api-key`` are ``***``."""
     prompt_tokens: int
     """Estimated prompt tokens (characters of message contents // 4, at least 1)."""
+    prefill_chars: int = 0
+    """Characters of the trailing ``assistant`` message (the answer's prefill) of the
+    request; ``0`` when there is none (or it is empty)."""
 
     @property
     def completed(self) -> bool:
@@ -76,6 +80,7 @@ class AttemptState:
         "first_byte_at",
         "index",
         "model",
+        "prefill_chars",
         "prompt_tokens",
         "request_headers",
         "status",
@@ -93,6 +98,7 @@ class AttemptState:
         connection_id: int,
         request_headers: Mapping[str, str],
         prompt_tokens: int,
+        prefill_chars: int,
     ) -> None:
         self.index = index
         self.model = model
@@ -107,6 +113,7 @@ class AttemptState:
         self.connection_id = connection_id
         self.request_headers = request_headers
         self.prompt_tokens = prompt_tokens
+        self.prefill_chars = prefill_chars
 
     def snapshot(self) -> RecordedAttempt:
         """A frozen copy."""
@@ -124,4 +131,5 @@ class AttemptState:
             connection_id=self.connection_id,
             request_headers=self.request_headers,
             prompt_tokens=self.prompt_tokens,
+            prefill_chars=self.prefill_chars,
         )

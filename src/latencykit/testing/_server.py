@@ -356,6 +356,7 @@ class FakeProvider:
         model: str,
         stream: bool,
         prompt_tokens: int,
+        prefill_chars: int,
         headers: Mapping[str, str],
         connection_id: int,
         arrived_at: float,
@@ -374,6 +375,7 @@ class FakeProvider:
                 connection_id=connection_id,
                 request_headers=redacted,
                 prompt_tokens=prompt_tokens,
+                prefill_chars=prefill_chars,
             )
             self._records.append(attempt)
             resolver = self._scripts.get(model, self._default)
