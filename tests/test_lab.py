@@ -11,6 +11,7 @@ from latencykit.__main__ import main as latencykit_main
 from latencykit.lab import LabConfig, run_lab
 from latencykit.lab.outage import OutageResult
 from latencykit.lab.report import format_table, percentile
+from latencykit.lab.streaming import format_streaming
 
 
 @pytest.mark.timeout(120)
@@ -24,6 +25,7 @@ def test_lab_bounds_the_tail_the_bare_row_does_not() -> None:
         deadline=0.6,
         degrade_after=0.3,
         outage=False,
+        streaming=False,
     )
     result = run_lab(config, progress=None)
     bare, guarded, hedged = result.rows
@@ -106,3 +108,29 @@ def test_outage_scenario_fails_over_then_returns_to_the_primary() -> None:
     assert result.primary_requests_during_outage < result.by_secondary
     assert result.timeline[-1]["secondary"] == 0  # traffic is back on the primary
     assert "breaker half_open -> closed" in format_outage(result)
+
+
+@pytest.mark.timeout(240)
+def test_streaming_scenario_bounds_the_first_token_and_recovers_stalls() -> None:
+    # together/13b's TTFT tail (p99 53 s) at x0.02: about 1 s, against a 0.3 s first-token limit.
+    config = LabConfig(
+        scale=0.02,
+        requests=100,
+        concurrency=8,
+        deadline=0.6,
+        degrade_after=0.3,
+        rows=("bare",),
+        outage=False,
+    )
+    result = run_lab(config, progress=None)
+    assert result.streaming is not None
+    bare, guarded, hedged = result.streaming.ttft
+    assert bare.requests == guarded.requests == hedged.requests == 50
+    assert bare.errors == 0 and bare.max > 0.6  # the first-token tail is there...
+    assert guarded.max < bare.max and guarded.p99 < 0.3 + 0.5  # ...the guard moves it on
+    assert guarded.extra_load_pct > 0
+    bare_stalls, guarded_stalls = result.streaming.stalls
+    assert bare_stalls.hung == bare_stalls.stalled > 0  # without a guard they hang
+    assert guarded_stalls.complete == guarded_stalls.streams  # every answer whole
+    assert guarded_stalls.hung == guarded_stalls.failed == 0
+    assert "StreamGuard" in format_streaming(result.streaming)

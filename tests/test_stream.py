@@ -83,6 +83,9 @@ async def test_a_stream_yields_litellm_chunks_and_reports_its_timing(fake: FakeP
     [attempt] = report.attempts
     assert attempt.outcome == "ok" and attempt.chunks == 8 and attempt.output_tokens == 8
     assert attempt.ttft is not None and attempt.gap_max is not None
+    tpot = attempt.time_per_output_token
+    assert tpot is not None and 0 < tpot < attempt.duration
+    assert stream.time_per_output_token is not None
     [first] = [e for e in seen if isinstance(e, lk.FirstToken)]
     assert first.target == "openai/primary"
     [ended] = [e for e in seen if isinstance(e, lk.CallEnded)]
@@ -210,13 +213,16 @@ async def test_a_hedged_stream_is_won_by_the_first_content_chunk(fake: FakeProvi
     llm = make_llm(fake, "model", hedge=lk.Hedge(0.2, max_extra_load=1.0))
     started = time.monotonic()
     stream = await llm.acompletion(messages=MESSAGES, stream=True)
-    assert time.monotonic() - started < 2.0
+    returned_at = time.monotonic()
+    assert returned_at - started < 2.0
     assert text_of(await read_all(stream)) == TEXT
     report = lk.report(stream)
     assert report.answered_by == 2
     assert sorted((a.number, a.outcome) for a in report.attempts) == [(1, "cancelled"), (2, "ok")]
     loser = await disconnected(fake, "model")
     assert loser.tokens_sent == 0
+    # The loser was closed before the winner was handed over.
+    assert loser.disconnected_at is not None and loser.disconnected_at - returned_at <= CLOSE_BOUND
 
 
 async def test_breaking_out_closes_the_response_at_once(fake: FakeProvider) -> None:
@@ -255,10 +261,12 @@ async def test_the_total_deadline_holds_on_every_chunk(fake: FakeProvider) -> No
     started = time.monotonic()
     with pytest.raises(lk.DeadlineExceeded) as info:
         await read_all(stream)
-    assert time.monotonic() - started < 0.5 + 0.2
+    raised_at = time.monotonic()
+    assert raised_at - started < 0.5 + 0.2
     assert info.value.partial_text and TEXT.startswith(info.value.partial_text[:20])
     assert info.value.budget == pytest.approx(0.5, abs=0.05)
-    await disconnected(fake, "long")
+    gone = await disconnected(fake, "long")
+    assert gone.disconnected_at is not None and gone.disconnected_at - raised_at <= CLOSE_BOUND
 
 
 async def test_degrade_after_counts_to_the_first_content_chunk(fake: FakeProvider) -> None:
@@ -283,8 +291,10 @@ async def test_an_unclosed_stream_is_closed_when_collected(fake: FakeProvider) -
             warnings.simplefilter("always")
             del stream
             gc.collect()
+            collected_at = time.monotonic()
         assert any(issubclass(w.category, ResourceWarning) for w in caught)
-    await disconnected(fake, "long")
+    gone = await disconnected(fake, "long")
+    assert gone.disconnected_at is not None and gone.disconnected_at - collected_at <= CLOSE_BOUND
     [call] = [e for e in ended if isinstance(e, lk.CallEnded)]
     assert call.outcome == "cancelled"
 

@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 import anyio
 import sniffio
 
+from .stream import _NOTHING
+
 __all__ = ["BridgedStream", "run_on_asyncio"]
 
 T = TypeVar("T")
@@ -194,8 +196,6 @@ class BridgedStream:
 
         Raises ``StopAsyncIteration`` at the end and the source's error where it failed.
         """
-        from .stream import _NOTHING
-
         items = self._items
         if not items:
             return _NOTHING
@@ -217,8 +217,6 @@ class BridgedStream:
 
     async def __anext__(self) -> Any:
         import trio
-
-        from .stream import _NOTHING
 
         while True:
             item = self.receive_nowait()

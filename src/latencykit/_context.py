@@ -77,6 +77,16 @@ class Attempt(NamedTuple):
     gap_max: float | None = None
     output_tokens: int | None = None
 
+    @property
+    def time_per_output_token(self) -> float | None:
+        """For a stream, seconds per output token after the first content chunk: ``(duration -
+        ttft) / (tokens - 1)``, with the provider's ``output_tokens`` or else the content chunks
+        (``None`` for a response, or with fewer than two)."""
+        tokens = self.output_tokens if self.output_tokens is not None else self.chunks
+        if self.ttft is None or tokens < 2:
+            return None
+        return max(0.0, self.duration - self.ttft) / (tokens - 1)
+
     def __str__(self) -> str:
         what = self.outcome if self.error_type is None else f"{self.error_type}"
         if self.error_kind is not None:

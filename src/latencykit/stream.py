@@ -30,7 +30,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from . import events
-from ._cancel import backend
+from ._cancel import Expired as _Expired
+from ._cancel import Watchdog, backend
 
 if TYPE_CHECKING:
     from ._context import Trace
@@ -89,10 +90,6 @@ Recover = Callable[["Stream[Any]", Exception], Awaitable["AsyncIterator[Any] | N
 """``recover(broken, error)``: a source continuing ``broken`` (already committed), or ``None``."""
 
 
-class _Expired(Exception):
-    """A wait reached its limit (stall or deadline)."""
-
-
 class Stream(Generic[T]):
     """An async iterator of chunks with a lifetime: use ``async for``, ``async with``, and
     ``aclose()``.
@@ -136,6 +133,8 @@ class Stream(Generic[T]):
         "_source",
         "_started",
         "_trace",
+        "_watchdog",
+        "_watchdog_of",
         "attempt",
         "chunks",
         "error",
@@ -169,6 +168,8 @@ class Stream(Generic[T]):
         self._reader = reader
         self._now = loop.now
         self._scope = loop.scope
+        self._watchdog_of = loop.watchdog
+        self._watchdog: Watchdog | None = None
         self.first_token = first_token
         self.stall = stall
         self._deadline = deadline
@@ -221,6 +222,15 @@ class Stream(Generic[T]):
     def gaps(self) -> tuple[float, ...]:
         """The gaps between consecutive content chunks, in seconds."""
         return tuple(self._gaps)
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        """Seconds per output token after the first content chunk, so far (the provider's
+        ``output_tokens`` once reported, else content chunks); ``None`` with fewer than two."""
+        tokens = self.output_tokens if self.output_tokens is not None else self.chunks
+        if self._first_at is None or tokens < 2:
+            return None
+        return (self._last_at - self._first_at) / (tokens - 1)
 
     @property
     def partial_text(self) -> str:
@@ -292,6 +302,8 @@ class Stream(Generic[T]):
         """Close the source (the HTTP response), shielded and bounded: cancellation must not
         leave a connection open, and a hung close must not hang the caller."""
         self._buffer.clear()
+        if self._watchdog is not None:
+            self._watchdog.close()
         aclose = getattr(self._source, "aclose", None)
         if aclose is None:
             return
@@ -357,6 +369,11 @@ class Stream(Generic[T]):
                 return item  # type: ignore[no-any-return]
         if limit == math.inf:
             return await self._source.__anext__()
+        watchdog = self._watchdog
+        if watchdog is None and self._watchdog_of is not None:
+            watchdog = self._watchdog = self._watchdog_of()
+        if watchdog is not None:
+            return await watchdog.wait(self._source.__anext__(), limit)
         with self._scope(deadline=limit):
             return await self._source.__anext__()
         raise _Expired

@@ -12,6 +12,7 @@ from .outage import format_outage
 from .report import format_table
 from .rows import ROWS
 from .runner import LabConfig, run_lab, write_json
+from .streaming import format_streaming
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -82,6 +83,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument(
         "--no-outage", action="store_true", help="skip the outage scenario (failover, breaker)"
     )
+    parser.add_argument(
+        "--no-streaming",
+        action="store_true",
+        help="skip the streaming scenario (time to first token, stalls)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="random seed")
     parser.add_argument(
         "--backend",
@@ -124,6 +130,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             rows=tuple(r.strip() for r in args.rows.split(",") if r.strip()),
             seed=args.seed,
             outage=not args.no_outage,
+            streaming=not args.no_streaming,
         )
     except (TypeError, ValueError) as exc:
         print(f"latencykit lab: {exc}", file=sys.stderr)
@@ -135,6 +142,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     result = run_lab(config, backend=args.backend)
     print()
     print(format_table(result))
+    if result.streaming is not None:
+        print()
+        print(format_streaming(result.streaming))
     if result.outage is not None:
         print()
         print(format_outage(result.outage))

@@ -19,6 +19,7 @@ from ..testing import Behavior, FakeProvider, LlmperfProfile, RequestInfo
 from .outage import OutageResult, run_outage
 from .report import percentile
 from .rows import DEGRADED, PRIMARY, REQUEST_HEADER, ROWS, RowContext, Sent
+from .streaming import StreamingResult, run_streaming
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +43,8 @@ class LabConfig:
         rows: which rows to run, by key (default: all, see ``latencykit.lab.rows.ROWS``).
         outage: also run the outage scenario (failing primary, failover, breaker) (default
             ``True``).
+        streaming: also run the streaming scenario (time to first token bare, guarded and
+            hedged; stalls recovered) (default ``True``).
         seed: seeds the workload and the fake provider (default ``7``).
     """
 
@@ -57,6 +60,7 @@ class LabConfig:
     max_extra_load: float = 0.1
     rows: tuple[str, ...] = tuple(ROWS)
     outage: bool = True
+    streaming: bool = True
     seed: int = 7
 
     def __post_init__(self) -> None:
@@ -109,6 +113,7 @@ class LabResult:
     rows: tuple[RowResult, ...]
     machine: dict[str, str]
     outage: OutageResult | None = None
+    streaming: StreamingResult | None = None
 
     def to_json(self) -> str:
         """The result as JSON (what ``--json`` writes)."""
@@ -237,6 +242,10 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
                 send, config.requests, config.concurrency, label, progress
             )
             results.append(summarise(key, label, sent, len(fake.attempts), wall))
+        streaming = None
+        if config.streaming:
+            fake.reset()
+            streaming = await run_streaming(fake, config, progress)
         outage = None
         if config.outage:
             if progress is not None:
@@ -247,6 +256,7 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
         config=config,
         rows=tuple(results),
         outage=outage,
+        streaming=streaming,
         machine={
             "python": platform.python_version(),
             "platform": platform.platform(),
