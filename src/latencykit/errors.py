@@ -473,6 +473,38 @@ def _kind_by_error_code(exc: BaseException) -> ErrorKind | None:
     return by_type
 
 
+_NETWORK_CAUSES = (_CONNECTION_CAUSES - {"APIConnectionError"}) | _TIMEOUT_CAUSES
+
+
+def _caller_bug(exc: BaseException) -> bool:
+    """Whether a "connection error" is in fact a bug raised before anything was sent.
+
+    litellm wraps whatever goes wrong in a call in ``APIConnectionError``, a bad argument too
+    (``messages="hi"`` fails with an ``AttributeError`` inside it): with no network error in
+    the cause chain and a programming error there, nothing reached the provider, and another
+    attempt, anywhere, would fail the same way.
+    """
+    bug = False
+    for link in _chain(exc):
+        if link is exc:
+            continue
+        if (
+            type(link).__name__ in _NETWORK_CAUSES
+            or isinstance(link, (ConnectionError, TimeoutError))
+            or (_status_code(link) is not None and not _from_litellm(link))
+        ):
+            return False
+        if isinstance(link, (TypeError, AttributeError, KeyError, IndexError)) or (
+            isinstance(link, ValueError) and type(link).__name__ != "JSONDecodeError"
+        ):
+            bug = True
+    return bug
+
+
+def _from_litellm(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("litellm")
+
+
 def classify(exc: BaseException) -> ErrorKind:
     """Classify any exception into an :class:`ErrorKind`.
 
@@ -487,6 +519,8 @@ def classify(exc: BaseException) -> ErrorKind:
     if isinstance(exc, LatencykitError) and exc.kind is not None:
         return exc.kind
     kind = _kind_by_class_name(exc)
+    if kind is ErrorKind.CONNECTION and _caller_bug(exc):
+        return ErrorKind.UNKNOWN
     if kind is ErrorKind.STREAM_BROKEN or kind is ErrorKind.BAD_REQUEST:
         # A content filter or a context-length error sent as an event mid-stream, or behind a
         # generic 400: it says more than the class does, and it is not worth another attempt.
@@ -499,6 +533,10 @@ def classify(exc: BaseException) -> ErrorKind:
             name = type(link).__name__
             if name in _TIMEOUT_CAUSES:
                 return ErrorKind.TIMEOUT
+            if name == "JSONDecodeError" and kind is not None:
+                # A provider answer that does not parse (truncated, empty, not JSON): a fault
+                # of the provider, worth another attempt, not a client-side failure.
+                return ErrorKind.SERVER_ERROR
             if name in _CONNECTION_CAUSES or (
                 link is not exc and isinstance(link, ConnectionError)
             ):
@@ -589,10 +627,14 @@ _MESSAGE_LIMIT = 500
 
 
 def scrub(text: str, *secrets: str | None) -> str:
-    """Remove API-key-looking strings (and the given secrets) from ``text``."""
+    """Remove API-key-looking strings, and the given secrets, from ``text``.
+
+    A secret is replaced only where it stands as a whole token (not inside a longer word), so
+    that a short key does not mangle ordinary text.
+    """
     for secret in secrets:
         if secret:
-            text = text.replace(secret, "***")
+            text = re.sub(rf"(?<![\w\-.]){re.escape(secret)}(?![\w\-.])", "***", text)
     return _SECRET_PATTERNS.sub("***", text)
 
 

@@ -301,7 +301,14 @@ class LLM:
             raise ValueError("LLM.hedge.target='next' needs LLM(failover=[...]) targets")
         defaults = dict(defaults or {})
         for name in sorted(defaults.keys() & {*_RESERVED, *_TARGET_OWNED, "model", "stream"}):
-            raise ValueError(f"LLM.defaults cannot set {name!r}: pass it as its own argument")
+            raise ValueError(
+                f"LLM.defaults cannot set {name!r}: "
+                + (
+                    "pass stream=True to acompletion() for the calls that stream"
+                    if name == "stream"
+                    else _RESERVED.get(name) or _TARGET_OWNED.get(name) or "pass LLM(model=...)"
+                )
+            )
         self.model = model
         self.timeout = _validation.seconds("LLM.timeout", timeout)
         self.deadline = None if deadline is None else _validation.seconds("LLM.deadline", deadline)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import latencykit as lk
+from latencykit._asyncio_bridge import run_on_asyncio
 
 PRIMARY = "lab-primary"
 """Model name the fake provider serves with the replayed heavy-tailed profile."""
@@ -66,8 +67,14 @@ def bare(ctx: RowContext) -> Send:
     async def send(i: int) -> Sent:
         started = time.monotonic()
         try:
-            await litellm.acompletion(
-                model=f"openai/{PRIMARY}", api_base=ctx.base_url, api_key=_KEY, **_kwargs(ctx, i)
+            # litellm runs on asyncio only: on trio, on the bridge's asyncio loop.
+            await run_on_asyncio(
+                litellm.acompletion(
+                    model=f"openai/{PRIMARY}",
+                    api_base=ctx.base_url,
+                    api_key=_KEY,
+                    **_kwargs(ctx, i),
+                )
             )
         except Exception as exc:
             return Sent(time.monotonic() - started, ok=False, error_type=type(exc).__name__)

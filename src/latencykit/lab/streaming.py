@@ -25,6 +25,7 @@ import anyio
 
 import latencykit as lk
 
+from .._asyncio_bridge import run_on_asyncio
 from ..testing import Behavior, FakeProvider, Fault, LlmperfProfile, RequestInfo
 from .report import percentile
 from .rows import _KEY, DEGRADED, MESSAGES, PRIMARY, REQUEST_HEADER, Sent
@@ -111,6 +112,10 @@ async def run_streaming(
         return {"extra_headers": {REQUEST_HEADER: str(i)}}
 
     async def bare(i: int) -> Sent:
+        # litellm runs on asyncio only: on trio, the whole stream is read on the bridge's loop.
+        return await run_on_asyncio(_bare(i))
+
+    async def _bare(i: int) -> Sent:
         started = time.monotonic()
         try:
             stream = await litellm.acompletion(
@@ -221,6 +226,9 @@ async def _stalls(
     )
 
     async def bare(i: int) -> tuple[str, float]:
+        return await run_on_asyncio(_bare(i))  # on trio: on the bridge's asyncio loop
+
+    async def _bare(i: int) -> tuple[str, float]:
         started = time.monotonic()
         text = ""
         with anyio.move_on_after(_BARE_CUTOFF):

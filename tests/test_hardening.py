@@ -1,0 +1,130 @@
+"""Regressions of the correctness and security review (issue 9), each through real litellm and
+the fake provider where it concerns a call."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import latencykit as lk
+from latencykit.errors import scrub
+from latencykit.testing import Behavior, FakeProvider, Fault
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+KEY = "sk-hardening-0123456789"
+
+
+@pytest.fixture
+def fake(fake_provider: FakeProvider) -> Iterator[FakeProvider]:
+    lk.reset_breakers()
+    yield fake_provider
+    lk.reset_breakers()
+
+
+def make_llm(fake: FakeProvider, model: str, **options: Any) -> lk.LLM:
+    return lk.LLM(f"openai/{model}", api_base=fake.base_url, api_key=KEY, **options)
+
+
+def target(fake: FakeProvider, model: str) -> dict[str, Any]:
+    return {"model": f"openai/{model}", "api_base": fake.base_url, "api_key": KEY}
+
+
+async def test_a_corrupt_200_is_a_transient_provider_fault(fake: FakeProvider) -> None:
+    fake.script("corrupt", Behavior(fault=Fault.MALFORMED_CHUNK))
+    fake.script("good", Behavior(output_tokens=3))
+    llm = make_llm(fake, "corrupt", failover=[target(fake, "good")])
+    response = await llm.acompletion(messages=MESSAGES)
+    first, answered = lk.report(response).attempts
+    assert first.error_kind is lk.ErrorKind.SERVER_ERROR
+    assert answered.target == "openai/good" and answered.outcome == "ok"
+
+
+async def test_a_caller_bug_is_neither_retried_nor_held_against_a_provider(
+    fake: FakeProvider,
+) -> None:
+    llm = make_llm(
+        fake,
+        "primary",
+        failover=[target(fake, "secondary")],
+        retry=lk.Retry(max_attempts=3, initial=0.01),
+        breaker={"minimum_calls": 1, "window_size": 5},
+    )
+    for _ in range(3):
+        with pytest.raises(lk.ProviderError) as info:
+            await llm.acompletion(messages="hi")
+        assert lk.classify(info.value) is lk.ErrorKind.UNKNOWN
+        assert len(info.value.attempts) == 1  # no retry, no failover
+    assert fake.attempts == []  # nothing was ever sent
+    for key in ("openai/primary", "openai/secondary"):
+        assert lk.breakers()[key].state is lk.BreakerState.CLOSED
+
+
+def test_a_short_key_does_not_mangle_ordinary_text() -> None:
+    assert scrub("maximum context length is 4096 tokens", "k") == (
+        "maximum context length is 4096 tokens"
+    )
+    assert scrub("bad key k given", "k") == "bad key *** given"
+    assert scrub(f"Incorrect API key provided: {KEY}.", KEY) == "Incorrect API key provided: ***."
+
+
+def test_a_key_is_never_sent_to_another_host() -> None:
+    primary = lk.Target("openai/big", api_base="https://a.example/v1", api_key=KEY)
+    assert primary.replace(api_base="https://b.example/v1").api_key is None
+    assert primary.replace(model="openai/small").api_key == KEY  # same host: same key
+    moved = lk.Degrade(overrides={"api_base": "https://b.example/v1"}).target(primary)
+    assert moved.api_base == "https://b.example/v1" and moved.api_key is None
+    own = lk.Degrade(overrides={"api_base": "https://b.example/v1", "api_key": "sk-b-999999"})
+    assert own.target(primary).api_key == "sk-b-999999"
+
+
+def test_keys_stay_out_of_reprs() -> None:
+    degrade = lk.Degrade(model="openai/small", overrides={"api_key": "sk-secret-degraded-1"})
+    llm = lk.LLM(
+        "openai/big", api_key=KEY, degrade=degrade, failover=[{"model": "x/y", "api_key": "sk-2"}]
+    )
+    for text in (repr(llm), repr(degrade), repr(llm.targets)):
+        assert KEY not in text and "sk-secret-degraded-1" not in text and "sk-2'" not in text
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"api_key": 12345}, r"api_key"),
+        ({"capabilities": "prefill"}, r"capabilities"),
+        ({"failover": 5}, r"LLM\.failover"),
+    ],
+)
+def test_invalid_targets_fail_at_construction(options: dict[str, Any], message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        lk.LLM("openai/x", **options)
+
+
+async def test_degrade_to_another_endpoint_works_with_failover_targets(
+    fake: FakeProvider, fake_provider: FakeProvider
+) -> None:
+    fake.script("slow", Behavior(ttft=30.0))
+    fake.script("backup", Behavior(ttft=30.0))
+    with FakeProvider() as other:
+        other.script("cheap", Behavior(output_tokens=3))
+        llm = make_llm(
+            fake,
+            "slow",
+            deadline=5.0,
+            failover=[target(fake, "backup")],
+            degrade=lk.Degrade(
+                model="openai/cheap",
+                after=0.3,
+                overrides={"api_base": other.base_url, "api_key": "sk-other-0000000"},
+            ),
+        )
+        seen: list[lk.Event] = []
+        with lk.subscribe(seen.append):
+            response = await llm.acompletion(messages=MESSAGES)
+        assert lk.report(response).degraded
+        assert [a.model for a in other.attempts] == ["cheap"]  # the other host answered
+    [ended] = [e for e in seen if isinstance(e, lk.CallEnded)]
+    assert ended.target == "openai/cheap"  # the target that answered, not the primary
