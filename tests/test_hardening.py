@@ -128,3 +128,58 @@ async def test_degrade_to_another_endpoint_works_with_failover_targets(
         assert [a.model for a in other.attempts] == ["cheap"]  # the other host answered
     [ended] = [e for e in seen if isinstance(e, lk.CallEnded)]
     assert ended.target == "openai/cheap"  # the target that answered, not the primary
+
+
+async def test_a_hanging_primary_fails_over_within_the_deadline(fake: FakeProvider) -> None:
+    # The README's quickstart shape: a deadline, a failover target, the default 600 s timeout.
+    fake.script("hangs", Behavior(fault=Fault.HANG))
+    fake.script("good", Behavior(output_tokens=3))
+    llm = make_llm(fake, "hangs", deadline=3.0, failover=[target(fake, "good")])
+    seen: list[lk.Event] = []
+    with lk.subscribe(seen.append):
+        response = await llm.acompletion(messages=MESSAGES)
+    hung, answered = lk.report(response).attempts
+    assert hung.outcome == "cancelled" and 1.3 <= hung.duration <= 1.5 + 0.5  # its share: 3 / 2
+    assert answered.target == "openai/good"
+    assert any(isinstance(e, lk.FailedOver) for e in seen)
+
+
+async def test_retries_stay_within_their_targets_share(fake: FakeProvider) -> None:
+    fake.script("flaky", Behavior(fault=Fault.HTTP_503, ttft=0.2))
+    fake.script("good", Behavior(output_tokens=3))
+    llm = make_llm(
+        fake,
+        "flaky",
+        deadline=2.0,
+        retry=lk.Retry(max_attempts=50, initial=0.01, max_wait=0.02, budget=lk.RetryBudget(10)),
+        failover=[target(fake, "good")],
+    )
+    response = await llm.acompletion(messages=MESSAGES)
+    report = lk.report(response)
+    assert report.target == "openai/good"
+    flaky = [a for a in report.attempts if a.target == "openai/flaky"]
+    assert flaky and sum(a.duration for a in flaky) <= 1.0 + 0.3  # its share of 2 s
+
+
+async def test_a_half_open_probe_is_one_attempt_never_retried(fake: FakeProvider) -> None:
+    fake.script("down", Behavior(fault=Fault.HTTP_503))
+    llm = make_llm(
+        fake,
+        "down",
+        retry=lk.Retry(max_attempts=3, initial=0.001, max_wait=0.002, budget=lk.RetryBudget(10)),
+        breaker={"minimum_calls": 2, "window_size": 2, "open_duration": 0.2, "half_open_calls": 1},
+    )
+    for _ in range(2):  # two calls of 3 attempts each: the breaker sees 2 failed calls, opens
+        with pytest.raises(lk.ProviderUnavailable):
+            await llm.acompletion(messages=MESSAGES)
+    assert len(fake.attempts) == 6
+    breaker = lk.breakers()["openai/down"]
+    assert breaker.state is lk.BreakerState.OPEN
+    sent = len(fake.attempts)
+    import anyio
+
+    await anyio.sleep(0.3)  # half-open: the next call is a probe
+    with pytest.raises(lk.ProviderUnavailable):
+        await llm.acompletion(messages=MESSAGES)
+    assert len(fake.attempts) == sent + 1  # one probe, not retried
+    assert breaker.state is lk.BreakerState.OPEN

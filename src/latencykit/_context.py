@@ -33,6 +33,8 @@ _call_ids = itertools.count(1)
 deadline_var: ContextVar[float] = ContextVar("latencykit.deadline", default=math.inf)
 trace_var: ContextVar[Trace | None] = ContextVar("latencykit.trace", default=None)
 attempt_var: ContextVar[int] = ContextVar("latencykit.attempt", default=0)
+probe_var: ContextVar[bool] = ContextVar("latencykit.probe", default=False)
+"""Set while a half-open breaker's probe runs: a probe is one attempt, never retried."""
 
 
 class Attempt(NamedTuple):

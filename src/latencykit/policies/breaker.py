@@ -38,7 +38,7 @@ from typing import Any, Literal, NamedTuple, ParamSpec, Protocol, TypeVar, runti
 
 from .. import _validation, events
 from .._cancel import clock as loop_clock
-from .._context import trace_var
+from .._context import probe_var, trace_var
 from ..errors import ErrorFilter, ErrorKind, LatencykitError, error_predicate, is_transient
 from ..events import Event
 from ..pipeline import Call, Next, PolicyDecorator, Stage
@@ -770,6 +770,7 @@ class Breaker(PolicyDecorator):
             raise permit
         clock = self.clock
         started = clock()
+        probing = probe_var.set(True) if permit.probe else None
         try:
             result = await next(call)
         except Exception as exc:
@@ -785,6 +786,9 @@ class Breaker(PolicyDecorator):
         except BaseException:
             self.record(permit, None)  # cancelled: neither a success nor a failure
             raise
+        finally:
+            if probing is not None:
+                probe_var.reset(probing)
         if isinstance(result, Stream):
             # A stream's outcome is known when it ends; its latency is its time to first chunk.
             result.on_close(

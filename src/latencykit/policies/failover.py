@@ -6,21 +6,39 @@ larger context window; content policy, authentication, bad request and unknown e
 at once (``on=`` widens that, at your own risk). Routes whose circuit breaker is open are
 skipped without a request. Per-route policies (breaker, retry, attempt timeout) sit inside this
 one, so they act per route.
+
+**The deadline is shared.** Inside a deadline, a target that has others after it gets at most an
+equal share of the budget left: ``remaining / (1 + later targets whose breaker is not open)``,
+at least ``MIN_SHARE`` (0.25 s); the last target gets all that remains. A target that hangs
+(silent, or slow to its first token) then fails over in time with an
+:class:`~latencykit.AttemptTimeout`, and its retries cannot eat the later targets' budget.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .. import events
-from .._context import trace_var
-from ..errors import ErrorFilter, ErrorKind, attach_others, classify, error_predicate
+from .._cancel import backend
+from .._context import deadline_var, trace_var
+from ..errors import (
+    AttemptTimeout,
+    ErrorFilter,
+    ErrorKind,
+    attach_others,
+    classify,
+    error_predicate,
+)
 from ..pipeline import Call, Next, PolicyDecorator, Stage, function_target
 from ..target import Target
 
-__all__ = ["Failover", "Route", "failover"]
+__all__ = ["MIN_SHARE", "Failover", "Route", "failover"]
+
+MIN_SHARE = 0.25
+"""Seconds a target is always given when a deadline is split among failover targets."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +118,8 @@ class Failover(PolicyDecorator):
         smaller_than: int | None = None  # after a context-length error: the window to beat
         skipped_open: list[str] = []
         previous: str | None = None
-        for route in self.routes[start:]:
+        routes = self.routes[start:]
+        for index, route in enumerate(routes):
             window = route.target.context_window
             if smaller_than is not None and not (window is not None and window > smaller_than):
                 self._event(route.name, previous, "context_window")
@@ -112,7 +131,17 @@ class Failover(PolicyDecorator):
             if previous is not None:
                 self._event(route.name, previous, None)
             try:
-                return await next(route.call(call))
+                share = self._share(routes[index + 1 :])
+                if share is None:
+                    return await next(route.call(call))
+                loop = backend()
+                with loop.scope(deadline=loop.now() + share):
+                    return await next(route.call(call))
+                raise AttemptTimeout(
+                    f"no answer within its share of the deadline ({share:.3f}s): "
+                    "the targets after it need the rest",
+                    target=route.name,
+                )
             except Exception as exc:
                 errors.append(exc)
                 previous = route.name
@@ -130,6 +159,19 @@ class Failover(PolicyDecorator):
             raise CircuitOpen.all_open(skipped_open)
         attach_others(errors[0], errors[1:])
         raise errors[0]
+
+    def _share(self, later: Sequence[Route]) -> float | None:
+        """The most a route may take when routes follow it and a deadline bounds the call:
+        an equal share of the remaining budget among it and the later routes that could be
+        tried (their breakers not open), at least ``MIN_SHARE`` (``None``: no limit)."""
+        deadline = deadline_var.get()
+        if deadline == math.inf or not later:
+            return None
+        left = 1 + sum(1 for route in later if self.is_open is None or not self.is_open(route.name))
+        if left == 1:
+            return None
+        remaining = deadline - backend().now()
+        return max(MIN_SHARE, remaining / left)
 
     def _event(
         self,

@@ -37,7 +37,7 @@ import anyio
 
 from .. import events
 from .._cancel import backend
-from .._context import deadline_var, trace_var
+from .._context import deadline_var, probe_var, trace_var
 from ..budget import RetryBudget
 from ..errors import ErrorFilter, ErrorKind, attach_others, classify, error_predicate, retry_after
 from ..pipeline import Call, Next, PolicyDecorator, Stage
@@ -234,7 +234,12 @@ class Retry(PolicyDecorator):
         )
 
     async def handle(self, call: Call, next: Next) -> Any:
-        """Run ``call``; retry transient failures while attempts, budget and deadline allow."""
+        """Run ``call``; retry transient failures while attempts, budget and deadline allow.
+
+        A half-open breaker's probe is one attempt: it is never retried, so that the breaker
+        judges the provider on a fair probe."""
+        if probe_var.get():
+            return await next(call)
         self.budget.deposit_once()
         run = _Run(self, call, next)
         # The first attempt runs before tenacity is involved: a call that succeeds (nearly all
