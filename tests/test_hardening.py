@@ -183,3 +183,17 @@ async def test_a_half_open_probe_is_one_attempt_never_retried(fake: FakeProvider
         await llm.acompletion(messages=MESSAGES)
     assert len(fake.attempts) == sent + 1  # one probe, not retried
     assert breaker.state is lk.BreakerState.OPEN
+
+
+async def test_fallback_after_is_capped_by_an_enclosing_budget() -> None:
+    import anyio
+
+    @lk.fallback("cached", after=5.0)
+    async def ask() -> str:
+        await anyio.sleep(30)
+        return "fresh"
+
+    loop_started = anyio.current_time()
+    with lk.deadline(1.0):  # a separate scope, not in the fallback's pipeline
+        assert await ask() == "cached"
+    assert 0.4 <= anyio.current_time() - loop_started < 0.5 + 0.4

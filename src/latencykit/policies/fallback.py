@@ -16,7 +16,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias
 
 from .. import _validation, events
 from .._cancel import backend
-from .._context import trace_var
+from .._context import deadline_var, trace_var
 from ..errors import ErrorFilter, ErrorKind, FallbackFailed, classify, error_predicate
 from ..pipeline import Call, Next, Policy, PolicyDecorator, Stage
 from .deadline import Deadline
@@ -112,7 +112,13 @@ class Fallback(PolicyDecorator):
         if self.after is None:
             outcome = await self._primary(call, next, contextlib.nullcontext())
         else:
-            outcome = await self._primary(call, next, loop.scope(deadline=started + self.after))
+            switch_at = started + self.after
+            deadline = deadline_var.get()
+            if deadline < switch_at:
+                # An enclosing budget shorter than ``after`` would cancel everything before the
+                # switch: the primary gets half of what is left, the alternative the rest.
+                switch_at = started + (deadline - started) / 2
+            outcome = await self._primary(call, next, loop.scope(deadline=switch_at))
         if not isinstance(outcome, _Switch):
             return outcome
         return await self._switch(loop.now() - started, outcome.error, call, next)
@@ -171,7 +177,9 @@ def fallback(
             then the primary's own arguments; or any non-callable value, returned as is.
         after: seconds (or ``timedelta``) to give the primary before cancelling it and switching
             to the alternative. Default ``None``: no timer, switch on errors only. Must be
-            shorter than an enclosing :func:`~latencykit.deadline` of the same pipeline.
+            shorter than an enclosing :func:`~latencykit.deadline` of the same pipeline; when
+            the budget that encloses a call (any deadline, however set) is shorter than
+            ``after``, the primary gets half of what is left and the alternative the rest.
         on: which primary errors switch to the alternative: exception type(s) or a predicate.
             Default ``None``: transient errors (:func:`~latencykit.is_transient`: rate limits,
             5xx, connection errors, timeouts). Errors not handled propagate unchanged.
