@@ -197,3 +197,12 @@ async def test_fallback_after_is_capped_by_an_enclosing_budget() -> None:
     with lk.deadline(1.0):  # a separate scope, not in the fallback's pipeline
         assert await ask() == "cached"
     assert 0.4 <= anyio.current_time() - loop_started < 0.5 + 0.4
+
+
+def test_misspelt_target_fields_are_rejected_and_misspelt_defaults_warned() -> None:
+    with pytest.raises(ValueError, match=r"LLM\.failover\[0\].*'contxt_window'.*'context_window'"):
+        lk.LLM("openai/x", failover=[{"model": "openai/y", "contxt_window": 5}])
+    with pytest.warns(UserWarning, match=r"LLM\.defaults.*'temprature'.*'temperature'"):
+        lk.LLM("openai/x", defaults={"temprature": 0})
+    # Provider-specific arguments litellm passes through are not typos.
+    lk.LLM("openai/x", failover=[{"model": "vertex_ai/y", "vertex_project": "p"}])

@@ -13,8 +13,10 @@ enforced with cancel scopes instead.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
+import warnings
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -300,6 +302,8 @@ class LLM:
         if hedge is not None and hedge.target == "next" and not failover:
             raise ValueError("LLM.hedge.target='next' needs LLM(failover=[...]) targets")
         defaults = dict(defaults or {})
+        # Import litellm now (seconds, once per process) rather than inside the first call,
+        # where the import would block the event loop and no deadline could preempt it.
         for name in sorted(defaults.keys() & {*_RESERVED, *_TARGET_OWNED, "model", "stream"}):
             raise ValueError(
                 f"LLM.defaults cannot set {name!r}: "
@@ -309,6 +313,12 @@ class LLM:
                     else _RESERVED.get(name) or _TARGET_OWNED.get(name) or "pass LLM(model=...)"
                 )
             )
+        self._litellm = litellm()
+        known = _known_arguments(self._litellm)
+        for index, spec in enumerate(failover):
+            if isinstance(spec, Mapping):
+                _check_spelling(spec, known, f"LLM.failover[{index}]", error=True)
+        _check_spelling(defaults, known, "LLM.defaults", error=False)
         self.model = model
         self.timeout = _validation.seconds("LLM.timeout", timeout)
         self.deadline = None if deadline is None else _validation.seconds("LLM.deadline", deadline)
@@ -345,9 +355,6 @@ class LLM:
         self._per_target = Pipeline(
             p for p in self._pipeline.policies if int(p.stage) >= Stage.BREAKER
         )
-        # Import litellm now (seconds, once per process) rather than inside the first call,
-        # where the import would block the event loop and no deadline could preempt it.
-        self._litellm = litellm()
 
     def _policies(
         self,
@@ -550,6 +557,39 @@ class LLM:
                 target=target,
             )
         )
+
+
+def _known_arguments(litellm_module: Any) -> frozenset[str]:
+    """Argument names litellm documents for ``completion`` (its signature and the OpenAI chat
+    parameters), plus a target's own fields: what a typo is checked against."""
+    import inspect
+
+    names = set(inspect.signature(litellm_module.completion).parameters) - {"kwargs"}
+    names |= set(getattr(litellm_module, "OPENAI_CHAT_COMPLETION_PARAMS", ()))
+    names |= {f.name for f in dataclasses.fields(Target)} | {"api_base"}
+    return frozenset(names)
+
+
+def _check_spelling(
+    arguments: Mapping[str, Any], known: frozenset[str], where: str, *, error: bool
+) -> None:
+    """Reject (``error``) or warn about a key that looks like a misspelt known argument.
+
+    litellm passes unknown arguments to the provider (``vertex_project``, ``extra_body``...), so
+    an unknown name is allowed unless it is a near miss of a known one (``temprature``).
+    """
+    import difflib
+
+    for name in arguments:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if not close:
+            continue
+        message = f"{where}: unknown argument {name!r}; did you mean {close[0]!r}?"
+        if error:
+            raise ValueError(message)
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 class _TargetBreakers:
