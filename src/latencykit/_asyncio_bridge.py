@@ -118,6 +118,7 @@ class BridgedStream:
         "_task",
         "_token",
         "_wakeup",
+        "_woken",
         "chunk_reader",
     )
 
@@ -129,6 +130,7 @@ class BridgedStream:
         self._loop = loop = _shared_loop()
         self._items: deque[Any] = deque()
         self._wakeup: Callable[[], object] | None = None  # set by a waiting reader
+        self._woken: Callable[[], object] | None = None  # the last wakeup sent (pump side)
         self._pumped = trio.Event()  # the pump task finished (the source is closed)
         self._closed = False
         self._blocked = False  # the pump waits for the reader to catch up
@@ -171,7 +173,8 @@ class BridgedStream:
         # Only the reader writes _wakeup: a read-then-clear here could erase the reader's next
         # wakeup between the two steps (a lost wakeup). An extra wakeup is harmless.
         wakeup = self._wakeup
-        if wakeup is not None:
+        if wakeup is not None and wakeup is not self._woken:
+            self._woken = wakeup  # once per wait: a burst of chunks costs one thread hop
             self._call_trio(wakeup)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
