@@ -477,7 +477,12 @@ class Stream(Generic[T]):
         if stall is not None and self._last_at + stall < limit:
             limit = self._last_at + stall
         try:
-            item = await self._pull(limit)
+            watchdog = self._watchdog
+            if watchdog is not None and limit != math.inf and self._nowait is None:
+                # The hot path on asyncio: straight to the per-stream timer (no _pull frame).
+                item = await watchdog.wait(self._source.__anext__(), limit)
+            else:
+                item = await self._pull(limit)
         except StopAsyncIteration:
             try:
                 self._check_complete()
