@@ -10,12 +10,13 @@ what the provider sent (litellm records it in ``received_finish_reason``).
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 from .errors import StreamBroken, provider_error
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .target import Target
 
 __all__ = ["LITELLM_CHUNKS", "LitellmChunks", "SkipPrefix", "litellm"]
@@ -104,6 +105,8 @@ class LitellmChunks:
             if wrapper is None:
                 if self._closed:
                     raise StopAsyncIteration
+                import asyncio  # here, not at import: `import latencykit` stays light
+
                 self._loop = asyncio.get_running_loop()
                 wrapper = self._wrapper = await litellm().acompletion(
                     **self._arguments, stream=True, max_retries=0

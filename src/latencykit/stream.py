@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -248,7 +247,7 @@ class Stream(Generic[T]):
         return {
             "ttft": self.ttft,
             "chunks": self.chunks,
-            "gap_p50": statistics.median(gaps) if gaps else None,
+            "gap_p50": sorted(gaps)[len(gaps) // 2] if gaps else None,
             "gap_max": max(gaps) if gaps else None,
             "output_tokens": self.output_tokens,
         }
