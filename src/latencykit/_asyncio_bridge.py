@@ -88,6 +88,7 @@ async def run_on_asyncio(coro: Coroutine[Any, Any, T]) -> T:
 
 
 _END = object()  # the pump's last item: the source ended
+_pumps: set[asyncio.Task[None]] = set()  # strong references to the running pump tasks
 _HIGH_WATER = 64  # the pump waits while this many chunks are unread...
 _LOW_WATER = 16  # ...until the reader brings them down to this many
 
@@ -143,6 +144,12 @@ class BridgedStream:
     def _start(self, source: AsyncIterator[Any]) -> None:
         self._space = asyncio.Event()
         self._task = task = self._loop.create_task(self._pump(source))
+        # asyncio keeps only weak references to tasks: a pump waiting for its reader (on
+        # ``_space``) is otherwise reachable from nothing but this object, and a garbage
+        # collection in the reader's thread could destroy it, running its ``finally`` (litellm's
+        # close) on the wrong thread.
+        _pumps.add(task)
+        task.add_done_callback(_pumps.discard)
         task.add_done_callback(self._finished)
 
     async def _pump(self, source: AsyncIterator[Any]) -> None:
