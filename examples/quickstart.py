@@ -55,10 +55,11 @@ async def main(base_url: str) -> None:
         print(await ask("why is p99 so bad?"))
     print(f"slow-case log: {[(e.reason, round(e.elapsed, 2)) for e in slow_cases]}")
 
-    # 3. A deadline as a block; the provider error is typed and carries the attempt history.
+    # 3. A deadline as a block; the error is typed and carries the attempt history.
+    stuck = lk.LLM("openai/stuck", api_base=base_url, api_key="not-a-real-key")
     try:
         with lk.deadline(0.3):
-            await llm.acompletion(model="openai/stuck", messages=MESSAGES)
+            await stuck.acompletion(messages=MESSAGES)
     except lk.DeadlineExceeded as exc:
         print(f"{type(exc).__name__}: budget {exc.budget}s, attempts: {len(exc.attempts)}")
 
