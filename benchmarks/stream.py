@@ -105,13 +105,13 @@ import warnings
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.lowlevel
 import trio
+from overhead import _ci, _load, _version, bootstrap_ci, percentile, verdict
 
 import latencykit as lk
 from latencykit._asyncio_bridge import BridgedStream, run_on_asyncio
@@ -185,29 +185,6 @@ QUICK = Settings(
 
 
 # --- statistics -----------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0..100) with linear interpolation between closest ranks."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100.0
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    fraction = position - low
-    return ordered[low] + (ordered[high] - ordered[low]) * fraction
-
-
-def bootstrap_ci(
-    n: int, statistic: Callable[[Sequence[int]], float], seed: int
-) -> tuple[float, float]:
-    """95 % percentile-bootstrap interval of ``statistic`` over resampled indices ``0..n-1``
-    (rounds: pairs stay paired)."""
-    rng = random.Random(seed)
-    population = range(n)
-    estimates = [statistic(rng.choices(population, k=n)) for _ in range(BOOTSTRAP_RESAMPLES)]
-    return percentile(estimates, 2.5), percentile(estimates, 97.5)
 
 
 @dataclass(frozen=True)
@@ -1248,14 +1225,6 @@ def _bridge_tasks(anomalies: Anomalies) -> None:
 # --- report ---------------------------------------------------------------------------------
 
 
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
-
-
-def _ci(ci: tuple[float, float] | None, fmt: str) -> str:
-    return "" if ci is None else f"[{ci[0]:{fmt}}, {ci[1]:{fmt}}]"
-
-
 def targets(llms: Sequence[LLMResult]) -> list[dict[str, Any]]:
     """Each target, its measured value (95 % CI) and the verdict, per lk.LLM variant."""
     checks: list[dict[str, Any]] = []
@@ -1532,20 +1501,6 @@ def render(
         )
     add(f"   {'see above' if found else 'none found'}")
     return "\n".join(line.rstrip() for line in lines)
-
-
-def _load() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        return None
-
-
-def _version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "not installed"
 
 
 _started = time.perf_counter()

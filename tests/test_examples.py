@@ -12,11 +12,11 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-@pytest.mark.timeout(120)
-def test_quickstart_runs() -> None:
+def run_example(name: str) -> list[str]:
+    """Run ``examples/<name>`` offline; its output lines (it must exit 0)."""
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "quickstart.py")],
+        [sys.executable, str(EXAMPLES / name)],
         capture_output=True,
         text=True,
         timeout=110,
@@ -24,7 +24,12 @@ def test_quickstart_runs() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    return done.stdout.splitlines()
+
+
+@pytest.mark.timeout(120)
+def test_quickstart_runs() -> None:
+    lines = run_example("quickstart.py")
     assert lines[0].startswith("answered by openai/small-model after 2 attempt(s), degraded=True")
     assert lines[1].startswith("(cached answer; primary timeout after 0.2")
     assert lines[2].startswith("slow-case log: [('timeout', 0.2")
@@ -33,17 +38,7 @@ def test_quickstart_runs() -> None:
 
 @pytest.mark.timeout(120)
 def test_streaming_example_runs() -> None:
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "streaming.py")],
-        capture_output=True,
-        text=True,
-        timeout=110,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    lines = run_example("streaming.py")
     assert lines[0].startswith(
         "'Queueing at the provider, long outputs, and stalled streams.' from openai/backup-model"
     )
