@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["ChunkReader", "LazyStream", "Stream", "StreamOutcome"]
 
 T = TypeVar("T")
+_Self = TypeVar("_Self", bound="_ClosedOnExit")
 logger = logging.getLogger("latencykit")
 
 StreamOutcome = Literal["open", "ok", "error", "closed", "cancelled", "abandoned"]
@@ -89,7 +90,25 @@ Recover = Callable[["Stream[Any]", Exception], Awaitable["AsyncIterator[Any] | N
 """``recover(broken, error)``: a source continuing ``broken`` (already committed), or ``None``."""
 
 
-class Stream(Generic[T]):
+class _ClosedOnExit:
+    """``async with`` closes the stream (``aclose()``) however the block ends."""
+
+    __slots__ = ()
+    aclose: Callable[[], Awaitable[None]]  # defined by each stream class
+
+    async def __aenter__(self: _Self) -> _Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class Stream(_ClosedOnExit, Generic[T]):
     """An async iterator of chunks with a lifetime: use ``async for``, ``async with``, and
     ``aclose()``.
 
@@ -343,17 +362,6 @@ class Stream(Generic[T]):
                 logger.debug("latencykit: closing an abandoned stream failed", exc_info=True)
         self._settle("abandoned", None)
 
-    async def __aenter__(self) -> Stream[T]:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._end("closed", None)
-
     # --- reading ---------------------------------------------------------------------------------
 
     def __aiter__(self) -> Stream[T]:
@@ -584,7 +592,7 @@ _NOTHING: Any = _NothingType()
 """What a bridged source's ``receive_nowait()`` returns when no item is buffered."""
 
 
-class LazyStream(Generic[T]):
+class LazyStream(_ClosedOnExit, Generic[T]):
     """A stream that starts on its first ``__anext__``: what a latencykit-decorated
     async-generator function returns (``async for chunk in ask(q)``), since the policies must
     run inside the consumer's iteration. It behaves as the :class:`Stream` it opens; ``stream``
@@ -613,14 +621,3 @@ class LazyStream(Generic[T]):
         self._closed = True
         if self.stream is not None:
             await self.stream.aclose()
-
-    async def __aenter__(self) -> LazyStream[T]:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
