@@ -233,7 +233,43 @@ def policy_variants() -> list[Variant]:
         Variant("fallback_no_timer", '@fallback("x")  (no timer)', lk.fallback("x")(noop)),
         Variant("stack", "@deadline(60) @fallback(after=30)", stack),
         Variant("stack_events", "  same + events subscriber", stack_events, events=True),
+        Variant("hedge_armed", "@hedge(30)  (armed, never fires)", lk.hedge(30)(noop)),
+        Variant("hedge_idle", "@hedge(quantile(0.9))  (light tail)", _warm_adaptive_hedge()),
+        *_baseline_hedge_variants(),
     ]
+
+
+BASELINE_HEDGE: Path | None = None
+"""``--hedge-baseline PATH``: another version of ``latencykit/policies/hedge.py`` (e.g. from an
+older commit) measured side by side with the current one, as extra variants."""
+
+
+def _baseline_hedge_variants() -> list[Variant]:
+    if BASELINE_HEDGE is None:
+        return []
+    # Loaded as a sibling module of latencykit.policies.hedge, so its relative imports resolve
+    # against the installed package (the rest of latencykit is the current code).
+    spec = importlib.util.spec_from_file_location(
+        "latencykit.policies._baseline_hedge", BASELINE_HEDGE
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return [
+        Variant("hedge_armed_base", "  baseline hedge.py, armed", module.hedge(30)(noop)),
+        Variant(
+            "hedge_idle_base",
+            "  baseline hedge.py, light tail",
+            module.hedge(module.quantile(0.9))(noop),
+        ),
+    ]
+
+
+def _warm_adaptive_hedge() -> AsyncFn:
+    """``@hedge(quantile(0.9))`` on ``noop``: its window fills with ~1 ms samples (every call
+    is clamped to 1 ms), a light tail, so no hedge can win and none is armed: the inline path."""
+    return lk.hedge(lk.quantile(0.9))(noop)
 
 
 async def _timed_batch(fn: AsyncFn, calls: int) -> int:
@@ -351,6 +387,7 @@ LLM_LABELS = {
     "bare_in_timeout": "  same inside anyio.fail_after(30)",
     "llm_plain": 'lk.LLM("openai/gpt-4o-mini")',
     "llm_full": "lk.LLM(deadline=30, degrade=...)",
+    "llm_hedge": "lk.LLM(hedge=lk.Hedge(30))  (armed)",
 }
 """The control row "inside anyio.fail_after(30)" is no latencykit code at all: the cost of one
 cancel scope around a litellm call, the mechanism any structured deadline needs."""
@@ -396,6 +433,7 @@ async def _llm_rounds(
         api_key=key,
     )
     llm_plain = lk.LLM(MODEL, api_base=base_url, api_key=key)
+    llm_hedge = lk.LLM(MODEL, hedge=lk.Hedge(30.0), api_base=base_url, api_key=key)
 
     async def bare() -> object:
         return await litellm.acompletion(model=MODEL, messages=MESSAGES, **target)
@@ -415,12 +453,16 @@ async def _llm_rounds(
     async def full() -> object:
         return await llm_full.acompletion(messages=MESSAGES, **per_call)
 
+    async def hedged() -> object:
+        return await llm_hedge.acompletion(messages=MESSAGES, **per_call)
+
     calls: dict[str, Callable[[], Awaitable[object]]] = {
         "bare": bare,
         "bare_same_args": bare_same_args,
         "bare_in_timeout": bare_in_timeout,
         "llm_plain": plain,
         "llm_full": full,
+        "llm_hedge": hedged,
     }
     times: dict[str, list[float]] = {key: [] for key in calls}
     keys = list(calls)
@@ -693,25 +735,22 @@ def targets(
     return checks
 
 
-def render(
-    meta: Mapping[str, Any],
-    policies: Sequence[PolicyResult],
-    llms: Sequence[LLMResult],
-    imports: ImportResult,
-    checks: Sequence[Mapping[str, Any]],
-) -> str:
-    """The human-readable report."""
+def render_policies(meta: Mapping[str, Any], policies: Sequence[PolicyResult]) -> str:
+    """The report of part 1 alone (``--policies-only``)."""
+    lines = [
+        f"latencykit {meta['latencykit']} policy overhead, {meta['date']}, {meta['mode']} run: "
+        f"Python {meta['python']}, anyio {meta['anyio']}, trio {meta['trio']}, "
+        f"{meta['cpus']} CPUs",
+        f"load average (1 min) at start {meta['load_start']}, at end {meta['load_end']}",
+        "",
+        *_render_policy_rows(policies),
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _render_policy_rows(policies: Sequence[PolicyResult]) -> list[str]:
     lines: list[str] = []
     add = lines.append
-    add(
-        f"latencykit {meta['latencykit']} overhead benchmark, {meta['date']}, {meta['mode']} run: "
-        f"Python {meta['python']}, litellm {meta['litellm']}, anyio {meta['anyio']}, "
-        f"trio {meta['trio']}, {meta['cpus']} CPUs"
-    )
-    add(f"gc: {GC_NOTE}")
-    add(f"load average (1 min) at start {meta['load_start']}, at end {meta['load_end']}")
-    add("")
-
     first = policies[0]
     add(
         "1. Policies on `async def noop(x): return x`: us per call added over raw `await noop(1)`,"
@@ -752,6 +791,28 @@ def render(
             )
         add(row)
     add("")
+    return lines
+
+
+def render(
+    meta: Mapping[str, Any],
+    policies: Sequence[PolicyResult],
+    llms: Sequence[LLMResult],
+    imports: ImportResult,
+    checks: Sequence[Mapping[str, Any]],
+) -> str:
+    """The human-readable report."""
+    lines: list[str] = []
+    add = lines.append
+    add(
+        f"latencykit {meta['latencykit']} overhead benchmark, {meta['date']}, {meta['mode']} run: "
+        f"Python {meta['python']}, litellm {meta['litellm']}, anyio {meta['anyio']}, "
+        f"trio {meta['trio']}, {meta['cpus']} CPUs"
+    )
+    add(f"gc: {GC_NOTE}")
+    add(f"load average (1 min) at start {meta['load_start']}, at end {meta['load_end']}")
+    add("")
+    lines.extend(_render_policy_rows(policies))
 
     for number, llm in enumerate(llms):
         add(
@@ -835,7 +896,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small run (< 30 s), for smoke tests")
     parser.add_argument("--json", metavar="PATH", type=Path, help="also write results as JSON")
     parser.add_argument("--seed", type=int, default=20261122, help="shuffle seed")
+    parser.add_argument(
+        "--policies-only",
+        action="store_true",
+        help="only part 1 (policy overhead on a no-op coroutine), printed without targets",
+    )
+    parser.add_argument(
+        "--hedge-baseline",
+        metavar="PATH",
+        type=Path,
+        help="another hedge.py to measure side by side with the current one (part 1)",
+    )
     args = parser.parse_args(argv)
+    global BASELINE_HEDGE
+    BASELINE_HEDGE = args.hedge_baseline
     settings = QUICK if args.quick else FULL
 
     started = time.perf_counter()
@@ -865,6 +939,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         begin = time.perf_counter()
         policies.append(bench_policies(backend, settings, args.seed))
         sections[f"policies_{backend}"] = round(time.perf_counter() - begin, 1)
+    if args.policies_only:
+        meta["load_end"] = _load()
+        print(render_policies(meta, policies))
+        return 0
     # Before litellm is imported into this process (the subprocesses never import it).
     progress("import time ...")
     begin = time.perf_counter()
