@@ -1,0 +1,222 @@
+"""Every fenced ``python`` block of README.md and docs/*.md runs, for real, offline.
+
+How a block runs (the test id is ``file:line`` of its opening fence):
+
+- a block that defines ``test_*`` functions is a pytest module: it is written to a temporary
+  file and run by pytest in a subprocess (latencykit's pytest plugin is loaded there, as for a
+  user);
+- any other block is a program, executed in a fresh namespace (``__name__ == "__main__"``).
+  Top-level ``await``, ``async with`` and ``async for`` are allowed, as in ``python -m
+  asyncio``: such a block runs in ``asyncio.run``. Provider calls go to one shared fake provider
+  on 127.0.0.1: the examples leave the endpoint and key to litellm, which reads them from the
+  environment (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``), and this module sets both.
+
+A block fails its test if it raises or exits non-zero. A marker on the line before a fence
+(an HTML comment: invisible on the rendered page) changes how the block runs:
+
+- ``<!-- docs-test: continue -->``: the block continues the previous python block of the same
+  file (it uses names defined there) and runs joined to it;
+- ``<!-- docs-test: skip: <why> -->``: not run. The reason is required; skips stay few.
+
+``sh`` blocks are not run; the ``make`` targets and the scripts they name must exist.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import latencykit as lk
+from latencykit.testing import FakeProvider
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MAX_SKIPS = 2  # a skipped block is an untested example: keep them rare
+
+FENCE = re.compile(r"^```(\S*)\s*$")
+MARKER = re.compile(r"^<!-- docs-test: (continue|skip: (.*\S)) -->$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One fenced code block: where it is, its language, its code and its marker."""
+
+    path: str  # relative to the repository root
+    line: int  # of the opening fence, 1-based
+    lang: str
+    code: str
+    marker: str | None  # "continue", "skip: <why>" or None
+    previous: Block | None  # the previous python block of the same file
+
+    @property
+    def id(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    @property
+    def program(self) -> str:
+        """The code to run: the block after the blocks it continues, each on its own lines of
+        the Markdown file (blank lines between), so that tracebacks point into the file."""
+        before = ""
+        if self.marker == "continue":
+            assert self.previous is not None, f"{self.id}: 'continue' needs an earlier block"
+            before = self.previous.program
+        return before + "\n" * (self.line - before.count("\n")) + self.code
+
+
+def read_blocks(path: Path) -> Iterator[Block]:
+    """The fenced blocks of one Markdown file, in order."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    previous: Block | None = None
+    i = 0
+    while i < len(lines):
+        opening = FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        above = lines[i - 1] if i > 0 else ""
+        marked = MARKER.match(above)
+        block = Block(
+            path=str(path.relative_to(ROOT)),
+            line=i + 1,
+            lang=opening[1],
+            code="\n".join(lines[i + 1 : end]) + "\n",
+            marker=marked[1] if marked else None,
+            previous=previous,
+        )
+        assert marked or not above.startswith("<!-- docs-test"), f"{block.id}: bad marker"
+        if block.lang == "python":
+            previous = block
+        yield block
+        i = end + 1
+
+
+BLOCKS = [block for path in DOCS for block in read_blocks(path)]
+PYTHON = [block for block in BLOCKS if block.lang == "python"]
+SHELL = [block for block in BLOCKS if block.lang in ("sh", "bash", "console")]
+
+
+def is_pytest_module(code: str) -> bool:
+    tree = ast.parse(code)
+    return any(
+        isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_")
+        for node in tree.body
+    )
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[FakeProvider]:
+    """One fake provider for every block; the examples find it through the environment.
+
+    litellm's first request in a process blocks the event loop for 0.5-1 s (more on a loaded
+    machine), where no deadline can preempt it (docs/concepts.md, "Cold start"): one request
+    here keeps that out of the examples' budgets, as a warm-up at start-up does in a server.
+    """
+    import litellm
+
+    with FakeProvider() as fake:
+        warm_up = litellm.acompletion(
+            model="openai/warm-up",
+            api_base=fake.base_url,
+            api_key="fake-key",
+            max_retries=0,
+            messages=[{"role": "user", "content": "hi"}],
+        )
+        asyncio.run(warm_up)
+        yield fake
+
+
+def shift_lines(code: types.CodeType, lines: int) -> types.CodeType:
+    """``code``, and the functions and classes it defines, ``lines`` lines further down."""
+    consts = tuple(
+        shift_lines(const, lines) if isinstance(const, types.CodeType) else const
+        for const in code.co_consts
+    )
+    return code.replace(co_firstlineno=code.co_firstlineno + lines, co_consts=consts)
+
+
+def run_program(block: Block) -> None:
+    """Execute a block as ``__main__`` in a fresh namespace, on asyncio if it awaits."""
+    program = block.program.lstrip("\n")
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    code = compile(program, ROOT / block.path, "exec", flags=flags, dont_inherit=True)
+    # Line numbers in the Markdown file; tracebacks show the code, not the text above it.
+    code = shift_lines(code, len(block.program) - len(program))
+    namespace = {"__name__": "__main__"}
+    try:
+        result = eval(code, namespace)
+        if asyncio.iscoroutine(result):  # top-level await: the block is a coroutine's body
+            asyncio.run(result)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            pytest.fail(f"{block.id} exited with {exc.code!r}")
+
+
+def run_pytest_module(block: Block, directory: Path) -> None:
+    """Write the block to a test file and run pytest on it in a subprocess."""
+    test_file = directory / "test_doc_block.py"
+    test_file.write_text(block.program, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file.name],
+        cwd=directory,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert done.returncode == 0, f"{block.id}: pytest failed\n{done.stdout}\n{done.stderr}"
+
+
+@pytest.mark.timeout(110)
+@pytest.mark.parametrize("block", PYTHON, ids=lambda block: block.id)
+def test_python_block_runs(
+    block: Block, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    if block.marker and block.marker.startswith("skip: "):
+        pytest.skip(block.marker)
+    if is_pytest_module(block.program):
+        run_pytest_module(block, tmp_path)
+        return
+    monkeypatch.setenv("OPENAI_BASE_URL", provider.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "fake-key")
+    # Safety net: a failover to Anthropic would reach the fake provider (and fail), never the
+    # internet.
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", provider.base_url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "fake-key")
+    lk.reset_breakers()  # breakers are process-wide: blocks and other tests must not share them
+    try:
+        run_program(block)
+    finally:
+        lk.reset_breakers()
+
+
+def test_skips_are_few_and_explained() -> None:
+    skipped = [block for block in PYTHON if block.marker and block.marker.startswith("skip")]
+    assert len(skipped) <= MAX_SKIPS, [block.id for block in skipped]
+    assert PYTHON, "no python block found"
+
+
+@pytest.mark.parametrize("block", SHELL, ids=lambda block: block.id)
+def test_shell_block_names_what_exists(block: Block) -> None:
+    """``make`` targets exist in the Makefile; scripts named by path exist."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([\w-]+):", makefile, flags=re.MULTILINE))
+    for line in textwrap.dedent(block.code).splitlines():
+        command = line.split("#", 1)[0].split()
+        if command[:1] == ["make"]:
+            assert set(command[1:]) <= targets, f"{block.id}: {line!r}"
+        for word in command:
+            if word.endswith(".py"):
+                assert (ROOT / word).is_file(), f"{block.id}: {word} does not exist"
