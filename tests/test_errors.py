@@ -30,7 +30,12 @@ class StatusError(Exception):
         (401, lk.ErrorKind.AUTHENTICATION),
         (403, lk.ErrorKind.AUTHENTICATION),
         (400, lk.ErrorKind.BAD_REQUEST),
-        (404, lk.ErrorKind.BAD_REQUEST),
+        (404, lk.ErrorKind.NOT_FOUND),
+        (409, lk.ErrorKind.BAD_REQUEST),
+        (413, lk.ErrorKind.BAD_REQUEST),
+        (422, lk.ErrorKind.BAD_REQUEST),
+        (504, lk.ErrorKind.TIMEOUT),
+        (529, lk.ErrorKind.SERVER_ERROR),
     ],
 )
 def test_classify_by_status(status: int, kind: lk.ErrorKind) -> None:
@@ -174,7 +179,7 @@ def _litellm_errors() -> list[tuple[BaseException, lk.ErrorKind]]:
         ),
         (
             e.NotFoundError("no such model", response=response(404), **common),
-            lk.ErrorKind.BAD_REQUEST,
+            lk.ErrorKind.NOT_FOUND,
         ),
         (e.BadRequestError("bad", response=response(400), **common), lk.ErrorKind.BAD_REQUEST),
         (

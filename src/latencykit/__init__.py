@@ -21,6 +21,7 @@ from .errors import ErrorKind as ErrorKind
 from .errors import FallbackFailed as FallbackFailed
 from .errors import FirstTokenTimeout as FirstTokenTimeout
 from .errors import LatencykitError as LatencykitError
+from .errors import ModelNotFound as ModelNotFound
 from .errors import ProviderConnectionError as ProviderConnectionError
 from .errors import ProviderError as ProviderError
 from .errors import ProviderUnavailable as ProviderUnavailable
@@ -143,6 +144,7 @@ __all__ = [
     "InMemoryBreakerStore",
     "LatencyWindow",
     "LatencykitError",
+    "ModelNotFound",
     "Next",
     "Outcome",
     "Pipeline",

@@ -18,7 +18,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
 
 if TYPE_CHECKING:
     from ._context import Attempt
@@ -35,6 +35,7 @@ __all__ = [
     "FallbackFailed",
     "FirstTokenTimeout",
     "LatencykitError",
+    "ModelNotFound",
     "ProviderConnectionError",
     "ProviderError",
     "ProviderUnavailable",
@@ -69,8 +70,12 @@ class ErrorKind(str, enum.Enum):
     """The provider refused the content: never retried."""
     AUTHENTICATION = "authentication"
     """401/403: never retried."""
+    NOT_FOUND = "not_found"
+    """404, ``model_not_found``: this target does not serve the model (or the endpoint is
+    wrong). Not retried on the same target; failover tries the other targets, where the model
+    may exist. Not a provider-health failure."""
     BAD_REQUEST = "bad_request"
-    """400/404/422: the request itself is wrong; never retried."""
+    """400/409/413/422 and other 4xx: the request itself is wrong; never retried."""
     CIRCUIT_OPEN = "circuit_open"
     """A circuit breaker refused the call: go elsewhere (failover, degrade); not retried."""
     UNKNOWN = "unknown"
@@ -289,9 +294,18 @@ class AuthenticationFailed(ProviderError):
 
 
 class BadRequest(ProviderError):
-    """HTTP 400/404/422: the request is invalid for this provider or model."""
+    """HTTP 400/409/413/422 (and other 4xx): the request is invalid for this provider or
+    model."""
 
     kind = ErrorKind.BAD_REQUEST
+
+
+class ModelNotFound(BadRequest):
+    """HTTP 404 (or ``model_not_found``): this target does not serve the model. Failover tries
+    the other targets; the same target is not retried. A :class:`BadRequest`, so ``except
+    BadRequest`` still catches it."""
+
+    kind = ErrorKind.NOT_FOUND
 
 
 _ERROR_TYPES: dict[ErrorKind, type[ProviderError]] = {
@@ -306,6 +320,7 @@ _ERROR_TYPES: dict[ErrorKind, type[ProviderError]] = {
         ContentPolicyViolation,
         AuthenticationFailed,
         BadRequest,
+        ModelNotFound,
     )
 }
 _ERROR_TYPES[ErrorKind.UNKNOWN] = ProviderError
@@ -352,27 +367,12 @@ def attach_others(error: BaseException, others: list[Exception]) -> None:
 
 
 # --- classification -------------------------------------------------------------------------
-
-# litellm class name -> kind, most specific first (checked along the MRO, so subclasses win).
-_LITELLM_KINDS = {
-    "ContextWindowExceededError": ErrorKind.CONTEXT_LENGTH,
-    "ContentPolicyViolationError": ErrorKind.CONTENT_POLICY,
-    "MidStreamFallbackError": ErrorKind.STREAM_BROKEN,
-    "RateLimitError": ErrorKind.RATE_LIMITED,
-    "Timeout": ErrorKind.TIMEOUT,
-    "APITimeoutError": ErrorKind.TIMEOUT,
-    "AuthenticationError": ErrorKind.AUTHENTICATION,
-    "PermissionDeniedError": ErrorKind.AUTHENTICATION,
-    "APIConnectionError": ErrorKind.CONNECTION,
-    "InternalServerError": ErrorKind.SERVER_ERROR,
-    "ServiceUnavailableError": ErrorKind.SERVER_ERROR,
-    "BadGatewayError": ErrorKind.SERVER_ERROR,
-    "BadRequestError": ErrorKind.BAD_REQUEST,
-    "NotFoundError": ErrorKind.BAD_REQUEST,
-    "UnprocessableEntityError": ErrorKind.BAD_REQUEST,
-    "UnsupportedParamsError": ErrorKind.BAD_REQUEST,
-}
-_CLIENT_MODULES = ("litellm", "openai", "httpx", "httpcore", "aiohttp", "anthropic")
+#
+# One table decides (docs/errors.md renders it). classify() first asks whether an HTTP answer
+# came back at all (a refused, reset or silent connection, a timeout, a caller's bug that litellm
+# wrapped); if one did, it reads the error once into _Evidence (the provider's HTTP status, the
+# OpenAI-style error ``code``/``type`` values, the message text, and the class litellm or the
+# OpenAI SDK chose) and returns the kind of the first rule of _RULES that matches.
 
 # Cause-chain markers of "the request never got an HTTP answer".
 _CONNECTION_CAUSES = frozenset(
@@ -398,6 +398,132 @@ _TIMEOUT_CAUSES = frozenset(
         "ServerTimeoutError",
     }
 )
+_CLIENT_MODULES = ("litellm", "openai", "httpx", "httpcore", "aiohttp", "anthropic")
+
+# Error ``code``/``type`` values (lowercase) that name a kind outright.
+_CONTEXT_CODES = frozenset(
+    {"context_length_exceeded", "context_window_exceeded", "exceed_context_size_error"}
+)
+_CONTENT_CODES = frozenset(
+    {"content_filter", "content_policy_violation", "responsibleaipolicyviolation"}
+)
+_NOT_FOUND_CODES = frozenset(
+    {"model_not_found", "deploymentnotfound", "deployment_not_found", "not_found_error"}
+)
+_AUTH_CODES = frozenset({"invalid_api_key", "authentication_error", "permission_error"})
+
+# The providers' wordings, for errors that carry no telling code (lowercase, matched anywhere
+# in the messages of the error and its causes). Context length: OpenAI, Azure, DeepSeek, Groq,
+# vLLM ("maximum context length"), Mistral ("too large for model with N maximum context
+# length"), the Responses API ("exceeds the context window"), Anthropic ("prompt is too long"),
+# Bedrock ("input is too long"), Cohere ("too many tokens"), Gemini ("exceeds the maximum
+# number of tokens allowed"), xAI ("maximum prompt length"), llama.cpp ("exceeds the available
+# context size"), TGI ("`inputs` tokens + `max_new_tokens` must be"), Cerebras ("current length
+# is N while limit is M").
+_CONTEXT_WORDS = re.compile(
+    r"maximum context length|context[_ ]length[_ ]exceeded|context[_ ]window[_ ]exceeded"
+    r"|exceeds? (?:the )?(?:model's |available )?context (?:window|size|length|limit)"
+    r"|prompt is too long|input is too long|too many (?:input |prompt )?tokens"
+    r"|maximum prompt length|maximum input length"
+    r"|exceeds the maximum number of tokens allowed|tokens \+ `max_new_tokens` must be"
+    r"|longer than the model's (?:maximum )?context length|current length is \d+ while limit is"
+)
+# Content filters: OpenAI ("rejected as a result of our safety system", "flagged as
+# potentially violating our usage policy"), Azure ("content management policy",
+# ResponsibleAIPolicyViolation), Anthropic ("content filtering policy").
+_CONTENT_WORDS = re.compile(
+    r"content[_ ]policy[_ ]violation|content management policy|content filtering policy"
+    r"|as a result of (?:our|the) safety system|violating our usage polic"
+    r"|responsibleaipolicyviolation"
+)
+
+
+class _Evidence(NamedTuple):
+    """What an error that came with an HTTP answer (or as an error event) says about itself."""
+
+    status: int | None
+    """HTTP status of the provider's answer (not litellm's guess), if any."""
+    codes: frozenset[str]
+    """OpenAI-style error ``code``, ``type`` (and Azure ``innererror.code``) values, lowercase."""
+    text: str
+    """The error messages along the cause chain, lowercase."""
+    classes: tuple[str, ...]
+    """Class names along the MRO of the exception, when it comes from a client library."""
+
+
+class _Rule(NamedTuple):
+    """One row of the table: ``kind`` if any of the signals matches."""
+
+    kind: ErrorKind
+    statuses: frozenset[int] = frozenset()
+    codes: frozenset[str] = frozenset()
+    words: re.Pattern[str] | None = None
+    classes: frozenset[str] = frozenset()
+
+    def matches(self, evidence: _Evidence) -> bool:
+        return (
+            (evidence.status is not None and evidence.status in self.statuses)
+            or not self.codes.isdisjoint(evidence.codes)
+            or (self.words is not None and self.words.search(evidence.text) is not None)
+            or not self.classes.isdisjoint(evidence.classes)
+        )
+
+
+def _statuses(low: int, high: int) -> frozenset[int]:
+    return frozenset(range(low, high + 1))
+
+
+_K = ErrorKind
+_RULES: tuple[_Rule, ...] = (
+    # 1. The caller's account or pace, whatever the body says.
+    _Rule(_K.AUTHENTICATION, statuses=frozenset({401, 403})),
+    _Rule(_K.RATE_LIMITED, statuses=frozenset({429})),
+    _Rule(_K.TIMEOUT, statuses=frozenset({408})),
+    # 2. What the error says about this request on this target, whatever the status: the
+    #    provider's code/type first, then its wording, then litellm's own reading of it.
+    _Rule(_K.CONTEXT_LENGTH, codes=_CONTEXT_CODES),
+    _Rule(_K.CONTENT_POLICY, codes=_CONTENT_CODES),
+    _Rule(_K.NOT_FOUND, codes=_NOT_FOUND_CODES),
+    _Rule(_K.AUTHENTICATION, codes=_AUTH_CODES),
+    _Rule(_K.CONTEXT_LENGTH, words=_CONTEXT_WORDS),
+    _Rule(_K.CONTENT_POLICY, words=_CONTENT_WORDS),
+    _Rule(_K.CONTEXT_LENGTH, classes=frozenset({"ContextWindowExceededError"})),
+    _Rule(_K.CONTENT_POLICY, classes=frozenset({"ContentPolicyViolationError"})),
+    # 3. The HTTP status.
+    _Rule(_K.NOT_FOUND, statuses=frozenset({404})),
+    _Rule(_K.TIMEOUT, statuses=frozenset({504})),
+    _Rule(_K.SERVER_ERROR, statuses=_statuses(500, 599)),
+    _Rule(_K.BAD_REQUEST, statuses=_statuses(400, 499)),
+    # 4. No HTTP status (an error event inside a stream, an error litellm raised itself): the
+    #    class litellm or the OpenAI SDK chose, most specific first, then the error type.
+    _Rule(_K.STREAM_BROKEN, classes=frozenset({"MidStreamFallbackError"})),
+    _Rule(_K.RATE_LIMITED, classes=frozenset({"RateLimitError"})),
+    _Rule(_K.TIMEOUT, classes=frozenset({"Timeout", "APITimeoutError"})),
+    _Rule(_K.AUTHENTICATION, classes=frozenset({"AuthenticationError", "PermissionDeniedError"})),
+    _Rule(_K.NOT_FOUND, classes=frozenset({"NotFoundError"})),
+    _Rule(_K.CONNECTION, classes=frozenset({"APIConnectionError"})),
+    _Rule(
+        _K.SERVER_ERROR,
+        classes=frozenset({"InternalServerError", "ServiceUnavailableError", "BadGatewayError"}),
+    ),
+    _Rule(
+        _K.BAD_REQUEST,
+        classes=frozenset(
+            {"BadRequestError", "UnprocessableEntityError", "UnsupportedParamsError"}
+        ),
+    ),
+    _Rule(_K.RATE_LIMITED, codes=frozenset({"rate_limit_exceeded", "rate_limit_error"})),
+    _Rule(
+        _K.SERVER_ERROR,
+        codes=frozenset({"overloaded_error", "server_error", "api_error", "service_unavailable"}),
+    ),
+    _Rule(_K.BAD_REQUEST, codes=frozenset({"invalid_request_error"})),
+)
+del _K
+
+# The class names of the table: does a client library's class say what happened?
+_CLASS_NAMES = frozenset(name for rule in _RULES for name in rule.classes)
+_TEXT_LIMIT = 4000  # characters of each message searched for wordings
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -409,20 +535,6 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-def _status_kind(status: int) -> ErrorKind | None:
-    if status == 429:
-        return ErrorKind.RATE_LIMITED
-    if status == 408:
-        return ErrorKind.TIMEOUT
-    if status in (401, 403):
-        return ErrorKind.AUTHENTICATION
-    if 500 <= status <= 599:
-        return ErrorKind.SERVER_ERROR
-    if 400 <= status <= 499:
-        return ErrorKind.BAD_REQUEST
-    return None
-
-
 def _status_code(exc: BaseException) -> int | None:
     status = getattr(exc, "status_code", None)
     if isinstance(status, int) and not isinstance(status, bool):
@@ -432,45 +544,65 @@ def _status_code(exc: BaseException) -> int | None:
     return status if isinstance(status, int) and not isinstance(status, bool) else None
 
 
-def _kind_by_class_name(exc: BaseException) -> ErrorKind | None:
-    for cls in type(exc).__mro__:
-        if cls.__module__.split(".", 1)[0] in _CLIENT_MODULES:
-            kind = _LITELLM_KINDS.get(cls.__name__)
-            if kind is not None:
-                return kind
+def _from_litellm(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("litellm")
+
+
+def _client_classes(exc: BaseException) -> tuple[str, ...]:
+    return tuple(
+        cls.__name__
+        for cls in type(exc).__mro__
+        if cls.__module__.split(".", 1)[0] in _CLIENT_MODULES
+    )
+
+
+def _http_status(exc: BaseException) -> int | None:
+    """The status of the provider's answer: the first one in the cause chain that litellm did
+    not set (litellm puts its own guess on its exceptions: 500 on a refused connection, 400 on
+    an error event in a stream)."""
+    for link in _chain(exc):
+        if not _from_litellm(link) and (status := _status_code(link)) is not None:
+            return status
     return None
 
 
-# OpenAI-style error ``code`` / ``type`` -> kind, for errors that arrive without a telling class
-# (an error event in the middle of a stream reaches us as litellm's MidStreamFallbackError, a
-# generic 400 as BadRequestError).
-_CODE_KINDS = {
-    "content_filter": ErrorKind.CONTENT_POLICY,
-    "content_policy_violation": ErrorKind.CONTENT_POLICY,
-    "context_length_exceeded": ErrorKind.CONTEXT_LENGTH,
-    "invalid_api_key": ErrorKind.AUTHENTICATION,
-}
-_TYPE_KINDS = {
-    "authentication_error": ErrorKind.AUTHENTICATION,
-    "permission_error": ErrorKind.AUTHENTICATION,
-    "invalid_request_error": ErrorKind.BAD_REQUEST,
-}
+def _read_body(body: object, codes: set[str], texts: list[str], depth: int = 0) -> None:
+    if isinstance(body, str):
+        texts.append(body[:_TEXT_LIMIT])
+        return
+    if not isinstance(body, Mapping) or depth > 2:
+        return
+    for key in ("code", "type"):
+        value = body.get(key)
+        if isinstance(value, str):
+            codes.add(value.lower())
+    message = body.get("message")
+    if isinstance(message, str):
+        texts.append(message[:_TEXT_LIMIT])
+    for key in ("error", "innererror"):
+        _read_body(body.get(key), codes, texts, depth + 1)
 
 
-def _kind_by_error_code(exc: BaseException) -> ErrorKind | None:
-    """The kind an OpenAI-style error body in the cause chain names, if any (``code`` first,
-    then ``type``)."""
-    by_type = None
+def _evidence(exc: BaseException, status: int | None) -> _Evidence:
+    codes: set[str] = set()
+    texts: list[str] = []
     for link in _chain(exc):
-        body = getattr(link, "body", None)
-        for source in (body, link) if isinstance(body, Mapping) else (link,):
-            get = source.get if isinstance(source, Mapping) else source.__dict__.get
-            code, kind_name = get("code"), get("type")
-            if isinstance(code, str) and code in _CODE_KINDS:
-                return _CODE_KINDS[code]
-            if by_type is None and isinstance(kind_name, str):
-                by_type = _TYPE_KINDS.get(kind_name)
-    return by_type
+        _read_body(getattr(link, "body", None), codes, texts)
+        if not _from_litellm(link):  # litellm sets its own code/type ("throttling_error")
+            for attr in ("code", "type"):
+                value = link.__dict__.get(attr) if hasattr(link, "__dict__") else None
+                if isinstance(value, str):
+                    codes.add(value.lower())
+        message = getattr(link, "message", None)
+        texts.append((message if isinstance(message, str) else str(link))[:_TEXT_LIMIT])
+    return _Evidence(status, frozenset(codes), "\n".join(texts).lower(), _client_classes(exc))
+
+
+def _kind_by_rules(evidence: _Evidence) -> ErrorKind | None:
+    for rule in _RULES:
+        if rule.matches(evidence):
+            return rule.kind
+    return None
 
 
 _NETWORK_CAUSES = (_CONNECTION_CAUSES - {"APIConnectionError"}) | _TIMEOUT_CAUSES
@@ -501,61 +633,82 @@ def _caller_bug(exc: BaseException) -> bool:
     return bug
 
 
-def _from_litellm(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith("litellm")
+def _class_kind(classes: tuple[str, ...]) -> ErrorKind | None:
+    """The kind the client library's class alone names (step 4 of the table), if any."""
+    if classes:
+        for rule in _RULES:
+            if not rule.classes.isdisjoint(classes):
+                return rule.kind
+    return None
+
+
+def _without_answer(exc: BaseException, classes: tuple[str, ...]) -> ErrorKind | None:
+    """The kind of an error that came without an HTTP answer, or ``None`` if one came.
+
+    A refused, reset or silently closed connection reaches us from litellm as a 500 whose
+    cause chain holds the network error: ``CONNECTION`` (``TIMEOUT`` for a timeout). A
+    client-side failure wrapped the same way (missing credentials, a bad argument, litellm's
+    own bugs) is ``UNKNOWN``: nothing reached the provider, and another attempt would fail the
+    same way. A 200 whose body does not parse is the provider's fault: ``SERVER_ERROR``.
+    """
+    kind = _class_kind(classes)
+    if kind is ErrorKind.CONNECTION:
+        return ErrorKind.UNKNOWN if _caller_bug(exc) else None
+    if kind is not ErrorKind.SERVER_ERROR and kind is not None:
+        return None  # the library's class says what happened (a timeout, an error event...)
+    client_side = False
+    for link in _chain(exc):
+        name = type(link).__name__
+        if name in _TIMEOUT_CAUSES:
+            return ErrorKind.TIMEOUT
+        if name == "JSONDecodeError" and kind is not None:
+            # A provider answer that does not parse (truncated, empty, not JSON): a fault of
+            # the provider, worth another attempt, not a client-side failure.
+            return ErrorKind.SERVER_ERROR
+        if name in _CONNECTION_CAUSES or (link is not exc and isinstance(link, ConnectionError)):
+            return ErrorKind.CONNECTION
+        if link is exc or _from_litellm(link):
+            continue  # litellm's own wrappers carry a status even when nothing was sent
+        if _status_code(link) is not None:
+            return None  # a real HTTP answer
+        client_side = True
+    if client_side and kind is ErrorKind.SERVER_ERROR:
+        return ErrorKind.UNKNOWN
+    return None
 
 
 def classify(exc: BaseException) -> ErrorKind:
     """Classify any exception into an :class:`ErrorKind`.
 
-    Rules, first match wins: latencykit's own :class:`ProviderError` keeps its kind; litellm /
-    OpenAI SDK / httpx / aiohttp exceptions are classified by class (along the MRO), and a 5xx
-    whose cause chain shows no HTTP exchange happened (a refused connection arrives from litellm
-    as a 500) becomes ``CONNECTION``, and one caused by a client-side failure (litellm reports
-    missing credentials as a 500 too) ``UNKNOWN``; any other exception with an integer
-    ``status_code`` by status; ``TimeoutError`` (so :class:`DeadlineExceeded` too) is ``TIMEOUT``;
-    ``ConnectionError`` is ``CONNECTION``; everything else is ``UNKNOWN``.
+    latencykit's own errors keep their kind. An error that came without an HTTP answer is
+    ``CONNECTION`` or ``TIMEOUT`` by its cause chain (a refused connection arrives from litellm
+    as a 500), or ``UNKNOWN`` when it was a client-side failure that litellm wrapped (missing
+    credentials, a bad argument). Otherwise one table decides, first match wins (docs/errors.md):
+
+    1. HTTP 401/403 ``AUTHENTICATION``, 429 ``RATE_LIMITED``, 408 ``TIMEOUT``, whatever the
+       body says;
+    2. the error's ``code``/``type``, then its wording, then litellm's class, for context length
+       (``CONTEXT_LENGTH``), content filters (``CONTENT_POLICY``), a missing model
+       (``NOT_FOUND``) and bad keys, whatever the status;
+    3. the HTTP status: 404 ``NOT_FOUND``, 504 ``TIMEOUT``, other 5xx ``SERVER_ERROR``, other
+       4xx ``BAD_REQUEST``;
+    4. without a status (an error event inside a stream, an error litellm raised itself):
+       litellm's / the OpenAI SDK's class, then the error type.
+
+    Then ``TimeoutError`` (so :class:`DeadlineExceeded` too) is ``TIMEOUT``, ``ConnectionError``
+    ``CONNECTION``, and anything else ``UNKNOWN``.
     """
     if isinstance(exc, LatencykitError) and exc.kind is not None:
         return exc.kind
-    kind = _kind_by_class_name(exc)
-    if kind is ErrorKind.CONNECTION and _caller_bug(exc):
-        return ErrorKind.UNKNOWN
-    if kind is ErrorKind.STREAM_BROKEN or kind is ErrorKind.BAD_REQUEST:
-        # A content filter or a context-length error sent as an event mid-stream, or behind a
-        # generic 400: it says more than the class does, and it is not worth another attempt.
-        refined = _kind_by_error_code(exc)
-        if refined is not None and refined is not kind and not refined.transient:
-            return refined
-    if kind is ErrorKind.SERVER_ERROR or kind is None:
-        client_side = False
-        for link in _chain(exc):
-            name = type(link).__name__
-            if name in _TIMEOUT_CAUSES:
-                return ErrorKind.TIMEOUT
-            if name == "JSONDecodeError" and kind is not None:
-                # A provider answer that does not parse (truncated, empty, not JSON): a fault
-                # of the provider, worth another attempt, not a client-side failure.
-                return ErrorKind.SERVER_ERROR
-            if name in _CONNECTION_CAUSES or (
-                link is not exc and isinstance(link, ConnectionError)
-            ):
-                return ErrorKind.CONNECTION
-            if link is exc or type(link).__module__.startswith("litellm"):
-                continue  # litellm's own wrappers carry a status even when nothing was sent
-            if _status_code(link) is not None:
-                break  # a real HTTP answer: the class-based kind stands
-            client_side = True
-        else:
-            # litellm reports client-side failures (missing credentials, its own bugs) as a
-            # 500: nothing reached the provider, and another attempt would fail the same way.
-            if client_side and kind is ErrorKind.SERVER_ERROR:
-                return ErrorKind.UNKNOWN
+    classes = _client_classes(exc)
+    if (without := _without_answer(exc, classes)) is not None:
+        return without
+    status = _http_status(exc)
+    if status is None and _CLASS_NAMES.isdisjoint(classes):
+        status = _status_code(exc)  # a class the table does not know: its own status, if any
+    kind = _kind_by_rules(_evidence(exc, status))
     if kind is not None:
         return kind
-    status = _status_code(exc)
-    if status is not None and (by_status := _status_kind(status)) is not None:
-        return by_status
     if isinstance(exc, TimeoutError):
         return ErrorKind.TIMEOUT
     if isinstance(exc, ConnectionError):
@@ -663,10 +816,11 @@ def provider_error(
     message = scrub(_provider_message(exc), *secrets)
     if len(message) > _MESSAGE_LIMIT:
         message = message[: _MESSAGE_LIMIT - 3] + "..."
+    status = _http_status(exc)
     error = _ERROR_TYPES[kind](
         message,
         target=target,
-        status_code=_status_code(exc),
+        status_code=status if status is not None else _status_code(exc),
         retry_after=retry_after(exc),
     )
     return error

@@ -2,8 +2,9 @@
 
 Error-aware (DESIGN §3): a transient error (429 whose wait does not fit, 5xx, connection,
 timeout) moves to the next route at once; a context-length error goes only to a route with a
-larger context window; content policy, authentication, bad request and unknown errors are raised
-at once (``on=`` widens that, at your own risk). Routes whose circuit breaker is open are
+larger context window; a missing model (404, ``NOT_FOUND``) to the next route; content policy,
+authentication, bad request and unknown errors are raised at once (``on=`` widens that, at your
+own risk). Routes whose circuit breaker is open are
 skipped without a request. Per-route policies (breaker, retry, attempt timeout) sit inside this
 one, so they act per route.
 
@@ -145,11 +146,14 @@ class Failover(PolicyDecorator):
             except Exception as exc:
                 errors.append(exc)
                 previous = route.name
-                if classify(exc) is ErrorKind.CONTEXT_LENGTH:
+                kind = classify(exc)
+                if kind is ErrorKind.CONTEXT_LENGTH:
                     if window is None:
                         break  # unknown window: nothing is known to be larger
                     smaller_than = window
                     continue
+                if kind is ErrorKind.NOT_FOUND:
+                    continue  # the model may exist on another target
                 if not self._handles(exc):
                     attach_others(exc, errors[:-1])
                     raise

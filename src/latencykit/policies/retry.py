@@ -66,6 +66,7 @@ _NEVER_RETRIED = frozenset(
         ErrorKind.CONTEXT_LENGTH,
         ErrorKind.CONTENT_POLICY,
         ErrorKind.AUTHENTICATION,
+        ErrorKind.NOT_FOUND,
     }
 )
 

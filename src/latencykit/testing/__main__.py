@@ -14,7 +14,7 @@ from ._profiles import LlmperfProfile
 from ._records import RecordedAttempt
 from ._server import FakeProvider
 
-_SERVER_ABORTS = (Fault.CUT, Fault.RESET_BEFORE_HEADERS)
+_SERVER_ABORTS = (Fault.CUT, Fault.RESET_BEFORE_HEADERS, Fault.CLOSE_BEFORE_HEADERS)
 
 
 def _line(a: RecordedAttempt) -> str:

@@ -25,9 +25,18 @@ class Fault(str, enum.Enum):
     HTTP_500 = "http_500"
     """500 ``server_error``."""
     HTTP_503 = "http_503"
-    """503 ``service_unavailable`` ("The server is overloaded")."""
+    """503 ``service_unavailable`` ("The server is overloaded"), with ``Retry-After`` if
+    ``Behavior.retry_after`` is set."""
+    HTTP_ERROR = "http_error"
+    """Any HTTP error, after ``ttft``: status ``Behavior.status``, an OpenAI error body built
+    from ``error_type``/``error_code``/``error_message`` (or the raw ``Behavior.body``), plus
+    ``Behavior.headers`` and ``Retry-After`` if ``retry_after`` is set. A stream gets the same
+    answer (an error before the first chunk)."""
     RESET_BEFORE_HEADERS = "reset_before_headers"
     """Read the request, wait ``ttft``, then reset the TCP connection (RST), no response bytes."""
+    CLOSE_BEFORE_HEADERS = "close_before_headers"
+    """Read the request, stay silent ``ttft`` seconds, then close the connection cleanly (FIN)
+    without a response byte: what a proxy or load balancer with an idle timeout does."""
     HANG = "hang"
     """Read the request and never answer, until the client disconnects."""
     KEEPALIVE_THEN_TOKENS = "keepalive_then_tokens"
@@ -90,6 +99,27 @@ def _integer(name: str, value: object, *, minimum: int, allow_none: bool = False
 def _flag(name: str, value: object) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"Behavior.{name} must be a bool, got {value!r}")
+
+
+def header_pairs(value: object) -> tuple[tuple[str, str], ...]:
+    """``Behavior.headers`` as ``(name, value)`` pairs, validated (``ValueError``)."""
+    items = value.items() if hasattr(value, "items") else value
+    if isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+        raise ValueError(f"Behavior.headers must be a mapping of str to str, got {value!r}")
+    pairs = []
+    for item in items:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise ValueError(f"Behavior.headers must be a mapping of str to str, got {value!r}")
+        name, text = item
+        if (
+            not (isinstance(name, str) and isinstance(text, str))
+            or any(c in name + text for c in "\r\n")
+            or not name.strip()
+            or ":" in name
+        ):
+            raise ValueError(f"Behavior.headers has an invalid header {item!r}")
+        pairs.append((name, text))
+    return tuple(pairs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,6 +189,25 @@ class Behavior:
     - ``"content_filter"``: type ``invalid_request_error``, code ``content_filter``; HTTP 400;
     - ``"context_length"``: type ``invalid_request_error``, code
       ``context_length_exceeded``; HTTP 400."""
+    status: int = 500
+    """HTTP status sent by ``Fault.HTTP_ERROR``, 400-599. Default ``500``."""
+    error_type: str | None = None
+    """``type`` of the ``Fault.HTTP_ERROR`` error object. Default ``None``: by status
+    (``invalid_request_error`` for a 4xx, ``authentication_error`` 401, ``permission_error``
+    403, ``not_found_error`` 404, ``rate_limit_error`` 429, ``overloaded_error`` 529,
+    ``server_error`` for other 5xx)."""
+    error_code: str | int | None = None
+    """``code`` of the ``Fault.HTTP_ERROR`` error object (vLLM sends an int). Default
+    ``None``."""
+    error_message: str | None = None
+    """``message`` of the ``Fault.HTTP_ERROR`` error object. Default ``None``: the status's
+    reason phrase."""
+    body: str | None = None
+    """The raw body ``Fault.HTTP_ERROR`` sends instead of the OpenAI error object (an
+    Anthropic-shaped error, a proxy's HTML page...). Default ``None``."""
+    headers: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
+    """Extra response headers of ``Fault.HTTP_ERROR`` (e.g. ``{"retry-after-ms": "250"}``);
+    stored as a tuple of ``(name, value)`` pairs. Default none."""
     rejects_prefill: bool = False
     """Answer 400 ``invalid_request_error`` ("does not support assistant message prefill"),
     after ``ttft``, to a request whose last message has role ``assistant``; the fault, if
@@ -181,6 +230,22 @@ class Behavior:
             raise ValueError(f"Behavior.text must be a str or None, got {self.text!r}")
         for name in ("role_chunk", "stall_keepalive", "rejects_prefill"):
             _flag(name, getattr(self, name))
+        _integer("status", self.status, minimum=400)
+        if self.status > 599:
+            raise ValueError(
+                f"Behavior.status must be an HTTP error status (400-599), got {self.status!r}"
+            )
+        for name in ("error_type", "error_message", "body"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"Behavior.{name} must be a str or None, got {value!r}")
+        if self.error_code is not None and (
+            isinstance(self.error_code, bool) or not isinstance(self.error_code, (str, int))
+        ):
+            raise ValueError(
+                f"Behavior.error_code must be a str, an int or None, got {self.error_code!r}"
+            )
+        object.__setattr__(self, "headers", header_pairs(self.headers))
         if not isinstance(self.error, str) or self.error not in ERROR_KINDS:
             raise ValueError(
                 f"Behavior.error must be one of {', '.join(ERROR_KINDS)}, got {self.error!r}"

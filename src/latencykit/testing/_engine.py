@@ -17,7 +17,7 @@ import traceback
 from typing import TYPE_CHECKING
 
 from . import _openai as oa
-from ._behavior import Behavior, Fault
+from ._behavior import Behavior, Fault, header_pairs
 from ._http import (
     LAST_CHUNK,
     BadRequest,
@@ -164,6 +164,24 @@ class _Exchange:
             return await self.send_json(*oa.prefill_rejected())
         if fault is Fault.HANG:
             await asyncio.get_running_loop().create_future()  # until the client goes away
+        if fault is Fault.CLOSE_BEFORE_HEADERS:
+            await _sleep_until(first_at)
+            self.conn.writer.close()  # a FIN: no response byte, no reset
+            return False
+        if fault is Fault.HTTP_ERROR:
+            await _sleep_until(first_at)
+            behavior = plan.behavior
+            status, body = oa.http_error(
+                behavior.status,
+                type_=behavior.error_type,
+                code=behavior.error_code,
+                message=behavior.error_message,
+                body=behavior.body,
+            )
+            headers = list(header_pairs(behavior.headers))
+            if behavior.retry_after is not None:
+                headers.append(("Retry-After", _seconds_header(behavior.retry_after)))
+            return await self.send_json(status, body, headers)
         if fault is Fault.RESET_BEFORE_HEADERS:
             await _sleep_until(first_at)
             sock = self.conn.writer.get_extra_info("socket")
@@ -180,7 +198,7 @@ class _Exchange:
                 context_window=plan.behavior.context_window,
             )
             extra: list[tuple[str, str]] = []
-            if fault is Fault.HTTP_429 and plan.behavior.retry_after is not None:
+            if fault in (Fault.HTTP_429, Fault.HTTP_503) and plan.behavior.retry_after is not None:
                 extra.append(("Retry-After", _seconds_header(plan.behavior.retry_after)))
             return await self.send_json(status, body, extra)
         if fault is Fault.ERROR_EVENT and not self.stream:

@@ -18,15 +18,22 @@ REASONS = {
     100: "Continue",
     200: "OK",
     400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    408: "Request Timeout",
+    409: "Conflict",
     411: "Length Required",
     413: "Content Too Large",
+    422: "Unprocessable Content",
     429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
+    502: "Bad Gateway",
     503: "Service Unavailable",
-    529: "Site Overloaded",  # not in the RFCs; sent by overloaded LLM APIs
+    504: "Gateway Timeout",
+    529: "Overloaded",  # not in the RFCs; sent by overloaded LLM APIs
 }
 
 
@@ -193,7 +200,7 @@ class Connection:
 
 def response_head(status: int, headers: list[tuple[str, str]]) -> bytes:
     """Status line and headers, ending with the blank line."""
-    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}"]
+    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}"]
     lines += [f"{name}: {value}" for name, value in headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 

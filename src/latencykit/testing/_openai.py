@@ -6,6 +6,7 @@ import json
 import re
 
 from ._behavior import Fault
+from ._http import REASONS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -245,6 +246,39 @@ def error_event(kind: str, *, prompt_tokens: int, context_window: int | None) ->
     if kind == "context_length":
         message = _context_length_message(prompt_tokens, context_window)
     return status, error_body(message, type_, code)
+
+
+_DEFAULT_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def reason(status: int) -> str:
+    """The reason phrase of an HTTP status (``"Error"`` when unknown)."""
+    return REASONS.get(status, "Error")
+
+
+def http_error(
+    status: int,
+    *,
+    type_: str | None,
+    code: str | int | None,
+    message: str | None,
+    body: str | None,
+) -> tuple[int, bytes]:
+    """``Fault.HTTP_ERROR``: the status and body (the raw ``body``, else an OpenAI error)."""
+    if body is not None:
+        return status, body.encode("utf-8")
+    if type_ is None:
+        type_ = _DEFAULT_TYPES.get(
+            status, "server_error" if status >= 500 else "invalid_request_error"
+        )
+    text = message if message is not None else reason(status)
+    return status, dumps({"error": {"message": text, "type": type_, "param": None, "code": code}})
 
 
 def prefill_rejected() -> tuple[int, bytes]:

@@ -19,7 +19,8 @@ class RecordedAttempt:
     records what it sends just before handing the bytes to the socket, so whatever a client
     has received is already recorded; a client's disconnect is recorded within a few
     milliseconds (wait for it with ``wait_for``/``wait_for_async``). A request whose
-    response the server cut on purpose (``Fault.CUT``, ``RESET_BEFORE_HEADERS``) is neither
+    response the server cut on purpose (``Fault.CUT``, ``RESET_BEFORE_HEADERS``,
+    ``CLOSE_BEFORE_HEADERS``) is neither
     ``completed`` nor ``disconnected``; so is one still in progress. A stream that ends
     early but properly (``CUT_WITH_DONE``, ``ERROR_EVENT``) is ``completed``.
     """
