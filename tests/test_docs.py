@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MAX_SKIPS = 2  # a skipped block is an untested example: keep them rare
 
-FENCE = re.compile(r"^```(\S*)\s*$")
+FENCE = re.compile(r"^( *)```(\S*)\s*$")  # a fence may be indented (in a list item)
 MARKER = re.compile(r"^<!-- docs-test: (continue|skip: (.*\S)) -->$")
 
 
@@ -55,7 +55,7 @@ class Block:
     path: str  # relative to the repository root
     line: int  # of the opening fence, 1-based
     lang: str
-    code: str
+    code: str  # dedented
     marker: str | None  # "continue", "skip: <why>" or None
     previous: Block | None  # the previous python block of the same file
 
@@ -74,24 +74,27 @@ class Block:
         return before + "\n" * (self.line - before.count("\n")) + self.code
 
 
-def read_blocks(path: Path) -> Iterator[Block]:
-    """The fenced blocks of one Markdown file, in order."""
+def read_blocks(path: Path, root: Path = ROOT) -> Iterator[Block]:
+    """The fenced blocks of one Markdown file, in order. A marker is the last non-blank line
+    before the fence."""
     lines = path.read_text(encoding="utf-8").splitlines()
     previous: Block | None = None
+    above = ""
     i = 0
     while i < len(lines):
         opening = FENCE.match(lines[i])
         if not opening:
+            above = lines[i].strip() or above
             i += 1
             continue
-        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
-        above = lines[i - 1] if i > 0 else ""
+        indent, lang = opening[1], opening[2]
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(f"{indent}```"))
         marked = MARKER.match(above)
         block = Block(
-            path=str(path.relative_to(ROOT)),
+            path=path.relative_to(root).as_posix(),
             line=i + 1,
-            lang=opening[1],
-            code="\n".join(lines[i + 1 : end]) + "\n",
+            lang="python" if lang == "py" else lang,
+            code=textwrap.dedent("\n".join(lines[i + 1 : end]) + "\n"),
             marker=marked[1] if marked else None,
             previous=previous,
         )
@@ -99,12 +102,13 @@ def read_blocks(path: Path) -> Iterator[Block]:
         if block.lang == "python":
             previous = block
         yield block
+        above = ""
         i = end + 1
 
 
 BLOCKS = [block for path in DOCS for block in read_blocks(path)]
 PYTHON = [block for block in BLOCKS if block.lang == "python"]
-SHELL = [block for block in BLOCKS if block.lang in ("sh", "bash", "console")]
+SHELL = [block for block in BLOCKS if block.lang in ("sh", "bash", "console", "shell")]
 
 
 def is_pytest_module(code: str) -> bool:
@@ -213,10 +217,58 @@ def test_shell_block_names_what_exists(block: Block) -> None:
     """``make`` targets exist in the Makefile; scripts named by path exist."""
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     targets = set(re.findall(r"^([\w-]+):", makefile, flags=re.MULTILINE))
-    for line in textwrap.dedent(block.code).splitlines():
+    for line in block.code.splitlines():
         command = line.split("#", 1)[0].split()
         if command[:1] == ["make"]:
             assert set(command[1:]) <= targets, f"{block.id}: {line!r}"
         for word in command:
             if word.endswith(".py"):
                 assert (ROOT / word).is_file(), f"{block.id}: {word} does not exist"
+
+
+SAMPLE = """\
+# Sample
+
+```python
+x = 1
+```
+
+<!-- docs-test: continue -->
+```python
+assert x == 1
+```
+
+1. In a list:
+
+   <!-- docs-test: skip: needs a GPU -->
+   ```py
+   import torch
+   ```
+
+```sh
+make test
+```
+"""
+
+
+def test_runner_reads_markers_and_joins_continued_blocks(tmp_path: Path) -> None:
+    (tmp_path / "sample.md").write_text(SAMPLE, encoding="utf-8")
+    first, second, third, shell = read_blocks(tmp_path / "sample.md", root=tmp_path)
+    assert [b.id for b in (first, second, third, shell)] == [
+        "sample.md:3",
+        "sample.md:8",
+        "sample.md:15",
+        "sample.md:19",
+    ]
+    assert (first.marker, second.marker, third.marker) == (None, "continue", "skip: needs a GPU")
+    assert (third.lang, third.code, shell.lang) == ("python", "import torch\n", "sh")
+    assert second.program.splitlines()[3:] == ["x = 1", "", "", "", "", "assert x == 1"]
+    run_program(second)  # the continued block sees the names of the first
+
+    (tmp_path / "bad.md").write_text("<!-- docs-test: skip -->\n```python\n```\n", "utf-8")
+    with pytest.raises(AssertionError, match="bad marker"):
+        list(read_blocks(tmp_path / "bad.md", root=tmp_path))
+    with pytest.raises(pytest.fail.Exception, match="exited with 2"):
+        run_program(dataclasses.replace(first, code="raise SystemExit(2)\n"))
+    with pytest.raises(ZeroDivisionError):
+        run_program(dataclasses.replace(first, code="import anyio\nawait anyio.sleep(0)\n1 / 0\n"))
