@@ -580,7 +580,7 @@ async def test_many_mixed_streams_leave_no_task_nor_connection_behind(fake: Fake
     fake.script("silent", Behavior(fault=Fault.KEEPALIVE_THEN_TOKENS, ttft=30.0))
     # litellm costs ~20 ms of CPU per stream here: 20 at a time keeps healthy streams far from
     # the limits on a loaded 2-core machine.
-    guard = lk.StreamGuard(first_token=3.0, stall=1.0)
+    guard = lk.StreamGuard(first_token=3.0, stall=2.0)
     mix = ("ok", "long", "cut", "ok", "stalls", "ok", "long", "cut", "ok", "ok") * 2
     mix = (*mix[:-1], "silent")
     llms = {m: make_llm(fake, m, stream_guard=guard) for m in set(mix)}

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, TypeVar
 import anyio
 import sniffio
 
-__all__ = ["Backend", "Expired", "Watchdog", "backend", "clock", "now"]
+__all__ = ["Backend", "Expired", "Watchdog", "backend", "clock", "loop_clock", "now"]
 
 T = TypeVar("T")
 
@@ -54,51 +54,81 @@ class Watchdog:
     So a wait that ends in time costs a few attribute writes; the timer fires about once per limit.
     """
 
-    __slots__ = ("_cancelling", "_fired", "_handle", "_limit", "_loop", "_task")
+    __slots__ = (
+        "_armed",
+        "_cancelling",
+        "_current_task",
+        "_fired",
+        "_handle",
+        "_limit",
+        "_loop",
+        "_task",
+    )
 
     def __init__(self) -> None:
         import asyncio
 
+        self._current_task = asyncio.current_task
         self._loop = asyncio.get_running_loop()
         self._handle: asyncio.TimerHandle | None = None
-        self._limit = math.inf
+        self._limit = self._armed = math.inf  # the wait's limit; when the timer fires
         self._task: Any = None
         self._cancelling = 0
         self._fired = False
 
     async def wait(self, awaitable: Awaitable[T], limit: float) -> T:
         """``await awaitable``, or :class:`Expired` once the loop's clock reaches ``limit``."""
-        import asyncio
+        task = self.arm(limit)
+        try:
+            result = await awaitable
+        except BaseException as exc:
+            self.raised(task, exc)
+            raise
+        self.returned(task)
+        return result
 
-        task: Any = asyncio.current_task()  # Any: cancelling()/uncancel() are 3.11+
+    # ``wait`` in three steps, for a caller whose per-item path cannot afford a coroutine frame
+    # more (a stream's ``__anext__``): ``task = arm(limit)``, the await, then ``returned(task)``
+    # or, when it raised, ``raised(task, error)`` before re-raising.
+
+    def arm(self, limit: float) -> Any:
+        """Start a wait of the current task that ends at ``limit`` at the latest; its task."""
         self._limit = limit
-        if self._handle is None or self._handle.when() > limit:
+        if limit < self._armed:
             if self._handle is not None:
                 self._handle.cancel()
             self._handle = self._loop.call_at(limit, self._expire)
+            self._armed = limit
+        task: Any = self._current_task()  # Any: cancelling()/uncancel() are 3.11+
         self._task, self._cancelling = task, task.cancelling()
-        try:
-            result = await awaitable
-        except asyncio.CancelledError:
-            if self._fired:
-                self._fired = False
-                if task.uncancel() <= self._cancelling:
-                    raise Expired from None  # only we cancelled it
-            raise
-        finally:
-            self._task = None
+        return task
+
+    def returned(self, task: Any) -> None:
+        """The wait ended with a result."""
+        self._task = None
         if self._fired:  # the awaitable swallowed our cancellation: take it back
             self._fired = False
             task.uncancel()
-        return result
+
+    def raised(self, task: Any, error: BaseException) -> None:
+        """The wait ended with ``error``: raises :class:`Expired` instead if the timer's
+        cancellation (and no other) caused it."""
+        self._task = None
+        if self._fired:
+            import asyncio
+
+            self._fired = False
+            if task.uncancel() <= self._cancelling and isinstance(error, asyncio.CancelledError):
+                raise Expired from None  # only we cancelled it
 
     def _expire(self) -> None:
-        self._handle = None
+        self._handle, self._armed = None, math.inf
         task = self._task
         if task is None:
             return  # not waiting: the next wait arms the timer again
         if self._loop.time() < self._limit:
             self._handle = self._loop.call_at(self._limit, self._expire)
+            self._armed = self._limit
             return
         self._fired = True
         task.cancel()
@@ -107,7 +137,7 @@ class Watchdog:
         """Disarm the timer (the stream ended)."""
         if self._handle is not None:
             self._handle.cancel()
-            self._handle = None
+            self._handle, self._armed = None, math.inf
 
 
 _GENERIC = Backend(now=anyio.current_time, scope=anyio.CancelScope)
@@ -161,6 +191,14 @@ def now() -> float:
     if loop is not None:
         return float(loop.time())
     return backend().now()
+
+
+def loop_clock() -> Callable[[], float]:
+    """:func:`now` for an object that lives on the running loop: asyncio's ``loop.time``
+    itself (no lookup of the loop per reading), the backend's clock elsewhere."""
+    asyncio = sys.modules.get("asyncio")
+    loop = None if asyncio is None else asyncio._get_running_loop()
+    return backend().now if loop is None else loop.time
 
 
 def clock() -> float:

@@ -10,6 +10,7 @@ what the provider sent (litellm records it in ``received_finish_reason``).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from .errors import StreamBroken, provider_error
@@ -46,6 +47,13 @@ class _LitellmChunkReader:
         if not choices:
             return _NOT_CONTENT
         choice = choices[0]
+        try:  # the common text chunk, straight from pydantic's extra dicts (see _field)
+            extra = choice.__pydantic_extra__
+            text = extra["delta"].__pydantic_extra__["content"]
+            if text:
+                return text, extra["finish_reason"]
+        except (AttributeError, KeyError, TypeError):
+            pass
         delta = _field(choice, "delta")
         text = _field(delta, "content")
         if not text:
@@ -83,6 +91,10 @@ class LitellmChunks:
     errors come out as latencykit's :class:`~latencykit.ProviderError` types (keys scrubbed);
     a finish chunk litellm made up for a cut connection raises
     :class:`~latencykit.StreamBroken` instead. Runs on asyncio (on trio, inside the bridge).
+
+    A :class:`~latencykit.Stream` reading it directly takes the three steps of ``__anext__``
+    apart (the source hooks ``pull``, ``wrap_error``, ``check_finish``) so that a chunk reaches
+    it without a coroutine frame of ours in between.
     """
 
     chunk_reader = LITELLM_CHUNKS
@@ -100,27 +112,46 @@ class LitellmChunks:
         return self
 
     async def __anext__(self) -> Any:
-        wrapper = self._wrapper
         try:
-            if wrapper is None:
-                if self._closed:
-                    raise StopAsyncIteration
-                import asyncio  # here, not at import: `import latencykit` stays light
-
-                self._loop = asyncio.get_running_loop()
-                wrapper = self._wrapper = await litellm().acompletion(
-                    **self._arguments, stream=True, max_retries=0
-                )
-            chunk = await wrapper.__anext__()
+            chunk = await self.pull()
         except StopAsyncIteration:
             raise
         except Exception as exc:
-            raise provider_error(exc, target=self._target.key, secrets=self._secrets) from exc
+            raise self.wrap_error(exc) from exc
+        self.check_finish(chunk)
+        return chunk
+
+    def pull(self) -> Awaitable[Any]:
+        """litellm's next chunk, as litellm gives it (errors unwrapped, finish unchecked)."""
+        wrapper = self._wrapper
+        if wrapper is not None:
+            return wrapper.__anext__()  # type: ignore[no-any-return]
+        return self._open()
+
+    async def _open(self) -> Any:
+        if self._closed:
+            raise StopAsyncIteration
+        import asyncio  # here, not at import: `import latencykit` stays light
+
+        self._loop = asyncio.get_running_loop()
+        wrapper = self._wrapper = await litellm().acompletion(
+            **self._arguments, stream=True, max_retries=0
+        )
+        return await wrapper.__anext__()
+
+    def wrap_error(self, error: Exception) -> Exception:
+        """What ``error``, raised by :meth:`pull`, means to latencykit (keys scrubbed)."""
+        return provider_error(error, target=self._target.key, secrets=self._secrets)
+
+    def check_finish(self, chunk: Any) -> None:
+        """Raise :class:`~latencykit.StreamBroken` if ``chunk`` carries a finish reason that
+        litellm made up for a cut connection (the provider sent none)."""
         choices = chunk.choices
+        if not choices or _field(choices[0], "finish_reason") is None:
+            return
+        wrapper = self._wrapper
         if (
-            choices
-            and choices[0].finish_reason is not None
-            and getattr(wrapper, "received_finish_reason", _UNKNOWN) is None
+            getattr(wrapper, "received_finish_reason", _UNKNOWN) is None
             and getattr(wrapper, "intermittent_finish_reason", _UNKNOWN) is None
         ):
             raise StreamBroken(
@@ -128,7 +159,6 @@ class LitellmChunks:
                 target=self._target.key,
                 reason="cut",
             )
-        return chunk
 
     async def aclose(self) -> None:
         """Close the litellm stream and its HTTP response (idempotent)."""

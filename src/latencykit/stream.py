@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from . import events
 from ._cancel import Expired as _Expired
-from ._cancel import Watchdog, backend
+from ._cancel import Watchdog, backend, loop_clock
 
 if TYPE_CHECKING:
     from ._context import Trace
@@ -138,6 +138,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         "_budget",
         "_buffer",
         "_callbacks",
+        "_check_finish",
         "_committed",
         "_deadline",
         "_first_at",
@@ -146,6 +147,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         "_now",
         "_nowait",
         "_pieces",
+        "_pull_next",
         "_reader",
         "_scope",
         "_source",
@@ -153,6 +155,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         "_trace",
         "_watchdog",
         "_watchdog_of",
+        "_wrap_error",
         "attempt",
         "chunks",
         "error",
@@ -181,10 +184,9 @@ class Stream(_ClosedOnExit, Generic[T]):
         attempt: int = 0,
     ) -> None:
         loop = backend()
-        self._source = source
-        self._nowait: Callable[[], Any] | None = getattr(source, "receive_nowait", None)
+        self._use(source)
         self._reader = reader
-        self._now = loop.now
+        self._now = loop_clock()
         self._scope = loop.scope
         self._watchdog_of = loop.watchdog
         self._watchdog: Watchdog | None = None
@@ -215,6 +217,32 @@ class Stream(_ClosedOnExit, Generic[T]):
         self.recover: Recover | None = None
         self.resumes = 0
         self.report_info: Any = None  # set by the front that returned it (LLM: for report())
+
+    def _use(self, source: AsyncIterator[T]) -> None:
+        """Read from ``source`` (at the start, and when a recovery continues the stream).
+
+        A source may offer hooks that let the stream read it without a coroutine frame of its
+        own per item: ``pull()`` (an awaitable of the next raw item), ``wrap_error(error)``
+        (what an error ``pull`` raised means) and ``check_finish(item)`` (raises if a finish
+        item is not genuine); and ``receive_nowait()`` (an item already buffered, or
+        ``_NOTHING``) for a source fed by another thread.
+        """
+        self._source = source
+        self._pull_next: Callable[[], Awaitable[T]] = getattr(source, "pull", source.__anext__)
+        self._wrap_error: Callable[[Exception], Exception] | None = getattr(
+            source, "wrap_error", None
+        )
+        self._check_finish: Callable[[T], None] | None = getattr(source, "check_finish", None)
+        self._nowait: Callable[[], Any] | None = getattr(source, "receive_nowait", None)
+
+    def _wrapped(self, error: Exception) -> Exception:
+        wrap = self._wrap_error
+        if wrap is None:
+            return error
+        wrapped = wrap(error)
+        if wrapped is not error:
+            wrapped.__cause__ = error
+        return wrapped
 
     def __repr__(self) -> str:
         return f"<latencykit.Stream {self.target!r} {self.outcome}, {self.chunks} chunks>"
@@ -375,20 +403,22 @@ class Stream(_ClosedOnExit, Generic[T]):
             if item is not _NOTHING:
                 return item  # type: ignore[no-any-return]
         if limit == math.inf:
-            return await self._source.__anext__()
+            return await self._pull_next()
         watchdog = self._watchdog
         if watchdog is None and self._watchdog_of is not None:
             watchdog = self._watchdog = self._watchdog_of()
         if watchdog is not None:
-            return await watchdog.wait(self._source.__anext__(), limit)
+            return await watchdog.wait(self._pull_next(), limit)
         with self._scope(deadline=limit):
-            return await self._source.__anext__()
+            return await self._pull_next()
         raise _Expired
 
     def _observe(self, item: T) -> bool:
         """Take the measurements of one item; whether it is content."""
         text, finish = self._reader.read(item)
         if finish is not None:
+            if self._check_finish is not None:
+                self._check_finish(item)
             self.finish_reason = finish
         if text is None:
             tokens = self._reader.output_tokens(item)
@@ -426,8 +456,13 @@ class Stream(_ClosedOnExit, Generic[T]):
                 except StopAsyncIteration:
                     self._check_complete()
                     break
+                except _Expired:
+                    raise
+                except Exception as exc:
+                    raise self._wrapped(exc)  # noqa: B904 (the cause is set when wrapped)
+                content = self._observe(item)
                 self._buffer.append(item)
-                if self._observe(item):
+                if content:
                     break
         except _Expired:
             from .errors import FirstTokenTimeout
@@ -483,11 +518,20 @@ class Stream(_ClosedOnExit, Generic[T]):
         stall = self.stall
         if stall is not None and self._last_at + stall < limit:
             limit = self._last_at + stall
+        watchdog = self._watchdog
         try:
-            watchdog = self._watchdog
-            if watchdog is not None and limit != math.inf and self._nowait is None:
-                # The hot path on asyncio: straight to the per-stream timer (no _pull frame).
-                item = await watchdog.wait(self._source.__anext__(), limit)
+            if limit == math.inf and self._nowait is None:
+                item = await self._pull_next()
+            elif watchdog is not None:
+                # The hot path on asyncio: the per-stream timer around the source's own
+                # awaitable, without a coroutine frame of ours (Watchdog.wait, unrolled).
+                task = watchdog.arm(limit)
+                try:
+                    item = await self._pull_next()
+                except BaseException as exc:
+                    watchdog.raised(task, exc)
+                    raise
+                watchdog.returned(task)
             else:
                 item = await self._pull(limit)
         except StopAsyncIteration:
@@ -500,11 +544,14 @@ class Stream(_ClosedOnExit, Generic[T]):
         except _Expired:
             return await self._broken(self._expired_error())
         except Exception as exc:
-            return await self._broken(exc)
+            return await self._broken(self._wrapped(exc))
         except BaseException as exc:
             await self._end("cancelled", exc)
             raise
-        self._observe(item)
+        try:
+            self._observe(item)
+        except Exception as exc:  # a finish the provider never sent
+            return await self._broken(exc)
         return item
 
     def _expired_error(self) -> Exception:
@@ -554,7 +601,7 @@ class Stream(_ClosedOnExit, Generic[T]):
                 self.resumes += 1
                 self.target = getattr(source, "target", self.target)
                 self.attempt = getattr(source, "attempt", self.attempt)
-                self._source, self._nowait = source, None
+                self._use(source)
                 self._last_at = self._now()
                 return await self.__anext__()
         _attach_partial(error, self)
