@@ -18,7 +18,9 @@ A block fails its test if it raises or exits non-zero. A marker on the line befo
   file (it uses names defined there) and runs joined to it;
 - ``<!-- docs-test: skip: <why> -->``: not run. The reason is required; skips stay few.
 
-``sh`` blocks are not run; the ``make`` targets and the scripts they name must exist.
+Other blocks are not run. In ``sh`` blocks the ``make`` targets and the scripts named must
+exist; a documented ``python -m latencykit...`` command line may only use options its
+``--help`` lists.
 """
 
 from __future__ import annotations
@@ -224,6 +226,25 @@ def test_shell_block_names_what_exists(block: Block) -> None:
         for word in command:
             if word.endswith(".py"):
                 assert (ROOT / word).is_file(), f"{block.id}: {word} does not exist"
+
+
+CLI = [block for block in BLOCKS if block.lang != "python" and "python -m latencykit" in block.code]
+
+
+@pytest.mark.parametrize("block", CLI, ids=lambda block: block.id)
+def test_cli_block_options_exist(block: Block) -> None:
+    """A documented ``python -m latencykit...`` command line uses options its --help lists."""
+    module = re.search(r"python -m (latencykit[\w.]*)", block.code)
+    assert module is not None
+    done = subprocess.run(
+        [sys.executable, "-m", module[1], "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    options = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", block.code))
+    assert options <= set(re.findall(r"--[a-z][\w-]*", done.stdout)), block.id
 
 
 SAMPLE = """\
