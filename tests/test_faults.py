@@ -248,3 +248,57 @@ async def test_failover_on_opts_in_to_more_errors(fake_provider: FakeProvider) -
     response = await llm.acompletion(messages=MESSAGES)
     assert lk.report(response).target == "openai/secondary"
     assert models(fake) == ["primary", "secondary"]
+
+
+# --- a silent close after a long silence (issue 9, item 12) --------------------------------------
+
+
+def silent_close_llm(fake: FakeProvider, **options: Any) -> lk.LLM:
+    # timeout 1.0: a failure after 0.5 s or more is a slow one (half the attempt timeout).
+    options.setdefault("retry", lk.Retry(max_attempts=3, initial=0.05, max_wait=0.05))
+    return lk.LLM(
+        "openai/primary", api_base=fake.base_url, api_key="sk-fake", timeout=1.0, **options
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_silent_close_after_a_long_silence_fails_over_without_a_retry(
+    fake_provider: FakeProvider, stream: bool
+) -> None:
+    fake = fake_provider
+    fake.script("primary", Behavior(fault=Fault.CLOSE_BEFORE_HEADERS, ttft=0.7))
+    llm = silent_close_llm(fake, failover=[target(fake, "secondary")])
+    seen: list[lk.Event] = []
+    started = time.monotonic()
+    with lk.subscribe(seen.append):
+        response = await llm.acompletion(messages=MESSAGES, stream=stream)
+        if stream:
+            async with response:
+                async for _ in response:
+                    pass
+    assert time.monotonic() - started < 3.0
+    assert lk.report(response).target == "openai/secondary"
+    assert models(fake) == ["primary", "secondary"]  # the silent target was not asked again
+    [closed] = [a for a in lk.report(response).attempts if a.target == "openai/primary"]
+    assert closed.error_kind is lk.ErrorKind.CONNECTION and closed.duration >= 0.6
+    assert [e.reason for e in seen if isinstance(e, lk.RetryGaveUp)] == ["slow_failure"]
+
+
+async def test_a_quick_close_is_retried_a_slow_one_is_raised(
+    fake_provider: FakeProvider,
+) -> None:
+    fake = fake_provider
+    fake.script(
+        "primary",
+        [
+            Behavior(fault=Fault.CLOSE_BEFORE_HEADERS),  # at once: worth another attempt
+            Behavior(fault=Fault.CLOSE_BEFORE_HEADERS, ttft=0.7),  # after a long silence
+            Behavior(),
+        ],
+    )
+    started = time.monotonic()
+    with pytest.raises(lk.ProviderConnectionError) as info:
+        await silent_close_llm(fake).acompletion(messages=MESSAGES)
+    assert time.monotonic() - started < 1.6  # one long silence, not two
+    assert models(fake) == ["primary", "primary"]
+    assert [a.error_kind for a in info.value.attempts] == [lk.ErrorKind.CONNECTION] * 2

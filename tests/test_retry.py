@@ -462,6 +462,69 @@ async def test_an_expiring_deadline_is_not_retried() -> None:
     assert script.calls == 1
 
 
+# --- slow failures ------------------------------------------------------------------------------
+
+
+def connection_lost() -> lk.ProviderConnectionError:
+    return lk.ProviderConnectionError("Connection error.", target="t")
+
+
+async def run_on(target: lk.Target, script: Script, policy: Retry) -> object:
+    async def next(call: lk.Call) -> Any:
+        return await call.fn()
+
+    return await policy.handle(lk.Call(script, target=target), next)
+
+
+async def test_a_failure_after_slow_failure_seconds_is_not_retried() -> None:
+    script, sleep = Script(connection_lost(), "ok", seconds=0.2), FakeSleep()
+    seen, subscription = collect()
+    with subscription, pytest.raises(lk.ProviderConnectionError):
+        await wrapped(script, retry(slow_failure=0.1, sleep=sleep, budget=roomy()))()
+    assert script.calls == 1 and sleep.waits == []
+    [event] = gave_up(seen)
+    assert (event.reason, event.attempts, event.error_kind) == (
+        "slow_failure",
+        1,
+        lk.ErrorKind.CONNECTION,
+    )
+    assert event.wait is not None and event.wait >= 0.2
+
+
+async def test_a_fast_failure_is_still_retried() -> None:
+    script, sleep = Script(connection_lost(), "ok", seconds=0.01), FakeSleep()
+    policy = retry(slow_failure=2.0, sleep=sleep, budget=roomy())
+    assert await wrapped(script, policy)() == "ok"
+    assert script.calls == 2
+
+
+async def test_the_default_threshold_is_half_the_targets_attempt_timeout() -> None:
+    slow = Script(connection_lost(), "ok", seconds=0.15)
+    with pytest.raises(lk.ProviderConnectionError):
+        await run_on(lk.Target("m", timeout=0.2), slow, retry(sleep=FakeSleep(), budget=roomy()))
+    assert slow.calls == 1
+    # the same failure, against a target with a longer timeout, is retried
+    slow = Script(connection_lost(), "ok", seconds=0.15)
+    policy = retry(sleep=FakeSleep(), budget=roomy())
+    assert await run_on(lk.Target("m", timeout=2.0), slow, policy) == "ok"
+    assert slow.calls == 2
+    # a target without a timeout (a decorated function) has no threshold by default
+    slow = Script(connection_lost(), "ok", seconds=0.15)
+    assert await run_on(lk.Target("m"), slow, retry(sleep=FakeSleep(), budget=roomy())) == "ok"
+    # and math.inf turns the rule off
+    slow = Script(connection_lost(), "ok", seconds=0.15)
+    policy = retry(slow_failure=math.inf, sleep=FakeSleep(), budget=roomy())
+    assert await run_on(lk.Target("m", timeout=0.2), slow, policy) == "ok"
+
+
+async def test_timeouts_follow_on_not_the_slow_failure_rule() -> None:
+    timeout = lk.AttemptTimeout("no answer", target="t")
+    script = Script(timeout, "ok", seconds=0.15)
+    policy = retry(on=lk.is_transient, slow_failure=0.1, sleep=FakeSleep(), budget=roomy())
+    assert await wrapped(script, policy)() == "ok"
+    assert script.calls == 2
+
+
 # --- options and plumbing -----------------------------------------------------------------------
 
 
@@ -478,6 +541,8 @@ async def test_an_expiring_deadline_is_not_retried() -> None:
         ({"multiplier": 0.5}, "retry.multiplier"),
         ({"multiplier": math.nan}, "retry.multiplier"),
         ({"max_retry_after": -1.0}, "retry.max_retry_after"),
+        ({"slow_failure": -1.0}, "retry.slow_failure"),
+        ({"slow_failure": math.nan}, "retry.slow_failure"),
     ],
 )
 def test_invalid_options_are_rejected_naming_the_field(options: dict[str, Any], field: str) -> None:
@@ -519,6 +584,9 @@ def test_options_accept_timedeltas_and_have_documented_defaults() -> None:
         max_retry_after=datetime.timedelta(seconds=5),
     )
     assert policy.initial == pytest.approx(0.1) and policy.max_retry_after == 5.0
+    assert Retry().slow_failure is None
+    assert retry(slow_failure=datetime.timedelta(seconds=2)).slow_failure == 2.0
+    assert retry(slow_failure=math.inf).slow_failure == math.inf
 
 
 def test_it_is_a_policy_in_the_retry_stage() -> None:

@@ -13,7 +13,11 @@ target after a wait; everything else is raised at once. What makes it safe in pr
   cap their sum), so an outage does not multiply the traffic sent to a failing provider;
 * **the deadline**: no wait that would end past the deadline and no attempt that cannot fit
   (the previous attempt's duration is the estimate): the last error is raised at once instead,
-  while there is still time for a fallback to answer.
+  while there is still time for a fallback to answer;
+* **slow failures are not retried**: an attempt that failed only after ``slow_failure`` seconds
+  (default: half the target's attempt timeout) without an answer (a silent close after 30 s, a
+  502 from a proxy that waited) is treated like a timeout: left to failover and hedging rather
+  than waited on again on the same target.
 
 The loop itself is tenacity's :class:`tenacity.AsyncRetrying`: this module gives it a ``retry``
 predicate, a ``wait`` (tenacity's ``wait_exponential`` ceiling, jittered), a ``stop`` that
@@ -51,7 +55,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 GiveUpReason: TypeAlias = Literal[
-    "max_attempts", "budget", "deadline", "retry_after_too_long", "not_retryable"
+    "max_attempts", "budget", "deadline", "retry_after_too_long", "slow_failure", "not_retryable"
 ]
 """Why a retry policy stopped retrying (see :class:`RetryGaveUp`)."""
 
@@ -69,6 +73,9 @@ _NEVER_RETRIED = frozenset(
         ErrorKind.NOT_FOUND,
     }
 )
+
+# The default slow-failure threshold, as a fraction of the target's attempt timeout.
+SLOW_FAILURE_SHARE = 0.5
 
 # The default budget: 20 % extra requests, plus a reserve of one retry per second so that a
 # process that just started (or a quiet one) can still retry (Finagle keeps such a reserve too).
@@ -104,11 +111,12 @@ class RetryGaveUp(events.Event):
         reason: ``"max_attempts"`` (no attempt left), ``"budget"`` (the retry budget is empty),
             ``"deadline"`` (the wait plus another attempt would not fit before the deadline),
             ``"retry_after_too_long"`` (the provider asked to wait more than
-            ``max_retry_after``), or ``"not_retryable"`` (after at least one retry, an error
-            the policy does not retry).
+            ``max_retry_after``), ``"slow_failure"`` (the attempt failed only after
+            ``slow_failure`` seconds: not retried on the same target, like a timeout), or
+            ``"not_retryable"`` (after at least one retry, an error the policy does not retry).
         error_kind: the :class:`~latencykit.ErrorKind` of the error raised.
         wait: for ``"deadline"`` and ``"retry_after_too_long"``, the wait that did not fit
-            (seconds), else ``None``.
+            (seconds); for ``"slow_failure"``, how long the failed attempt ran; else ``None``.
     """
 
     attempts: int
@@ -122,14 +130,19 @@ def _retried_by_default(exc: BaseException) -> bool:
     return kind.transient and kind not in (ErrorKind.TIMEOUT, ErrorKind.CIRCUIT_OPEN)
 
 
-def _non_negative(name: str, value: object) -> float:
+def _non_negative(name: str, value: object, *, allow_inf: bool = False) -> float:
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
     result = float(value)
-    if not math.isfinite(result) or result < 0:
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    if math.isnan(result) or result < 0 or (result == math.inf and not allow_inf):
+        bound = (
+            "a number of seconds >= 0 (math.inf: never)"
+            if allow_inf
+            else ("a finite number of seconds >= 0")
+        )
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
     return result
 
 
@@ -160,6 +173,7 @@ class Retry(PolicyDecorator):
         "max_wait",
         "multiplier",
         "on",
+        "slow_failure",
     )
 
     def __init__(
@@ -173,6 +187,7 @@ class Retry(PolicyDecorator):
         honor_retry_after: bool = True,
         budget: RetryBudget | None = None,
         max_retry_after: float | datetime.timedelta | None = None,
+        slow_failure: float | datetime.timedelta | None = None,
         sleep: Sleep = anyio.sleep,
         rng: random.Random | None = None,
     ) -> None:
@@ -200,6 +215,11 @@ class Retry(PolicyDecorator):
             None
             if max_retry_after is None
             else _non_negative("retry.max_retry_after", max_retry_after)
+        )
+        self.slow_failure = (
+            None
+            if slow_failure is None
+            else _non_negative("retry.slow_failure", slow_failure, allow_inf=True)
         )
         if budget is not None and not isinstance(budget, RetryBudget):
             raise TypeError(f"retry.budget must be a latencykit.RetryBudget, got {budget!r}")
@@ -231,7 +251,7 @@ class Retry(PolicyDecorator):
         return (
             f"retry(max_attempts={self.max_attempts}, initial={self.initial:g}, "
             f"max_wait={self.max_wait:g}, multiplier={self.multiplier:g}, "
-            f"budget={self.budget!r})"
+            f"slow_failure={self.slow_failure!r}, budget={self.budget!r})"
         )
 
     async def handle(self, call: Call, next: Next) -> Any:
@@ -357,6 +377,10 @@ class _Run:
         wait = self._plan(state)
         if state.attempt_number >= policy.max_attempts:
             return self._stop("max_attempts")
+        if self.last_duration >= self._slow_failure() and (
+            classify(self.errors[-1]) is not ErrorKind.TIMEOUT  # timeouts follow `on=`
+        ):
+            return self._stop("slow_failure", self.last_duration)
         if (
             policy.max_retry_after is not None
             and self.retry_after is not None
@@ -371,6 +395,14 @@ class _Run:
         if not policy.budget.try_withdraw():  # last: take a token only for a real retry
             return self._stop("budget")
         return False
+
+    def _slow_failure(self) -> float:
+        """Seconds after which a failed attempt is not retried on the same target."""
+        threshold = self.policy.slow_failure
+        if threshold is not None:
+            return threshold
+        timeout = self.call.target.timeout
+        return math.inf if timeout is None else SLOW_FAILURE_SHARE * timeout
 
     def _stop(self, reason: GiveUpReason, wait: float | None = None) -> bool:
         self.give_up_reason = reason
@@ -437,6 +469,7 @@ def retry(
     honor_retry_after: bool = True,
     budget: RetryBudget | None = None,
     max_retry_after: float | datetime.timedelta | None = None,
+    slow_failure: float | datetime.timedelta | None = None,
     sleep: Sleep = anyio.sleep,
     rng: random.Random | None = None,
 ) -> Retry:
@@ -463,6 +496,13 @@ def retry(
             (+20 % requests, and a reserve of one retry per second).
         max_retry_after: give up at once, rather than wait, when ``Retry-After`` is longer than
             this many seconds (default ``None``: no cap, the deadline still applies).
+        slow_failure: an attempt that failed after running at least this many seconds (a
+            connection closed after a long silence, a 502 from a proxy that waited) is not
+            retried on the same target, as a timeout is not: failover and hedging move on
+            (``RetryGaveUp(reason="slow_failure")``). Default ``None``: half the target's
+            attempt timeout (``Target.timeout``; every :class:`~latencykit.LLM` target has
+            one), no limit for a target without one (a decorated function). ``math.inf``:
+            never. Timeouts themselves follow ``on``.
         sleep: the async sleep used for waits (default ``anyio.sleep``); tests inject a fake.
         rng: the ``random.Random`` the jitter draws from (default: a fresh one); tests seed it.
 
@@ -481,6 +521,7 @@ def retry(
         honor_retry_after=honor_retry_after,
         budget=budget,
         max_retry_after=max_retry_after,
+        slow_failure=slow_failure,
         sleep=sleep,
         rng=rng,
     )
