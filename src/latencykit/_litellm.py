@@ -26,10 +26,32 @@ _UNKNOWN = object()
 _NOT_CONTENT: tuple[str | None, str | None] = (None, None)
 
 
+GC_FREEZE_VARIABLE = "LATENCYKIT_GC_FREEZE"
+_frozen = False
+
+
 def litellm() -> Any:
-    """Import litellm on first use (it takes seconds; ``import latencykit`` must stay fast)."""
+    """Import litellm on first use (it takes seconds; ``import latencykit`` must stay fast).
+
+    The first time, the heap is then frozen (``gc.collect(); gc.freeze()``): litellm's import
+    leaves ~1 million long-lived objects, and every full garbage collection walks them all,
+    a pause of ~150-200 ms that delays every timer of the loop (deadlines, hedges, stall
+    guards) and so lands on the latency tail. Frozen objects are never collected, so objects
+    alive at that moment that become garbage later are not reclaimed (cycles among them).
+    Opt out with the environment variable ``LATENCYKIT_GC_FREEZE=0`` (read at that moment).
+    """
     import litellm
 
+    global _frozen
+    if not _frozen:
+        _frozen = True
+        import os
+
+        if os.environ.get(GC_FREEZE_VARIABLE, "1").strip().lower() not in ("0", "false", "no"):
+            import gc
+
+            gc.collect()
+            gc.freeze()
     return litellm
 
 

@@ -272,16 +272,13 @@ def _litellm_version() -> str:
 
 
 def prepare_litellm() -> None:
-    """Import litellm offline and quietly, then freeze the heap so GC pauses stay off the tail."""
-    import gc
+    """Import litellm offline and quietly (latencykit freezes the heap after it)."""
     import os
 
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
+    from .._litellm import litellm
 
-    litellm.suppress_debug_info = True
-    gc.collect()
-    gc.freeze()
+    litellm().suppress_debug_info = True
 
 
 def run_lab(
