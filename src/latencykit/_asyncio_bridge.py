@@ -2,9 +2,10 @@
 
 litellm (through aiohttp/httpx and the OpenAI SDK) only runs on asyncio. On asyncio we await it
 directly. On trio we run it on one shared asyncio event loop in a daemon thread and wait for it
-without blocking trio; cancelling the trio side cancels the asyncio task, and we wait (shielded,
-bounded) until that task has really finished, so its HTTP connection is closed before the
-cancellation propagates, just as on asyncio.
+without blocking trio; cancelling the trio side cancels the asyncio task, and we wait (shielded)
+until that task has really finished, so its HTTP connection is closed before the cancellation
+propagates, just as on asyncio; but only briefly (``_CANCEL_WAIT``): a task busy parsing a large
+body cannot stop before it is done, and the caller's deadline does not wait for it.
 
 A stream crosses over as a :class:`BridgedStream`: a pump task on the asyncio loop reads it into
 a buffer the trio side takes from without a thread hop while chunks are waiting; closing either
@@ -30,7 +31,13 @@ __all__ = ["BridgedStream", "run_on_asyncio"]
 
 T = TypeVar("T")
 
-_CANCEL_GRACE = 5.0  # seconds to wait for the asyncio side to finish cancelling
+_CANCEL_GRACE = 5.0  # seconds a close waits for the asyncio side to finish closing
+# Seconds a cancelled call waits for its asyncio task to finish cancelling. A task awaiting I/O
+# closes its connection within a millisecond or two; one busy in synchronous work (litellm
+# parsing a multi-megabyte body) cannot be interrupted before it finishes, and the caller's
+# deadline must not wait for that: the task is left to end (cancelled) on its own.
+_CANCEL_WAIT = 0.02
+_running: set[asyncio.Task[Any]] = set()  # strong references: a detached task must not be lost
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 
@@ -65,6 +72,8 @@ async def run_on_asyncio(coro: Coroutine[Any, Any, T]) -> T:
     def start() -> None:  # on the asyncio thread
         task = loop.create_task(coro)
         tasks.append(task)
+        _running.add(task)
+        task.add_done_callback(_running.discard)
         task.add_done_callback(wake)
 
     def cancel() -> None:  # on the asyncio thread
@@ -81,7 +90,7 @@ async def run_on_asyncio(coro: Coroutine[Any, Any, T]) -> T:
         await done.wait()
     except BaseException:
         loop.call_soon_threadsafe(cancel, context=contextvars.Context())
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_GRACE):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_WAIT):
             await done.wait()
         raise
     return tasks[0].result()
