@@ -4,7 +4,8 @@ Deadlines are on the hot path of every call, so this module skips anyio's per-ca
 where a backend offers the same object natively: on trio, anyio's cancel scope *is* a
 ``trio.CancelScope`` behind a wrapper, so we create trio's directly (about 5 us less per scope);
 on asyncio, the clock is the running loop's ``time()``, exactly what ``anyio.current_time()``
-returns. Scopes on asyncio are anyio's (the structured-cancellation machinery).
+returns, and scopes are anyio's asyncio scope class, constructed directly (the
+structured-cancellation machinery, without the per-call backend lookup).
 
 A stream waits for a chunk with a limit (stall, deadline) thousands of times; a cancel scope per
 wait costs tens of microseconds next to litellm. On asyncio (Python 3.11+) a :class:`Watchdog`
@@ -156,7 +157,10 @@ def _native(name: str) -> Backend:
         import asyncio
 
         watchdog = Watchdog if hasattr(asyncio.Task, "uncancel") else None
-        return Backend(now=loop_time, scope=anyio.CancelScope, watchdog=watchdog)
+        # anyio.CancelScope(...) looks the backend up (sniffio) and constructs the backend's
+        # own scope class on every call; that class, constructed directly, is the same scope.
+        scope = type(anyio.CancelScope())
+        return Backend(now=loop_time, scope=scope, watchdog=watchdog)
     if name == "trio":
         import trio
 
