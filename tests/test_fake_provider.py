@@ -474,6 +474,99 @@ async def test_prefill_through_litellm(fake_provider: FakeProvider, stream: bool
     assert type(info.value) is llm_errors.BadRequestError
 
 
+async def test_http_error_sends_the_scripted_status_body_and_headers(
+    fake_provider: FakeProvider,
+) -> None:
+    fake_provider.script(
+        "e",
+        Behavior(
+            fault=Fault.HTTP_ERROR,
+            status=401,
+            error_type="invalid_request_error",
+            error_code="invalid_api_key",
+            error_message="Incorrect API key provided.",
+            headers={"retry-after-ms": "250", "x-trace": "t1"},
+            retry_after=0.5,
+            ttft=0.1,
+        ),
+    )
+    started = time.monotonic()
+    raw = await anyio.to_thread.run_sync(raw_post, fake_provider.port, chat_body("e", stream=True))
+    assert time.monotonic() - started >= 0.09  # after ttft
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "HTTP/1.1 401 Unauthorized"
+    assert {"retry-after-ms: 250", "x-trace: t1", "Retry-After: 0.5"} <= set(lines)
+    assert json.loads(body) == {
+        "error": {
+            "message": "Incorrect API key provided.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+    attempt = last(fake_provider.attempts)
+    assert (attempt.fault, attempt.status, attempt.completed) == (Fault.HTTP_ERROR, 401, True)
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "error_type"),
+    [
+        (403, "Forbidden", "permission_error"),
+        (404, "Not Found", "not_found_error"),
+        (409, "Conflict", "invalid_request_error"),
+        (429, "Too Many Requests", "rate_limit_error"),
+        (504, "Gateway Timeout", "server_error"),
+        (529, "Overloaded", "overloaded_error"),
+        (599, "Error", "server_error"),
+    ],
+)
+async def test_http_error_defaults_by_status(
+    fake_provider: FakeProvider, status: int, reason: str, error_type: str
+) -> None:
+    behavior = {"fault": "http_error", "status": status}  # per request, from the header
+    raw = await anyio.to_thread.run_sync(raw_post, fake_provider.port, chat_body(), behavior)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.decode().split("\r\n")[0] == f"HTTP/1.1 {status} {reason}"
+    error = json.loads(body)["error"]
+    assert (error["type"], error["message"], error["code"]) == (error_type, reason, None)
+
+
+async def test_http_error_sends_a_raw_body(fake_provider: FakeProvider) -> None:
+    page = "<html><body>502 Bad Gateway</body></html>"
+    fake_provider.script("gw", Behavior(fault=Fault.HTTP_ERROR, status=502, body=page))
+    raw = await anyio.to_thread.run_sync(raw_post, fake_provider.port, chat_body("gw"))
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 502 Bad Gateway") and body.decode() == page
+
+
+@asyncio_only
+@pytest.mark.parametrize("stream", [False, True])
+async def test_http_error_reaches_litellm_with_its_status_and_headers(
+    fake_provider: FakeProvider, stream: bool
+) -> None:
+    fake_provider.script(
+        "e", Behavior(fault=Fault.HTTP_ERROR, status=429, headers={"retry-after-ms": "250"})
+    )
+    with pytest.raises(llm_errors.RateLimitError) as info:
+        await complete(fake_provider, "e", stream=stream)
+    assert getattr(info.value, "litellm_response_headers", {})["retry-after-ms"] == "250"
+
+
+async def test_close_before_headers_closes_silently_after_ttft(
+    fake_provider: FakeProvider,
+) -> None:
+    fake_provider.script("close", Behavior(fault=Fault.CLOSE_BEFORE_HEADERS, ttft=0.2))
+    started = time.monotonic()
+    raw = await anyio.to_thread.run_sync(raw_post, fake_provider.port, chat_body("close"))
+    assert raw == b""  # a clean end of stream (no reset), and no byte
+    assert time.monotonic() - started >= 0.19
+    attempt = last(await fake_provider.wait_for_async(lambda a: len(a) == 1))
+    assert attempt.fault is Fault.CLOSE_BEFORE_HEADERS
+    assert attempt.status is None and attempt.first_byte_at is None
+    assert not attempt.completed and not attempt.disconnected
+
+
 async def test_reset_before_headers_sends_rst(fake_provider: FakeProvider) -> None:
     fake_provider.script("reset", Behavior(fault=Fault.RESET_BEFORE_HEADERS))
     body = json.dumps(chat_body("reset")).encode()
@@ -1139,6 +1232,18 @@ def test_fixture_gives_a_started_provider(fake_provider: FakeProvider) -> None:
         ({"rejects_prefill": None}, "rejects_prefill"),
         ({"error": "boom"}, "error"),
         ({"error": None}, "error"),
+        ({"status": 200}, "status"),
+        ({"status": 600}, "status"),
+        ({"status": "500"}, "status"),
+        ({"error_type": 1}, "error_type"),
+        ({"error_code": 1.5}, "error_code"),
+        ({"error_code": True}, "error_code"),
+        ({"error_message": b"x"}, "error_message"),
+        ({"body": {}}, "body"),
+        ({"headers": "retry-after: 1"}, "headers"),
+        ({"headers": {"retry-after": 1}}, "headers"),
+        ({"headers": {"x": "a\r\nInjected: 1"}}, "headers"),
+        ({"headers": {"bad:name": "1"}}, "headers"),
     ],
 )
 def test_behavior_validation_names_the_field(kwargs: dict[str, Any], field: str) -> None:
@@ -1176,6 +1281,14 @@ def test_behavior_defaults_and_from_json() -> None:
     assert Behavior.from_json({"fault": "error_event"}).fault is Fault.ERROR_EVENT
     parsed = Behavior.from_json({"fault": "HTTP_503", "ttft": 1})
     assert parsed == Behavior(fault=Fault.HTTP_503, ttft=1)
+    parsed = Behavior.from_json(
+        {"fault": "http_error", "status": 422, "error_code": 400, "headers": {"a": "b"}}
+    )
+    assert parsed == Behavior(
+        fault=Fault.HTTP_ERROR, status=422, error_code=400, headers=(("a", "b"),)
+    )
+    assert (default.status, default.error_type, default.error_code) == (500, None, None)
+    assert (default.error_message, default.body, default.headers) == (None, None, ())
     with pytest.raises(ValueError, match="unknown Behavior field"):
         Behavior.from_json({"tttf": 1})
     with pytest.raises(ValueError, match=r"Behavior\.fault must be one of"):
