@@ -41,7 +41,7 @@ async def main(base_url: str) -> None:
     )
 
     # 2. The same policies on any async function, as decorators.
-    async def canned(reason: lk.FallbackReason, question: str) -> str:
+    async def canned(reason: lk.policies.fallback.FallbackReason, question: str) -> str:
         return f"(cached answer; primary {reason.kind} after {reason.elapsed:.2f}s)"
 
     @lk.deadline(1.0)
@@ -50,8 +50,10 @@ async def main(base_url: str) -> None:
         await anyio.sleep(5)  # a stuck dependency
         return "fresh answer"
 
-    slow_cases: list[lk.FallbackUsed] = []
-    with lk.subscribe(lambda e: slow_cases.append(e) if isinstance(e, lk.FallbackUsed) else None):
+    slow_cases: list[lk.events.FallbackUsed] = []
+    with lk.subscribe(
+        lambda e: slow_cases.append(e) if isinstance(e, lk.events.FallbackUsed) else None
+    ):
         print(await ask("why is p99 so bad?"))
     print(f"slow-case log: {[(e.reason, round(e.elapsed, 2)) for e in slow_cases]}")
 

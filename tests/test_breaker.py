@@ -154,7 +154,7 @@ async def test_slow_call_rate_opens_it(clock: FakeClock) -> None:
     b = small(clock, slow_call_rate=0.75, slow_call_duration=2.0)
     target = Target(clock)
     ask = b(target)
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     with lk.subscribe(seen.append):
         target.takes = 2.0  # a call of exactly slow_call_duration is slow
         for _ in range(3):
@@ -250,11 +250,11 @@ async def test_a_refusal_from_an_inner_breaker_does_not_count(clock: FakeClock) 
     inner.isolate()
     outer = Breaker("outer", minimum_calls=1, window_size=1, counts=lambda exc: True, clock=clock)
 
-    async def through_inner(call: lk.Call) -> Any:
+    async def through_inner(call: lk.pipeline.Call) -> Any:
         return await inner.handle(call, lambda c: c.fn(*c.args, **c.kwargs))
 
     with pytest.raises(CircuitOpen) as raised:
-        await outer.handle(lk.Call(Target(clock)), through_inner)
+        await outer.handle(lk.pipeline.Call(Target(clock)), through_inner)
     assert raised.value.key == "t"
     assert outer.state is CLOSED
     assert outer.metrics().calls == 0
@@ -602,8 +602,8 @@ async def test_registered_breaker_as_a_decorator(clock: FakeClock) -> None:
             await ask()
     with pytest.raises(CircuitOpen):
         await other()  # the same breaker: the key is open for everyone
-    assert isinstance(breakers()["provider"], lk.Policy)
-    assert breakers()["provider"].stage == lk.Stage.BREAKER
+    assert isinstance(breakers()["provider"], lk.pipeline.Policy)
+    assert breakers()["provider"].stage == lk.pipeline.Stage.BREAKER
 
 
 async def test_breaker_sits_inside_a_fallback(clock: FakeClock) -> None:
@@ -618,7 +618,10 @@ async def test_breaker_sits_inside_a_fallback(clock: FakeClock) -> None:
     assert await ask() == "degraded"
     pipeline = pipeline_of(ask)
     assert pipeline is not None
-    assert [p.stage for p in pipeline.policies] == [lk.Stage.FALLBACK, lk.Stage.BREAKER]
+    assert [p.stage for p in pipeline.policies] == [
+        lk.pipeline.Stage.FALLBACK,
+        lk.pipeline.Stage.BREAKER,
+    ]
 
 
 # --- events ----------------------------------------------------------------------------------
@@ -628,7 +631,7 @@ async def test_events_on_every_transition_and_rejection(clock: FakeClock) -> Non
     b = small(clock, half_open_calls=1)
     target = Target(clock)
     ask = b(target)
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     with lk.subscribe(seen.append):
         target.error = unavailable()
         for _ in range(4):
@@ -661,7 +664,7 @@ async def test_events_on_every_transition_and_rejection(clock: FakeClock) -> Non
     rejected = [e for e in seen if isinstance(e, BreakerRejected)]
     assert [(e.key, e.state) for e in rejected] == [("t", OPEN), ("t", FORCED_OPEN)]
     # Inside a call, events carry the call's id; outside any call (acquire, reset) 0.
-    call_ids = {e.call_id for e in seen if isinstance(e, lk.CallEnded)}
+    call_ids = {e.call_id for e in seen if isinstance(e, lk.events.CallEnded)}
     assert opened.call_id in call_ids
     assert rejected[0].call_id in call_ids
     assert rejected[1].call_id == 0
@@ -788,7 +791,7 @@ def test_defaults() -> None:
     assert (b.window_type, b.window_size, b.minimum_calls) == ("count", 100, 20)
     assert (b.failure_rate, b.slow_call_rate, b.slow_call_duration) == (0.5, 1.0, 60.0)
     assert (b.open_duration, b.max_open_duration, b.half_open_calls) == (30.0, None, 3)
-    assert b.counts is lk.is_transient
+    assert b.counts is lk.errors.is_transient
     assert isinstance(b.store, InMemoryBreakerStore)
     assert b.state is CLOSED
     assert "breaker('t'" in repr(b)
@@ -846,7 +849,7 @@ def test_random_runs_keep_the_state_machine_legal(config: str, ops: list[Op]) ->
     )
     store = b.store
     assert isinstance(store, InMemoryBreakerStore)
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     state = CLOSED
     epoch = 0  # bumps on every state change or reset: the model of a breaker's period
     # The model of the closed window: (time, failed, slow) of the counted calls.

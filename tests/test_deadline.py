@@ -79,10 +79,10 @@ async def test_deadline_decorator_raises_with_attempt_history() -> None:
 
 
 async def test_deadline_expired_event() -> None:
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     with lk.subscribe(seen.append), pytest.raises(lk.DeadlineExceeded), lk.deadline(0.02):
         await anyio.sleep(5)
-    [expired] = [e for e in seen if isinstance(e, lk.DeadlineExpired)]
+    [expired] = [e for e in seen if isinstance(e, lk.events.DeadlineExpired)]
     assert expired.budget == pytest.approx(0.02)
     assert expired.elapsed >= 0.02
 

@@ -201,11 +201,12 @@ def test_python_block_runs(
     # internet.
     monkeypatch.setenv("ANTHROPIC_BASE_URL", provider.base_url)
     monkeypatch.setenv("ANTHROPIC_API_KEY", "fake-key")
-    lk.reset_breakers()  # breakers are process-wide: blocks and other tests must not share them
+    # Breakers are process-wide: blocks and other tests must not share them.
+    lk.policies.breaker.reset_breakers()
     try:
         run_program(block)
     finally:
-        lk.reset_breakers()
+        lk.policies.breaker.reset_breakers()
 
 
 def test_skips_are_few_and_explained() -> None:

@@ -10,9 +10,9 @@ pytestmark = pytest.mark.anyio
 
 async def test_fallback_after_timeout_cancels_the_primary() -> None:
     primary_cancelled = False
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
 
-    async def cheap(reason: lk.FallbackReason, question: str) -> str:
+    async def cheap(reason: lk.policies.fallback.FallbackReason, question: str) -> str:
         assert reason.kind == "timeout" and reason.error is None
         return f"cheap answer to {question}"
 
@@ -29,11 +29,11 @@ async def test_fallback_after_timeout_cancels_the_primary() -> None:
     with lk.subscribe(seen.append):
         assert await ask("why") == "cheap answer to why"
     assert primary_cancelled
-    [used] = [e for e in seen if isinstance(e, lk.FallbackUsed)]
+    [used] = [e for e in seen if isinstance(e, lk.events.FallbackUsed)]
     assert used.reason == "timeout"
     assert used.after == pytest.approx(0.05)
     assert used.elapsed >= 0.05
-    [ended] = [e for e in seen if isinstance(e, lk.CallEnded)]
+    [ended] = [e for e in seen if isinstance(e, lk.events.CallEnded)]
     assert ended.degraded and ended.outcome == "ok" and ended.attempts == 1
 
 
@@ -46,7 +46,7 @@ async def test_fast_primary_is_not_degraded() -> None:
 
 
 async def test_fallback_after_a_transient_error() -> None:
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
 
     @lk.fallback(lambda reason: f"degraded after {reason.kind}: {type(reason.error).__name__}")
     async def ask() -> str:
@@ -54,7 +54,7 @@ async def test_fallback_after_a_transient_error() -> None:
 
     with lk.subscribe(seen.append):
         assert await ask() == "degraded after error: ConnectionResetError"
-    [used] = [e for e in seen if isinstance(e, lk.FallbackUsed)]
+    [used] = [e for e in seen if isinstance(e, lk.events.FallbackUsed)]
     assert used.reason == "error"
     assert used.error_type == "ConnectionResetError"
     assert used.error_kind is lk.ErrorKind.CONNECTION
@@ -83,7 +83,7 @@ async def test_on_selects_the_handled_errors() -> None:
 
 
 async def test_failing_fallback_surfaces_both_errors() -> None:
-    async def broken_fallback(reason: lk.FallbackReason) -> str:
+    async def broken_fallback(reason: lk.policies.fallback.FallbackReason) -> str:
         raise LookupError("cache miss")
 
     @lk.fallback(broken_fallback)
@@ -101,7 +101,7 @@ async def test_failing_fallback_surfaces_both_errors() -> None:
 
 
 async def test_failing_fallback_after_timeout() -> None:
-    async def broken_fallback(reason: lk.FallbackReason) -> str:
+    async def broken_fallback(reason: lk.policies.fallback.FallbackReason) -> str:
         raise LookupError("cache miss")
 
     @lk.fallback(broken_fallback, after=0.02)
@@ -117,7 +117,7 @@ async def test_failing_fallback_after_timeout() -> None:
 
 
 async def test_deadline_bounds_the_fallback_too() -> None:
-    async def slow_fallback(reason: lk.FallbackReason) -> str:
+    async def slow_fallback(reason: lk.policies.fallback.FallbackReason) -> str:
         await anyio.sleep(10)
         return "never"
 
@@ -136,7 +136,7 @@ async def test_deadline_bounds_the_fallback_too() -> None:
 async def test_outer_cancellation_is_not_an_error_for_the_fallback() -> None:
     used = False
 
-    def note(reason: lk.FallbackReason) -> str:
+    def note(reason: lk.policies.fallback.FallbackReason) -> str:
         nonlocal used
         used = True
         return "degraded"
@@ -184,7 +184,7 @@ async def test_inside_a_deadline_the_primary_sees_the_deadline_budget(after: flo
     # With `after`, deadline and fallback run fused (one timer); behaviour must not change.
     seen: list[float | None] = []
 
-    async def alternative(reason: lk.FallbackReason) -> str:
+    async def alternative(reason: lk.policies.fallback.FallbackReason) -> str:
         seen.append(lk.remaining())
         raise LookupError("no cache")
 
@@ -204,7 +204,7 @@ async def test_inside_a_deadline_the_primary_sees_the_deadline_budget(after: flo
 
 @pytest.mark.parametrize("after", [None, 0.05])
 async def test_deadline_expiring_during_the_alternative(after: float | None) -> None:
-    async def slow_alternative(reason: lk.FallbackReason) -> str:
+    async def slow_alternative(reason: lk.policies.fallback.FallbackReason) -> str:
         await anyio.sleep(10)
         return "never"
 
@@ -216,9 +216,9 @@ async def test_deadline_expiring_during_the_alternative(after: float | None) -> 
         await anyio.sleep(10)
         return "never"
 
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     with lk.subscribe(seen.append), pytest.raises(lk.DeadlineExceeded) as info:
         await ask()
     assert info.value.budget == pytest.approx(0.3)
     assert info.value.elapsed >= 0.3
-    assert len([e for e in seen if isinstance(e, lk.DeadlineExpired)]) == 1
+    assert len([e for e in seen if isinstance(e, lk.events.DeadlineExpired)]) == 1

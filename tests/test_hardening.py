@@ -20,9 +20,9 @@ KEY = "sk-hardening-0123456789"
 
 @pytest.fixture
 def fake(fake_provider: FakeProvider) -> Iterator[FakeProvider]:
-    lk.reset_breakers()
+    lk.policies.breaker.reset_breakers()
     yield fake_provider
-    lk.reset_breakers()
+    lk.policies.breaker.reset_breakers()
 
 
 def make_llm(fake: FakeProvider, model: str, **options: Any) -> lk.LLM:
@@ -56,11 +56,11 @@ async def test_a_caller_bug_is_neither_retried_nor_held_against_a_provider(
     for _ in range(3):
         with pytest.raises(lk.ProviderError) as info:
             await llm.acompletion(messages="hi")
-        assert lk.classify(info.value) is lk.ErrorKind.UNKNOWN
+        assert lk.errors.classify(info.value) is lk.ErrorKind.UNKNOWN
         assert len(info.value.attempts) == 1  # no retry, no failover
     assert fake.attempts == []  # nothing was ever sent
     for key in ("openai/primary", "openai/secondary"):
-        assert lk.breakers()[key].state is lk.BreakerState.CLOSED
+        assert lk.policies.breaker.breakers()[key].state is lk.policies.breaker.BreakerState.CLOSED
 
 
 def test_a_short_key_does_not_mangle_ordinary_text() -> None:
@@ -121,12 +121,12 @@ async def test_degrade_to_another_endpoint_works_with_failover_targets(
                 overrides={"api_base": other.base_url, "api_key": "sk-other-0000000"},
             ),
         )
-        seen: list[lk.Event] = []
+        seen: list[lk.events.Event] = []
         with lk.subscribe(seen.append):
             response = await llm.acompletion(messages=MESSAGES)
         assert lk.report(response).degraded
         assert [a.model for a in other.attempts] == ["cheap"]  # the other host answered
-    [ended] = [e for e in seen if isinstance(e, lk.CallEnded)]
+    [ended] = [e for e in seen if isinstance(e, lk.events.CallEnded)]
     assert ended.target == "openai/cheap"  # the target that answered, not the primary
 
 
@@ -135,13 +135,13 @@ async def test_a_hanging_primary_fails_over_within_the_deadline(fake: FakeProvid
     fake.script("hangs", Behavior(fault=Fault.HANG))
     fake.script("good", Behavior(output_tokens=3))
     llm = make_llm(fake, "hangs", deadline=3.0, failover=[target(fake, "good")])
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     with lk.subscribe(seen.append):
         response = await llm.acompletion(messages=MESSAGES)
     hung, answered = lk.report(response).attempts
     assert hung.outcome == "cancelled" and 1.3 <= hung.duration <= 1.5 + 0.5  # its share: 3 / 2
     assert answered.target == "openai/good"
-    assert any(isinstance(e, lk.FailedOver) for e in seen)
+    assert any(isinstance(e, lk.events.FailedOver) for e in seen)
 
 
 async def test_retries_stay_within_their_targets_share(fake: FakeProvider) -> None:
@@ -173,8 +173,8 @@ async def test_a_half_open_probe_is_one_attempt_never_retried(fake: FakeProvider
         with pytest.raises(lk.ProviderUnavailable):
             await llm.acompletion(messages=MESSAGES)
     assert len(fake.attempts) == 6
-    breaker = lk.breakers()["openai/down"]
-    assert breaker.state is lk.BreakerState.OPEN
+    breaker = lk.policies.breaker.breakers()["openai/down"]
+    assert breaker.state is lk.policies.breaker.BreakerState.OPEN
     sent = len(fake.attempts)
     import anyio
 
@@ -182,7 +182,7 @@ async def test_a_half_open_probe_is_one_attempt_never_retried(fake: FakeProvider
     with pytest.raises(lk.ProviderUnavailable):
         await llm.acompletion(messages=MESSAGES)
     assert len(fake.attempts) == sent + 1  # one probe, not retried
-    assert breaker.state is lk.BreakerState.OPEN
+    assert breaker.state is lk.policies.breaker.BreakerState.OPEN
 
 
 async def test_fallback_after_is_capped_by_an_enclosing_budget() -> None:

@@ -66,7 +66,7 @@ async def test_degrade_after_timeout_answers_from_the_cheap_model(fake: FakeProv
         deadline=5.0,
         degrade=lk.Degrade(model="openai/cheap", max_tokens=16, after=0.2),
     )
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     with lk.subscribe(seen.append):
         response = await llm.acompletion(messages=MESSAGES)
     report = lk.report(response)
@@ -77,7 +77,7 @@ async def test_degrade_after_timeout_answers_from_the_cheap_model(fake: FakeProv
         ("openai/slow", "cancelled"),
         ("openai/cheap", "ok"),
     ]
-    [used] = [e for e in seen if isinstance(e, lk.FallbackUsed)]
+    [used] = [e for e in seen if isinstance(e, lk.events.FallbackUsed)]
     assert used.reason == "timeout" and used.elapsed >= 0.2
     slow, cheap = await fake.wait_for_async(lambda a: len(a) == 2 and a[0].disconnected, 2.0)
     assert slow.model == "slow" and cheap.model == "cheap"
@@ -151,10 +151,10 @@ async def test_provider_errors_are_typed_and_carry_the_history(
         await llm.acompletion(messages=MESSAGES)
     error = info.value
     assert type(error) is error_type
-    assert error.kind is kind and lk.classify(error) is kind
+    assert error.kind is kind and lk.errors.classify(error) is kind
     assert error.target == "openai/faulty"
     assert error.__cause__ is not None and type(error.__cause__).__module__.startswith("litellm")
-    assert lk.classify(error.__cause__) is kind  # the classifier knows litellm's own types
+    assert lk.errors.classify(error.__cause__) is kind  # the classifier knows litellm's own types
     [attempt] = error.attempts
     assert attempt.outcome == "error" and attempt.error_kind is kind
     assert SECRET not in str(error) and SECRET not in repr(error)
@@ -180,7 +180,7 @@ async def test_missing_credentials_are_not_a_provider_outage(
     llm = lk.LLM("openai/primary", api_base=fake.base_url, degrade=lk.Degrade(model="openai/x"))
     with pytest.raises(lk.ProviderError) as info:
         await llm.acompletion(messages=MESSAGES)
-    assert info.value.kind is lk.ErrorKind.UNKNOWN and not lk.is_transient(info.value)
+    assert info.value.kind is lk.ErrorKind.UNKNOWN and not lk.errors.is_transient(info.value)
     assert "Missing credentials" in info.value.provider_message
     assert fake.attempts == []
 

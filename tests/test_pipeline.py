@@ -45,7 +45,10 @@ def test_composition_order_is_fixed_whatever_the_decorator_order() -> None:
 
     pipeline = pipeline_of(reversed_order)
     assert pipeline is not None
-    assert [p.stage for p in pipeline.policies] == [lk.Stage.DEADLINE, lk.Stage.FALLBACK]
+    assert [p.stage for p in pipeline.policies] == [
+        lk.pipeline.Stage.DEADLINE,
+        lk.pipeline.Stage.FALLBACK,
+    ]
 
 
 async def test_decorated_function_runs() -> None:
@@ -67,12 +70,12 @@ def test_objects_that_are_not_policies_are_rejected() -> None:
 
 async def test_custom_policy_plugs_into_the_pipeline() -> None:
     class Tag:
-        stage = lk.Stage.RETRY
+        stage = lk.pipeline.Stage.RETRY
 
         def __init__(self) -> None:
             self.seen: list[str] = []
 
-        async def handle(self, call: lk.Call, next: lk.Next) -> typing.Any:
+        async def handle(self, call: lk.pipeline.Call, next: lk.pipeline.Next) -> typing.Any:
             self.seen.append(call.target.key)
             return await next(call.with_kwargs(suffix="!"))
 
@@ -93,7 +96,9 @@ async def test_attempts_are_recorded_in_the_trace() -> None:
         raise ConnectionError("down")
 
     pipeline = lk.compose(lk.fallback("ok"))
-    result, trace = await pipeline.run_traced(lk.Call(flaky, target=lk.Target(name="provider-a")))
+    result, trace = await pipeline.run_traced(
+        lk.pipeline.Call(flaky, target=lk.Target(name="provider-a"))
+    )
     assert result == "ok"
     [attempt] = trace.attempts
     assert attempt.number == 1 and attempt.target == "provider-a"
@@ -104,7 +109,7 @@ async def test_attempts_are_recorded_in_the_trace() -> None:
 async def test_event_handler_failures_are_logged_not_raised(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    def broken(event: lk.Event) -> None:
+    def broken(event: lk.events.Event) -> None:
         raise RuntimeError("observer bug")
 
     with lk.subscribe(broken):
@@ -113,7 +118,7 @@ async def test_event_handler_failures_are_logged_not_raised(
 
 
 async def test_unsubscribed_handlers_get_nothing() -> None:
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     subscription = lk.subscribe(seen.append)
     subscription.close()
     subscription.close()  # idempotent
@@ -122,7 +127,7 @@ async def test_unsubscribed_handlers_get_nothing() -> None:
 
 
 async def test_attempt_events_pair_up() -> None:
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     with lk.subscribe(seen.append):
         await documented("q")
     kinds = [type(e).__name__ for e in seen]
@@ -166,7 +171,7 @@ async def test_concurrent_calls_keep_separate_traces() -> None:
     @lk.fallback("x")
     async def work(delay: float) -> int:
         await anyio.sleep(delay)
-        return lk.current_attempt()
+        return lk.pipeline.current_attempt()
 
     async with anyio.create_task_group() as tg:
         for delay in (0.02, 0.01, 0.0):

@@ -26,14 +26,15 @@ TEXT = "tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7"
 
 @pytest.fixture
 async def fake(fake_provider: FakeProvider) -> AsyncIterator[FakeProvider]:
-    lk.reset_breakers()  # breakers are process-wide, keyed by target: start each test fresh
+    # Breakers are process-wide, keyed by target: start each test fresh.
+    lk.policies.breaker.reset_breakers()
     # litellm's first request on a loop initialises its HTTP stack (up to seconds, blocking):
     # do it here, not inside a test that times the first token.
     warm = await make_llm(fake_provider, "warm-up").acompletion(messages=MESSAGES, stream=True)
     await read_all(warm)
     fake_provider.reset()
     yield fake_provider
-    lk.reset_breakers()
+    lk.policies.breaker.reset_breakers()
 
 
 def make_llm(fake: FakeProvider, model: str = "primary", **options: Any) -> lk.LLM:
@@ -63,7 +64,7 @@ async def disconnected(fake: FakeProvider, model: str) -> RecordedAttempt:
 async def test_a_stream_yields_litellm_chunks_and_reports_its_timing(fake: FakeProvider) -> None:
     fake.script("primary", Behavior(output_tokens=8, itl=0.005))
     llm = make_llm(fake)
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     with lk.subscribe(seen.append):
         stream = await llm.acompletion(
             messages=MESSAGES, stream=True, stream_options={"include_usage": True}
@@ -86,9 +87,9 @@ async def test_a_stream_yields_litellm_chunks_and_reports_its_timing(fake: FakeP
     tpot = attempt.time_per_output_token
     assert tpot is not None and 0 < tpot < attempt.duration
     assert stream.time_per_output_token is not None
-    [first] = [e for e in seen if isinstance(e, lk.FirstToken)]
+    [first] = [e for e in seen if isinstance(e, lk.events.FirstToken)]
     assert first.target == "openai/primary"
-    [ended] = [e for e in seen if isinstance(e, lk.CallEnded)]
+    [ended] = [e for e in seen if isinstance(e, lk.events.CallEnded)]
     assert ended.outcome == "ok" and ended.target == "openai/primary"
     assert [a.completed for a in fake.attempts] == [True]
 
@@ -168,7 +169,7 @@ async def test_a_broken_stream_is_never_a_complete_answer(fake: FakeProvider, fa
         await read_all(stream)
     assert info.value.partial_text == "tok0 tok1 tok2"
     assert info.value.finish_reason is None
-    assert lk.classify(info.value) is lk.ErrorKind.STREAM_BROKEN
+    assert lk.errors.classify(info.value) is lk.ErrorKind.STREAM_BROKEN
 
 
 async def test_a_stream_without_done_but_with_finish_reason_is_complete(
@@ -240,7 +241,7 @@ async def test_breaking_out_closes_the_response_at_once(fake: FakeProvider) -> N
     [attempt] = lk.report(stream).attempts
     assert attempt.outcome == "cancelled" and attempt.chunks == 3
     # The consumer's choice says nothing bad about the provider.
-    assert lk.breakers()["openai/long"].metrics().failures == 0
+    assert lk.policies.breaker.breakers()["openai/long"].metrics().failures == 0
 
 
 async def test_a_cancelled_consumer_closes_the_response(fake: FakeProvider) -> None:
@@ -284,7 +285,7 @@ async def test_degrade_after_counts_to_the_first_content_chunk(fake: FakeProvide
 
 async def test_an_unclosed_stream_is_closed_when_collected(fake: FakeProvider) -> None:
     fake.script("long", Behavior(output_tokens=200, itl=0.02))
-    ended: list[lk.Event] = []
+    ended: list[lk.events.Event] = []
     with lk.subscribe(ended.append):
         stream = await make_llm(fake, "long").acompletion(messages=MESSAGES, stream=True)
         with warnings.catch_warnings(record=True) as caught:
@@ -295,7 +296,7 @@ async def test_an_unclosed_stream_is_closed_when_collected(fake: FakeProvider) -
         assert any(issubclass(w.category, ResourceWarning) for w in caught)
     gone = await disconnected(fake, "long")
     assert gone.disconnected_at is not None and gone.disconnected_at - collected_at <= CLOSE_BOUND
-    [call] = [e for e in ended if isinstance(e, lk.CallEnded)]
+    [call] = [e for e in ended if isinstance(e, lk.events.CallEnded)]
     assert call.outcome == "cancelled"
 
 
@@ -362,13 +363,13 @@ async def test_a_cut_stream_is_continued_by_regenerating_and_skipping_the_delive
         [Behavior(fault=Fault.CUT, stall_after=3, output_tokens=8), Behavior(output_tokens=8)],
     )
     llm = make_llm(fake, "model", stream_guard=resuming())
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     with lk.subscribe(seen.append):
         stream = await llm.acompletion(messages=MESSAGES, stream=True)
         chunks = await read_all(stream)
     assert text_of(chunks) == TEXT == stream.partial_text
     assert stream.outcome == "ok" and stream.resumes == 1
-    [resumed] = [e for e in seen if isinstance(e, lk.StreamResumed)]
+    [resumed] = [e for e in seen if isinstance(e, lk.events.StreamResumed)]
     assert resumed.mode == "regenerate" and resumed.chunks == 3
     broken, continued = sorted(lk.report(stream).attempts, key=lambda a: a.number)
     assert broken.error_kind is lk.ErrorKind.STREAM_BROKEN and broken.chunks == 3
@@ -384,11 +385,11 @@ async def test_a_prefill_capable_target_continues_from_the_delivered_text(
         [Behavior(fault=Fault.CUT, stall_after=3, output_tokens=8), Behavior(output_tokens=8)],
     )
     llm = make_llm(fake, "model", capabilities={"prefill"}, stream_guard=resuming())
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     with lk.subscribe(seen.append):
         stream = await llm.acompletion(messages=MESSAGES, stream=True)
         assert text_of(await read_all(stream)) == TEXT
-    [resumed] = [e for e in seen if isinstance(e, lk.StreamResumed)]
+    [resumed] = [e for e in seen if isinstance(e, lk.events.StreamResumed)]
     assert resumed.mode == "prefill"
     _, second = fake.attempts
     assert second.prefill_chars == len("tok0 tok1 tok2")
@@ -416,7 +417,7 @@ async def test_a_rejected_prefill_is_not_a_failure_and_falls_back_to_regeneratin
         (True, 400),
         (False, 200),
     ]
-    metrics = lk.breakers()["openai/model"].metrics()
+    metrics = lk.policies.breaker.breakers()["openai/model"].metrics()
     assert metrics.failures == 1  # the cut only: the rejected prefill does not count
 
 
@@ -560,7 +561,7 @@ async def test_an_overload_event_mid_stream_is_a_transient_break(fake: FakeProvi
     stream = await make_llm(fake, "busy").acompletion(messages=MESSAGES, stream=True)
     with pytest.raises(lk.StreamBroken) as info:
         await read_all(stream)
-    assert info.value.partial_text == "tok0 tok1 tok2" and lk.is_transient(info.value)
+    assert info.value.partial_text == "tok0 tok1 tok2" and lk.errors.is_transient(info.value)
 
 
 async def test_done_without_a_finish_reason_is_a_cut(fake: FakeProvider) -> None:

@@ -4,6 +4,12 @@ Public API only; everything is re-exported from the private modules where it liv
 ``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
 """
 
+from . import errors as errors
+from . import events as events
+from . import llm as llm
+from . import pipeline as pipeline
+from . import policies as policies
+from . import stats as stats
 from ._context import Attempt as Attempt
 from ._context import Outcome as Outcome
 from ._context import Trace as Trace

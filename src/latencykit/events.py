@@ -305,10 +305,10 @@ def subscribe(handler: EventHandler) -> Subscription:
 
     Example::
 
-        seen: list[lk.Event] = []
+        seen: list[lk.events.Event] = []
         with lk.subscribe(seen.append):
             await ask("...")
-        slow_cases = [e for e in seen if isinstance(e, lk.FallbackUsed)]
+        slow_cases = [e for e in seen if isinstance(e, lk.events.FallbackUsed)]
     """
     global _handlers
     if not callable(handler):

@@ -41,7 +41,7 @@ from typing import (
 
 from . import events
 from ._cancel import clock, now
-from ._context import Attempt, Trace, attempt_var, deadline_var, trace_var
+from ._context import Attempt, Outcome, Trace, attempt_var, current_attempt, deadline_var, trace_var
 from .errors import LatencykitError, classify
 from .stream import ANY_ITEM, LazyStream, Stream, StreamOutcome
 from .target import Target
@@ -49,7 +49,18 @@ from .target import Target
 if TYPE_CHECKING:
     from .policies.guard import StreamGuard
 
-__all__ = ["Call", "Next", "Pipeline", "Policy", "Stage", "compose"]
+__all__ = [
+    "Attempt",
+    "Call",
+    "Next",
+    "Outcome",
+    "Pipeline",
+    "Policy",
+    "Stage",
+    "Trace",
+    "compose",
+    "current_attempt",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -166,7 +177,7 @@ class Pipeline:
         return result
 
     async def run_traced(self, call: Call) -> tuple[Any, Trace]:
-        """Like :meth:`run`, also returning the call's :class:`~latencykit.Trace`.
+        """Like :meth:`run`, also returning the call's :class:`~latencykit.pipeline.Trace`.
 
         For a stream, the trace goes on filling until the stream ends; ``CallEnded`` is emitted
         then.

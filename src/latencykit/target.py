@@ -1,6 +1,6 @@
 """Targets: where a call can go (a model, its endpoint, its key, its limits).
 
-A :class:`Target` is one value object carried on every :class:`~latencykit.Call`. Policies
+A :class:`Target` is one value object carried on every :class:`~latencykit.pipeline.Call`. Policies
 know a target by its :attr:`Target.key` (breakers, latency windows, failover routes); the
 ``LLM`` turns it into litellm arguments with :meth:`Target.litellm_arguments`. A key belongs
 to its target: it is sent only with that target's ``api_base``, never to another host.

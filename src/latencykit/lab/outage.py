@@ -72,8 +72,10 @@ async def run_outage(
     buckets: dict[int, dict[str, int]] = {}
     errors = calls = by_secondary = 0
 
-    def watch(event: lk.Event) -> None:
-        if isinstance(event, lk.BreakerStateChanged) and event.key.endswith(PRIMARY):
+    def watch(event: lk.events.Event) -> None:
+        if isinstance(event, lk.policies.breaker.BreakerStateChanged) and event.key.endswith(
+            PRIMARY
+        ):
             transitions.append(
                 (time.monotonic() - started, event.from_state.value, event.to_state.value)
             )

@@ -865,9 +865,9 @@ def breaker(
             closes when all have ended with rates under the thresholds, and re-opens as soon
             as their rates are bound to reach one.
         counts: which errors are failures: exception type(s) or a predicate (default
-            ``None``: transient errors, :func:`~latencykit.is_transient`: 429, 5xx, connection,
-            timeout, broken stream). Other errors and cancellations are ignored: not counted
-            at all. :class:`CircuitOpen` from a breaker further in never counts.
+            ``None``: transient errors, :func:`~latencykit.errors.is_transient`: 429, 5xx,
+            connection, timeout, broken stream). Other errors and cancellations are ignored:
+            not counted at all. :class:`CircuitOpen` from a breaker further in never counts.
         store: where the state lives (default ``None``: a private
             :class:`InMemoryBreakerStore`).
         clock: time source in seconds (default: the event loop's clock); durations of calls are

@@ -2,7 +2,7 @@
 
 The seeds' Promise.race: if the primary has not answered ``after`` seconds in, or raised an error
 the policy handles, the primary is cancelled (really: its HTTP request is closed) and the
-alternative answers. Every switch emits :class:`~latencykit.FallbackUsed`, the slow-case log.
+alternative answers. Every switch emits :class:`~latencykit.events.FallbackUsed`, the slow-case log.
 """
 
 from __future__ import annotations
@@ -181,8 +181,8 @@ def fallback(
             the budget that encloses a call (any deadline, however set) is shorter than
             ``after``, the primary gets half of what is left and the alternative the rest.
         on: which primary errors switch to the alternative: exception type(s) or a predicate.
-            Default ``None``: transient errors (:func:`~latencykit.is_transient`: rate limits,
-            5xx, connection errors, timeouts). Errors not handled propagate unchanged.
+            Default ``None``: transient errors (:func:`~latencykit.errors.is_transient`: rate
+            limits, 5xx, connection errors, timeouts). Errors not handled propagate unchanged.
 
     If the alternative raises too, :class:`~latencykit.FallbackFailed` carries both errors.
     Cancellation from outside (an enclosing deadline) is never treated as an error.
