@@ -5,6 +5,9 @@ with two well-kept sketch libraries, when installed: ddsketch (DataDog) and hdrh
 (HdrHistogram's Python port). Each gets the same stream of heavy-tailed latencies (lognormal,
 median 0.5 s, clamped to [1 ms, 10 min]); we time `record` per sample and a p90 query after
 every 10 samples, with the structure holding ~1,000 samples (LatencyWindow's default cap).
+LatencyWindow is also timed with censored samples (``record_censored``: attempts cancelled
+before they finished), as a hedger at the p90 leaves them (the slowest 10 %, censored above the
+p90) and in a worst case (15 % censored anywhere, so every query walks the censored samples).
 The sketches keep everything they saw (no time window), which only flatters them.
 
     .venv/bin/python benchmarks/estimator.py
@@ -30,6 +33,19 @@ def _stream(n: int) -> list[float]:
     return [min(600.0, max(0.001, rng.lognormvariate(-0.69, 1.2))) for _ in range(n)]
 
 
+P90 = sorted(_stream(10_000))[8_999]
+
+
+def _censoring(censored: Callable[[float], bool]) -> Callable[[Any, float], None]:
+    def record(window: lk.LatencyWindow, value: float) -> None:
+        if censored(value):
+            window.record_censored(value)
+        else:
+            window.record(value)
+
+    return record
+
+
 def _candidates() -> dict[
     str, tuple[Callable[[], Any], Callable[[Any, float], None], Callable[[Any], float | None]]
 ]:
@@ -38,7 +54,19 @@ def _candidates() -> dict[
             lambda: lk.LatencyWindow(window=3600.0, max_samples=1000),
             lambda s, v: s.record(v),
             lambda s: s.quantile(Q),
-        )
+        ),
+        # A hedger at the p90: the slowest ~10 % are censored (cancelled) at >= the p90.
+        "  10 % censored, above the p90": (
+            lambda: lk.LatencyWindow(window=3600.0, max_samples=1000),
+            _censoring(lambda v: v > P90),
+            lambda s: s.quantile(Q),
+        ),
+        # Worst case: 15 % censored anywhere (a cold start, losers cancelled early).
+        "  15 % censored, at random": (
+            lambda: lk.LatencyWindow(window=3600.0, max_samples=1000),
+            _censoring(lambda v: int(v * 1e6) % 100 < 15),
+            lambda s: s.quantile(Q),
+        ),
     }
     try:
         from ddsketch import DDSketch

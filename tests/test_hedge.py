@@ -1,12 +1,19 @@
-"""The hedging policy on plain async functions (real time, generous margins)."""
+"""The hedging policy on plain async functions (real time, generous margins; the adaptive
+delay's convergence on virtual time)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import random
+import selectors
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import pytest
+import trio.testing
 
 import latencykit as lk
 
@@ -237,3 +244,185 @@ def test_invalid_options_are_rejected_naming_the_field(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         make()
+
+
+# --- the adaptive delay under hedging (virtual time) ----------------------------------------
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    """A selector that, instead of sleeping until the next timer, moves the loop's clock there."""
+
+    loop: VirtualTimeLoop
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        ready = super().select(0)
+        if not ready and timeout is not None and timeout > 0:
+            self.loop.now += timeout
+        elif not ready and timeout is None:
+            ready = super().select(None)
+        return ready
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """asyncio on virtual time: when every task waits for a timer, the clock jumps to it (what
+    trio's ``MockClock(autojump_threshold=0)`` does). Fine for tests without I/O."""
+
+    def __init__(self) -> None:
+        selector = _JumpingSelector()
+        super().__init__(selector)
+        selector.loop = self
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+
+def on_virtual_time() -> pytest.MarkDecorator:
+    return pytest.mark.parametrize(
+        "anyio_backend",
+        [
+            pytest.param(("asyncio", {"loop_factory": VirtualTimeLoop}), id="asyncio"),
+            pytest.param(
+                ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)}), id="trio"
+            ),
+        ],
+    )
+
+
+class Bimodal:
+    """Every attempt draws its latency: 85 % take 50-100 ms, 15 % take 2-6 s; but the first
+    ``fast_first`` are all fast (the warm-up saw no slow call: the delay starts low)."""
+
+    def __init__(self, seed: int, fast_first: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.fast_first = fast_first
+        self.attempts = 0
+
+    async def __call__(self) -> str:
+        self.attempts += 1
+        fast = self.rng.random() < 0.85 or self.attempts <= self.fast_first
+        await anyio.sleep(self.rng.uniform(0.05, 0.1) if fast else self.rng.uniform(2.0, 6.0))
+        return "ok"
+
+
+@on_virtual_time()
+async def test_a_bimodal_latency_gets_a_delay_above_the_fast_group() -> None:
+    # The slow 15 % hold the p90 (about 2.7 s). Once hedging starts, a slow primary is cut off
+    # when its backup answers; counted as censored (slower than the time it ran), not as a
+    # latency, it still tells the window how many calls are slow, so the delay rises into the
+    # slow group instead of hedging every slow call from just above the fast group (where the
+    # warm-up, which saw no slow call, put it). 8 runs of 200 calls, on virtual time.
+    above = 0
+    for seed in range(1, 9):
+        policy = lk.hedge(lk.quantile(0.9), max_extra_load=0.1)
+        attempt = Bimodal(seed=seed, fast_first=20)
+
+        @policy
+        async def call() -> str:
+            return await attempt()  # noqa: B023 (called inside the loop iteration)
+
+        target = call.__qualname__
+        for number in range(200):
+            assert await call() == "ok"
+            delay = policy.current_delay(target)
+            if number >= 100:
+                above += delay is not None and delay > 1.0
+        assert attempt.attempts - 200 <= 0.15 * 200  # hedging the slowest calls only
+        assert policy.window(target).censored() > 0  # hedges fired, and cut primaries off
+    # Over the second hundred calls of each run, the delay sat above the fast group (<= 0.1 s)
+    # for 96 % of the calls (the fraction of slow calls in a window of ~200 samples hovers
+    # above 10 %, so a few windows dip under it); recording cut-off primaries as latencies
+    # kept it at 0.1-0.5 s in 7 runs out of 8 (12 %).
+    assert above >= 0.85 * 800
+
+
+@on_virtual_time()
+async def test_a_hang_that_outlives_every_attempt_cannot_raise_the_delay_for_good() -> None:
+    policy = lk.hedge(lk.quantile(0.9, min_samples=5), max_extra_load=10.0)
+    hang = False
+
+    @lk.deadline(5.0)
+    @policy
+    async def call() -> str:
+        await anyio.sleep(3600 if hang else 0.1)
+        return "ok"
+
+    target = "test_a_hang_that_outlives_every_attempt_cannot_raise_the_delay_for_good.<locals>.call"
+    for _ in range(10):
+        await call()
+    hang = True  # an outage: primary and backup both hang until the deadline cuts them off
+    for _ in range(10):
+        with pytest.raises(lk.DeadlineExceeded):
+            await call()
+    window = policy.window(target)
+    assert (window.quantile(0.9) or 0.0) <= 0.11  # the slowest completed call, not 5 s
+    assert window.censored() >= 10 and window.longest() == pytest.approx(5.0, abs=0.1)
+    hang = False
+    for _ in range(5):
+        assert await call() == "ok"  # answers at once when the provider is back
+
+
+# --- the lazy race --------------------------------------------------------------------------
+
+
+async def test_an_unhedged_call_runs_its_primary_in_the_callers_task() -> None:
+    seen: list[int] = []
+
+    @lk.hedge(30.0, max_extra_load=1.0)  # armed on every call, never due
+    async def call() -> str:
+        seen.append(anyio.get_current_task().id)
+        return "ok"
+
+    for _ in range(3):
+        assert await call() == "ok"
+    assert seen == [anyio.get_current_task().id] * 3
+
+
+async def test_the_primary_keeps_running_in_the_callers_task_when_the_hedge_fires() -> None:
+    tasks: list[int] = []
+    script = Script((0.3, "primary"), (10.0, "hedge"))
+
+    @lk.hedge(0.02, max_extra_load=1.0)
+    async def call() -> object:
+        tasks.append(anyio.get_current_task().id)
+        return await script()
+
+    assert await call() == "primary"
+    assert script.started == [0, 1] and script.cancelled == [1]  # not restarted
+    assert tasks[0] == anyio.get_current_task().id and tasks[1] != tasks[0]
+
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="unset")
+
+
+async def test_a_hedge_sees_the_callers_context() -> None:
+    seen: list[str] = []
+    script = Script((10.0, "slow"), (0.01, "fast"))
+
+    @lk.hedge(0.02, max_extra_load=1.0)
+    async def call() -> object:
+        seen.append(request_id.get())
+        return await script()
+
+    request_id.set("r-42")
+    assert await call() == "fast"
+    assert seen == ["r-42", "r-42"]
+
+
+async def test_a_failed_primary_launches_the_backup_at_once_with_the_timer_armed() -> None:
+    script = Script((0.05, ConnectionResetError("reset")), (0.05, "second"), (0.0, "third"))
+    policy = lk.hedge(30.0, max_attempts=3, max_extra_load=10.0)
+    started = time.monotonic()
+    assert await hedged(script, policy)() == "second"  # not after the 30 s delay
+    assert time.monotonic() - started < 5
+    assert script.started == [0, 1]  # the third attempt's timer was disarmed
+
+
+async def test_a_cancelled_primary_is_a_censored_sample() -> None:
+    policy = lk.hedge(0.05, max_extra_load=1.0)
+    script = Script((10.0, "slow"), (0.01, "fast"))
+    fn = hedged(script, policy)
+    assert await fn() == "fast"
+    window = policy.window(fn.__qualname__)
+    assert window.count() == 2 and window.censored() == 1  # the primary ran ~0.06 s, unfinished
+    assert (window.longest() or 0) < 5 and window.quantile(1.0) == pytest.approx(0.01, abs=0.05)

@@ -150,3 +150,109 @@ def test_window_quantiles_at_once_match_one_by_one() -> None:
         )
         == (0.1, 0.3, 0.5)
     )
+
+
+# --- censored samples (attempts cancelled before they finished) ------------------------------
+
+
+def reference_kaplan_meier(done: list[float], censored: list[float], q: float) -> float:
+    """The textbook estimator, one sample at a time: a completed latency u ends the walk once
+    the survival S(u) <= 1 - q; a censored sample at c is still at risk at c."""
+    samples = sorted([(v, 0) for v in done] + [(v, 1) for v in censored])
+    survival, at_risk = 1.0, len(samples)
+    for value, is_censored in samples:
+        if not is_censored:
+            survival *= (at_risk - 1) / at_risk
+            if survival <= 1 - q + 1e-9:
+                return value
+        at_risk -= 1
+    return max(done)
+
+
+def test_censored_samples_count_as_slower_than_their_censoring_time() -> None:
+    # 80 fast calls, 10 slow ones that completed, and 10 primaries cut off at 0.5 s when
+    # their backups answered: those 10 were slower than 0.5 s, so 20 % of calls are slow.
+    window = lk.LatencyWindow(clock=Clock())
+    for i in range(80):
+        window.record(0.1 + i / 1000)
+    slow = [2.0 + i / 10 for i in range(10)]
+    for value in slow:
+        window.record(value)
+    for _ in range(10):
+        window.record_censored(0.5)
+    assert window.count() == 100 and window.censored() == 10
+    # As plain samples the cut-off primaries would make the p90 0.5 s, between the groups;
+    # their weight goes to the slow calls instead: the p90 is inside the slow group.
+    p90 = window.quantile(0.9)
+    assert p90 is not None and p90 >= 2.0
+    assert p90 == reference_kaplan_meier(
+        [0.1 + i / 1000 for i in range(80)] + slow, [0.5] * 10, 0.9
+    )
+    assert window.quantile(0.5) == pytest.approx(0.1 + 49 / 1000)  # the body is unaffected
+    assert window.longest() == 2.9
+
+
+def test_censoring_above_the_quantile_leaves_it_exact() -> None:
+    window = lk.LatencyWindow(clock=Clock())
+    values = [0.01 * (i + 1) for i in range(90)]
+    for value in values:
+        window.record(value)
+    for _ in range(10):
+        window.record_censored(5.0)  # hedged at the p90 and cut off later
+    assert window.quantile(0.9) == values[89]
+    assert window.quantile(0.5) == values[49]
+
+
+def test_quantiles_match_the_textbook_kaplan_meier_estimator() -> None:
+    rng = random.Random(11)
+    for _ in range(300):
+        window = lk.LatencyWindow(clock=Clock())
+        done: list[float] = []
+        censored: list[float] = []
+        share = rng.choice([0.0, 0.1, 0.5, 0.9])
+        for _ in range(rng.randint(1, 80)):
+            value = round(rng.uniform(0.1, 3.0), rng.choice([1, 2]))  # ties included
+            if rng.random() < share:
+                window.record_censored(value)
+                censored.append(value)
+            else:
+                window.record(value)
+                done.append(value)
+        for q in (0.0, 0.1, 0.5, 0.9, 0.99, 1.0):
+            expected = reference_kaplan_meier(done, censored, q) if done else None
+            assert window.quantile(q) == expected
+
+
+def test_attempts_that_never_finish_cannot_push_the_quantile_past_the_data() -> None:
+    # An outage: every attempt hangs until a 30 s deadline cuts it off. The estimate stays at
+    # the slowest latency anything completed in, never the censoring times.
+    window = lk.LatencyWindow(clock=Clock())
+    for i in range(50):
+        window.record(0.1 + i / 500)
+    for _ in range(500):
+        window.record_censored(30.0)
+    assert window.quantile(0.9) == window.quantile(1.0) == pytest.approx(0.198)
+    assert window.longest() == 30.0
+
+
+def test_a_window_of_censored_samples_only_has_no_quantile() -> None:
+    window = lk.LatencyWindow(clock=Clock())
+    window.record_censored(3.0)
+    assert window.quantile(0.9) is None and window.quantiles(0.5, 0.9) == ()
+    assert window.count() == 1 and window.longest() == 3.0
+
+
+def test_censored_samples_expire_and_are_evicted_like_the_others() -> None:
+    clock = Clock()
+    window = lk.LatencyWindow(window=10.0, max_samples=3, clock=clock)
+    window.record_censored(9.0)
+    window.record(1.0)
+    clock.now += 6
+    window.record(2.0)
+    window.record(3.0)  # the 4th sample: the oldest (censored) one goes
+    assert window.censored() == 0 and window.count() == 3
+    window.record_censored(0.5)
+    clock.now += 5  # 1.0 was recorded 11 s ago... and has been evicted already
+    assert window.count() == 3 and window.censored() == 1
+    clock.now += 20
+    assert window.count() == 0 and window.longest() is None

@@ -9,19 +9,31 @@ the p99 for a few percent more requests. Semantics (Polly v8, Finagle, gRPC):
   an unhandled one (bad request, content policy, context length, a bug) cancels everything and
   is raised at once; when every attempt fails, the primary's error is raised with the others
   attached;
-* the delay is fixed, or a quantile of the target's recent successful latencies
-  (:func:`quantile`), with no hedging until enough samples arrived;
+* the delay is fixed, or a quantile of the target's recent latencies (:func:`quantile`), with
+  no hedging until enough samples arrived;
 * extra attempts draw from a :class:`~latencykit.RetryBudget` (``max_extra_load``), and none
   starts that the deadline cannot fit.
+
+The race is lazy: the primary runs in the caller's task, with a loop timer armed at the delay
+(asyncio's ``call_at``; on trio, one timer task per run serves every hedge). Only when the timer
+fires, or the primary fails with a handled error, does an attempt run in a task of the call's
+task group; the primary keeps running where it is and joins the race. A call that is never
+hedged pays for an empty task group and a timer, not for a task and the wake-ups of a race
+(docs/benchmarks.md, "Overhead").
 """
 
 from __future__ import annotations
 
+import contextvars
 import datetime
+import heapq
+import itertools
+import logging
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import anyio
 
@@ -80,9 +92,14 @@ def quantile(
         window: seconds a sample counts (default ``60``).
         max_samples: samples kept per target, newest first (default ``1000``).
 
-    Only successful attempts feed the window (fast failures would drag the delay down); an
-    attempt cancelled because another won counts with the time it ran, a lower bound of its
-    latency, so that hedging does not hide the slow attempts it cuts short. While no recent
+    Successful attempts feed the window with their latency; failures do not (fast failures
+    would drag the delay down). An attempt cancelled before it finished (a primary whose backup
+    answered first, a loser, an attempt cut off by the deadline) is a *censored* sample: its
+    latency is known only to exceed the time it ran, and the quantile is a Kaplan-Meier
+    estimate that counts it so (:class:`~latencykit.LatencyWindow`). So hedging does not hide
+    the slow attempts it cuts short, and the delay finds the slow group of a bimodal latency
+    from the first hedges on. The delay is always a latency some recent attempt completed in:
+    attempts that never finish (a hang, an outage) cannot push it higher. While no recent
     attempt took longer than the delay plus the fastest recent attempt, a hedge could not have
     won (a light tail), and none is sent; the first slow call turns hedging back on.
     """
@@ -100,6 +117,277 @@ def _errors(outcomes: list[_Outcome]) -> list[tuple[int, Exception]]:
     return sorted((o.index, o.error) for o in outcomes if o.error is not None)
 
 
+# --- timers ---------------------------------------------------------------------------------
+
+logger = logging.getLogger("latencykit")
+
+
+class _Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class _TrioTimer:
+    __slots__ = ("callback", "context", "owner")
+
+    def __init__(self, callback: Callable[[], None], owner: _TrioTimers) -> None:
+        self.callback: Callable[[], None] | None = callback
+        self.context = contextvars.copy_context()  # as asyncio's call_at: the caller's context
+        self.owner = owner
+
+    def cancel(self) -> None:
+        if self.callback is not None:
+            self.callback = None
+            self.owner.cancelled += 1
+
+
+class _TrioTimers:
+    """``call_at`` for trio, which has none: a heap of callbacks served by one system task per
+    run, sleeping in a cancel scope whose deadline is the earliest callback (moving a deadline
+    is cheap; spawning a task per timer, and reaping it, is not). Cancelled timers stay in the
+    heap until due, as in asyncio's loop, and are swept when they are the majority."""
+
+    __slots__ = ("cancelled", "heap", "order", "scope")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, _TrioTimer]] = []
+        self.order = itertools.count()
+        self.scope: Any = None
+        self.cancelled = 0
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> _TrioTimer:
+        timer = _TrioTimer(callback, self)
+        heapq.heappush(self.heap, (when, next(self.order), timer))
+        if self.scope is not None and when < self.scope.deadline:
+            self.scope.deadline = when
+        if self.cancelled > 64 and self.cancelled * 2 > len(self.heap):
+            self.heap = [entry for entry in self.heap if entry[2].callback is not None]
+            heapq.heapify(self.heap)
+            self.cancelled = 0
+        return timer
+
+    async def serve(self) -> None:
+        import trio
+
+        while True:
+            heap = self.heap
+            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as self.scope:
+                await trio.sleep_forever()
+            self.scope = None
+            now = trio.current_time()
+            while self.heap and self.heap[0][0] <= now:
+                timer = heapq.heappop(self.heap)[2]
+                callback = timer.callback
+                if callback is None:
+                    self.cancelled -= 1
+                    continue
+                timer.callback = None
+                try:
+                    timer.context.run(callback)
+                except Exception:  # a timer must not take the run down with it
+                    logger.exception("latencykit hedge timer callback failed")
+
+
+_trio_timers: Any = None  # a trio.lowlevel.RunVar, made on first use (trio is imported lazily)
+
+
+def _call_at(when: float, callback: Callable[[], None]) -> _Timer:
+    """Run ``callback()`` on the event loop at ``when`` (its clock), in the caller's context."""
+    asyncio = sys.modules.get("asyncio")
+    loop = None if asyncio is None else asyncio._get_running_loop()
+    if loop is not None:
+        handle: _Timer = loop.call_at(when, callback)
+        return handle
+    global _trio_timers
+    import trio
+
+    if _trio_timers is None:
+        _trio_timers = trio.lowlevel.RunVar("latencykit_hedge_timers")
+    try:
+        timers: _TrioTimers = _trio_timers.get()
+    except LookupError:
+        timers = _TrioTimers()
+        _trio_timers.set(timers)
+        trio.lowlevel.spawn_system_task(timers.serve, name="latencykit hedge timers")
+    return timers.call_at(when, callback)
+
+
+# --- the race -------------------------------------------------------------------------------
+
+
+class _Race:
+    """The attempts of one hedged call. The primary runs in the caller's task (:meth:`run`);
+    every other attempt in a task of the call's task group, launched by the delay timer or at
+    once after a handled failure. Outcomes are handled as they arrive (:meth:`_finished`), by
+    whichever task or timer produced them: the first success wins and cancels the rest, an
+    unhandled error cancels everything, a handled one launches the next attempt."""
+
+    __slots__ = (
+        "call",
+        "call_id",
+        "crashed",
+        "delay",
+        "fatal",
+        "group",
+        "hedging",
+        "next",
+        "now",
+        "outcomes",
+        "policy",
+        "settled",
+        "starts",
+        "timer",
+        "ttft",
+        "winner",
+    )
+
+    def __init__(
+        self, policy: Hedge, call: Call, next: Next, ttft: bool, delay: float | None
+    ) -> None:
+        self.policy = policy
+        self.call = call
+        self.next = next
+        self.ttft = ttft
+        self.delay = delay
+        self.now = backend().now
+        trace = trace_var.get()
+        self.call_id = 0 if trace is None else trace.call_id
+        self.outcomes: list[_Outcome] = []
+        self.starts: list[float] = []
+        self.winner: _Outcome | None = None
+        self.fatal = False
+        self.crashed: BaseException | None = None  # raised by a launch inside the timer
+        self.hedging = True  # False once the budget or the deadline refused an attempt
+        self.group: Any = None
+        self.timer: _Timer | None = None
+        self.settled: anyio.Event | None = None  # made only if the caller has to wait
+
+    def _done(self) -> bool:
+        return (
+            self.winner is not None
+            or self.fatal
+            or len(self.starts) == len(self.outcomes)  # nothing running, nothing launched
+        )
+
+    async def run(self, primary: Call | None, first: _Outcome | None = None) -> Any:
+        """Run ``primary`` here and the race around it; or, with ``first`` (the primary's
+        handled failure, already on record), the race that follows it. The call's outcome."""
+        try:
+            async with anyio.create_task_group() as self.group:
+                if primary is None:
+                    assert first is not None
+                    self._finished(first)
+                else:
+                    self.starts.append(self.now())
+                    self._arm()
+                    await self._attempt(0, primary)
+                if not self._done():
+                    self.settled = anyio.Event()
+                    await self.settled.wait()
+        finally:
+            self._disarm()
+        for outcome in self.outcomes:
+            # A stream that committed too late to win is closed now (its HTTP response too).
+            if isinstance(outcome.result, Stream) and outcome is not self.winner:
+                await outcome.result.aclose()
+        if self.crashed is not None:
+            raise self.crashed
+        won = self.winner
+        if won is not None:
+            if won.index and events.listening():
+                events.emit(
+                    events.HedgeWon(self.call_id, attempt=won.index + 1, attempts=len(self.starts))
+                )
+            return won.result
+        failures = _errors(self.outcomes)
+        fatal = [error for _, error in failures if not self.policy._handles(error)]
+        raised = (fatal or [error for _, error in failures])[0]
+        attach_others(raised, [error for _, error in failures if error is not raised])
+        raise raised
+
+    async def _attempt(self, index: int, this: Call) -> None:
+        window = self.policy.window(this.target.key, ttft=self.ttft)
+        started = self.starts[index]
+        try:
+            result = await self.next(this)
+        except Exception as exc:
+            self._finished(_Outcome(index, error=exc))
+        except BaseException:
+            # Cancelled before it finished: its latency is longer than the time it ran.
+            window.record_censored(self.now() - started)
+            raise
+        else:
+            window.record(self.now() - started)
+            self._finished(_Outcome(index, result=result))
+
+    def _finished(self, outcome: _Outcome) -> None:
+        self.outcomes.append(outcome)
+        if self.winner is not None or self.fatal:
+            pass  # decided already; a late stream is closed after the race
+        elif outcome.error is None:
+            self.winner = outcome
+            self._stop()
+        elif not self.policy._handles(outcome.error):
+            self.fatal = True  # not worth another attempt: stop them all
+            self._stop()
+        elif self.hedging and len(self.starts) < self.policy.max_attempts:
+            # A failure: the next attempt goes now, not after the delay.
+            self.hedging = self._launch("failure")
+        if self.settled is not None and self._done():
+            self.settled.set()
+
+    def _stop(self) -> None:
+        self._disarm()
+        if len(self.starts) > len(self.outcomes):  # attempts still running: cancel them
+            self.group.cancel_scope.cancel()
+
+    def _arm(self) -> None:
+        self._disarm()
+        if self.delay is not None and self.hedging and len(self.starts) < self.policy.max_attempts:
+            self.timer = _call_at(self.starts[-1] + self.delay, self._on_delay)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _on_delay(self) -> None:
+        self.timer = None
+        if self.winner is not None or self.fatal:
+            return
+        try:
+            self.hedging = self._launch("delay")
+        except BaseException as exc:  # raised in the caller's task, as if launched there
+            self.crashed = exc
+            self.fatal = True
+            self.group.cancel_scope.cancel()
+
+    def _launch(self, reason: Literal["delay", "failure"]) -> bool:
+        policy = self.policy
+        call = self.call
+        index = len(self.starts)
+        this = call if policy.rewrite is None else policy.rewrite(call, index)
+        if not policy._fits_deadline(this.target.key, self.ttft):
+            policy._skipped(self.call_id, index, "deadline")
+            return False
+        if not policy.budget.try_withdraw():
+            policy._skipped(self.call_id, index, "budget")
+            return False
+        if events.listening():
+            events.emit(
+                events.HedgeFired(
+                    self.call_id,
+                    attempt=index + 1,
+                    target=this.target.key,
+                    reason=reason,
+                    delay=self.delay,
+                )
+            )
+        self.starts.append(self.now())
+        self.group.start_soon(self._attempt, index, this)
+        self._arm()  # the next delay counts from this attempt's start
+        return True
+
+
 class Hedge(PolicyDecorator):
     """The hedging policy; create it with :func:`hedge` (also ``LLM(hedge=lk.Hedge(...))``).
 
@@ -112,6 +400,7 @@ class Hedge(PolicyDecorator):
     stage = Stage.HEDGE
     __slots__ = (
         "_handles",
+        "_memo",
         "budget",
         "delay",
         "max_attempts",
@@ -161,6 +450,7 @@ class Hedge(PolicyDecorator):
         self.rewrite = rewrite
         self.windows: dict[str, LatencyWindow] = {}
         self.ttft_windows: dict[str, LatencyWindow] = {}
+        self._memo: dict[tuple[str, bool], tuple[int, float | None]] = {}
 
     def __repr__(self) -> str:
         return (
@@ -179,6 +469,7 @@ class Hedge(PolicyDecorator):
             rewrite=rewrite,
         )
         copy.windows, copy.ttft_windows = self.windows, self.ttft_windows
+        copy._memo = self._memo
         return copy
 
     def window(self, target: str, *, ttft: bool = False) -> LatencyWindow:
@@ -202,12 +493,40 @@ class Hedge(PolicyDecorator):
         window = self.window(target, ttft=ttft)
         if window.count() < self.delay.min_samples:
             return None
-        delay, fastest, slowest = window.quantiles(self.delay.q, 0.0, 1.0)
+        return self._adaptive(window, self.delay.q)
+
+    @staticmethod
+    def _adaptive(window: LatencyWindow, q: float) -> float | None:
+        found = window.quantiles(q, 0.0)
+        if not found:
+            return None  # nothing completed recently: no delay to go by
+        delay, fastest = found
         # A hedge sent at `delay` wins only if the primary outlasts `delay` plus the backup's
         # own time. If no recent call took longer than delay + the fastest call, none would
         # have won: the hedge would be pure extra load (light tails), so don't send it.
-        if slowest <= delay + fastest:
+        slowest = window.longest()
+        if slowest is None or slowest <= delay + fastest:
             return None
+        return delay
+
+    def _delay_for(self, target: str, ttft: bool) -> float | None:
+        # current_delay() for the hot path: the estimate is recomputed once the window changed
+        # by 1/32 of its samples (at least one), so a Kaplan-Meier walk over censored samples
+        # (tens of microseconds with many) is paid once per ~16 calls on a full window.
+        spec = self.delay
+        if not isinstance(spec, Quantile):
+            return spec
+        window = self.window(target, ttft=ttft)
+        count = window.count()
+        if count < spec.min_samples:
+            return None
+        memo = self._memo
+        key = (target, ttft)
+        found = memo.get(key)
+        if found is not None and window.changes - found[0] < max(1, count >> 5):
+            return found[1]
+        delay = self._adaptive(window, spec.q)
+        memo[key] = (window.changes, delay)
         return delay
 
     def _fits_deadline(self, target: str, ttft: bool) -> bool:
@@ -224,120 +543,35 @@ class Hedge(PolicyDecorator):
         self.budget.deposit_once()
         primary = call if self.rewrite is None else self.rewrite(call, 0)
         ttft = call.stream is not None  # a stream's race is decided by its first content chunk
-        delay = self.current_delay(primary.target.key, ttft=ttft)
-        now = backend().now
-        first_error: Exception | None = None
-        if delay is None or self.max_attempts == 1:
-            # No hedge can fall due: run the primary inline (no task group, the common case
-            # for light tails and warm-up). Only a handled failure starts the race below.
-            first_started = now()
-            try:
-                return await self._timed(primary, next, ttft)
-            except Exception as exc:
-                if self.max_attempts == 1 or not self._handles(exc):
-                    raise
-                first_error = exc
-        trace = trace_var.get()
-        call_id = 0 if trace is None else trace.call_id
-        outcomes: list[_Outcome] = []
-        changed = anyio.Event()
-        winner: list[_Outcome] = []
-        starts: list[float] = []
-
-        async def attempt(index: int, this: Call) -> None:
-            started = now()
-            try:
-                result = await next(this)
-            except Exception as exc:
-                outcomes.append(_Outcome(index, error=exc))
-            except BaseException:
-                # Cancelled (lost the race): its running time is a lower bound of its latency.
-                if winner and winner[0].index != index:
-                    self.window(this.target.key, ttft=ttft).record(now() - started)
+        if self.max_attempts == 1:
+            return await self._timed(primary, next, ttft)
+        delay = self._delay_for(primary.target.key, ttft)
+        if delay is not None:
+            return await _Race(self, call, next, ttft, delay).run(primary)
+        # No hedge can fall due: run the primary inline, without even a task group (the common
+        # case for light tails and warm-up). Only a handled failure starts a race.
+        started = backend().now()
+        try:
+            return await self._timed(primary, next, ttft)
+        except Exception as exc:
+            if not self._handles(exc):
                 raise
-            else:
-                self.window(this.target.key, ttft=ttft).record(now() - started)
-                outcome = _Outcome(index, result=result)
-                outcomes.append(outcome)
-                if not winner:
-                    winner.append(outcome)
-                    group.cancel_scope.cancel()
-            changed.set()
-
-        def launch(reason: Literal["delay", "failure"] | None) -> bool:  # None: the primary
-            index = len(starts)
-            this = call if self.rewrite is None else self.rewrite(call, index)
-            if reason is not None:
-                if not self._fits_deadline(this.target.key, ttft):
-                    self._skipped(call_id, index, "deadline")
-                    return False
-                if not self.budget.try_withdraw():
-                    self._skipped(call_id, index, "budget")
-                    return False
-                if events.listening():
-                    events.emit(
-                        events.HedgeFired(
-                            call_id,
-                            attempt=index + 1,
-                            target=this.target.key,
-                            reason=reason,
-                            delay=delay,
-                        )
-                    )
-            starts.append(now())
-            group.start_soon(attempt, index, this)
-            return True
-
-        hedging = True  # False once the budget or the deadline refused an attempt
-        failures_seen = 0
-        async with anyio.create_task_group() as group:
-            if first_error is None:
-                launch(None)
-            else:  # the inline primary failed: the race starts with its failure on record
-                starts.append(first_started)
-                outcomes.append(_Outcome(0, error=first_error))
-            while True:
-                failures = _errors(outcomes)
-                if any(not self._handles(error) for _, error in failures):
-                    group.cancel_scope.cancel()  # not worth another attempt: stop them all
-                    break
-                running = len(starts) - len(outcomes)
-                can_launch = hedging and len(starts) < self.max_attempts
-                if can_launch and len(failures) > failures_seen:
-                    # A failure: the next attempt goes now, not after the delay.
-                    failures_seen = len(failures)
-                    hedging = launch("failure")
-                    continue
-                if running == 0:
-                    break
-                wait = math.inf
-                if can_launch and delay is not None:
-                    wait = max(0.0, starts[-1] + delay - now())
-                changed = anyio.Event()
-                with anyio.move_on_after(wait) as timer:
-                    await changed.wait()
-                if timer.cancelled_caught:
-                    hedging = launch("delay")
-        for outcome in outcomes:
-            # A stream that committed too late to win is closed now (its HTTP response too).
-            if isinstance(outcome.result, Stream) and (not winner or outcome is not winner[0]):
-                await outcome.result.aclose()
-        if winner:
-            won = winner[0]
-            if won.index and events.listening():
-                events.emit(events.HedgeWon(call_id, attempt=won.index + 1, attempts=len(starts)))
-            return won.result
-        failures = _errors(outcomes)
-        fatal = [error for _, error in failures if not self._handles(error)]
-        raised = (fatal or [error for _, error in failures])[0]
-        attach_others(raised, [error for _, error in failures if error is not raised])
-        raise raised
+            race = _Race(self, call, next, ttft, None)
+            race.starts.append(started)
+            return await race.run(None, _Outcome(0, error=exc))
 
     async def _timed(self, call: Call, next: Next, ttft: bool) -> Any:
         now = backend().now
+        window = self.window(call.target.key, ttft=ttft)
         started = now()
-        result = await next(call)
-        self.window(call.target.key, ttft=ttft).record(now() - started)
+        try:
+            result = await next(call)
+        except Exception:
+            raise  # failures do not feed the window
+        except BaseException:
+            window.record_censored(now() - started)  # cancelled: it would have taken longer
+            raise
+        window.record(now() - started)
         return result
 
     def _skipped(self, call_id: int, index: int, reason: Literal["budget", "deadline"]) -> None:
