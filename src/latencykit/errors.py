@@ -413,14 +413,15 @@ _NOT_FOUND_CODES = frozenset(
 _AUTH_CODES = frozenset({"invalid_api_key", "authentication_error", "permission_error"})
 
 # The providers' wordings, for errors that carry no telling code (lowercase, matched anywhere
-# in the messages of the error and its causes). Context length: OpenAI, Azure, DeepSeek, Groq,
+# in the messages of the error and its causes; compiled on first use, by re's own cache, to
+# keep them off `import latencykit`). Context length: OpenAI, Azure, DeepSeek, Groq,
 # vLLM ("maximum context length"), Mistral ("too large for model with N maximum context
 # length"), the Responses API ("exceeds the context window"), Anthropic ("prompt is too long"),
 # Bedrock ("input is too long"), Cohere ("too many tokens"), Gemini ("exceeds the maximum
 # number of tokens allowed"), xAI ("maximum prompt length"), llama.cpp ("exceeds the available
 # context size"), TGI ("`inputs` tokens + `max_new_tokens` must be"), Cerebras ("current length
 # is N while limit is M").
-_CONTEXT_WORDS = re.compile(
+_CONTEXT_WORDS = (
     r"maximum context length|context[_ ]length[_ ]exceeded|context[_ ]window[_ ]exceeded"
     r"|exceeds? (?:the )?(?:model's |available )?context (?:window|size|length|limit)"
     r"|prompt is too long|input is too long|too many (?:input |prompt )?tokens"
@@ -431,7 +432,7 @@ _CONTEXT_WORDS = re.compile(
 # Content filters: OpenAI ("rejected as a result of our safety system", "flagged as
 # potentially violating our usage policy"), Azure ("content management policy",
 # ResponsibleAIPolicyViolation), Anthropic ("content filtering policy").
-_CONTENT_WORDS = re.compile(
+_CONTENT_WORDS = (
     r"content[_ ]policy[_ ]violation|content management policy|content filtering policy"
     r"|as a result of (?:our|the) safety system|violating our usage polic"
     r"|responsibleaipolicyviolation"
@@ -457,14 +458,14 @@ class _Rule(NamedTuple):
     kind: ErrorKind
     statuses: frozenset[int] = frozenset()
     codes: frozenset[str] = frozenset()
-    words: re.Pattern[str] | None = None
+    words: str | None = None  # a regular expression
     classes: frozenset[str] = frozenset()
 
     def matches(self, evidence: _Evidence) -> bool:
         return (
             (evidence.status is not None and evidence.status in self.statuses)
             or not self.codes.isdisjoint(evidence.codes)
-            or (self.words is not None and self.words.search(evidence.text) is not None)
+            or (self.words is not None and re.search(self.words, evidence.text) is not None)
             or not self.classes.isdisjoint(evidence.classes)
         )
 
