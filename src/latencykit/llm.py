@@ -34,7 +34,7 @@ from .policies.breaker import Breaker
 from .policies.breaker import breaker as breaker_for
 from .policies.deadline import Deadline
 from .policies.failover import Failover, Route
-from .policies.fallback import Fallback, FallbackReason
+from .policies.fallback import Fallback, FallbackReason, Reroute
 from .policies.guard import StreamGuard
 from .policies.hedge import Hedge
 from .policies.retry import Retry
@@ -374,7 +374,7 @@ class LLM:
                     f"LLM.degrade.after ({after:g}s) must be shorter than LLM.deadline "
                     f"({self.deadline:g}s)"
                 )
-            policies.append(Fallback(self._degraded_path, after=after, on=degrade.on))
+            policies.append(Fallback(Reroute(self._degraded_path), after=after, on=degrade.on))
         hedge = self.hedge
         if hedge is not None:
             if hedge.target == "next":
@@ -394,7 +394,7 @@ class LLM:
         if len(self.targets) > 1:
             is_open = None if breakers is None else breakers.is_open
             policies.append(
-                Failover(self._routes, on=failover_on, passthrough=True, is_open=is_open)
+                Failover(*self._routes, on=failover_on, passthrough=True, is_open=is_open)
             )
         policies.append(self.stream_guard)
         return policies

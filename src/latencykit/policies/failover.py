@@ -69,30 +69,20 @@ class Route:
 
 
 class Failover(PolicyDecorator):
-    """The failover policy; build it with :func:`failover` or ``LLM(failover=[...])``.
-
-    Args:
-        routes: the alternatives, in order; the first is the primary.
-        on: errors that move to the next route (default ``None``: transient errors).
-        is_open: ``is_open(name)`` tells whether a route's breaker refuses calls now (default:
-            never); those routes are skipped.
-        passthrough: a call addressed to none of the routes (a degraded call, say) goes
-            through untouched (default ``False``: it starts at the first route).
-    """
+    """The failover policy: :func:`failover` (same arguments) and ``LLM(failover=[...])``
+    build it; see :func:`failover` for the arguments and their defaults."""
 
     stage = Stage.FAILOVER
     __slots__ = ("_handles", "is_open", "passthrough", "routes")
 
     def __init__(
         self,
-        routes: Sequence[Route],
-        *,
+        *alternatives: Callable[..., Awaitable[Any]] | Route,
         on: ErrorFilter | None = None,
         is_open: Callable[[str], bool] | None = None,
         passthrough: bool = False,
     ) -> None:
-        if not routes:
-            raise ValueError("failover needs at least one route")
+        routes = _routes(alternatives)
         names = [route.name for route in routes]
         if len(set(names)) != len(names):
             raise ValueError(f"failover route names must be unique, got {names}")
@@ -195,25 +185,46 @@ class Failover(PolicyDecorator):
 
 
 def failover(
-    *alternatives: Callable[..., Awaitable[Any]], on: ErrorFilter | None = None
+    *alternatives: Callable[..., Awaitable[Any]] | Route,
+    on: ErrorFilter | None = None,
+    is_open: Callable[[str], bool] | None = None,
+    passthrough: bool = False,
 ) -> Failover:
     """Call the decorated function; when it fails with a transient error, call each alternative
     (same arguments) in order until one answers.
 
     Args:
-        alternatives: async callables taking the decorated function's arguments.
-        on: errors that move on to the next alternative (default ``None``: transient errors).
-            Other errors are raised at once.
+        alternatives: async callables taking the decorated function's arguments, tried after
+            it; or :class:`Route` objects, the first of which is the primary (what
+            ``LLM(failover=[...])`` builds: a route per target).
+        on: errors that move on to the next alternative (default ``None``: transient errors;
+            a context-length error only to a route with a larger context window). Other
+            errors are raised at once.
+        is_open: ``is_open(name)`` tells whether a route's breaker refuses calls now (default
+            ``None``: never); those routes are skipped without a request.
+        passthrough: a call addressed to none of the routes (a degraded call, say) goes
+            through untouched (default ``False``: it starts at the first route).
 
     When every alternative fails, the first (primary) error is raised with the others attached.
     """
+    return Failover(*alternatives, on=on, is_open=is_open, passthrough=passthrough)
+
+
+def _routes(alternatives: Sequence[Callable[..., Awaitable[Any]] | Route]) -> list[Route]:
+    if all(isinstance(alternative, Route) for alternative in alternatives):
+        if not alternatives:
+            raise ValueError("failover needs at least one alternative")
+        return list(alternatives)  # type: ignore[arg-type]
     routes = [Route(_ANY, lambda call: call)]  # the decorated function, named at call time
     for alternative in alternatives:
-        if not callable(alternative):
-            raise TypeError(f"failover alternatives must be async callables, got {alternative!r}")
+        if isinstance(alternative, Route) or not callable(alternative):
+            raise TypeError(
+                "failover alternatives must be all async callables or all Routes, "
+                f"got {alternative!r}"
+            )
         target = function_target(alternative)
         routes.append(Route(target, _calling(alternative, target)))
-    return Failover(routes, on=on)
+    return routes
 
 
 _ANY = Target(name="<the decorated function>")

@@ -21,7 +21,7 @@ from ..errors import ErrorFilter, ErrorKind, FallbackFailed, classify, error_pre
 from ..pipeline import Call, Next, Policy, PolicyDecorator, Stage
 from .deadline import Deadline
 
-__all__ = ["Fallback", "FallbackReason", "fallback"]
+__all__ = ["Fallback", "FallbackReason", "Reroute", "fallback"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,17 @@ class _Switch(NamedTuple):
 Alternative: TypeAlias = Callable[[FallbackReason, Call, Next], Awaitable[Any]]
 
 
-def _user_alternative(alternative: object) -> Alternative:
+@dataclass(frozen=True, slots=True)
+class Reroute:
+    """An alternative that goes on through the rest of the pipeline: ``path(reason, call,
+    next)`` may call ``next`` with a rewritten call (``LLM``'s degraded path does)."""
+
+    path: Alternative
+
+
+def _alternative(alternative: object) -> Alternative:
+    if isinstance(alternative, Reroute):
+        return alternative.path
     if callable(alternative):
 
         async def call_user(reason: FallbackReason, call: Call, next: Next) -> Any:
@@ -72,14 +82,15 @@ def _user_alternative(alternative: object) -> Alternative:
 
 
 class Fallback(PolicyDecorator):
-    """The fallback policy; create it with :func:`fallback` (or ``lk.Degrade`` in ``LLM``)."""
+    """The fallback policy: :func:`fallback` (same arguments) and ``lk.Degrade`` in ``LLM``
+    build it; see :func:`fallback` for the arguments and their defaults."""
 
     stage = Stage.FALLBACK
     __slots__ = ("_alternative", "_handles", "after", "on")
 
     def __init__(
         self,
-        alternative: Alternative,
+        alternative: Callable[..., Any] | Reroute | object,
         *,
         after: float | datetime.timedelta | None = None,
         on: ErrorFilter | None = None,
@@ -87,7 +98,7 @@ class Fallback(PolicyDecorator):
         self.after = None if after is None else _validation.seconds("fallback.after", after)
         self.on = on
         self._handles = error_predicate(on, "fallback.on")
-        self._alternative = alternative
+        self._alternative = _alternative(alternative)
 
     def __repr__(self) -> str:
         return f"fallback(after={self.after})"
@@ -164,7 +175,7 @@ class Fallback(PolicyDecorator):
 
 
 def fallback(
-    alternative: Callable[..., Any] | object,
+    alternative: Callable[..., Any] | Reroute | object,
     *,
     after: float | datetime.timedelta | None = None,
     on: ErrorFilter | None = None,
@@ -174,7 +185,8 @@ def fallback(
     Args:
         alternative: a callable (sync or async) called as
             ``alternative(reason, *args, **kwargs)``, with the :class:`FallbackReason` first and
-            then the primary's own arguments; or any non-callable value, returned as is.
+            then the primary's own arguments; or any non-callable value, returned as is; or a
+            :class:`Reroute`, which goes on through the rest of the pipeline.
         after: seconds (or ``timedelta``) to give the primary before cancelling it and switching
             to the alternative. Default ``None``: no timer, switch on errors only. Must be
             shorter than an enclosing :func:`~latencykit.deadline` of the same pipeline; when
@@ -187,4 +199,4 @@ def fallback(
     If the alternative raises too, :class:`~latencykit.FallbackFailed` carries both errors.
     Cancellation from outside (an enclosing deadline) is never treated as an error.
     """
-    return Fallback(_user_alternative(alternative), after=after, on=on)
+    return Fallback(alternative, after=after, on=on)
