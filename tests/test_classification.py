@@ -406,7 +406,10 @@ class StatusError(Exception):
         (StatusError(429, message="too many tokens per minute"), K.RATE_LIMITED),
         (StatusError(408, {"type": "invalid_request_error"}), K.TIMEOUT),
         # what the body says about the request beats the status
-        (StatusError(500, message="This model's maximum context length is 4096"), K.CONTEXT_LENGTH),
+        (StatusError(500, {"code": "context_length_exceeded"}), K.CONTEXT_LENGTH),
+        (StatusError(422, message="This model's maximum context length is 4096"), K.CONTEXT_LENGTH),
+        # a wording alone does not overrule a 5xx
+        (StatusError(503, message="engine busy: too many tokens in flight"), K.SERVER_ERROR),
         (StatusError(400, {"code": "model_not_found"}), K.NOT_FOUND),
         (StatusError(400, {"code": "invalid_api_key"}), K.AUTHENTICATION),
         (StatusError(404, {"code": "content_filter"}), K.CONTENT_POLICY),

@@ -453,17 +453,22 @@ class _Evidence(NamedTuple):
 
 
 class _Rule(NamedTuple):
-    """One row of the table: ``kind`` if any of the signals matches."""
+    """One row of the table: ``kind`` if any of the signals matches (and, with ``only``, the
+    status is unknown or one of those)."""
 
     kind: ErrorKind
     statuses: frozenset[int] = frozenset()
     codes: frozenset[str] = frozenset()
     words: str | None = None  # a regular expression
     classes: frozenset[str] = frozenset()
+    only: frozenset[int] | None = None
 
     def matches(self, evidence: _Evidence) -> bool:
+        status = evidence.status
+        if self.only is not None and status is not None and status not in self.only:
+            return False
         return (
-            (evidence.status is not None and evidence.status in self.statuses)
+            (status is not None and status in self.statuses)
             or not self.codes.isdisjoint(evidence.codes)
             or (self.words is not None and re.search(self.words, evidence.text) is not None)
             or not self.classes.isdisjoint(evidence.classes)
@@ -486,8 +491,10 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(_K.CONTENT_POLICY, codes=_CONTENT_CODES),
     _Rule(_K.NOT_FOUND, codes=_NOT_FOUND_CODES),
     _Rule(_K.AUTHENTICATION, codes=_AUTH_CODES),
-    _Rule(_K.CONTEXT_LENGTH, words=_CONTEXT_WORDS),
-    _Rule(_K.CONTENT_POLICY, words=_CONTENT_WORDS),
+    #    Wordings are looser than codes: they decide only on a 4xx (or without a status); a 5xx
+    #    that merely mentions "too many tokens" stays a server error.
+    _Rule(_K.CONTEXT_LENGTH, words=_CONTEXT_WORDS, only=_statuses(400, 499)),
+    _Rule(_K.CONTENT_POLICY, words=_CONTENT_WORDS, only=_statuses(400, 499)),
     _Rule(_K.CONTEXT_LENGTH, classes=frozenset({"ContextWindowExceededError"})),
     _Rule(_K.CONTENT_POLICY, classes=frozenset({"ContentPolicyViolationError"})),
     # 3. The HTTP status.
@@ -688,9 +695,9 @@ def classify(exc: BaseException) -> ErrorKind:
 
     1. HTTP 401/403 ``AUTHENTICATION``, 429 ``RATE_LIMITED``, 408 ``TIMEOUT``, whatever the
        body says;
-    2. the error's ``code``/``type``, then its wording, then litellm's class, for context length
-       (``CONTEXT_LENGTH``), content filters (``CONTENT_POLICY``), a missing model
-       (``NOT_FOUND``) and bad keys, whatever the status;
+    2. the error's ``code``/``type`` (whatever the status), then its wording (on a 4xx or
+       without a status), then litellm's class, for context length (``CONTEXT_LENGTH``),
+       content filters (``CONTENT_POLICY``), a missing model (``NOT_FOUND``) and bad keys;
     3. the HTTP status: 404 ``NOT_FOUND``, 504 ``TIMEOUT``, other 5xx ``SERVER_ERROR``, other
        4xx ``BAD_REQUEST``;
     4. without a status (an error event inside a stream, an error litellm raised itself):
