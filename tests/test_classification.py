@@ -24,9 +24,9 @@ K = lk.ErrorKind
 
 @pytest.fixture(autouse=True)
 def _fresh_breakers() -> Iterator[None]:
-    lk.reset_breakers()
+    lk.policies.breaker.reset_breakers()
     yield
-    lk.reset_breakers()
+    lk.policies.breaker.reset_breakers()
 
 
 def http(status: int, message: str | None = None, **fields: Any) -> Behavior:
@@ -320,7 +320,11 @@ async def test_the_error_raised_for_each_row(
     with pytest.raises(lk.ProviderError) as info:
         await call(llm(fake_provider), stream)
     error = info.value
-    assert type(error) is row.error and error.kind is row.kind and lk.classify(error) is row.kind
+    assert (
+        type(error) is row.error
+        and error.kind is row.kind
+        and lk.errors.classify(error) is row.kind
+    )
     assert isinstance(error.__cause__, Exception)  # litellm's own exception stays reachable
     if row.behavior.fault is not Fault.ERROR_EVENT:
         assert error.status_code == row.status
@@ -359,7 +363,7 @@ async def test_retried_failed_over_and_counted_as_each_row_says(
     assert len(arrivals) == (2 if row.retried else 1)
     if row.retry_after is not None:
         assert arrivals[1] - arrivals[0] >= row.retry_after - 0.02  # the wait was honoured
-    metrics = lk.breakers()["openai/primary"].metrics()
+    metrics = lk.policies.breaker.breakers()["openai/primary"].metrics()
     assert (metrics.failures, metrics.calls) == ((1, 1) if row.health else (0, 0))
 
 
@@ -426,7 +430,7 @@ class StatusError(Exception):
     ],
 )
 def test_precedence(error: Exception, kind: lk.ErrorKind) -> None:
-    assert lk.classify(error) is kind
+    assert lk.errors.classify(error) is kind
 
 
 def test_an_error_event_keeps_the_stream_broken_kind_unless_it_names_the_request() -> None:
@@ -441,12 +445,14 @@ def test_an_error_event_keeps_the_stream_broken_kind_unless_it_names_the_request
         return error
 
     assert (
-        lk.classify(event({"type": "overloaded_error", "message": "Overloaded"})) is K.STREAM_BROKEN
+        lk.errors.classify(event({"type": "overloaded_error", "message": "Overloaded"}))
+        is K.STREAM_BROKEN
     )
-    assert lk.classify(event({"type": "server_error", "message": "boom"})) is K.STREAM_BROKEN
-    assert lk.classify(event({"code": "content_filter", "message": "x"})) is K.CONTENT_POLICY
+    assert lk.errors.classify(event({"type": "server_error", "message": "boom"})) is K.STREAM_BROKEN
+    assert lk.errors.classify(event({"code": "content_filter", "message": "x"})) is K.CONTENT_POLICY
     assert (
-        lk.classify(event({"code": "context_length_exceeded", "message": "x"})) is K.CONTEXT_LENGTH
+        lk.errors.classify(event({"code": "context_length_exceeded", "message": "x"}))
+        is K.CONTEXT_LENGTH
     )
 
 

@@ -39,22 +39,22 @@ class StatusError(Exception):
     ],
 )
 def test_classify_by_status(status: int, kind: lk.ErrorKind) -> None:
-    assert lk.classify(StatusError(status)) is kind
+    assert lk.errors.classify(StatusError(status)) is kind
 
 
 def test_classify_builtin_errors() -> None:
-    assert lk.classify(TimeoutError()) is lk.ErrorKind.TIMEOUT
-    assert lk.classify(lk.DeadlineExceeded(1.0, 1.0)) is lk.ErrorKind.TIMEOUT
-    assert lk.classify(ConnectionRefusedError()) is lk.ErrorKind.CONNECTION
-    assert lk.classify(ValueError("bug")) is lk.ErrorKind.UNKNOWN
-    assert not lk.is_transient(ValueError("bug"))
-    assert lk.is_transient(ConnectionResetError())
+    assert lk.errors.classify(TimeoutError()) is lk.ErrorKind.TIMEOUT
+    assert lk.errors.classify(lk.DeadlineExceeded(1.0, 1.0)) is lk.ErrorKind.TIMEOUT
+    assert lk.errors.classify(ConnectionRefusedError()) is lk.ErrorKind.CONNECTION
+    assert lk.errors.classify(ValueError("bug")) is lk.ErrorKind.UNKNOWN
+    assert not lk.errors.is_transient(ValueError("bug"))
+    assert lk.errors.is_transient(ConnectionResetError())
 
 
 def test_server_error_caused_by_a_refused_connection_is_a_connection_error() -> None:
     outer = StatusError(500)
     outer.__cause__ = ConnectionRefusedError("refused")
-    assert lk.classify(outer) is lk.ErrorKind.CONNECTION
+    assert lk.errors.classify(outer) is lk.ErrorKind.CONNECTION
 
 
 def test_transient_kinds() -> None:
@@ -70,16 +70,16 @@ def test_transient_kinds() -> None:
 
 
 def test_retry_after_forms() -> None:
-    assert lk.retry_after(StatusError(429, {"retry-after": "2"})) == 2.0
-    assert lk.retry_after(StatusError(429, {"retry-after-ms": "1500"})) == 1.5
+    assert lk.errors.retry_after(StatusError(429, {"retry-after": "2"})) == 2.0
+    assert lk.errors.retry_after(StatusError(429, {"retry-after-ms": "1500"})) == 1.5
     date = email.utils.formatdate(time.time() + 30, usegmt=True)
-    after = lk.retry_after(StatusError(429, {"retry-after": date}))
+    after = lk.errors.retry_after(StatusError(429, {"retry-after": date}))
     assert after is not None and 25 < after <= 31
-    assert lk.retry_after(StatusError(429, {"retry-after": "soon"})) is None
-    assert lk.retry_after(StatusError(429)) is None
+    assert lk.errors.retry_after(StatusError(429, {"retry-after": "soon"})) is None
+    assert lk.errors.retry_after(StatusError(429)) is None
     wrapped = RuntimeError("wrapper")
     wrapped.__cause__ = StatusError(429, {"retry-after": "3"})
-    assert lk.retry_after(wrapped) == 3.0
+    assert lk.errors.retry_after(wrapped) == 3.0
 
 
 @pytest.mark.parametrize(
@@ -193,5 +193,5 @@ def test_classify_every_litellm_exception_type() -> None:
     # Built directly from litellm's classes (pure classification); test_llm.py checks the same
     # kinds arise from real HTTP faults through litellm.
     for error, kind in _litellm_errors():
-        assert lk.classify(error) is kind, type(error).__name__
+        assert lk.errors.classify(error) is kind, type(error).__name__
         assert type(provider_error(error, target="t")).kind is kind

@@ -19,9 +19,9 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 
 @pytest.fixture(autouse=True)
 def _fresh_breakers() -> Iterator[None]:
-    lk.reset_breakers()
+    lk.policies.breaker.reset_breakers()
     yield
-    lk.reset_breakers()
+    lk.policies.breaker.reset_breakers()
 
 
 def target(fake: FakeProvider, model: str, **extra: Any) -> dict[str, Any]:
@@ -220,7 +220,7 @@ async def test_flapping_primary_opens_probes_and_closes_the_breaker(
             "half_open_calls": 1,
         },
     )
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     answered_by: list[tuple[float, str]] = []
     with lk.subscribe(seen.append):
         for _ in range(10):
@@ -230,12 +230,12 @@ async def test_flapping_primary_opens_probes_and_closes_the_breaker(
     changes = [
         (e.from_state.value, e.to_state.value)
         for e in seen
-        if isinstance(e, lk.BreakerStateChanged) and e.key == "openai/primary"
+        if isinstance(e, lk.policies.breaker.BreakerStateChanged) and e.key == "openai/primary"
     ]
     assert ("closed", "open") in changes
     assert ("open", "half_open") in changes
     assert changes[-1] == ("half_open", "closed")
-    assert any(isinstance(e, lk.TargetSkipped) and e.reason == "breaker_open" for e in seen)
+    assert any(isinstance(e, lk.events.TargetSkipped) and e.reason == "breaker_open" for e in seen)
     back = [at for at, who in answered_by if who == "openai/primary" and at >= outage_ends]
     assert back and back[0] - outage_ends <= open_duration + interval + 0.5
     assert answered_by[-1][1] == "openai/primary"
@@ -268,7 +268,7 @@ async def test_a_silent_close_after_a_long_silence_fails_over_without_a_retry(
     fake = fake_provider
     fake.script("primary", Behavior(fault=Fault.CLOSE_BEFORE_HEADERS, ttft=0.7))
     llm = silent_close_llm(fake, failover=[target(fake, "secondary")])
-    seen: list[lk.Event] = []
+    seen: list[lk.events.Event] = []
     started = time.monotonic()
     with lk.subscribe(seen.append):
         response = await llm.acompletion(messages=MESSAGES, stream=stream)
@@ -281,7 +281,9 @@ async def test_a_silent_close_after_a_long_silence_fails_over_without_a_retry(
     assert models(fake) == ["primary", "secondary"]  # the silent target was not asked again
     [closed] = [a for a in lk.report(response).attempts if a.target == "openai/primary"]
     assert closed.error_kind is lk.ErrorKind.CONNECTION and closed.duration >= 0.6
-    assert [e.reason for e in seen if isinstance(e, lk.RetryGaveUp)] == ["slow_failure"]
+    assert [e.reason for e in seen if isinstance(e, lk.policies.retry.RetryGaveUp)] == [
+        "slow_failure"
+    ]
 
 
 async def test_a_quick_close_is_retried_a_slow_one_is_raised(

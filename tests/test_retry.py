@@ -62,16 +62,16 @@ def wrapped(script: Script, policy: Retry) -> Callable[[], Awaitable[object]]:
     return policy(call)
 
 
-def collect() -> tuple[list[lk.Event], lk.Subscription]:
-    seen: list[lk.Event] = []
+def collect() -> tuple[list[lk.events.Event], lk.events.Subscription]:
+    seen: list[lk.events.Event] = []
     return seen, lk.subscribe(seen.append)
 
 
-def scheduled(seen: list[lk.Event]) -> list[RetryScheduled]:
+def scheduled(seen: list[lk.events.Event]) -> list[RetryScheduled]:
     return [e for e in seen if isinstance(e, RetryScheduled)]
 
 
-def gave_up(seen: list[lk.Event]) -> list[RetryGaveUp]:
+def gave_up(seen: list[lk.events.Event]) -> list[RetryGaveUp]:
     return [e for e in seen if isinstance(e, RetryGaveUp)]
 
 
@@ -470,10 +470,10 @@ def connection_lost() -> lk.ProviderConnectionError:
 
 
 async def run_on(target: lk.Target, script: Script, policy: Retry) -> object:
-    async def next(call: lk.Call) -> Any:
+    async def next(call: lk.pipeline.Call) -> Any:
         return await call.fn()
 
-    return await policy.handle(lk.Call(script, target=target), next)
+    return await policy.handle(lk.pipeline.Call(script, target=target), next)
 
 
 async def test_a_failure_after_slow_failure_seconds_is_not_retried() -> None:
@@ -520,7 +520,7 @@ async def test_the_default_threshold_is_half_the_targets_attempt_timeout() -> No
 async def test_timeouts_follow_on_not_the_slow_failure_rule() -> None:
     timeout = lk.AttemptTimeout("no answer", target="t")
     script = Script(timeout, "ok", seconds=0.15)
-    policy = retry(on=lk.is_transient, slow_failure=0.1, sleep=FakeSleep(), budget=roomy())
+    policy = retry(on=lk.errors.is_transient, slow_failure=0.1, sleep=FakeSleep(), budget=roomy())
     assert await wrapped(script, policy)() == "ok"
     assert script.calls == 2
 
@@ -591,7 +591,7 @@ def test_options_accept_timedeltas_and_have_documented_defaults() -> None:
 
 def test_it_is_a_policy_in_the_retry_stage() -> None:
     policy = retry()
-    assert isinstance(policy, lk.Policy) and policy.stage == lk.Stage.RETRY
+    assert isinstance(policy, lk.pipeline.Policy) and policy.stage == lk.pipeline.Stage.RETRY
     pipeline = lk.compose(policy, lk.deadline(1.0), lk.hedge(1.0))
     assert [type(p) for p in pipeline.policies] == [lk.Deadline, lk.Hedge, Retry]
     assert "max_attempts=3" in repr(policy)
@@ -616,11 +616,11 @@ async def test_events_outside_a_pipeline_have_call_id_0() -> None:
     script, sleep = Script(unavailable(), "ok"), FakeSleep()
     seen, subscription = collect()
 
-    async def next(call: lk.Call) -> Any:
+    async def next(call: lk.pipeline.Call) -> Any:
         return await call.fn()
 
     with subscription:
-        assert await retry(sleep=sleep).handle(lk.Call(script), next) == "ok"
+        assert await retry(sleep=sleep).handle(lk.pipeline.Call(script), next) == "ok"
     assert [e.call_id for e in scheduled(seen)] == [0]
 
 

@@ -485,11 +485,11 @@ def retry(
         on: which errors are retried: exception type(s) or a predicate (default ``None``:
             transient errors except timeouts and open circuits: a target that stayed silent for
             its whole timeout, or whose breaker is open, is left to failover and hedging rather
-            than waited on again; pass ``on=lk.is_transient`` to retry those too). Bad
+            than waited on again; pass ``on=lk.errors.is_transient`` to retry those too). Bad
             requests, context-length, content-policy and authentication errors are never
             retried, whatever ``on`` says; neither is cancellation.
         honor_retry_after: wait at least the provider's ``Retry-After``
-            (:func:`~latencykit.retry_after`) when the error carries one (default ``True``).
+            (:func:`~latencykit.errors.retry_after`) when the error carries one (default ``True``).
         budget: the :class:`~latencykit.RetryBudget` retries draw from: every call deposits
             once, every retry takes one token. Pass the same budget to a hedge to cap their sum.
             Default ``None``: a new ``RetryBudget(0.2, min_per_second=1.0)`` for this policy
