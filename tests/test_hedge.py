@@ -426,3 +426,12 @@ async def test_a_cancelled_primary_is_a_censored_sample() -> None:
     window = policy.window(fn.__qualname__)
     assert window.count() == 2 and window.censored() == 1  # the primary ran ~0.06 s, unfinished
     assert (window.longest() or 0) < 5 and window.quantile(1.0) == pytest.approx(0.01, abs=0.05)
+
+
+def test_a_hedge_fires_under_a_plain_asyncio_run() -> None:
+    # The delay timer is a loop callback, outside any task: launching the hedge from there
+    # must not depend on an async-library marker that only a test runner's context carries.
+    script = Script((10.0, "slow"), (0.01, "fast"))
+    fn = hedged(script, lk.hedge(0.02, max_extra_load=1.0))
+    assert asyncio.run(fn()) == "fast"  # type: ignore[arg-type]
+    assert script.started == [0, 1] and script.cancelled == [0]

@@ -19,7 +19,7 @@ The race is lazy: the primary runs in the caller's task, with a loop timer armed
 fires, or the primary fails with a handled error, does an attempt run in a task of the call's
 task group; the primary keeps running where it is and joins the race. A call that is never
 hedged pays for an empty task group and a timer, not for a task and the wake-ups of a race
-(docs/benchmarks.md, "Overhead").
+(docs/benchmarks.md, "Hedging against real tails").
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import anyio
+import sniffio
 
 from .. import _validation, events
 from .._cancel import backend
@@ -187,6 +188,16 @@ class _TrioTimers:
                     logger.exception("latencykit hedge timer callback failed")
 
 
+def _as_asyncio(callback: Callable[[], None]) -> None:
+    # A loop callback runs outside any task, where sniffio (so anyio, spawning a task) cannot
+    # tell which library runs; say it, for the callback only (its context is a copy).
+    token = sniffio.current_async_library_cvar.set("asyncio")
+    try:
+        callback()
+    finally:
+        sniffio.current_async_library_cvar.reset(token)
+
+
 _trio_timers: Any = None  # a trio.lowlevel.RunVar, made on first use (trio is imported lazily)
 
 
@@ -195,7 +206,7 @@ def _call_at(when: float, callback: Callable[[], None]) -> _Timer:
     asyncio = sys.modules.get("asyncio")
     loop = None if asyncio is None else asyncio._get_running_loop()
     if loop is not None:
-        handle: _Timer = loop.call_at(when, callback)
+        handle: _Timer = loop.call_at(when, _as_asyncio, callback)
         return handle
     global _trio_timers
     import trio
