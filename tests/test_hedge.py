@@ -435,3 +435,15 @@ def test_a_hedge_fires_under_a_plain_asyncio_run() -> None:
     fn = hedged(script, lk.hedge(0.02, max_extra_load=1.0))
     assert asyncio.run(fn()) == "fast"  # type: ignore[arg-type]
     assert script.started == [0, 1] and script.cancelled == [0]
+
+
+async def test_cancelling_the_call_cancels_and_awaits_a_running_hedge() -> None:
+    # The hedge runs in a task of its own (no task group): the caller still cancels it and
+    # waits for it before the cancellation leaves the call.
+    script = Script((10.0, "a"), (10.0, "b"))
+    fn = hedged(script, lk.hedge(0.02, max_extra_load=10.0))
+    started = time.monotonic()
+    with anyio.move_on_after(0.3) as scope:
+        await fn()
+    assert scope.cancelled_caught and time.monotonic() - started < 5
+    assert sorted(script.cancelled) == [0, 1]  # both ended before the scope exited

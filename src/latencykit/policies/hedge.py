@@ -14,12 +14,13 @@ the p99 for a few percent more requests. Semantics (Polly v8, Finagle, gRPC):
 * extra attempts draw from a :class:`~latencykit.RetryBudget` (``max_extra_load``), and none
   starts that the deadline cannot fit.
 
-The race is lazy: the primary runs in the caller's task, with a loop timer armed at the delay
-(asyncio's ``call_at``; on trio, one timer task per run serves every hedge). Only when the timer
-fires, or the primary fails with a handled error, does an attempt run in a task of the call's
-task group; the primary keeps running where it is and joins the race. A call that is never
-hedged pays for an empty task group and a timer, not for a task and the wake-ups of a race
-(docs/benchmarks.md, "Hedging against real tails").
+The race is lazy: the primary runs in the caller's task, in a cancel scope, with a loop timer
+armed at the delay (asyncio's ``call_at``; on trio, one timer task per run serves every hedge).
+No task group is entered: only when the timer fires, or the primary fails with a handled error,
+does another attempt start, in a task of its own (an asyncio task, or a trio system task) that
+the caller cancels and awaits before it returns. The primary keeps running where it is and
+joins the race. A call that is never hedged pays for a cancel scope and a timer, not for a task
+group, a task and the wake-ups of a race (docs/benchmarks.md, "Hedging against real tails").
 """
 
 from __future__ import annotations
@@ -226,26 +227,35 @@ def _call_at(when: float, callback: Callable[[], None]) -> _Timer:
 
 
 class _Race:
-    """The attempts of one hedged call. The primary runs in the caller's task (:meth:`run`);
-    every other attempt in a task of the call's task group, launched by the delay timer or at
-    once after a handled failure. Outcomes are handled as they arrive (:meth:`_finished`), by
-    whichever task or timer produced them: the first success wins and cancels the rest, an
-    unhandled error cancels everything, a handled one launches the next attempt."""
+    """The attempts of one hedged call, raced without a task group until one is needed.
+
+    The primary runs in the caller's task, inside a cancel scope (:meth:`run`). Every other
+    attempt, launched by the delay timer or at once after a handled failure, runs in a task of
+    its own with its own cancel scope (an asyncio task, or a trio system task), in the caller's
+    context; the caller cancels and awaits all of them before it returns or raises, so the race
+    stays structured without entering a task group on every call (anyio's costs a scheduler
+    round trip on exit). Outcomes are handled as they arrive (:meth:`_finished`), by whichever
+    task or timer produced them: the first success wins and cancels the rest, an unhandled error
+    cancels everything, a handled one launches the next attempt.
+    """
 
     __slots__ = (
+        "backups",
         "call",
         "call_id",
         "crashed",
         "delay",
+        "drained",
         "fatal",
-        "group",
         "hedging",
+        "host",
         "next",
         "now",
         "outcomes",
         "policy",
         "settled",
         "starts",
+        "tasks",
         "timer",
         "ttft",
         "winner",
@@ -268,9 +278,12 @@ class _Race:
         self.fatal = False
         self.crashed: BaseException | None = None  # raised by a launch inside the timer
         self.hedging = True  # False once the budget or the deadline refused an attempt
-        self.group: Any = None
+        self.host: Any = None  # the primary's cancel scope while it runs in the caller's task
+        self.backups: dict[int, Any] = {}  # attempt index -> cancel scope, while running
+        self.tasks: list[Any] = []  # asyncio tasks (the loop keeps only weak references)
         self.timer: _Timer | None = None
         self.settled: anyio.Event | None = None  # made only if the caller has to wait
+        self.drained: anyio.Event | None = None
 
     def _done(self) -> bool:
         return (
@@ -282,20 +295,28 @@ class _Race:
     async def run(self, primary: Call | None, first: _Outcome | None = None) -> Any:
         """Run ``primary`` here and the race around it; or, with ``first`` (the primary's
         handled failure, already on record), the race that follows it. The call's outcome."""
+        scope = backend().scope
         try:
-            async with anyio.create_task_group() as self.group:
-                if primary is None:
-                    assert first is not None
-                    self._finished(first)
-                else:
-                    self.starts.append(self.now())
-                    self._arm()
+            if primary is None:
+                assert first is not None
+                self._finished(first)
+            else:
+                self.starts.append(self.now())
+                self._arm()
+                with scope() as self.host:  # cancelled if another attempt wins first
                     await self._attempt(0, primary)
-                if not self._done():
-                    self.settled = anyio.Event()
-                    await self.settled.wait()
+            if not self._done():
+                self.settled = anyio.Event()
+                await self.settled.wait()
         finally:
             self._disarm()
+            if self.backups:  # losers, or the call itself is cancelled or failing
+                for backup in self.backups.values():
+                    backup.cancel()
+                with scope(shield=True):
+                    while self.backups:
+                        self.drained = anyio.Event()
+                        await self.drained.wait()
         for outcome in self.outcomes:
             # A stream that committed too late to win is closed now (its HTTP response too).
             if isinstance(outcome.result, Stream) and outcome is not self.winner:
@@ -321,14 +342,28 @@ class _Race:
         try:
             result = await self.next(this)
         except Exception as exc:
-            self._finished(_Outcome(index, error=exc))
+            outcome = _Outcome(index, error=exc)
         except BaseException:
             # Cancelled before it finished: its latency is longer than the time it ran.
             window.record_censored(self.now() - started)
             raise
         else:
             window.record(self.now() - started)
-            self._finished(_Outcome(index, result=result))
+            outcome = _Outcome(index, result=result)
+        if index == 0:
+            self.host = None  # the primary is over: nothing left to cancel in the caller's task
+        self._finished(outcome)
+
+    async def _backup(self, index: int, this: Call, scope: Any) -> None:
+        try:
+            with scope:
+                await self._attempt(index, this)
+        finally:
+            del self.backups[index]
+            if not self.backups and self.drained is not None:
+                self.drained.set()
+            if self.settled is not None and self._done():
+                self.settled.set()
 
     def _finished(self, outcome: _Outcome) -> None:
         self.outcomes.append(outcome)
@@ -336,20 +371,23 @@ class _Race:
             pass  # decided already; a late stream is closed after the race
         elif outcome.error is None:
             self.winner = outcome
-            self._stop()
+            self._stop(outcome.index)
         elif not self.policy._handles(outcome.error):
             self.fatal = True  # not worth another attempt: stop them all
-            self._stop()
+            self._stop(outcome.index)
         elif self.hedging and len(self.starts) < self.policy.max_attempts:
             # A failure: the next attempt goes now, not after the delay.
             self.hedging = self._launch("failure")
         if self.settled is not None and self._done():
             self.settled.set()
 
-    def _stop(self) -> None:
+    def _stop(self, decided_by: int | None) -> None:
         self._disarm()
-        if len(self.starts) > len(self.outcomes):  # attempts still running: cancel them
-            self.group.cancel_scope.cancel()
+        if self.host is not None and decided_by != 0:
+            self.host.cancel()  # the primary, still running in the caller's task
+        for index, scope in self.backups.items():
+            if index != decided_by:
+                scope.cancel()
 
     def _arm(self) -> None:
         self._disarm()
@@ -370,7 +408,9 @@ class _Race:
         except BaseException as exc:  # raised in the caller's task, as if launched there
             self.crashed = exc
             self.fatal = True
-            self.group.cancel_scope.cancel()
+            self._stop(None)
+            if self.settled is not None:
+                self.settled.set()
 
     def _launch(self, reason: Literal["delay", "failure"]) -> bool:
         policy = self.policy
@@ -394,7 +434,22 @@ class _Race:
                 )
             )
         self.starts.append(self.now())
-        self.group.start_soon(self._attempt, index, this)
+        scope = self.backups[index] = backend().scope()
+        asyncio = sys.modules.get("asyncio")
+        loop = None if asyncio is None else asyncio._get_running_loop()
+        if loop is not None:
+            self.tasks.append(loop.create_task(self._backup(index, this, scope)))
+        else:
+            import trio
+
+            trio.lowlevel.spawn_system_task(
+                self._backup,
+                index,
+                this,
+                scope,
+                name=f"latencykit hedge attempt {index + 1}",
+                context=contextvars.copy_context(),
+            )
         self._arm()  # the next delay counts from this attempt's start
         return True
 
