@@ -11,7 +11,7 @@ censored they are the exact nearest-rank quantiles.
 Why censoring matters: a hedged call that the backup won never reveals how slow its primary
 would have been. Recording the time it ran as if it were its latency (a lower bound) keeps the
 window from ever seeing how slow the slow attempts are, so an adaptive delay starts low and
-climbs one backup's latency at a time (docs/benchmarks.md, "Why replicate/70b misses").
+climbs one backup's latency at a time (docs/benchmarks.md, "Why replicate/70b missed").
 
 Cost: a new sample is one ``bisect.insort`` (a C ``memmove`` of at most ``max_samples``
 pointers), an expired one a ``bisect`` and a delete. A quantile is one index when no censored
