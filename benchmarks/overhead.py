@@ -5,6 +5,7 @@ Run it from the repository root::
     .venv/bin/python benchmarks/overhead.py            # full run, about a minute
     .venv/bin/python benchmarks/overhead.py --quick    # smoke run, under 30 seconds
     .venv/bin/python benchmarks/overhead.py --json results.json
+    .venv/bin/python benchmarks/overhead.py --policies-only      # part 1 only, about a minute
 
 It measures three things and prints each next to its target with PASS/FAIL. It always exits 0:
 it reports, it does not gate. Progress goes to stderr, the report to stdout.
@@ -18,23 +19,26 @@ noise; the p99 shows how bad a noisy round gets; a 95 % percentile-bootstrap int
 resampled, so pairs stay paired) shows how precisely the median is known.
 
 1. **Policy overhead** on a no-op coroutine (``async def noop(x): return x``). Variants: the raw
-   ``await noop(1)``, ``@lk.deadline(60)``, ``@lk.fallback("x", after=30)``,
-   ``@lk.fallback("x")`` (no timer), the whole stack ``@lk.deadline(60)`` over
-   ``@lk.fallback("x", after=30)``, and the same stack with an event subscriber attached
-   (``lk.subscribe(lambda e: None)``, attached just before its batch and closed right after, both
-   outside the timed region). In each of ``rounds`` rounds, a batch of ``batch`` calls of every
-   variant is timed with ``time.perf_counter_ns`` in a shuffled order; the per-call time of a
-   batch is its time divided by ``batch``; the overhead of a variant in a round is its per-call
-   time minus the raw variant's per-call time *in the same round*. Reported: median [95 % CI]
-   and p99 of those per-round overheads, in microseconds. The loop's own cost is in every variant
-   and cancels out. The garbage collector is disabled during timed batches and a full collection
-   runs between rounds, so a collection never lands inside one variant's batch. ``noop`` never
-   suspends, so after each batch (untimed) the event loop gets one turn, as it would between real
-   calls: it drops the cancelled timers the deadline scopes left behind (without that turn the
-   timer heap grows for the whole run and every gc pass walks it). Each round also times a fixed
-   100-step Python loop (no latencykit) as a machine-speed yardstick; ``xref`` is the median of
-   overhead / that loop's time per round, which stays put when the machine runs slower or faster,
-   so it compares runs. Run on asyncio and on trio (through anyio), reported separately.
+   ``await noop(1)``, ``@lk.deadline(60)``, ``@lk.fallback("x", after=30)``, ``@lk.fallback("x")``
+   (no timer), the whole stack ``@lk.deadline(60)`` over ``@lk.fallback("x", after=30)``, and the
+   same stack with an event subscriber attached (``lk.subscribe(lambda e: None)``, attached just
+   before its batch and closed right after, both outside the timed region), ``@lk.hedge(30)`` (a
+   hedge armed on every call that never fires) and ``@lk.hedge(lk.quantile(0.9))`` (its window holds
+   only ~1 ms samples, a light tail: no timer is armed). ``--hedge-baseline PATH`` adds the same two
+   hedges built from another ``hedge.py`` (e.g. an older commit's), measured in the same rounds. In
+   each of ``rounds`` rounds, a batch of ``batch`` calls of every variant is timed with
+   ``time.perf_counter_ns`` in a shuffled order; the per-call time of a batch is its time divided by
+   ``batch``; the overhead of a variant in a round is its per-call time minus the raw variant's
+   per-call time *in the same round*. Reported: median [95 % CI] and p99 of those per-round
+   overheads, in microseconds. The loop's own cost is in every variant and cancels out. The garbage
+   collector is disabled during timed batches and a full collection runs between rounds, so a
+   collection never lands inside one variant's batch. ``noop`` never suspends, so after each batch
+   (untimed) the event loop gets one turn, as it would between real calls: it drops the cancelled
+   timers the deadline scopes left behind (without that turn the timer heap grows for the whole run
+   and every gc pass walks it). Each round also times a fixed 100-step Python loop (no latencykit)
+   as a machine-speed yardstick; ``xref`` is the median of overhead / that loop's time per round,
+   which stays put when the machine runs slower or faster, so it compares runs. Run on asyncio and
+   on trio (through anyio), reported separately.
 
 2. **``lk.LLM`` versus bare ``litellm.acompletion``** with ``mock_response="hi"`` (no network:
    litellm builds a real ``ModelResponse`` through its normal code path, so what remains is
@@ -42,8 +46,9 @@ resampled, so pairs stay paired) shows how precisely the median is known.
    ``litellm.acompletion(model=..., mock_response="hi", messages=...)``; the same with the two
    arguments ``lk.LLM`` always adds (``max_retries=0, timeout=600``), a control separating
    latencykit's own cost from litellm's cost of those arguments; ``lk.LLM("openai/gpt-4o-mini")``
-   with no policies; and ``lk.LLM`` with ``deadline=30`` and
-   ``degrade=lk.Degrade(model=..., max_tokens=16, after=20)``. After a warm-up, each round makes
+   with no policies; ``lk.LLM`` with ``deadline=30`` and
+   ``degrade=lk.Degrade(model=..., max_tokens=16, after=20)``; and ``lk.LLM`` with
+   ``hedge=lk.Hedge(30)`` (armed on every call, never fires). After a warm-up, each round makes
    one call of every variant in a shuffled order, each call timed on its own. After every call
    the loop turns a few times, untimed, so the logging tasks litellm leaves behind after each
    call run there rather than inside whichever call comes next (they would add about +-0.5 ms of
