@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import anyio
+import anyio.lowlevel
 import sniffio
 
 from .. import _validation, events
@@ -310,13 +311,17 @@ class _Race:
                 await self.settled.wait()
         finally:
             self._disarm()
-            if self.backups:  # losers, or the call itself is cancelled or failing
+            if len(self.starts) > 1:  # a race: losers, or the call is cancelled or failing
                 for backup in self.backups.values():
                     backup.cancel()
                 with scope(shield=True):
                     while self.backups:
                         self.drained = anyio.Event()
                         await self.drained.wait()
+                    # One more loop turn: a cancelled HTTP request closes its socket in a loop
+                    # callback (asyncio transports close on the next iteration); the losers'
+                    # connections are closed before the call returns, not just after.
+                    await anyio.lowlevel.checkpoint()
         for outcome in self.outcomes:
             # A stream that committed too late to win is closed now (its HTTP response too).
             if isinstance(outcome.result, Stream) and outcome is not self.winner:
