@@ -37,7 +37,7 @@ P90 = sorted(_stream(10_000))[8_999]
 
 
 def _censoring(censored: Callable[[float], bool]) -> Callable[[Any, float], None]:
-    def record(window: lk.LatencyWindow, value: float) -> None:
+    def record(window: lk.stats.LatencyWindow, value: float) -> None:
         if censored(value):
             window.record_censored(value)
         else:
@@ -51,19 +51,19 @@ def _candidates() -> dict[
 ]:
     found: dict[str, Any] = {
         "latencykit.LatencyWindow": (
-            lambda: lk.LatencyWindow(window=3600.0, max_samples=1000),
+            lambda: lk.stats.LatencyWindow(window=3600.0, max_samples=1000),
             lambda s, v: s.record(v),
             lambda s: s.quantile(Q),
         ),
         # A hedger at the p90: the slowest ~10 % are censored (cancelled) at >= the p90.
         "  10 % censored, above the p90": (
-            lambda: lk.LatencyWindow(window=3600.0, max_samples=1000),
+            lambda: lk.stats.LatencyWindow(window=3600.0, max_samples=1000),
             _censoring(lambda v: v > P90),
             lambda s: s.quantile(Q),
         ),
         # Worst case: 15 % censored anywhere (a cold start, losers cancelled early).
         "  15 % censored, at random": (
-            lambda: lk.LatencyWindow(window=3600.0, max_samples=1000),
+            lambda: lk.stats.LatencyWindow(window=3600.0, max_samples=1000),
             _censoring(lambda v: int(v * 1e6) % 100 < 15),
             lambda s: s.quantile(Q),
         ),
@@ -126,7 +126,7 @@ def per_call(stream: list[float]) -> None:
     calls = 50_000
 
     def exact() -> Callable[[float], None]:
-        window = lk.LatencyWindow(window=3600.0, max_samples=1000)
+        window = lk.stats.LatencyWindow(window=3600.0, max_samples=1000)
 
         def one(value: float) -> None:
             censored(window, value)

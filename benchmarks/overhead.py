@@ -284,7 +284,7 @@ async def _timed_batch(fn: AsyncFn, calls: int) -> int:
     return time.perf_counter_ns() - start
 
 
-def _ignore_event(event: lk.Event) -> None:
+def _ignore_event(event: lk.events.Event) -> None:
     return None
 
 

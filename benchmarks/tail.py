@@ -133,9 +133,9 @@ async def one_run(run: str, scale: float, requests: int, concurrency: int) -> di
             fake.script(model, scripts[name])
         counts: dict[str, int] = {}
 
-        def count(event: lk.Event) -> None:
+        def count(event: lk.events.Event) -> None:
             name = type(event).__name__
-            if isinstance(event, lk.HedgeSkipped):
+            if isinstance(event, lk.events.HedgeSkipped):
                 name += f"({event.reason})"
             counts[name] = counts.get(name, 0) + 1
 

@@ -348,11 +348,11 @@ async def hedge_run(
 
         counts: Counter[str] = Counter()
 
-        def count(event: lk.Event) -> None:
+        def count(event: lk.events.Event) -> None:
             name = type(event).__name__
-            if isinstance(event, lk.HedgeSkipped):
+            if isinstance(event, lk.events.HedgeSkipped):
                 name += f"({event.reason})"
-            if isinstance(event, lk.HedgeFired) and event.delay is not None:
+            if isinstance(event, lk.events.HedgeFired) and event.delay is not None:
                 delays.append(event.delay)
             counts[name] += 1
 
@@ -491,8 +491,8 @@ async def stall_pass(
     raised: dict[int, float] = {}
     detected: dict[int, float] = {}
 
-    def seen(event: lk.Event) -> None:
-        if isinstance(event, lk.StallDetected):
+    def seen(event: lk.events.Event) -> None:
+        if isinstance(event, lk.events.StallDetected):
             detected[_request.get()] = time.monotonic()
 
     async def one(i: int) -> Sent:

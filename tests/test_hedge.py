@@ -51,8 +51,8 @@ def hedged(script: Script, policy: lk.Hedge) -> Callable[[], Awaitable[object]]:
     return policy(call)
 
 
-def collect() -> tuple[list[lk.Event], lk.Subscription]:
-    seen: list[lk.Event] = []
+def collect() -> tuple[list[lk.events.Event], lk.events.Subscription]:
+    seen: list[lk.events.Event] = []
     return seen, lk.subscribe(seen.append)
 
 
@@ -64,11 +64,11 @@ async def test_the_hedge_wins_when_the_primary_is_slow() -> None:
         assert await hedged(script, lk.hedge(0.05, max_extra_load=1.0))() == "fast"
     assert time.monotonic() - started < 5
     assert script.started == [0, 1] and script.cancelled == [0]  # the loser was cancelled
-    [fired] = [e for e in seen if isinstance(e, lk.HedgeFired)]
+    [fired] = [e for e in seen if isinstance(e, lk.events.HedgeFired)]
     assert fired.attempt == 2 and fired.reason == "delay" and fired.delay == 0.05
-    [won] = [e for e in seen if isinstance(e, lk.HedgeWon)]
+    [won] = [e for e in seen if isinstance(e, lk.events.HedgeWon)]
     assert won.attempt == 2 and won.attempts == 2
-    [ended] = [e for e in seen if isinstance(e, lk.CallEnded)]
+    [ended] = [e for e in seen if isinstance(e, lk.events.CallEnded)]
     assert ended.attempts == 2
 
 
@@ -91,7 +91,7 @@ async def test_a_transient_failure_launches_the_next_attempt_at_once() -> None:
         started = time.monotonic()
         assert await hedged(script, lk.hedge(30.0, max_extra_load=1.0))() == "second"
     assert time.monotonic() - started < 5  # did not wait the 30 s delay
-    [fired] = [e for e in seen if isinstance(e, lk.HedgeFired)]
+    [fired] = [e for e in seen if isinstance(e, lk.events.HedgeFired)]
     assert fired.reason == "failure"
 
 
@@ -141,8 +141,8 @@ async def test_an_empty_budget_sends_no_hedge_and_says_so() -> None:
     with subscription:
         for _ in range(20):
             await fn()
-    fired = [e for e in seen if isinstance(e, lk.HedgeFired)]
-    skipped = [e for e in seen if isinstance(e, lk.HedgeSkipped)]
+    fired = [e for e in seen if isinstance(e, lk.events.HedgeFired)]
+    skipped = [e for e in seen if isinstance(e, lk.events.HedgeSkipped)]
     assert len(fired) == 2  # 20 calls x 0.1
     assert len(skipped) == 18 and {e.reason for e in skipped} == {"budget"}
 
@@ -202,7 +202,7 @@ async def test_the_deadline_bounds_hedging() -> None:
     with subscription:
         assert await call() == "primary"
     assert script.started == [0]
-    [skipped] = [e for e in seen if isinstance(e, lk.HedgeSkipped)]
+    [skipped] = [e for e in seen if isinstance(e, lk.events.HedgeSkipped)]
     assert skipped.reason == "deadline"
 
 

@@ -19,7 +19,7 @@ class Clock:
 
 
 def test_window_quantiles_are_exact_nearest_rank() -> None:
-    window = lk.LatencyWindow(clock=Clock())
+    window = lk.stats.LatencyWindow(clock=Clock())
     rng = random.Random(7)
     values = [rng.uniform(0.01, 5.0) for _ in range(500)]
     for value in values:
@@ -33,7 +33,7 @@ def test_window_quantiles_are_exact_nearest_rank() -> None:
 
 def test_window_forgets_old_samples() -> None:
     clock = Clock()
-    window = lk.LatencyWindow(window=10.0, clock=clock)
+    window = lk.stats.LatencyWindow(window=10.0, clock=clock)
     window.record(5.0)
     clock.now += 6
     window.record(1.0)
@@ -46,7 +46,7 @@ def test_window_forgets_old_samples() -> None:
 
 
 def test_window_keeps_the_newest_max_samples() -> None:
-    window = lk.LatencyWindow(max_samples=3, clock=Clock())
+    window = lk.stats.LatencyWindow(max_samples=3, clock=Clock())
     for value in (9.0, 1.0, 2.0, 3.0):
         window.record(value)
     assert window.count() == 3
@@ -54,7 +54,7 @@ def test_window_keeps_the_newest_max_samples() -> None:
 
 
 def test_window_range_is_fit_for_llm_calls() -> None:
-    window = lk.LatencyWindow(clock=Clock())
+    window = lk.stats.LatencyWindow(clock=Clock())
     window.record(0.0)
     window.record(10_000.0)
     assert window.quantile(0.01) == lk.stats.MIN_SECONDS == 0.001
@@ -67,7 +67,7 @@ def test_window_range_is_fit_for_llm_calls() -> None:
 )
 def test_window_options_are_validated(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        lk.LatencyWindow(**kwargs)  # type: ignore[arg-type]
+        lk.stats.LatencyWindow(**kwargs)  # type: ignore[arg-type]
 
 
 def test_budget_allows_ratio_of_calls() -> None:
@@ -137,7 +137,7 @@ def test_budget_options_are_validated(kwargs: dict[str, Any], message: str) -> N
 
 
 def test_window_quantiles_at_once_match_one_by_one() -> None:
-    window = lk.LatencyWindow(clock=Clock())
+    window = lk.stats.LatencyWindow(clock=Clock())
     assert window.quantiles(0.5) == ()
     for value in (0.3, 0.1, 0.2, 0.5, 0.4):
         window.record(value)
@@ -172,7 +172,7 @@ def reference_kaplan_meier(done: list[float], censored: list[float], q: float) -
 def test_censored_samples_count_as_slower_than_their_censoring_time() -> None:
     # 80 fast calls, 10 slow ones that completed, and 10 primaries cut off at 0.5 s when
     # their backups answered: those 10 were slower than 0.5 s, so 20 % of calls are slow.
-    window = lk.LatencyWindow(clock=Clock())
+    window = lk.stats.LatencyWindow(clock=Clock())
     for i in range(80):
         window.record(0.1 + i / 1000)
     slow = [2.0 + i / 10 for i in range(10)]
@@ -193,7 +193,7 @@ def test_censored_samples_count_as_slower_than_their_censoring_time() -> None:
 
 
 def test_censoring_above_the_quantile_leaves_it_exact() -> None:
-    window = lk.LatencyWindow(clock=Clock())
+    window = lk.stats.LatencyWindow(clock=Clock())
     values = [0.01 * (i + 1) for i in range(90)]
     for value in values:
         window.record(value)
@@ -206,7 +206,7 @@ def test_censoring_above_the_quantile_leaves_it_exact() -> None:
 def test_quantiles_match_the_textbook_kaplan_meier_estimator() -> None:
     rng = random.Random(11)
     for _ in range(300):
-        window = lk.LatencyWindow(clock=Clock())
+        window = lk.stats.LatencyWindow(clock=Clock())
         done: list[float] = []
         censored: list[float] = []
         share = rng.choice([0.0, 0.1, 0.5, 0.9])
@@ -226,7 +226,7 @@ def test_quantiles_match_the_textbook_kaplan_meier_estimator() -> None:
 def test_attempts_that_never_finish_cannot_push_the_quantile_past_the_data() -> None:
     # An outage: every attempt hangs until a 30 s deadline cuts it off. The estimate stays at
     # the slowest latency anything completed in, never the censoring times.
-    window = lk.LatencyWindow(clock=Clock())
+    window = lk.stats.LatencyWindow(clock=Clock())
     for i in range(50):
         window.record(0.1 + i / 500)
     for _ in range(500):
@@ -236,7 +236,7 @@ def test_attempts_that_never_finish_cannot_push_the_quantile_past_the_data() -> 
 
 
 def test_a_window_of_censored_samples_only_has_no_quantile() -> None:
-    window = lk.LatencyWindow(clock=Clock())
+    window = lk.stats.LatencyWindow(clock=Clock())
     window.record_censored(3.0)
     assert window.quantile(0.9) is None and window.quantiles(0.5, 0.9) == ()
     assert window.count() == 1 and window.longest() == 3.0
@@ -244,7 +244,7 @@ def test_a_window_of_censored_samples_only_has_no_quantile() -> None:
 
 def test_censored_samples_expire_and_are_evicted_like_the_others() -> None:
     clock = Clock()
-    window = lk.LatencyWindow(window=10.0, max_samples=3, clock=clock)
+    window = lk.stats.LatencyWindow(window=10.0, max_samples=3, clock=clock)
     window.record_censored(9.0)
     window.record(1.0)
     clock.now += 6

@@ -33,7 +33,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal, Protocol
 
 import anyio
@@ -67,6 +67,7 @@ class Quantile:
     """
 
     q: float
+    _: KW_ONLY
     min_samples: int = 20
     window: float = 60.0
     max_samples: int = 1000
@@ -491,7 +492,6 @@ class Hedge(PolicyDecorator):
         budget: RetryBudget | None = None,
         on: ErrorFilter | None = None,
         target: Literal["same", "next"] = "same",
-        rewrite: Rewrite | None = None,
     ) -> None:
         if isinstance(delay, Quantile):
             self.delay: float | Quantile = delay
@@ -518,7 +518,7 @@ class Hedge(PolicyDecorator):
         self.on = on
         self._handles = error_predicate(on, "hedge.on")
         self.target = target
-        self.rewrite = rewrite
+        self.rewrite: Rewrite | None = None  # set by with_rewrite()
         self.windows: dict[str, LatencyWindow] = {}
         self.ttft_windows: dict[str, LatencyWindow] = {}
         self._memo: dict[tuple[str, bool], tuple[int, float | None]] = {}
@@ -537,8 +537,8 @@ class Hedge(PolicyDecorator):
             budget=self.budget,
             on=self.on,
             target=self.target,
-            rewrite=rewrite,
         )
+        copy.rewrite = rewrite
         copy.windows, copy.ttft_windows = self.windows, self.ttft_windows
         copy._memo = self._memo
         return copy
@@ -657,6 +657,7 @@ def hedge(
     max_extra_load: float = 0.1,
     budget: RetryBudget | None = None,
     on: ErrorFilter | None = None,
+    target: Literal["same", "next"] = "same",
 ) -> Hedge:
     """Send a backup attempt when the primary is slower than ``delay``; first good answer wins.
 
@@ -673,6 +674,8 @@ def hedge(
             retry policy (default ``None``: a new one from ``max_extra_load``).
         on: which attempt errors launch the next attempt at once (default ``None``: transient
             errors); other errors cancel every attempt and are raised at once.
+        target: where backups go in ``lk.LLM`` (default ``"same"``: the primary's target;
+            ``"next"``: the next failover target). Decorated functions always call themselves.
 
     Losers are cancelled and awaited before the call returns. When every attempt fails, the
     primary's error is raised, with the others attached (``.others`` on latencykit errors,
@@ -680,5 +683,10 @@ def hedge(
     and ``HedgeSkipped`` (budget empty, or the deadline cannot fit another attempt).
     """
     return Hedge(
-        delay, max_attempts=max_attempts, max_extra_load=max_extra_load, budget=budget, on=on
+        delay,
+        max_attempts=max_attempts,
+        max_extra_load=max_extra_load,
+        budget=budget,
+        on=on,
+        target=target,
     )

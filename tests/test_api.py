@@ -1,0 +1,127 @@
+"""The public surface: what ``lk.`` offers, that each policy's two spellings take the same
+arguments, and that every public name says what it does."""
+
+from __future__ import annotations
+
+import inspect
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import latencykit as lk
+
+# What users call and catch daily. A change here is a change of the public API: say so in
+# CHANGELOG.md. Everything else lives in a documented submodule (latencykit.events,
+# latencykit.errors, latencykit.pipeline, latencykit.policies.*, latencykit.stats, ...).
+TOP_LEVEL = {
+    # calling a model
+    "LLM",
+    "Target",
+    "Degrade",
+    "Route",
+    "Stream",
+    "report",
+    # policies: a function and its class, same arguments
+    "deadline",
+    "Deadline",
+    "fallback",
+    "Fallback",
+    "hedge",
+    "Hedge",
+    "quantile",
+    "retry",
+    "Retry",
+    "RetryBudget",
+    "breaker",
+    "Breaker",
+    "failover",
+    "Failover",
+    "stream_guard",
+    "StreamGuard",
+    "guard_stream",
+    "compose",
+    # during a call
+    "remaining",
+    "subscribe",
+    # what errors carry and how they are sorted
+    "Attempt",
+    "ErrorKind",
+    # the errors users catch
+    "LatencykitError",
+    "DeadlineExceeded",
+    "FallbackFailed",
+    "ProviderError",
+    "TransientError",
+    "RateLimited",
+    "ProviderUnavailable",
+    "ProviderConnectionError",
+    "AttemptTimeout",
+    "FirstTokenTimeout",
+    "StreamBroken",
+    "StreamStalled",
+    "ContextLengthExceeded",
+    "ContentPolicyViolation",
+    "AuthenticationFailed",
+    "BadRequest",
+    "ModelNotFound",
+    "CircuitOpen",
+}
+
+SUBMODULES = {"errors", "events", "llm", "pipeline", "policies", "stats"}
+
+PAIRS = [
+    ("deadline", "Deadline"),
+    ("fallback", "Fallback"),
+    ("hedge", "Hedge"),
+    ("quantile", "Quantile"),
+    ("retry", "Retry"),
+    ("breaker", "Breaker"),
+    ("failover", "Failover"),
+    ("stream_guard", "StreamGuard"),
+]
+
+
+def test_the_top_level_offers_what_users_call_and_catch() -> None:
+    assert set(lk.__all__) == TOP_LEVEL
+    # Submodules become attributes of the package as they are imported; other names do not.
+    public = {name for name in vars(lk) if name.isidentifier() and not name.startswith("_")}
+    assert {name for name in public if not isinstance(getattr(lk, name), ModuleType)} == TOP_LEVEL
+    assert public >= SUBMODULES
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    for name in sorted(TOP_LEVEL):
+        assert inspect.getdoc(getattr(lk, name)), name
+
+
+@pytest.mark.parametrize(("function", "cls"), PAIRS)
+def test_a_policy_function_and_its_class_take_the_same_arguments(function: str, cls: str) -> None:
+    lower: Any = getattr(lk, function)
+    upper: Any = getattr(lk, cls, None) or getattr(lk.policies.hedge, cls)
+
+    def parameters(fn: Any) -> list[tuple[str, Any, Any]]:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    assert parameters(lower) == parameters(upper)
+
+
+@pytest.mark.anyio
+async def test_failover_decorates_a_plain_async_function() -> None:
+    async def backup(question: str) -> str:
+        return f"backup: {question}"
+
+    @lk.failover(backup)
+    async def primary(question: str) -> str:
+        raise ConnectionError("down")
+
+    assert await primary("hi") == "backup: hi"
+
+
+def test_failover_refuses_mixed_or_missing_alternatives() -> None:
+    async def backup() -> None: ...
+
+    with pytest.raises(ValueError, match="at least one"):
+        lk.failover()
+    with pytest.raises(TypeError, match="all async callables or all Routes"):
+        lk.failover(backup, lk.Route(lk.Target("openai/x")))
