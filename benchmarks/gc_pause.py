@@ -9,19 +9,21 @@ Run it from the repository root::
     .venv/bin/python benchmarks/gc_pause.py            # about 2 minutes
     .venv/bin/python benchmarks/gc_pause.py --quick    # about 40 seconds
 
-Method. A fake provider runs in a child process (its Python must not share the client's GIL),
-with two models: ``hang`` never answers, ``ok`` answers 20 tokens at once. Each client runs in
-a fresh child process, with the freeze on (the default) or off (``LATENCYKIT_GC_FREEZE=0``),
-in alternating order (on, off, off, on, ...: ABBA, so machine drift hits both alike). A client
-runs ``workers`` concurrent loops (default 4: a loaded client, not a saturated one, whose
-timers would be late for want of CPU whatever the collector does) for ``seconds``; each loop calls
-``lk.LLM("openai/hang", deadline=0.1)`` (which must raise ``DeadlineExceeded``) and then
-``lk.LLM("openai/ok")`` twice (real litellm calls over loopback: the allocation a real app's
-traffic makes). The overshoot of a deadline is the time from the call to the raise, minus the
-0.1 s budget. Every garbage collection's duration is recorded through ``gc.callbacks``.
-Reported per variant: overshoot p50/p99/max over all runs of that variant, collections per
-generation, and the longest collection pause. The script prints PASS/FAIL for "the freeze
-lowers the overshoot p99" and always exits 0: it reports, it does not gate.
+Method. A fake provider runs in a child process (its Python must not share the client's GIL), with
+two models: ``hang`` never answers, ``ok`` answers 20 tokens at once. Each client runs in a fresh
+child process, with the freeze on (the default) or off (``LATENCYKIT_GC_FREEZE=0``), in alternating
+order (on, off, off, on, ...: ABBA, so machine drift hits both alike). A client runs ``workers``
+concurrent loops (default 4: a loaded client, not a saturated one, whose timers would be late for
+want of CPU whatever the collector does) for ``seconds``; each loop calls ``lk.LLM("openai/hang",
+deadline=0.1)`` (which must raise ``DeadlineExceeded``) and then ``lk.LLM("openai/ok")`` twice
+(real litellm calls over loopback: the allocation a real app's traffic makes), keeping the last
+``--retain`` responses (default 20,000) in a cache: the long-lived objects a real app accumulates
+are what trigger full collections (with none kept, a 20 s run may see none at all). The overshoot
+of a deadline is the time from the call to the raise, minus the 0.1 s budget. Every garbage
+collection's duration is recorded through ``gc.callbacks``. Reported per variant: overshoot
+p50/p99/p99.9/max over all runs of that variant, collections per generation, and the longest
+collection pause. The script prints PASS/FAIL for "the freeze lowers the worst overshoot" and
+always exits 0: it reports, it does not gate.
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ import anyio
 import latencykit as lk
 
 base_url, workers = sys.argv[1], int(sys.argv[2])
-seconds, budget = float(sys.argv[3]), float(sys.argv[4])
+seconds, budget, retain = float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+import collections
+kept = collections.deque(maxlen=retain or None)  # an app's cache of recent responses
 pauses = {0: [], 1: [], 2: []}
 started = {}
 
@@ -84,7 +88,9 @@ async def loop(end):
             errors.append("hang answered")
         for _ in range(2):
             try:
-                await ok.acompletion(messages=messages)
+                response = await ok.acompletion(messages=messages)
+                if retain:
+                    kept.append(response)
             except Exception as exc:
                 errors.append(type(exc).__name__)
 
@@ -110,11 +116,22 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
-def run_client(base_url: str, freeze: bool, workers: int, seconds: float) -> dict[str, Any]:
+def run_client(
+    base_url: str, freeze: bool, workers: int, seconds: float, retain: int
+) -> dict[str, Any]:
     """One client process; its measurements."""
     env = dict(os.environ, LATENCYKIT_GC_FREEZE="1" if freeze else "0")
     result = subprocess.run(
-        [sys.executable, "-c", CLIENT, base_url, str(workers), str(seconds), str(BUDGET)],
+        [
+            sys.executable,
+            "-c",
+            CLIENT,
+            base_url,
+            str(workers),
+            str(seconds),
+            str(BUDGET),
+            str(retain),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -129,6 +146,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="2 runs per variant of 8 s")
     parser.add_argument("--workers", type=int, default=4, help="concurrent loops per client")
+    parser.add_argument(
+        "--retain",
+        type=int,
+        default=20_000,
+        help="responses the client keeps in a cache (the long-lived objects a real app "
+        "accumulates, which trigger full collections); 0: none (default 20,000)",
+    )
     args = parser.parse_args()
     runs, seconds = (2, 8.0) if args.quick else (4, 20.0)
     repository = Path(__file__).resolve().parent.parent
@@ -150,32 +174,36 @@ def main() -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            results[freeze].append(run_client(base_url, freeze, args.workers, seconds))
+            results[freeze].append(run_client(base_url, freeze, args.workers, seconds, args.retain))
     finally:
         provider.stdin.close()
         provider.wait(timeout=15)
 
     print(
         f"Deadline overshoot under load: {args.workers} concurrent loops per client, "
-        f"{runs} clients of {seconds:g} s per variant, budget {BUDGET * 1000:g} ms"
+        f"{runs} clients of {seconds:g} s per variant, budget {BUDGET * 1000:g} ms, "
+        f"the last {args.retain} responses kept"
     )
     print(
-        "variant    | deadlines | overshoot p50 |   p99 |   max (ms) | full collections "
+        "variant    | deadlines | overshoot p50 |   p99 | p99.9 |   max (ms) | full collections "
         "| longest full (ms) | longest young (ms) | gen0/gen1 per run"
     )
     p99: dict[bool, float] = {}
+    worst: dict[bool, float] = {}
     for freeze in (True, False):
         found = results[freeze]
         overshoots = [o * 1000 for r in found for o in r["overshoots"]]
         full = [p * 1000 for r in found for p in r["pauses"]["2"]]
         young = [len(r["pauses"]["0"]) + len(r["pauses"]["1"]) for r in found]
         p99[freeze] = percentile(overshoots, 0.99)
+        worst[freeze] = max(overshoots)
         longest_young = max(
             (p * 1000 for r in found for g in "01" for p in r["pauses"][g]), default=0
         )
         print(
             f"freeze {'on ' if freeze else 'off'} | {len(overshoots):9d} | "
             f"{statistics.median(overshoots):13.1f} | {p99[freeze]:5.1f} | "
+            f"{percentile(overshoots, 0.999):5.1f} | "
             f"{max(overshoots):10.1f} | {len(full):16d} | {max(full, default=0):17.1f} | "
             f"{longest_young:18.1f} | "
             f"{statistics.median(young):.0f}"
@@ -184,10 +212,12 @@ def main() -> int:
         frozen = [r["frozen"] for r in found]
         if errors or any(bool(count) is not freeze for count in frozen):
             print(f"   anomalies: {errors} errors {found[0]['errors']}, objects frozen {frozen}")
-    better = p99[True] < p99[False]
+    # A full collection hits few calls (it is rare) but hits them hard: the freeze is judged on
+    # the worst overshoot; the p99 is printed to show it costs the common case nothing.
+    better = worst[True] < worst[False]
     print(
-        f"{'PASS' if better else 'FAIL'}  the freeze lowers the overshoot p99: "
-        f"{p99[True]:.1f} ms vs {p99[False]:.1f} ms"
+        f"{'PASS' if better else 'FAIL'}  the freeze lowers the worst overshoot: "
+        f"{worst[True]:.1f} ms vs {worst[False]:.1f} ms (p99 {p99[True]:.1f} vs {p99[False]:.1f})"
     )
     return 0
 

@@ -101,7 +101,7 @@ class Watchdog:
             self._handle = self._loop.call_at(limit, self._expire)
             self._armed = limit
         task: Any = self._current_task()  # Any: cancelling()/uncancel() are 3.11+
-        self._task, self._cancelling = task, task.cancelling()
+        self._task = task
         return task
 
     def returned(self, task: Any) -> None:
@@ -132,6 +132,7 @@ class Watchdog:
             self._armed = self._limit
             return
         self._fired = True
+        self._cancelling = task.cancelling()  # others' pending cancellations, not ours
         task.cancel()
 
     def close(self) -> None:
@@ -202,7 +203,14 @@ def loop_clock() -> Callable[[], float]:
     itself (no lookup of the loop per reading), the backend's clock elsewhere."""
     asyncio = sys.modules.get("asyncio")
     loop = None if asyncio is None else asyncio._get_running_loop()
-    return backend().now if loop is None else loop.time
+    if asyncio is None or loop is None:
+        return backend().now
+    if type(loop).time is asyncio.BaseEventLoop.time:
+        # The stock loop's time() *is* time.monotonic(): the same clock, read without the
+        # Python frame of the method (a stream reads it on every chunk). Other loops (uvloop)
+        # keep their own.
+        return time.monotonic
+    return loop.time  # type: ignore[no-any-return]
 
 
 def clock() -> float:

@@ -144,10 +144,13 @@ class Stream(_ClosedOnExit, Generic[T]):
         "_first_at",
         "_gaps",
         "_last_at",
+        "_limit",
+        "_live",
         "_now",
         "_nowait",
         "_pieces",
         "_pull_next",
+        "_read",
         "_reader",
         "_scope",
         "_source",
@@ -186,6 +189,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         loop = backend()
         self._use(source)
         self._reader = reader
+        self._read = reader.read
         self._now = loop_clock()
         self._scope = loop.scope
         self._watchdog_of = loop.watchdog
@@ -205,8 +209,10 @@ class Stream(_ClosedOnExit, Generic[T]):
         self._buffer: deque[T] = deque()
         self._callbacks: list[tuple[CloseCallback, bool]] = []
         self._committed = False
+        self._live = False  # committed and open: __anext__'s hot path applies
         self._first_at: float | None = None
-        self._last_at = self._started
+        self._limit = deadline  # the next wait's limit after commit
+        self._moved(self._started)
         self._gaps: list[float] = []
         self._pieces: list[str] = []
         self.chunks = 0
@@ -329,6 +335,7 @@ class Stream(_ClosedOnExit, Generic[T]):
     def _settle(self, outcome: StreamOutcome, error: BaseException | None) -> None:
         if self.outcome != "open":
             return
+        self._live = False
         self.outcome, self.error = outcome, error
         callbacks, self._callbacks = self._callbacks, []
         for callback, _ in callbacks:
@@ -413,9 +420,9 @@ class Stream(_ClosedOnExit, Generic[T]):
             return await self._pull_next()
         raise _Expired
 
-    def _observe(self, item: T) -> bool:
-        """Take the measurements of one item; whether it is content."""
-        text, finish = self._reader.read(item)
+    def _observe(self, item: T, text: str | None, finish: str | None) -> bool:
+        """Take the measurements of one item, read as ``(text, finish)``; whether it is
+        content."""
         if finish is not None:
             if self._check_finish is not None:
                 self._check_finish(item)
@@ -430,11 +437,21 @@ class Stream(_ClosedOnExit, Generic[T]):
             self._first_at = now
         else:
             self._gaps.append(now - self._last_at)
-        self._last_at = now
         self.chunks += 1
         if text:
             self._pieces.append(text)
+        self._moved(now)
         return True
+
+    def _moved(self, now: float) -> None:
+        """Content arrived (or a continuation started) at ``now``: the next wait's limit is
+        the stall limit from now, or the deadline if that is earlier."""
+        self._last_at = now
+        stall = self.stall
+        if stall is not None and now + stall < self._deadline:
+            self._limit = now + stall
+        else:
+            self._limit = self._deadline
 
     async def commit(self, *, within_deadline: bool = False) -> None:
         """Read until the first content chunk (kept for the consumer) or the end of the stream.
@@ -460,7 +477,7 @@ class Stream(_ClosedOnExit, Generic[T]):
                     raise
                 except Exception as exc:
                     raise self._wrapped(exc)  # noqa: B904 (the cause is set when wrapped)
-                content = self._observe(item)
+                content = self._observe(item, *self._read(item))
                 self._buffer.append(item)
                 if content:
                     break
@@ -483,6 +500,7 @@ class Stream(_ClosedOnExit, Generic[T]):
             await self._end("cancelled", exc)
             raise
         self._committed = True
+        self._live = self.outcome == "open"
         if self._first_at is not None and events.listening():
             events.emit(
                 events.FirstToken(
@@ -504,27 +522,20 @@ class Stream(_ClosedOnExit, Generic[T]):
             )
 
     async def __anext__(self) -> T:
-        buffer = self._buffer
-        if buffer:
-            return buffer.popleft()
-        if not self._committed:
+        # The per-chunk path of a committed stream is kept short: it is paid on every chunk.
+        if self._buffer or not self._live:
+            if self._buffer:
+                return self._buffer.popleft()
             if self.outcome != "open":
                 raise StopAsyncIteration
             await self.commit(within_deadline=True)  # a lazily started stream (guard_stream)
             return await self.__anext__()
-        if self.outcome != "open":
-            raise StopAsyncIteration
-        limit = self._deadline
-        stall = self.stall
-        if stall is not None and self._last_at + stall < limit:
-            limit = self._last_at + stall
+        limit = self._limit
         watchdog = self._watchdog
         try:
-            if limit == math.inf and self._nowait is None:
-                item = await self._pull_next()
-            elif watchdog is not None:
-                # The hot path on asyncio: the per-stream timer around the source's own
-                # awaitable, without a coroutine frame of ours (Watchdog.wait, unrolled).
+            if watchdog is not None:
+                # asyncio: the per-stream timer around the source's own awaitable, without a
+                # coroutine frame of ours (Watchdog.wait, unrolled).
                 task = watchdog.arm(limit)
                 try:
                     item = await self._pull_next()
@@ -532,6 +543,8 @@ class Stream(_ClosedOnExit, Generic[T]):
                     watchdog.raised(task, exc)
                     raise
                 watchdog.returned(task)
+            elif limit == math.inf and self._nowait is None:
+                item = await self._pull_next()
             else:
                 item = await self._pull(limit)
         except StopAsyncIteration:
@@ -548,8 +561,17 @@ class Stream(_ClosedOnExit, Generic[T]):
         except BaseException as exc:
             await self._end("cancelled", exc)
             raise
+        text, finish = self._read(item)
+        if text and finish is None and self._first_at is not None:
+            # The common chunk (text, no finish): _observe's work, inline.
+            now = self._now()
+            self._gaps.append(now - self._last_at)
+            self.chunks += 1
+            self._pieces.append(text)
+            self._moved(now)
+            return item
         try:
-            self._observe(item)
+            self._observe(item, text, finish)
         except Exception as exc:  # a finish the provider never sent
             return await self._broken(exc)
         return item
@@ -602,7 +624,7 @@ class Stream(_ClosedOnExit, Generic[T]):
                 self.target = getattr(source, "target", self.target)
                 self.attempt = getattr(source, "attempt", self.attempt)
                 self._use(source)
-                self._last_at = self._now()
+                self._moved(self._now())
                 return await self.__anext__()
         _attach_partial(error, self)
         await self._end("error", error)
