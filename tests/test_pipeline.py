@@ -126,13 +126,40 @@ async def test_unsubscribed_handlers_get_nothing() -> None:
     assert seen == []
 
 
-async def test_attempt_events_pair_up() -> None:
+async def test_call_and_attempt_events_pair_up() -> None:
     seen: list[lk.events.Event] = []
     with lk.subscribe(seen.append):
         await documented("q")
     kinds = [type(e).__name__ for e in seen]
-    assert kinds == ["AttemptStarted", "AttemptEnded", "CallEnded"]
+    assert kinds == ["CallStarted", "AttemptStarted", "AttemptEnded", "CallEnded"]
     assert len({e.call_id for e in seen}) == 1
+    started, attempt, ended, call = seen
+    assert isinstance(started, lk.events.CallStarted) and isinstance(call, lk.events.CallEnded)
+    assert started.target == call.target and started.parameters == {}
+    assert started.endpoint.model == "" and not started.stream
+    assert isinstance(attempt, lk.events.AttemptStarted) and attempt.reason == "primary"
+    assert isinstance(ended, lk.events.AttemptEnded)
+    assert call.timeline == (ended.record,) and call.outcome == "ok"
+
+
+async def test_an_attempt_says_which_policy_made_it() -> None:
+    calls = 0
+
+    @lk.retry(max_attempts=2, initial=0, max_wait=0)
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("down")
+        return "ok"
+
+    seen: list[lk.events.Event] = []
+    with lk.subscribe(seen.append):
+        assert await flaky() == "ok"
+    reasons = [e.reason for e in seen if isinstance(e, lk.events.AttemptStarted)]
+    assert reasons == ["primary", "retry"]
+    [ended] = [e for e in seen if isinstance(e, lk.events.CallEnded)]
+    assert [a.reason for a in ended.timeline] == ["primary", "retry"]
 
 
 def test_subscribe_rejects_non_callables() -> None:

@@ -23,16 +23,30 @@ from ._cancel import backend, now
 if TYPE_CHECKING:
     from .errors import ErrorKind
 
-__all__ = ["Attempt", "Outcome", "Trace", "current_attempt", "current_trace", "remaining"]
+__all__ = [
+    "Attempt",
+    "AttemptReason",
+    "Outcome",
+    "Trace",
+    "current_attempt",
+    "current_trace",
+    "remaining",
+]
 
 Outcome = Literal["ok", "error", "cancelled"]
 """How an attempt ended: it returned, it raised, or it was cancelled (lost a race, timed out)."""
+
+AttemptReason = Literal["primary", "retry", "hedge", "failover", "fallback", "resume"]
+"""Why an attempt was made: the call's first, or which policy added it (a retry, a hedge, the
+next failover target, the fallback's degraded path, the continuation of a broken stream)."""
 
 _call_ids = itertools.count(1)
 
 deadline_var: ContextVar[float] = ContextVar("latencykit.deadline", default=math.inf)
 trace_var: ContextVar[Trace | None] = ContextVar("latencykit.trace", default=None)
 attempt_var: ContextVar[int] = ContextVar("latencykit.attempt", default=0)
+reason_var: ContextVar[AttemptReason] = ContextVar("latencykit.reason", default="primary")
+"""Why the next attempt in this task is made; set by the policy that adds it."""
 probe_var: ContextVar[bool] = ContextVar("latencykit.probe", default=False)
 """Set while a half-open breaker's probe runs: a probe is one attempt, never retried."""
 
@@ -61,6 +75,9 @@ class Attempt(NamedTuple):
         gap_max: for a stream, the longest gap between content chunks (``None`` likewise).
         output_tokens: output tokens the provider reported for the attempt (``None``: not
             reported).
+        reason: why the attempt was made (:data:`~latencykit.pipeline.AttemptReason`):
+            ``"primary"``, ``"retry"``, ``"hedge"``, ``"failover"``, ``"fallback"`` or
+            ``"resume"`` (default ``"primary"``).
 
     A stream's attempt is recorded when the stream ends (finished, broken or closed), so its
     ``duration`` runs to the last chunk.
@@ -78,6 +95,7 @@ class Attempt(NamedTuple):
     gap_p50: float | None = None
     gap_max: float | None = None
     output_tokens: int | None = None
+    reason: AttemptReason = "primary"
 
     @property
     def time_per_output_token(self) -> float | None:
@@ -95,8 +113,10 @@ class Attempt(NamedTuple):
             what += f" [{self.error_kind.value}]"
         if self.ttft is not None:
             what += f", first chunk at {self.ttft:.3f}s, {self.chunks} chunks"
+        why = "" if self.reason == "primary" else f" ({self.reason})"
         return (
-            f"#{self.number} {self.target} at +{self.start:.3f}s for {self.duration:.3f}s: {what}"
+            f"#{self.number}{why} {self.target} at +{self.start:.3f}s for {self.duration:.3f}s: "
+            f"{what}"
         )
 
 

@@ -7,26 +7,29 @@ counter, hand off to a queue). OpenTelemetry support subscribes here like any us
 When nobody subscribes, policies skip building events entirely, so an idle event bus costs one
 truth test per would-be event.
 
-Events never carry prompt or response text, API keys or exception messages: only names, numbers
-and classifications.
+Events never carry API keys or exception messages, and carry prompt or response text only when
+content capture is switched on (:func:`capture_content`, which telemetry's ``capture_content=``
+sets); even then the text is kept out of the events' ``repr``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 if TYPE_CHECKING:
-    from ._context import Attempt
+    from ._context import Attempt, AttemptReason
     from .errors import ErrorKind
+    from .target import Endpoint
 
 __all__ = [
     "AttemptEnded",
     "AttemptStarted",
     "CallEnded",
+    "CallStarted",
     "DeadlineExpired",
     "Event",
     "EventHandler",
@@ -40,6 +43,8 @@ __all__ = [
     "StreamResumed",
     "Subscription",
     "TargetSkipped",
+    "capture_content",
+    "capturing_content",
     "subscribe",
 ]
 
@@ -58,19 +63,68 @@ class Event:
     call_id: int
 
 
+_NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class CallStarted(Event):
+    """A pipeline run (one user-level call: an ``LLM.acompletion``, a decorated function's
+    call) is starting.
+
+    Attributes:
+        target: the key of the call's first target.
+        endpoint: where that target's requests go (model, provider, host, port; an empty model
+            for a function target).
+        stream: whether the call streams.
+        parameters: the call's model parameters that telemetry may show (``max_tokens``,
+            ``temperature``, ``top_p``, ``top_k``, ``frequency_penalty``,
+            ``presence_penalty``, ``seed``, ``n``, when given); empty for a function target.
+        parent_id: the ``call_id`` of the latencykit call this one runs inside (a decorated
+            function calling ``lk.LLM``), else ``None``.
+        parent_attempt: the number of that call's attempt it runs in (``0``: none).
+        input_messages: the prompt's messages, only while content capture is on (else
+            ``None``); not in the ``repr``.
+    """
+
+    target: str
+    endpoint: Endpoint
+    stream: bool = False
+    parameters: Mapping[str, Any] = field(default_factory=lambda: _NO_PARAMETERS)
+    parent_id: int | None = None
+    parent_attempt: int = 0
+    input_messages: Any = field(default=None, repr=False)
+
+
 @dataclass(frozen=True, slots=True)
 class AttemptStarted(Event):
-    """An attempt (one execution of the wrapped call) is starting."""
+    """An attempt (one execution of the wrapped call) is starting.
+
+    Attributes:
+        attempt: its number in the call (1, 2, ...).
+        target: its target's key.
+        reason: why it is made: ``"primary"``, ``"retry"``, ``"hedge"``, ``"failover"``,
+            ``"fallback"`` or ``"resume"`` (default ``"primary"``).
+        endpoint: where it goes (default ``None``: not known).
+    """
 
     attempt: int
     target: str
+    reason: AttemptReason = "primary"
+    endpoint: Endpoint | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class AttemptEnded(Event):
-    """An attempt ended; ``record`` tells how (see :class:`~latencykit.Attempt`)."""
+    """An attempt ended; ``record`` tells how (see :class:`~latencykit.Attempt`).
+
+    Attributes:
+        record: the attempt's record.
+        gaps: for a stream, every gap between consecutive content chunks, in seconds (empty
+            otherwise): what ``gen_ai.client.operation.time_per_output_chunk`` records.
+    """
 
     record: Attempt
+    gaps: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +293,17 @@ class CallEnded(Event):
         attempts: how many attempts were started.
         degraded: whether the answer (or error) came from a fallback path.
         error_type: exception class name when the call failed.
+        error_kind: its :class:`~latencykit.ErrorKind`, when the call failed.
+        timeline: the attempts' records, in the order they ended.
+        stream: whether the call streamed.
+        ttft: for a stream, seconds from the start of the call to its first content chunk.
+        response_model: the model the provider says answered (when the result tells).
+        response_id: the provider's id of the response (when the result tells).
+        finish_reasons: the provider's finish reasons, one per choice.
+        input_tokens: prompt tokens the provider reported.
+        output_tokens: completion tokens the provider reported.
+        output_text: the answer's text, only while content capture is on (else ``None``); not
+            in the ``repr``.
     """
 
     target: str
@@ -247,6 +312,16 @@ class CallEnded(Event):
     attempts: int
     degraded: bool
     error_type: str | None = None
+    error_kind: ErrorKind | None = None
+    timeline: tuple[Attempt, ...] = ()
+    stream: bool = False
+    ttft: float | None = None
+    response_model: str | None = None
+    response_id: str | None = None
+    finish_reasons: tuple[str, ...] = ()
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    output_text: str | None = field(default=None, repr=False)
 
 
 EventHandler: TypeAlias = Callable[[Event], object]
@@ -255,9 +330,49 @@ EventHandler: TypeAlias = Callable[[Event], object]
 _handlers: tuple[EventHandler, ...] = ()
 
 
+_capture = 0
+
+
 def listening() -> bool:
     """Whether anybody subscribed; policies build events only when this is true."""
     return bool(_handlers)
+
+
+def capturing_content() -> bool:
+    """Whether events carry prompt and answer text (``CallStarted.input_messages``,
+    ``CallEnded.output_text``): only while some :func:`capture_content` is active."""
+    return _capture > 0
+
+
+class _Capture:
+    """Handle of :func:`capture_content`: ``close()`` (or ``with``) ends it."""
+
+    __slots__ = ("_open",)
+
+    def __init__(self) -> None:
+        self._open = True
+
+    def close(self) -> None:
+        """Stop capturing for this handle. Idempotent."""
+        global _capture
+        if self._open:
+            self._open = False
+            _capture -= 1
+
+    def __enter__(self) -> _Capture:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def capture_content() -> _Capture:
+    """Let events carry prompt and answer text until the returned handle is closed (default:
+    off). Text in events reaches every subscriber; telemetry turns it on only when asked
+    (``lk.telemetry.instrument(capture_content=True)``)."""
+    global _capture
+    _capture += 1
+    return _Capture()
 
 
 def emit(event: Event) -> None:

@@ -522,7 +522,9 @@ class LLM:
                             fn=self._attempt_on(target, True), kwargs=kwargs, target=target
                         )
                         try:
-                            continued, _ = await self._per_target.run_traced(attempt)
+                            continued, _ = await self._per_target.run_traced(
+                                attempt, reason="resume"
+                            )
                         except Exception as exc:
                             if mode == "prefill" and classify(exc) is ErrorKind.BAD_REQUEST:
                                 continue  # the target refused the prefill: regenerate instead

@@ -39,9 +39,19 @@ from typing import (
     runtime_checkable,
 )
 
-from . import events
+from . import _response, events
 from ._cancel import clock, now
-from ._context import Attempt, Outcome, Trace, attempt_var, current_attempt, deadline_var, trace_var
+from ._context import (
+    Attempt,
+    AttemptReason,
+    Outcome,
+    Trace,
+    attempt_var,
+    current_attempt,
+    deadline_var,
+    reason_var,
+    trace_var,
+)
 from .errors import LatencykitError, classify
 from .stream import ANY_ITEM, LazyStream, Stream, StreamOutcome
 from .target import Target
@@ -51,6 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Attempt",
+    "AttemptReason",
     "Call",
     "Next",
     "Outcome",
@@ -176,16 +187,22 @@ class Pipeline:
         result, _ = await self.run_traced(call)
         return result
 
-    async def run_traced(self, call: Call) -> tuple[Any, Trace]:
+    async def run_traced(
+        self, call: Call, *, reason: AttemptReason = "primary"
+    ) -> tuple[Any, Trace]:
         """Like :meth:`run`, also returning the call's :class:`~latencykit.pipeline.Trace`.
 
         For a stream, the trace goes on filling until the stream ends; ``CallEnded`` is emitted
-        then.
+        then. ``reason``: why the call's first attempt is made (default ``"primary"``; an
+        enclosing call's reason never carries over).
         """
         if call.target is UNNAMED:
             call = call._replace(target=function_target(call.fn))
         trace = Trace(parent=trace_var.get())
+        if events.listening():
+            _call_started(trace, call)
         token = trace_var.set(trace)
+        reason_token = reason_var.set(reason)
         try:
             result = await self._entry(call)
         except LatencykitError as exc:
@@ -200,11 +217,12 @@ class Pipeline:
             _call_ended(trace, call, "cancelled", None)
             raise
         finally:
+            reason_var.reset(reason_token)
             trace_var.reset(token)
         if isinstance(result, Stream):
             result.on_close(functools.partial(_stream_ended, trace, call))
         else:
-            _call_ended(trace, call, "ok", None)
+            _call_ended(trace, call, "ok", None, result)
         return result, trace
 
     @overload
@@ -229,21 +247,64 @@ def function_target(fn: Callable[..., Any]) -> Target:
     return Target(name=getattr(fn, "__qualname__", None) or repr(fn))
 
 
-def _call_ended(trace: Trace, call: Call, outcome: Any, error: BaseException | None) -> None:
-    trace.ended_at = clock()
-    if events.listening():
-        answered = trace.answered
-        events.emit(
-            events.CallEnded(
-                call_id=trace.call_id,
-                target=call.target.key if answered is None else answered[1],
-                duration=trace.ended_at - trace.started_at,
-                outcome=outcome,
-                attempts=len(trace.attempts),
-                degraded=trace.degraded,
-                error_type=None if error is None else type(error).__name__,
-            )
+def _call_started(trace: Trace, call: Call) -> None:
+    parent = trace.parent
+    events.emit(
+        events.CallStarted(
+            call_id=trace.call_id,
+            target=call.target.key,
+            endpoint=call.target.endpoint,
+            stream=call.stream is not None,
+            parameters=_response.parameters(call.kwargs) if call.target.model else {},
+            parent_id=None if parent is None else parent.call_id,
+            parent_attempt=current_attempt(),
+            input_messages=call.kwargs.get("messages") if events.capturing_content() else None,
         )
+    )
+
+
+def _call_ended(
+    trace: Trace,
+    call: Call,
+    outcome: Any,
+    error: BaseException | None,
+    result: Any = None,
+    stream: Stream[Any] | None = None,
+) -> None:
+    trace.ended_at = clock()
+    if not events.listening():
+        return
+    answered = trace.answered
+    text: str | None
+    if stream is not None:
+        summary = stream.summary()
+        ttft = None if stream.ttft is None else stream.started_at + stream.ttft - trace.started_at
+        text = stream.partial_text
+    else:
+        summary = _response.summary(result)
+        ttft = None
+        text = _response.message_text(result)
+    events.emit(
+        events.CallEnded(
+            call_id=trace.call_id,
+            target=call.target.key if answered is None else answered[1],
+            duration=trace.ended_at - trace.started_at,
+            outcome=outcome,
+            attempts=len(trace.attempts),
+            degraded=trace.degraded,
+            error_type=None if error is None else type(error).__name__,
+            error_kind=None if error is None else classify(error),
+            timeline=tuple(trace.attempts),
+            stream=call.stream is not None,
+            ttft=ttft,
+            response_model=summary.model,
+            response_id=summary.id,
+            finish_reasons=summary.finish_reasons,
+            input_tokens=summary.input_tokens,
+            output_tokens=summary.output_tokens,
+            output_text=text if events.capturing_content() else None,
+        )
+    )
 
 
 def _stream_ended(
@@ -256,7 +317,7 @@ def _stream_ended(
     if isinstance(error, LatencykitError) and not error.attempts:
         error.attempts = tuple(trace.attempts)
     outcome = _ATTEMPT_OUTCOME[outcome]
-    _call_ended(trace, call, outcome, error if outcome == "error" else None)
+    _call_ended(trace, call, outcome, error if outcome == "error" else None, stream=stream)
 
 
 async def run_attempt(call: Call) -> Any:
@@ -270,8 +331,17 @@ async def run_attempt(call: Call) -> Any:
         trace = Trace()
     number = trace.next_attempt_number()
     target = call.target.key
+    reason = reason_var.get()
     if events.listening():
-        events.emit(events.AttemptStarted(call_id=trace.call_id, attempt=number, target=target))
+        events.emit(
+            events.AttemptStarted(
+                call_id=trace.call_id,
+                attempt=number,
+                target=target,
+                reason=reason,
+                endpoint=call.target.endpoint,
+            )
+        )
     token = attempt_var.set(number)
     started = now()
     try:
@@ -281,18 +351,20 @@ async def run_attempt(call: Call) -> Any:
         else:
             result = await _open_stream(result, call, trace, number, started)
     except Exception as exc:
-        _record(trace, number, target, started, "error", exc)
+        _record(trace, number, target, reason, started, "error", exc)
         raise
     except BaseException:
-        _record(trace, number, target, started, "cancelled", None)
+        _record(trace, number, target, reason, started, "cancelled", None)
         raise
     finally:
         attempt_var.reset(token)
     trace.answered = (number, target)
     if call.stream is None:
-        _record(trace, number, target, started, "ok", None)
+        _record(trace, number, target, reason, started, "ok", None)
     else:
-        result.on_close(functools.partial(_record_stream, trace, number, started), attempt=True)
+        result.on_close(
+            functools.partial(_record_stream, trace, number, reason, started), attempt=True
+        )
     return result
 
 
@@ -334,6 +406,7 @@ _ATTEMPT_OUTCOME: dict[str, Any] = {
 def _record_stream(
     trace: Trace,
     number: int,
+    reason: AttemptReason,
     started: float,
     stream: Stream[Any],
     outcome: StreamOutcome,
@@ -344,10 +417,11 @@ def _record_stream(
         trace,
         number,
         stream.target,
+        reason,
         started,
         outcome,
         error if outcome == "error" else None,
-        stream.timing(),
+        stream,
     )
 
 
@@ -355,10 +429,11 @@ def _record(
     trace: Trace,
     number: int,
     target: str,
+    reason: AttemptReason,
     started: float,
     outcome: Any,
     error: BaseException | None,
-    timing: Mapping[str, Any] = _EMPTY,
+    stream: Stream[Any] | None = None,
 ) -> None:
     attempt = Attempt(
         number=number,
@@ -368,11 +443,18 @@ def _record(
         outcome=outcome,
         error_type=None if error is None else type(error).__name__,
         error_kind=None if error is None else classify(error),
-        **timing,
+        reason=reason,
+        **(_EMPTY if stream is None else stream.timing()),
     )
     trace.record(attempt)
     if events.listening():
-        events.emit(events.AttemptEnded(call_id=trace.call_id, record=attempt))
+        events.emit(
+            events.AttemptEnded(
+                call_id=trace.call_id,
+                record=attempt,
+                gaps=() if stream is None else stream.gaps,
+            )
+        )
 
 
 # --- decorators -----------------------------------------------------------------------------

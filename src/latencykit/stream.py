@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 from . import events
 from ._cancel import Expired as _Expired
 from ._cancel import Watchdog, backend, loop_clock
+from ._response import Summary
+from ._response import summary as _summary
 
 if TYPE_CHECKING:
     from ._context import Trace
@@ -142,6 +144,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         "_committed",
         "_deadline",
         "_first_at",
+        "_first_item",
         "_gaps",
         "_last_at",
         "_limit",
@@ -156,6 +159,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         "_source",
         "_started",
         "_trace",
+        "_usage_item",
         "_watchdog",
         "_watchdog_of",
         "_wrap_error",
@@ -211,6 +215,8 @@ class Stream(_ClosedOnExit, Generic[T]):
         self._committed = False
         self._live = False  # committed and open: __anext__'s hot path applies
         self._first_at: float | None = None
+        self._first_item: Any = None  # what summary() reads the model and id from
+        self._usage_item: Any = None  # and the token counts
         self._limit = deadline  # the next wait's limit after commit
         self._moved(self._started)
         self._gaps: list[float] = []
@@ -293,6 +299,19 @@ class Stream(_ClosedOnExit, Generic[T]):
     def elapsed(self) -> float:
         """Seconds from the attempt's start to the last content chunk (or to now, before one)."""
         return (self._last_at if self._first_at is not None else self._now()) - self._started
+
+    def summary(self) -> Summary:
+        """What the stream's chunks said about the response: the model and id (from its first
+        content chunk), the finish reason and the token usage (from a usage chunk)."""
+        first = _summary(self._first_item)
+        usage = _summary(self._usage_item)
+        return Summary(
+            model=first.model,
+            id=first.id,
+            finish_reasons=() if self.finish_reason is None else (self.finish_reason,),
+            input_tokens=usage.input_tokens,
+            output_tokens=self.output_tokens,
+        )
 
     def timing(self) -> dict[str, Any]:
         """The stream's measurements as the fields of an :class:`~latencykit.Attempt`."""
@@ -431,10 +450,12 @@ class Stream(_ClosedOnExit, Generic[T]):
             tokens = self._reader.output_tokens(item)
             if tokens is not None:
                 self.output_tokens = tokens
+                self._usage_item = item
             return False
         now = self._now()
         if self._first_at is None:
             self._first_at = now
+            self._first_item = item
         else:
             self._gaps.append(now - self._last_at)
         self.chunks += 1

@@ -21,7 +21,7 @@ from typing import Any
 
 from . import _validation
 
-__all__ = ["Target", "as_target"]
+__all__ = ["Endpoint", "Target", "as_target"]
 
 _OWN_KEYS = ("model", "name", "api_base", "api_key", "timeout", "context_window", "capabilities")
 _FORBIDDEN = {"max_retries", "num_retries", "stream", "messages"}
@@ -96,6 +96,14 @@ class Target:
         """The target's identity: its :attr:`name`."""
         return self.name
 
+    @property
+    def endpoint(self) -> Endpoint:
+        """Where this target's requests go, as telemetry may show it (no key, no path)."""
+        found = _endpoints.get((self.model, self.api_base))
+        if found is None:
+            found = _endpoints[(self.model, self.api_base)] = _endpoint(self.model, self.api_base)
+        return found
+
     def supports(self, capability: str) -> bool:
         """Whether ``capability`` is among the target's :attr:`capabilities`."""
         return capability in self.capabilities
@@ -126,6 +134,58 @@ class Target:
             arguments["api_key"] = self.api_key
         arguments["timeout"] = self.timeout if self.timeout is not None else default_timeout
         return arguments
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a target's requests go, as it may be shown in telemetry and events: never a key,
+    credentials or a URL path.
+
+    Attributes:
+        model: the model the provider is asked for (the litellm model string without its
+            provider prefix; ``""`` for a function target).
+        provider: the provider litellm routes to (``"openai"``, ``"anthropic"``, ...; ``None``
+            for a function target or when litellm cannot tell).
+        address: the host of the target's ``api_base`` (``None``: the provider's default).
+        port: the port of ``api_base``, given or implied by its scheme (``None`` with no
+            address).
+    """
+
+    model: str
+    provider: str | None = None
+    address: str | None = None
+    port: int | None = None
+
+
+_endpoints: dict[tuple[str, str | None], Endpoint] = {}
+
+
+def _endpoint(model: str, api_base: str | None) -> Endpoint:
+    if not model:
+        return Endpoint("")
+    provider: str | None = None
+    name = model
+    import sys
+
+    litellm = sys.modules.get("litellm")  # only if loaded: a function target never needs it
+    if litellm is not None:
+        try:
+            name, provider, _, _ = litellm.get_llm_provider(model=model, api_base=api_base)
+        except Exception:  # litellm does not know the model: read its prefix
+            provider = None
+    if provider is None and "/" in model:
+        provider, name = model.split("/", 1)
+    address = port = None
+    if api_base is not None:
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(api_base)
+            address = parts.hostname
+            port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)
+        except ValueError:  # not a URL we can read: show nothing rather than guess
+            address = port = None
+    return Endpoint(name, provider, address, port)
 
 
 def as_target(spec: object, *, where: str = "target") -> Target:

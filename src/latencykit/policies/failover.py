@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from .. import events
 from .._cancel import backend
-from .._context import deadline_var, trace_var
+from .._context import deadline_var, reason_var, trace_var
 from ..errors import (
     AttemptTimeout,
     ErrorFilter,
@@ -121,6 +121,7 @@ class Failover(PolicyDecorator):
                 continue
             if previous is not None:
                 self._event(route.name, previous, None)
+            reason = reason_var.set("failover") if index else None
             try:
                 share = self._share(routes[index + 1 :])
                 if share is None:
@@ -147,6 +148,9 @@ class Failover(PolicyDecorator):
                 if not self._handles(exc):
                     attach_others(exc, errors[:-1])
                     raise
+            finally:
+                if reason is not None:
+                    reason_var.reset(reason)
         if not errors:
             from .breaker import CircuitOpen
 

@@ -16,7 +16,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias
 
 from .. import _validation, events
 from .._cancel import backend
-from .._context import deadline_var, trace_var
+from .._context import deadline_var, reason_var, trace_var
 from ..errors import ErrorFilter, ErrorKind, FallbackFailed, classify, error_predicate
 from ..pipeline import Call, Next, Policy, PolicyDecorator, Stage
 from .deadline import Deadline
@@ -168,10 +168,13 @@ class Fallback(PolicyDecorator):
                     error_kind=reason.error_kind,
                 )
             )
+        why = reason_var.set("fallback")
         try:
             return await self._alternative(reason, call, next)
         except Exception as exc:
             raise FallbackFailed(reason.kind, error, exc) from exc
+        finally:
+            reason_var.reset(why)
 
 
 def fallback(

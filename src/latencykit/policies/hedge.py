@@ -42,7 +42,7 @@ import sniffio
 
 from .. import _validation, events
 from .._cancel import backend
-from .._context import deadline_var, trace_var
+from .._context import deadline_var, reason_var, trace_var
 from ..budget import RetryBudget
 from ..errors import ErrorFilter, attach_others, error_predicate
 from ..pipeline import Call, Next, PolicyDecorator, Stage
@@ -345,6 +345,7 @@ class _Race:
     async def _attempt(self, index: int, this: Call) -> None:
         window = self.policy.window(this.target.key, ttft=self.ttft)
         started = self.starts[index]
+        reason = reason_var.set("hedge") if index else None  # a backup: in a task of its own
         try:
             result = await self.next(this)
         except Exception as exc:
@@ -356,6 +357,9 @@ class _Race:
         else:
             window.record(self.now() - started)
             outcome = _Outcome(index, result=result)
+        finally:
+            if reason is not None:
+                reason_var.reset(reason)
         if index == 0:
             self.host = None  # the primary is over: nothing left to cancel in the caller's task
         self._finished(outcome)

@@ -41,7 +41,7 @@ import anyio
 
 from .. import events
 from .._cancel import backend
-from .._context import deadline_var, probe_var, trace_var
+from .._context import deadline_var, probe_var, reason_var, trace_var
 from ..budget import RetryBudget
 from ..errors import ErrorFilter, ErrorKind, attach_others, classify, error_predicate, retry_after
 from ..pipeline import Call, Next, PolicyDecorator, Stage
@@ -333,6 +333,7 @@ class _Run:
             raise error
         now = backend().now
         started = now()
+        reason = reason_var.set("retry") if self.errors else None
         try:
             return await self.next(self.call)
         except Exception as exc:
@@ -340,6 +341,8 @@ class _Run:
             raise
         finally:
             self.last_duration = now() - started
+            if reason is not None:
+                reason_var.reset(reason)
 
     # --- tenacity strategies --------------------------------------------------------------
 

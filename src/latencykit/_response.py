@@ -1,0 +1,85 @@
+"""What events report of a call's request and result, read from OpenAI-shaped objects.
+
+litellm's ``ModelResponse`` and its stream chunks, the openai SDK's ``ChatCompletion``, and any
+object shaped like them (``id``, ``model``, ``choices[i].finish_reason``, ``usage``) are read the
+same way, so a decorated function that calls a provider's SDK itself is reported as well. These
+run only while somebody listens to events, never on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+__all__ = ["MODEL_PARAMETERS", "Summary", "message_text", "parameters", "summary"]
+
+MODEL_PARAMETERS = (
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "n",
+)
+"""The request parameters events report (numbers only: never text such as stop sequences)."""
+
+
+class Summary(NamedTuple):
+    """What a result says about itself (``None``/empty where it does not)."""
+
+    model: str | None = None
+    id: str | None = None
+    finish_reasons: tuple[str, ...] = ()
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+_NOTHING = Summary()
+
+
+def parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The reportable model parameters among a call's keyword arguments."""
+    found = {}
+    for name in MODEL_PARAMETERS:
+        value = kwargs.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            found[name] = value
+    return found
+
+
+def _string(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def summary(result: Any) -> Summary:
+    """The model, id, finish reasons and token usage ``result`` reports, if it is shaped like a
+    chat completion (anything else gives an empty summary)."""
+    choices = getattr(result, "choices", None)
+    if not isinstance(choices, (list, tuple)):
+        return _NOTHING
+    reasons = tuple(
+        reason for reason in (getattr(c, "finish_reason", None) for c in choices) if reason
+    )
+    usage = getattr(result, "usage", None)
+    return Summary(
+        model=_string(getattr(result, "model", None)),
+        id=_string(getattr(result, "id", None)),
+        finish_reasons=tuple(str(reason) for reason in reasons),
+        input_tokens=_count(getattr(usage, "prompt_tokens", None)),
+        output_tokens=_count(getattr(usage, "completion_tokens", None)),
+    )
+
+
+def message_text(result: Any) -> str | None:
+    """The text of a chat completion's first choice (``None`` if it has none)."""
+    choices = getattr(result, "choices", None)
+    if not isinstance(choices, (list, tuple)) or not choices:
+        return None
+    return _string(getattr(getattr(choices[0], "message", None), "content", None))
