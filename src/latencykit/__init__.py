@@ -4,9 +4,12 @@ Public API only: what users call and catch daily, re-exported from the modules w
 The rest is in documented submodules: ``latencykit.events`` (event types), ``latencykit.errors``
 (classification), ``latencykit.pipeline`` (writing a policy), ``latencykit.policies.*`` (each
 policy's options, breaker registry and stores), ``latencykit.stats`` (latency windows) and
-``latencykit.llm`` (``CallReport``).
+``latencykit.llm`` (``CallReport``); ``latencykit.telemetry`` (OpenTelemetry, imported on first
+use).
 ``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
 """
+
+import typing as _typing
 
 from . import errors as errors
 from . import events as events
@@ -62,6 +65,19 @@ from .stream import Stream as Stream
 from .target import Target as Target
 
 __version__ = "0.1.0.dev0"
+
+if _typing.TYPE_CHECKING:
+    from . import telemetry as telemetry
+else:
+
+    def __getattr__(name: str) -> _typing.Any:
+        # latencykit.telemetry imports OpenTelemetry: only for those who use it.
+        if name == "telemetry":
+            import importlib
+
+            return importlib.import_module(f"{__name__}.telemetry")
+        raise AttributeError(f"module 'latencykit' has no attribute {name!r}")
+
 
 __all__ = [
     "LLM",
