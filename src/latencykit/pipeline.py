@@ -275,15 +275,18 @@ def _call_ended(
     if not events.listening():
         return
     answered = trace.answered
-    text: str | None
+    text: str | None = None
+    capture = events.capturing_content()
     if stream is not None:
         summary = stream.summary()
         ttft = None if stream.ttft is None else stream.started_at + stream.ttft - trace.started_at
-        text = stream.partial_text
+        if capture:
+            text = stream.partial_text
     else:
         summary = _response.summary(result)
         ttft = None
-        text = _response.message_text(result)
+        if capture:
+            text = _response.message_text(result)
     events.emit(
         events.CallEnded(
             call_id=trace.call_id,
@@ -302,7 +305,7 @@ def _call_ended(
             finish_reasons=summary.finish_reasons,
             input_tokens=summary.input_tokens,
             output_tokens=summary.output_tokens,
-            output_text=text if events.capturing_content() else None,
+            output_text=text,
         )
     )
 

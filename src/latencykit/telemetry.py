@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -117,8 +116,19 @@ def _content_from_environment() -> bool:
     return value in ("true", "1", "yes", "span_only", "span_and_event")
 
 
+_by_endpoint: dict[Endpoint, dict[str, Any]] = {}
+
+
 def _endpoint_attributes(endpoint: Endpoint) -> dict[str, Any]:
-    """The GenAI attributes of a target: what it is asked for and where it is."""
+    """The GenAI attributes of a target: what it is asked for and where it is (computed once
+    per endpoint; callers copy before changing)."""
+    found = _by_endpoint.get(endpoint)
+    if found is None:
+        found = _by_endpoint[endpoint] = _describe(endpoint)
+    return found
+
+
+def _describe(endpoint: Endpoint) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         _OPERATION: "chat",
         _PROVIDER: _PROVIDERS.get(endpoint.provider or "", endpoint.provider or "unknown"),
@@ -158,8 +168,9 @@ class _Call:
     """What telemetry keeps of a call in flight."""
 
     span: trace.Span
-    attributes: dict[str, Any]  # the metric attributes of the call (GenAI calls only)
+    attributes: dict[str, Any]  # the metric attributes of the call
     genai: bool
+    endpoint: Endpoint
     attempts: dict[int, trace.Span] = field(default_factory=dict)
     answered: bool = False  # an attempt succeeded: attempts cancelled after it lost a race
 
@@ -214,11 +225,18 @@ class Instrumentation:
         self._call_duration = histogram(
             "latencykit.call.duration",
             unit="s",
-            description="Duration of a call through latencykit's policies (every call).",
+            description="Duration of a call of a decorated function (LLM calls have the GenAI "
+            "operation duration).",
             explicit_bucket_boundaries_advisory=_SECONDS,
         )
-        self._attempts = counter(
-            "latencykit.attempts", unit="{attempt}", description="Attempts, by outcome."
+        # Every attempt is counted: in a dict on the hot path, reported when metrics are
+        # collected (an observable counter), not through a synchronous instrument per attempt.
+        self._attempt_counts: dict[tuple[str, str, str, str | None], int] = {}
+        meter.create_observable_counter(
+            "latencykit.attempts",
+            callbacks=[self._observe_attempts],
+            unit="{attempt}",
+            description="Attempts, by target, outcome, reason and error type.",
         )
         self._hedges = counter(
             "latencykit.hedges",
@@ -331,6 +349,19 @@ class Instrumentation:
     ) -> None:
         self.close()
 
+    def _observe_attempts(self, options: metrics.CallbackOptions) -> list[metrics.Observation]:
+        observed = []
+        for (target, outcome, reason, error), count in list(self._attempt_counts.items()):
+            attributes = {
+                "latencykit.target": target,
+                "latencykit.attempt.outcome": outcome,
+                "latencykit.attempt.reason": reason,
+            }
+            if error is not None:
+                attributes[_ERROR_TYPE] = error
+            observed.append(metrics.Observation(count, attributes))
+        return observed
+
     # --- events -----------------------------------------------------------------------------
 
     def _on_event(self, event: events.Event) -> None:
@@ -349,10 +380,9 @@ class Instrumentation:
         context = None if parent_span is None else trace.set_span_in_context(parent_span)
         endpoint = event.endpoint
         genai = bool(endpoint.model)
-        attributes: dict[str, Any] = {"latencykit.target": event.target}
         if genai:
             metric_attributes = _endpoint_attributes(endpoint)
-            attributes.update(metric_attributes)
+            attributes = {**metric_attributes, "latencykit.target": event.target}
             attributes[_STREAM] = event.stream
             for name, value in event.parameters.items():
                 attributes[_REQUEST_PARAMETERS.get(name, f"gen_ai.request.{name}")] = value
@@ -363,15 +393,10 @@ class Instrumentation:
             name = f"chat {endpoint.model}"
             kind = SpanKind.CLIENT
         else:
-            metric_attributes = {"latencykit.target": event.target}
+            metric_attributes = attributes = {"latencykit.target": event.target}
             name, kind = event.target, SpanKind.INTERNAL
-        span = self._tracer.start_span(
-            name,
-            context=context or otel_context.get_current(),
-            kind=kind,
-            attributes=attributes,
-        )
-        self._calls[event.call_id] = _Call(span, metric_attributes, genai)
+        span = self._tracer.start_span(name, context=context, kind=kind, attributes=attributes)
+        self._calls[event.call_id] = _Call(span, metric_attributes, genai, endpoint)
 
     def _attempt_started(self, event: events.AttemptStarted) -> None:
         call = self._calls.get(event.call_id)
@@ -382,8 +407,9 @@ class Instrumentation:
             "latencykit.attempt.reason": event.reason,
             "latencykit.target": event.target,
         }
-        if call.genai and event.endpoint is not None and event.endpoint.model:
-            attributes.update(_endpoint_attributes(event.endpoint))
+        endpoint = event.endpoint
+        if call.genai and endpoint is not None and endpoint.model and endpoint != call.endpoint:
+            attributes.update(_endpoint_attributes(endpoint))  # another model or host
             del attributes[_OPERATION]
         call.attempts[event.attempt] = self._tracer.start_span(
             f"attempt {event.target}",
@@ -398,14 +424,9 @@ class Instrumentation:
         loser = record.outcome == "cancelled" and call is not None and call.answered
         if call is not None and record.outcome == "ok":
             call.answered = True
-        counted: dict[str, Any] = {
-            "latencykit.target": record.target,
-            "latencykit.attempt.outcome": record.outcome,
-            "latencykit.attempt.reason": record.reason,
-        }
-        if record.error_type is not None:
-            counted[_ERROR_TYPE] = record.error_type
-        self._attempts.add(1, counted)
+        key = (record.target, record.outcome, record.reason, record.error_type)
+        counts = self._attempt_counts
+        counts[key] = counts.get(key, 0) + 1
         if loser:
             wasted = record.output_tokens if record.output_tokens is not None else record.chunks
             if wasted:
@@ -419,18 +440,21 @@ class Instrumentation:
         span = call.attempts.pop(record.number, None)
         if span is None:
             return
-        span.set_attribute("latencykit.attempt.outcome", record.outcome)
-        span.set_attribute("latencykit.attempt.loser", loser)
+        attributes: dict[str, Any] = {
+            "latencykit.attempt.outcome": record.outcome,
+            "latencykit.attempt.loser": loser,
+        }
         if record.ttft is not None:
-            span.set_attribute(_TIME_TO_FIRST_CHUNK, record.ttft)
-            span.set_attribute("latencykit.attempt.chunks", record.chunks)
+            attributes[_TIME_TO_FIRST_CHUNK] = record.ttft
+            attributes["latencykit.attempt.chunks"] = record.chunks
         if record.output_tokens is not None:
-            span.set_attribute(_OUTPUT_TOKENS, record.output_tokens)
+            attributes[_OUTPUT_TOKENS] = record.output_tokens
         if record.error_type is not None:
-            span.set_attribute(_ERROR_TYPE, record.error_type)
+            attributes[_ERROR_TYPE] = record.error_type
             if record.error_kind is not None:
-                span.set_attribute("latencykit.error.kind", record.error_kind.value)
+                attributes["latencykit.error.kind"] = record.error_kind.value
             span.set_status(Status(StatusCode.ERROR))
+        span.set_attributes(attributes)
         span.end()
 
     def _call_ended(self, event: events.CallEnded) -> None:
@@ -440,54 +464,54 @@ class Instrumentation:
         for span in call.attempts.values():  # attempts that never reported their end
             span.end()
         span = call.span
-        attributes = call.attributes
-        error = event.error_type if event.outcome == "error" else None
-        if event.outcome == "cancelled":
-            error = "cancelled"
+        measured = call.attributes  # the metrics' attributes
+        error = "cancelled" if event.outcome == "cancelled" else event.error_type
+        shown: dict[str, Any] = {  # the span's
+            "latencykit.outcome": event.outcome,
+            "latencykit.attempts": event.attempts,
+            "latencykit.degraded": event.degraded,
+            "latencykit.answered_by": event.target,
+        }
         if error is not None:
-            attributes = {**attributes, _ERROR_TYPE: error}
-        span.set_attribute("latencykit.outcome", event.outcome)
-        span.set_attribute("latencykit.attempts", event.attempts)
-        span.set_attribute("latencykit.degraded", event.degraded)
-        span.set_attribute("latencykit.answered_by", event.target)
-        if call.genai:
-            if event.response_model is not None:
-                span.set_attribute(_RESPONSE_MODEL, event.response_model)
-                attributes = {**attributes, _RESPONSE_MODEL: event.response_model}
-            if event.response_id is not None:
-                span.set_attribute(_RESPONSE_ID, event.response_id)
-            if event.finish_reasons:
-                span.set_attribute(_FINISH_REASONS, list(event.finish_reasons))
-            if event.ttft is not None:
-                span.set_attribute(_TIME_TO_FIRST_CHUNK, event.ttft)
-                self._first_chunk.record(event.ttft, attributes)
-            for name, count, kind in (
-                (_INPUT_TOKENS, event.input_tokens, "input"),
-                (_OUTPUT_TOKENS, event.output_tokens, "output"),
-            ):
-                if count is not None:
-                    span.set_attribute(name, count)
-                    self._tokens.record(count, {**attributes, _TOKEN_TYPE: kind})
-            if event.output_text is not None:
-                message: dict[str, Any] = {
-                    "role": "assistant",
-                    "parts": [{"type": "text", "content": event.output_text}],
-                }
-                if event.finish_reasons:
-                    message["finish_reason"] = event.finish_reasons[0]
-                span.set_attribute(_OUTPUT_MESSAGES, json.dumps([message], ensure_ascii=False))
-            self._duration.record(event.duration, attributes)
-        self._call_duration.record(
-            event.duration,
-            {"latencykit.target": event.target, "latencykit.outcome": event.outcome},
-        )
-        if error is not None:
-            span.set_attribute(_ERROR_TYPE, error)
+            measured = {**measured, _ERROR_TYPE: error}
+            shown[_ERROR_TYPE] = error
             if event.error_kind is not None:
-                span.set_attribute("latencykit.error.kind", event.error_kind.value)
+                shown["latencykit.error.kind"] = event.error_kind.value
             if event.outcome == "error":
                 span.set_status(Status(StatusCode.ERROR))
+        if not call.genai:
+            span.set_attributes(shown)
+            span.end()
+            self._call_duration.record(event.duration, measured)
+            return
+        if event.response_model is not None:
+            measured = {**measured, _RESPONSE_MODEL: event.response_model}
+            shown[_RESPONSE_MODEL] = event.response_model
+        if event.response_id is not None:
+            shown[_RESPONSE_ID] = event.response_id
+        if event.finish_reasons:
+            shown[_FINISH_REASONS] = event.finish_reasons
+        if event.ttft is not None:
+            shown[_TIME_TO_FIRST_CHUNK] = event.ttft
+            self._first_chunk.record(event.ttft, measured)
+        for name, count, kind in (
+            (_INPUT_TOKENS, event.input_tokens, "input"),
+            (_OUTPUT_TOKENS, event.output_tokens, "output"),
+        ):
+            if count is not None:
+                shown[name] = count
+                self._tokens.record(count, {**measured, _TOKEN_TYPE: kind})
+        if event.output_text is not None:
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "parts": [{"type": "text", "content": event.output_text}],
+            }
+            if event.finish_reasons:
+                message["finish_reason"] = event.finish_reasons[0]
+            shown[_OUTPUT_MESSAGES] = json.dumps([message], ensure_ascii=False)
+        span.set_attributes(shown)
         span.end()
+        self._duration.record(event.duration, measured)
 
     def _hedge_fired(self, event: events.HedgeFired) -> None:
         self._hedges.add(
