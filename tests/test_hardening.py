@@ -199,6 +199,18 @@ async def test_fallback_after_is_capped_by_an_enclosing_budget() -> None:
     assert 0.4 <= anyio.current_time() - loop_started < 0.5 + 0.4
 
 
+def test_invalid_policy_options_fail_at_construction_naming_the_field() -> None:
+    def sync_sleep(seconds: float) -> None: ...
+
+    # A sync sleep used to pass and fail at the first retry ("can't be used in 'await'").
+    with pytest.raises(TypeError, match=r"retry\.sleep must be an async function"):
+        lk.Retry(sleep=sync_sleep)  # type: ignore[arg-type]
+    # A tiny window used to overflow the budget's slot arithmetic (OverflowError).
+    with pytest.raises(ValueError, match=r"RetryBudget\.ttl must be at least 0\.01"):
+        lk.RetryBudget(0.1, ttl=1e-320)
+    lk.RetryBudget(0.1, ttl=0.01)  # the smallest window accepted
+
+
 def test_misspelt_target_fields_are_rejected_and_misspelt_defaults_warned() -> None:
     with pytest.raises(ValueError, match=r"LLM\.failover\[0\].*'contxt_window'.*'context_window'"):
         lk.LLM("openai/x", failover=[{"model": "openai/y", "contxt_window": 5}])

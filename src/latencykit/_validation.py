@@ -8,8 +8,9 @@ import math
 __all__ = ["seconds"]
 
 
-def seconds(name: str, value: object) -> float:
-    """A positive finite number of seconds (int, float or ``timedelta``), else a clear error.
+def seconds(name: str, value: object, *, minimum: float = 0.0) -> float:
+    """A positive finite number of seconds (int, float or ``timedelta``), at least ``minimum``
+    when one is given, else a clear error.
 
     ``name`` is the option's public name (``"deadline.seconds"``) and starts the message.
     """
@@ -20,4 +21,6 @@ def seconds(name: str, value: object) -> float:
     result = float(value)
     if not math.isfinite(result) or result <= 0:
         raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    if result < minimum:
+        raise ValueError(f"{name} must be at least {minimum:g} seconds, got {value!r}")
     return result

@@ -25,7 +25,8 @@ class RetryBudget:
 
     Args:
         ratio: extra requests allowed per call, ``0 <= ratio <= 10`` (default ``0.1``: +10 %).
-        ttl: window in seconds over which deposits and withdrawals count (default ``10``).
+        ttl: window in seconds over which deposits and withdrawals count, at least ``0.01``
+            (default ``10``).
         min_per_second: extra requests always allowed per second, as a reserve for low traffic
             (default ``0``).
         clock: time source (default the event loop's clock, ``time.monotonic`` outside a loop).
@@ -66,7 +67,9 @@ class RetryBudget:
                 f"RetryBudget.min_per_second must be a number >= 0, got {min_per_second!r}"
             )
         self.ratio = float(ratio)
-        self.ttl = _validation.seconds("RetryBudget.ttl", ttl)
+        # The window moves in steps of ttl / 10 on the loop's clock: a step below a millisecond
+        # is noise (and a tiny ttl overflows the step count).
+        self.ttl = _validation.seconds("RetryBudget.ttl", ttl, minimum=0.01)
         self.min_per_second = float(min_per_second)
         self._clock = clock
         self._slot_width = self.ttl / _SLOTS

@@ -465,7 +465,9 @@ def _record(
 _PIPELINE_ATTR = "__latencykit_pipeline__"
 
 
-def _is_async_callable(fn: object) -> bool:
+def is_async_callable(fn: object) -> bool:
+    """Whether calling ``fn`` returns a coroutine (an async function, a ``partial`` of one, or an
+    object with an async ``__call__``)."""
     while isinstance(fn, functools.partial):
         fn = fn.func
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
@@ -491,7 +493,7 @@ def decorate(pipeline: Pipeline, fn: Callable[P, Any]) -> Callable[P, Any]:
         pipeline = inner.adding(*pipeline.policies)
     else:
         raw = fn
-        if not (_is_async_callable(fn) or _is_async_generator_function(fn)):
+        if not (is_async_callable(fn) or _is_async_generator_function(fn)):
             raise TypeError(
                 f"latencykit policies wrap async callables and async-generator functions; "
                 f"{fn!r} is neither"

@@ -44,7 +44,7 @@ from .._cancel import backend
 from .._context import deadline_var, probe_var, reason_var, trace_var
 from ..budget import RetryBudget
 from ..errors import ErrorFilter, ErrorKind, attach_others, classify, error_predicate, retry_after
-from ..pipeline import Call, Next, PolicyDecorator, Stage
+from ..pipeline import Call, Next, PolicyDecorator, Stage, is_async_callable
 
 if TYPE_CHECKING:
     import tenacity
@@ -228,8 +228,10 @@ class Retry(PolicyDecorator):
             if budget is not None
             else RetryBudget(_DEFAULT_RATIO, min_per_second=_DEFAULT_RESERVE)
         )
-        if not callable(sleep):
-            raise TypeError(f"retry.sleep must be an async function, got {sleep!r}")
+        if not is_async_callable(sleep):
+            raise TypeError(
+                f"retry.sleep must be an async function (like anyio.sleep), got {sleep!r}"
+            )
         if rng is not None and not isinstance(rng, random.Random):
             raise TypeError(f"retry.rng must be a random.Random, got {rng!r}")
         self.on = on
