@@ -17,8 +17,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+from ._handle import Handle
 
 if TYPE_CHECKING:
     from ._context import Attempt, AttemptReason
@@ -344,7 +346,7 @@ def capturing_content() -> bool:
     return _capture > 0
 
 
-class _Capture:
+class _Capture(Handle):
     """Handle of :func:`capture_content`: ``close()`` (or ``with``) ends it."""
 
     __slots__ = ("_open",)
@@ -358,12 +360,6 @@ class _Capture:
         if self._open:
             self._open = False
             _capture -= 1
-
-    def __enter__(self) -> _Capture:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def capture_content() -> _Capture:
@@ -388,7 +384,7 @@ def emit(event: Event) -> None:
             logger.exception("latencykit event handler %r failed on %s", handler, type(event))
 
 
-class Subscription:
+class Subscription(Handle):
     """Handle returned by :func:`subscribe`; ``close()`` it (or use ``with``) to unsubscribe."""
 
     __slots__ = ("_handler",)
@@ -402,17 +398,6 @@ class Subscription:
         if self._handler is not None:
             handler, self._handler = self._handler, None
             _handlers = tuple(h for h in _handlers if h is not handler)
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def subscribe(handler: EventHandler) -> Subscription:

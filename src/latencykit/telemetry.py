@@ -25,7 +25,6 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -33,6 +32,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import events
 from ._context import Attempt
+from ._handle import Handle
 from .policies.breaker import BreakerRejected, BreakerState, BreakerStateChanged
 from .policies.retry import RetryGaveUp, RetryScheduled
 from .target import Endpoint
@@ -175,7 +175,7 @@ class _Call:
     answered: bool = False  # an attempt succeeded: attempts cancelled after it lost a race
 
 
-class Instrumentation:
+class Instrumentation(Handle):
     """The handle :func:`instrument` returns: ``close()`` (or leave its ``with`` block) to stop.
 
     Attributes:
@@ -337,17 +337,6 @@ class Instrumentation:
             for span in call.attempts.values():
                 span.end()
             call.span.end()
-
-    def __enter__(self) -> Instrumentation:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _observe_attempts(self, options: metrics.CallbackOptions) -> list[metrics.Observation]:
         observed = []
