@@ -34,8 +34,9 @@ import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
+
+from provider import provider_process
 
 BUDGET = 0.1
 
@@ -155,18 +156,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     runs, seconds = (2, 8.0) if args.quick else (4, 20.0)
-    repository = Path(__file__).resolve().parent.parent
-    provider = subprocess.Popen(
-        [sys.executable, "-c", PROVIDER],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=repository,
-    )
-    assert provider.stdin is not None and provider.stdout is not None
     results: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
-    try:
-        base_url = provider.stdout.readline().strip()
+    with provider_process(PROVIDER) as base_url:
         order = [True, False, False, True] * ((runs + 1) // 2)
         for index, freeze in enumerate(order[: 2 * runs]):
             print(
@@ -175,9 +166,6 @@ def main() -> int:
                 flush=True,
             )
             results[freeze].append(run_client(base_url, freeze, args.workers, seconds, args.retain))
-    finally:
-        provider.stdin.close()
-        provider.wait(timeout=15)
 
     print(
         f"Deadline overshoot under load: {args.workers} concurrent loops per client, "

@@ -97,7 +97,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -112,6 +111,7 @@ import anyio
 import anyio.lowlevel
 import trio
 from overhead import _ci, _load, _version, bootstrap_ci, percentile, verdict
+from provider import provider_process
 
 import latencykit as lk
 from latencykit._asyncio_bridge import BridgedStream, run_on_asyncio
@@ -551,31 +551,17 @@ def fake_provider_process(tokens: int, server: dict[str, Any]) -> Iterator[str]:
     """A FakeProvider in a child process: model ``MODEL`` streams ``tokens`` chunks back to
     back, ``SHORT_MODEL`` one. Yields its base URL; on exit, ``server`` receives what the
     provider recorded."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", PROVIDER, MODEL, str(tokens), SHORT_MODEL],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdin is not None and process.stdout is not None
+    output: list[str] = []
     try:
-        base_url = process.stdout.readline().strip()
-        if not base_url.startswith("http://"):
-            raise RuntimeError(f"the fake provider did not start: {base_url!r}")
-        yield base_url
+        with provider_process(PROVIDER, MODEL, str(tokens), SHORT_MODEL, output=output) as url:
+            yield url
     finally:
-        process.stdin.close()
         try:
-            line = process.stdout.read().strip()
-            process.wait(timeout=15)
-            if line:
-                server.update(json.loads(line.splitlines()[-1]))
-        except (subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+            lines = "".join(output).strip().splitlines()
+            if lines:
+                server.update(json.loads(lines[-1]))
+        except json.JSONDecodeError as exc:
             server["error"] = repr(exc)
-            process.kill()
-            process.wait()
-        finally:
-            process.stdout.close()
 
 
 def bare_arguments(base_url: str, model: str) -> dict[str, Any]:

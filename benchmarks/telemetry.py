@@ -37,16 +37,15 @@ import gc
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from overhead import _load, _version, bootstrap_ci, verdict
+from provider import provider_process
 
 import latencykit as lk
 from latencykit import telemetry
@@ -223,21 +222,8 @@ def main() -> int:
         flush=True,
     )
     calls = asyncio.run(per_call(blocks, block, args.seed))
-    repository = Path(__file__).resolve().parent.parent
-    provider = subprocess.Popen(
-        [sys.executable, "-c", PROVIDER],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=repository,
-    )
-    assert provider.stdin is not None and provider.stdout is not None
-    try:
-        base_url = provider.stdout.readline().strip()
+    with provider_process(PROVIDER) as base_url:
         chunks = asyncio.run(per_chunk(base_url, rounds))
-    finally:
-        provider.stdin.close()
-        provider.wait(timeout=15)
 
     added, bare = calls["added"], calls["bare"]
     print(
