@@ -36,13 +36,14 @@ from .policies.deadline import Deadline
 from .policies.failover import Failover, Route
 from .policies.fallback import Fallback, FallbackReason, Reroute
 from .policies.guard import StreamGuard
-from .policies.hedge import Hedge
+from .policies.hedge import Hedge, Quantile
 from .policies.retry import Retry
+from .stats import Recorder, StatsTable
 from .stream import Stream
 from .target import Target, as_target
 
 if TYPE_CHECKING:
-    pass
+    from .policies.breaker import BreakerState
 
 __all__ = ["LLM", "CallReport", "Degrade", "report"]
 
@@ -227,7 +228,9 @@ class LLM:
             ``lk.Hedge(lk.quantile(0.9), max_extra_load=0.1)``; hedges go to the same target,
             or with ``target="next"`` to the next failover target. A stream is hedged on its
             first content chunk (the delay is a quantile of recent times to first chunk). Its
-            latency windows and budget are shared by every call of this ``LLM``.
+            budget is shared by every call of this ``LLM``; its latency windows are the LLM's
+            own (see :meth:`stats`), so ``llm.hedge`` is a copy of the hedge given that reads
+            them.
         failover: further targets, in order, each a model string, a dict of litellm
             arguments (``model``, ``api_base``, ``api_key``, ``timeout``, plus latencykit's
             ``name``, ``context_window`` and ``capabilities``) or a :class:`~latencykit.Target`
@@ -260,10 +263,11 @@ class LLM:
             (default none), e.g. ``{"temperature": 0}``.
 
     The pipeline, outermost first: deadline, degrade, hedge, failover, then per target breaker,
-    retry and the attempt (with the stream guard); :attr:`pipeline` shows it. Invalid options
-    raise ``ValueError``/``TypeError`` naming the field at construction. Constructing the first
-    ``LLM`` imports litellm (seconds, once per process): at start-up, not inside the first call,
-    where the import would block the event loop.
+    retry and the attempt (with the stream guard, and innermost the
+    :class:`~latencykit.stats.Recorder` that :meth:`stats` reads); :attr:`pipeline` shows it.
+    Invalid options raise ``ValueError``/``TypeError`` naming the field at construction.
+    Constructing the first ``LLM`` imports litellm (seconds, once per process): at start-up,
+    not inside the first call, where the import would block the event loop.
     """
 
     def __init__(
@@ -323,7 +327,16 @@ class LLM:
         self.timeout = _validation.seconds("LLM.timeout", timeout)
         self.deadline = None if deadline is None else _validation.seconds("LLM.deadline", deadline)
         self.degrade = degrade
-        self.hedge = hedge
+        # One record of every attempt, per target: the hedge's delays and stats() read it. Its
+        # windows are as long as an adaptive hedge asks (default 60 s, 1000 samples).
+        adaptive = hedge.delay if hedge is not None and isinstance(hedge.delay, Quantile) else None
+        self._recorder = (
+            Recorder()
+            if adaptive is None
+            else Recorder(window=adaptive.window, max_samples=adaptive.max_samples)
+        )
+        self.hedge = None if hedge is None else hedge.reading(self._recorder)
+        self._breakers: _TargetBreakers | None = None
         self.stream_guard = stream_guard if stream_guard is not None else StreamGuard()
         self._defaults = defaults
         primary = Target(
@@ -389,6 +402,7 @@ class LLM:
             for target in self.targets:
                 breakers.of(target.key)  # invalid options fail now, naming the field
             policies.append(breakers)
+            self._breakers = breakers
         if retry is not None:
             policies.append(retry)
         if len(self.targets) > 1:
@@ -397,6 +411,7 @@ class LLM:
                 Failover(*self._routes, on=failover_on, passthrough=True, is_open=is_open)
             )
         policies.append(self.stream_guard)
+        policies.append(self._recorder)  # innermost: it sees each attempt once
         return policies
 
     def __repr__(self) -> str:
@@ -410,6 +425,27 @@ class LLM:
     def pipeline(self) -> Pipeline:
         """The policies every call runs through, outermost first."""
         return self._pipeline
+
+    def stats(self) -> StatsTable:
+        """Per-target statistics of this LLM's attempts, now: a
+        :class:`~latencykit.stats.StatsTable` of :class:`~latencykit.stats.TargetStats` by
+        target key (``print()`` it for a table).
+
+        Targets come in failover order, then the degraded path's, then any other recorded
+        (a call's ``model=``). Each has its attempts by outcome and error kind (totals since
+        this ``LLM`` was built), the p50/p95/p99 of its attempt latency and, for streams, of
+        its time to first content chunk over the last 60 s (an adaptive hedge's ``window``:
+        the windows the hedge reads), its breaker state (with ``breaker=``) and the hedge
+        budget's balance (with ``hedge=``). Read it on the event loop that makes the calls.
+        """
+        keys = [t.key for t in self.targets]
+        if self._degraded is not None:
+            keys.append(self._degraded.key)
+        return self._recorder.stats(
+            keys,
+            breaker=None if self._breakers is None else self._breakers.state_of,
+            hedge_budget=None if self.hedge is None else self.hedge.budget.balance,
+        )
 
     async def acompletion(self, **kwargs: Any) -> Any:
         """Run ``litellm.acompletion(**kwargs)`` through the policies.
@@ -621,6 +657,12 @@ class _TargetBreakers:
 
     def is_open(self, target: str) -> bool:
         return not self.of(target).allows()
+
+    def state_of(self, target: str) -> BreakerState | None:
+        """The state of ``target``'s breaker, or ``None`` if it has none yet (asking does not
+        make one: the registry is process-wide)."""
+        found = self._by_target.get(target)
+        return None if found is None else found.state
 
     async def handle(self, call: Call, next: Next) -> Any:
         return await self.of(call.target.key).handle(call, next)

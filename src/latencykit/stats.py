@@ -1,4 +1,11 @@
-"""Recent latencies per target, for adaptive hedging delays (and later slow-call detection).
+"""Recent latencies and attempt counts per target: what adaptive hedging reads and ``stats()``
+shows.
+
+:class:`Recorder` is the per-target record: each attempt run through it counts its outcome and
+feeds the target's latency window (and, for a stream, its time-to-first-chunk window). ``lk.LLM``
+runs every attempt through one recorder, innermost, and its hedge reads the same windows; a
+hedge on a decorated function records its own attempts. ``stats()`` snapshots a recorder as
+:class:`TargetStats` values, one per target, in a :class:`StatsTable` that prints as a table.
 
 :class:`LatencyWindow` keeps the latencies of the last ``window`` seconds (at most
 ``max_samples``, the newest) in sorted lists: a completed sample is a latency, a *censored* one
@@ -24,14 +31,32 @@ and the runs of completed samples between them taken in one step. Measured in
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from . import _validation
 from ._cancel import clock as loop_clock
+from ._cancel import now
+from .errors import ErrorKind, classify
+from .pipeline import Call, Next, Stage
 
-__all__ = ["MAX_SECONDS", "MIN_SECONDS", "LatencyWindow"]
+if TYPE_CHECKING:
+    from .policies.breaker import BreakerState
+    from .stream import Stream, StreamOutcome
+
+__all__ = [
+    "MAX_SECONDS",
+    "MIN_SECONDS",
+    "LatencyWindow",
+    "Percentiles",
+    "Recorder",
+    "StatsTable",
+    "TargetStats",
+]
 
 MIN_SECONDS = 0.001
 """Shortest latency recorded: faster samples count as 1 ms."""
@@ -207,3 +232,350 @@ class LatencyWindow:
         """Censored samples in the window now (after dropping expired ones)."""
         self._expire(self._clock())
         return len(self._censored)
+
+
+# --- the per-target record ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Percentiles:
+    """Quantiles of one latency window, in seconds, as :meth:`LatencyWindow.quantiles` gives
+    them (Kaplan-Meier estimates that count cancelled attempts as censored samples).
+
+    Attributes:
+        p50: the median (``None``: no completed sample in the window).
+        p95: the 95th percentile (``None`` likewise).
+        p99: the 99th percentile (``None`` likewise).
+        samples: samples in the window, censored ones included (default ``0``).
+        censored: censored samples in the window: attempts cancelled before they finished
+            (default ``0``).
+    """
+
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    samples: int = 0
+    censored: int = 0
+
+    def __str__(self) -> str:
+        if self.p50 is None or self.p95 is None or self.p99 is None:
+            return f"- ({self.samples} samples)"
+        return (
+            f"p50 {self.p50:.3f}s p95 {self.p95:.3f}s p99 {self.p99:.3f}s "
+            f"({self.samples} samples, {self.censored} censored)"
+        )
+
+
+def _percentiles(window: LatencyWindow | None) -> Percentiles:
+    if window is None:
+        return Percentiles()
+    found = window.quantiles(0.5, 0.95, 0.99) or (None, None, None)
+    return Percentiles(
+        p50=found[0],
+        p95=found[1],
+        p99=found[2],
+        samples=window.count(),
+        censored=window.censored(),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TargetStats:
+    """One target's statistics at one moment: what ``lk.LLM.stats()`` (and
+    ``lk.policies.hedge.Hedge.stats()``) return, one per target.
+
+    Counts are totals since the recorder was built; latencies are quantiles over its sliding
+    window (the last ``window`` seconds), the very windows an adaptive hedge reads.
+
+    Attributes:
+        target: the target's key (required).
+        ok: attempts that succeeded (a stream: that ended complete) (default ``0``).
+        errors: attempts that failed (a stream: that failed to open or broke) (default ``0``).
+        cancelled: attempts cancelled before they finished: losers of a hedge race,
+            attempts cut off by a deadline or a degrade timer, streams closed by the consumer
+            before their end (default ``0``).
+        error_kinds: the failed attempts by :class:`~latencykit.ErrorKind` (default empty).
+        latency: end-to-end attempt latency (a stream's: to its end): successful attempts, and
+            cancelled ones as censored samples; failures are left out (default: empty).
+        ttft: time to first content chunk of stream attempts (default: empty).
+        window: seconds the latency samples count (default ``60``).
+        breaker: the target's circuit breaker state (default ``None``: no breaker).
+        hedge_budget: extra attempts the hedge's budget allows right now (default ``None``: no
+            hedging). One budget serves every target of a hedge.
+    """
+
+    target: str
+    ok: int = 0
+    errors: int = 0
+    cancelled: int = 0
+    # A fresh dict per snapshot (so ``dataclasses.asdict`` and JSON take it), kept out of the
+    # hash; read it as the Mapping it is typed as.
+    error_kinds: Mapping[ErrorKind, int] = field(default_factory=dict, hash=False)
+    latency: Percentiles = Percentiles()
+    ttft: Percentiles = Percentiles()
+    window: float = 60.0
+    breaker: BreakerState | None = None
+    hedge_budget: float | None = None
+
+    @property
+    def attempts(self) -> int:
+        """Attempts recorded: ``ok + errors + cancelled``."""
+        return self.ok + self.errors + self.cancelled
+
+    def __str__(self) -> str:
+        attempts = self.attempts
+        parts = [
+            f"{self.target}: {attempts} attempt{'' if attempts == 1 else 's'} "
+            f"({self.ok} ok, {self.errors} failed"
+        ]
+        if self.error_kinds:
+            parts[0] += f" [{_kinds(self.error_kinds)}]"
+        parts[0] += f", {self.cancelled} cancelled)"
+        parts.append(f"latency {self.latency}")
+        if self.ttft.samples:
+            parts.append(f"first chunk {self.ttft}")
+        parts[-1] += f" over {self.window:g}s"
+        if self.breaker is not None:
+            parts.append(f"breaker {self.breaker.value}")
+        if self.hedge_budget is not None:
+            parts.append(f"hedge budget {self.hedge_budget:.1f}")
+        return "; ".join(parts)
+
+
+def _kinds(kinds: Mapping[ErrorKind, int]) -> str:
+    return ", ".join(f"{kind.value} {count}" for kind, count in kinds.items())
+
+
+class StatsTable(Mapping[str, TargetStats]):
+    """:class:`TargetStats` by target key, in a fixed order; ``str()`` renders a text table.
+
+    Args:
+        stats: the values, in display order (keyed by their ``target``).
+
+    Immutable; a snapshot (take another to see later attempts).
+    """
+
+    __slots__ = ("_by_target",)
+
+    def __init__(self, stats: Iterable[TargetStats]) -> None:
+        self._by_target = {s.target: s for s in stats}
+
+    def __getitem__(self, target: str) -> TargetStats:
+        return self._by_target[target]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_target)
+
+    def __len__(self) -> int:
+        return len(self._by_target)
+
+    def __repr__(self) -> str:
+        return f"StatsTable({list(self._by_target.values())!r})"
+
+    def __str__(self) -> str:
+        """A fixed-width table, latencies in milliseconds; the time-to-first-chunk, breaker
+        and hedge-budget columns appear only when some target has one. Error kinds follow."""
+        rows = list(self._by_target.values())
+        width = max([len("target"), *(len(s.target) for s in rows)])
+        ttft = any(s.ttft.samples for s in rows)
+        breaker = any(s.breaker is not None for s in rows)
+        budget = any(s.hedge_budget is not None for s in rows)
+        header = f"{'target':<{width}} {'attempts':>8} {'ok':>6} {'errors':>6} {'cancel':>6}"
+        header += f" {'p50':>7} {'p95':>7} {'p99':>7} {'n':>5}"
+        if ttft:
+            header += f" {'ttft50':>7} {'ttft95':>7} {'ttft99':>7}"
+        if breaker:
+            header += f" {'breaker':>11}"
+        if budget:
+            header += f" {'budget':>7}"
+        lines = [header, "-" * len(header)]
+        for s in rows:
+            line = (
+                f"{s.target:<{width}} {s.attempts:>8} {s.ok:>6} {s.errors:>6} {s.cancelled:>6}"
+                f" {_ms(s.latency.p50)} {_ms(s.latency.p95)} {_ms(s.latency.p99)}"
+                f" {s.latency.samples:>5}"
+            )
+            if ttft:
+                line += f" {_ms(s.ttft.p50)} {_ms(s.ttft.p95)} {_ms(s.ttft.p99)}"
+            if breaker:
+                line += f" {'-' if s.breaker is None else s.breaker.value:>11}"
+            if budget:
+                line += f" {'-' if s.hedge_budget is None else f'{s.hedge_budget:.1f}':>7}"
+            lines.append(line)
+        windows = sorted({s.window for s in rows})
+        over = "/".join(f"{w:g}" for w in windows) or "60"
+        lines.append(
+            f"latencies in ms over the last {over} s (n: samples, cancelled ones censored); "
+            "counts since start"
+        )
+        lines += [f"errors of {s.target}: {_kinds(s.error_kinds)}" for s in rows if s.error_kinds]
+        return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> str:
+    return f"{'-':>7}" if seconds is None else f"{seconds * 1000:>7,.0f}"
+
+
+class _Counts:
+    __slots__ = ("cancelled", "errors", "ok")
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.cancelled = 0
+        self.errors: dict[ErrorKind, int] = {}
+
+
+_CANCELLED = frozenset({"closed", "cancelled", "abandoned"})  # a stream's ends that censor
+
+
+class Recorder:
+    """The record of each target's attempts: outcome counts and latency windows.
+
+    Args:
+        window: seconds a latency sample counts (default ``60``).
+        max_samples: samples kept per target and window, the newest (default ``1000``).
+
+    A policy (stage ``ATTEMPT``): each call through :meth:`handle` is one attempt, counted by
+    outcome when it ends. A success feeds the target's latency window; an attempt cancelled
+    before it finished feeds it a censored sample (its latency is longer than the time it
+    ran); a failure feeds nothing (fast failures would drag the quantiles down). A stream is
+    timed twice: to its first content chunk (the :attr:`ttft` window) and to its end.
+
+    ``lk.LLM`` runs every attempt through one recorder, innermost, and its hedge reads the
+    recorder's windows (one sample per attempt, whether or not the LLM hedges); a hedge on a
+    decorated function keeps one of its own.
+
+    Attributes:
+        latency: each target's :class:`LatencyWindow` of end-to-end attempt latencies.
+        ttft: each target's window of times to first content chunk (streams).
+    """
+
+    stage = Stage.ATTEMPT
+    __slots__ = ("_counts", "latency", "max_samples", "ttft", "window")
+
+    def __init__(self, *, window: float = 60.0, max_samples: int = 1000) -> None:
+        LatencyWindow(window=window, max_samples=max_samples)  # invalid options fail now
+        self.window = float(window)
+        self.max_samples = max_samples
+        self.latency: dict[str, LatencyWindow] = {}
+        self.ttft: dict[str, LatencyWindow] = {}
+        self._counts: dict[str, _Counts] = {}
+
+    def __repr__(self) -> str:
+        return f"Recorder(window={self.window:g}, targets={len(self.targets())})"
+
+    def latency_window(self, target: str, *, ttft: bool = False) -> LatencyWindow:
+        """The latency window of ``target`` (created on first use); with ``ttft`` (default
+        ``False``), the window of its times to first content chunk."""
+        windows = self.ttft if ttft else self.latency
+        found = windows.get(target)
+        if found is None:
+            found = windows[target] = LatencyWindow(
+                window=self.window, max_samples=self.max_samples
+            )
+        return found
+
+    def targets(self) -> tuple[str, ...]:
+        """Every target recorded so far, in the order first seen."""
+        return tuple(dict.fromkeys([*self._counts, *self.latency, *self.ttft]))
+
+    def _count(self, target: str) -> _Counts:
+        found = self._counts.get(target)
+        if found is None:
+            found = self._counts[target] = _Counts()
+        return found
+
+    def _failed(self, target: str, error: BaseException | None) -> None:
+        errors = self._count(target).errors
+        kind = ErrorKind.UNKNOWN if error is None else classify(error)
+        errors[kind] = errors.get(kind, 0) + 1
+
+    def _cancelled(self, target: str, seconds: float, stream: bool) -> None:
+        self._count(target).cancelled += 1
+        self.latency_window(target).record_censored(seconds)
+        if stream:
+            self.latency_window(target, ttft=True).record_censored(seconds)
+
+    async def handle(self, call: Call, next: Next) -> Any:
+        """Run one attempt of ``call`` and record how it went (for a stream: its first chunk
+        now, its end when the stream ends)."""
+        target = call.target.key
+        started = now()
+        try:
+            result = await next(call)
+        except Exception as exc:
+            self._failed(target, exc)
+            raise
+        except BaseException:
+            self._cancelled(target, now() - started, call.stream is not None)
+            raise
+        if call.stream is None:
+            self._count(target).ok += 1
+            self.latency_window(target).record(now() - started)
+        else:
+            ttft = result.ttft
+            self.latency_window(target, ttft=True).record(now() - started if ttft is None else ttft)
+            # Scoped to the attempt: a stream continued elsewhere ends this attempt at its break.
+            result.on_close(functools.partial(self._stream_ended, target, started), attempt=True)
+        return result
+
+    def _stream_ended(
+        self,
+        target: str,
+        started: float,
+        stream: Stream[Any],
+        outcome: StreamOutcome,
+        error: BaseException | None,
+    ) -> None:
+        seconds = loop_clock() - started
+        if outcome == "ok":
+            self._count(target).ok += 1
+            self.latency_window(target).record(seconds)
+        elif outcome in _CANCELLED:
+            self._count(target).cancelled += 1
+            self.latency_window(target).record_censored(seconds)
+        else:
+            self._failed(target, error)
+
+    def stats(
+        self,
+        targets: Iterable[str] = (),
+        *,
+        breaker: Callable[[str], BreakerState | None] | None = None,
+        hedge_budget: float | None = None,
+    ) -> StatsTable:
+        """A snapshot of every target: ``targets`` first (even those with no attempt yet),
+        then the others recorded, in the order first seen.
+
+        Args:
+            targets: target keys to show first (default none).
+            breaker: ``key -> BreakerState or None``, each target's breaker state (default
+                ``None``: no breakers).
+            hedge_budget: the hedge budget's balance to show (default ``None``: no hedging).
+
+        Read it on the event loop that makes the calls: the windows expire samples by its clock.
+        """
+        return StatsTable(
+            self._snapshot(key, breaker, hedge_budget)
+            for key in dict.fromkeys([*targets, *self.targets()])
+        )
+
+    def _snapshot(
+        self,
+        target: str,
+        breaker: Callable[[str], BreakerState | None] | None,
+        hedge_budget: float | None,
+    ) -> TargetStats:
+        counts = self._counts.get(target) or _Counts()
+        return TargetStats(
+            target=target,
+            ok=counts.ok,
+            errors=sum(counts.errors.values()),
+            cancelled=counts.cancelled,
+            error_kinds=dict(sorted(counts.errors.items(), key=lambda item: -item[1])),
+            latency=_percentiles(self.latency.get(target)),
+            ttft=_percentiles(self.ttft.get(target)),
+            window=self.window,
+            breaker=None if breaker is None else breaker(target),
+            hedge_budget=hedge_budget,
+        )

@@ -46,7 +46,7 @@ from .._context import deadline_var, reason_var, trace_var
 from ..budget import RetryBudget
 from ..errors import ErrorFilter, attach_others, error_predicate
 from ..pipeline import Call, Next, PolicyDecorator, Stage
-from ..stats import LatencyWindow
+from ..stats import LatencyWindow, Recorder, StatsTable
 from ..stream import Stream
 
 __all__ = ["Hedge", "Quantile", "hedge", "quantile"]
@@ -343,19 +343,12 @@ class _Race:
         raise raised
 
     async def _attempt(self, index: int, this: Call) -> None:
-        window = self.policy.window(this.target.key, ttft=self.ttft)
-        started = self.starts[index]
         reason = reason_var.set("hedge") if index else None  # a backup: in a task of its own
         try:
-            result = await self.next(this)
+            result = await self.policy._timed(this, self.next)
         except Exception as exc:
             outcome = _Outcome(index, error=exc)
-        except BaseException:
-            # Cancelled before it finished: its latency is longer than the time it ran.
-            window.record_censored(self.now() - started)
-            raise
         else:
-            window.record(self.now() - started)
             outcome = _Outcome(index, result=result)
         finally:
             if reason is not None:
@@ -471,12 +464,16 @@ class Hedge(PolicyDecorator):
     state: the :class:`~latencykit.RetryBudget` shared by every call through this policy, the
     :class:`~latencykit.LatencyWindow` of each target's latencies, and for streaming calls the
     one of each target's times to first content chunk (a stream is hedged on its first token).
+    The windows are a :class:`~latencykit.stats.Recorder`'s: the hedge's own, fed with each of
+    its attempts, or in ``lk.LLM`` the LLM's, fed with every attempt (see :meth:`reading`).
     """
 
     stage = Stage.HEDGE
     __slots__ = (
+        "_feeding",
         "_handles",
         "_memo",
+        "_recorder",
         "budget",
         "delay",
         "max_attempts",
@@ -523,8 +520,16 @@ class Hedge(PolicyDecorator):
         self._handles = error_predicate(on, "hedge.on")
         self.target = target
         self.rewrite: Rewrite | None = None  # set by with_rewrite()
-        self.windows: dict[str, LatencyWindow] = {}
-        self.ttft_windows: dict[str, LatencyWindow] = {}
+        spec = self.delay if isinstance(self.delay, Quantile) else quantile(0.5)
+        self._use(Recorder(window=spec.window, max_samples=spec.max_samples), feed=True)
+
+    def _use(self, recorder: Recorder, *, feed: bool) -> None:
+        self._recorder = recorder
+        self.windows: dict[str, LatencyWindow] = recorder.latency
+        self.ttft_windows: dict[str, LatencyWindow] = recorder.ttft
+        # Who records the attempts: this hedge, around each of its attempts; or (None) the
+        # owner of the recorder, once per attempt (lk.LLM, innermost), so none counts twice.
+        self._feeding: Recorder | None = recorder if feed else None
         self._memo: dict[tuple[str, bool], tuple[int, float | None]] = {}
 
     def __repr__(self) -> str:
@@ -535,29 +540,42 @@ class Hedge(PolicyDecorator):
 
     def with_rewrite(self, rewrite: Rewrite) -> Hedge:
         """A copy sending attempt ``i`` as ``rewrite(call, i)`` (``LLM`` uses it for targets)."""
-        copy = Hedge(
+        copy = self._copy()
+        copy.rewrite = rewrite
+        copy._use(self._recorder, feed=self._feeding is not None)
+        copy._memo = self._memo
+        return copy
+
+    def reading(self, recorder: Recorder) -> Hedge:
+        """A copy whose delays come from ``recorder``'s windows, which its owner feeds with
+        every attempt (``lk.LLM`` does, so that its hedge and ``llm.stats()`` read one set of
+        windows); the copy records nothing itself. The budget is shared with this hedge."""
+        copy = self._copy()
+        copy.rewrite = self.rewrite
+        copy._use(recorder, feed=False)
+        return copy
+
+    def _copy(self) -> Hedge:
+        return Hedge(
             self.delay,
             max_attempts=self.max_attempts,
             budget=self.budget,
             on=self.on,
             target=self.target,
         )
-        copy.rewrite = rewrite
-        copy.windows, copy.ttft_windows = self.windows, self.ttft_windows
-        copy._memo = self._memo
-        return copy
+
+    def stats(self) -> StatsTable:
+        """A snapshot of the targets this hedge timed: :class:`~latencykit.stats.TargetStats`
+        by target key, with the budget's balance (``print()`` it for a table).
+
+        On a decorated function, an attempt is one the hedge made (a retry or failover inside
+        it counts once). In ``lk.LLM``, call ``llm.stats()`` (every attempt, breaker states)."""
+        return self._recorder.stats(hedge_budget=self.budget.balance)
 
     def window(self, target: str, *, ttft: bool = False) -> LatencyWindow:
         """The latency window of ``target`` (created on first use); with ``ttft``, the window
         of its times to first content chunk (streaming calls)."""
-        windows = self.ttft_windows if ttft else self.windows
-        found = windows.get(target)
-        if found is None:
-            spec = self.delay if isinstance(self.delay, Quantile) else quantile(0.5)
-            found = windows[target] = LatencyWindow(
-                window=spec.window, max_samples=spec.max_samples
-            )
-        return found
+        return self._recorder.latency_window(target, ttft=ttft)
 
     def current_delay(self, target: str, *, ttft: bool = False) -> float | None:
         """The hedging delay for ``target`` now (with ``ttft``: for a streaming call, from its
@@ -619,7 +637,7 @@ class Hedge(PolicyDecorator):
         primary = call if self.rewrite is None else self.rewrite(call, 0)
         ttft = call.stream is not None  # a stream's race is decided by its first content chunk
         if self.max_attempts == 1:
-            return await self._timed(primary, next, ttft)
+            return await self._timed(primary, next)
         delay = self._delay_for(primary.target.key, ttft)
         if delay is not None:
             return await _Race(self, call, next, ttft, delay).run(primary)
@@ -627,7 +645,7 @@ class Hedge(PolicyDecorator):
         # case for light tails and warm-up). Only a handled failure starts a race.
         started = backend().now()
         try:
-            return await self._timed(primary, next, ttft)
+            return await self._timed(primary, next)
         except Exception as exc:
             if not self._handles(exc):
                 raise
@@ -635,19 +653,11 @@ class Hedge(PolicyDecorator):
             race.starts.append(started)
             return await race.run(None, _Outcome(0, error=exc))
 
-    async def _timed(self, call: Call, next: Next, ttft: bool) -> Any:
-        now = backend().now
-        window = self.window(call.target.key, ttft=ttft)
-        started = now()
-        try:
-            result = await next(call)
-        except Exception:
-            raise  # failures do not feed the window
-        except BaseException:
-            window.record_censored(now() - started)  # cancelled: it would have taken longer
-            raise
-        window.record(now() - started)
-        return result
+    async def _timed(self, call: Call, next: Next) -> Any:
+        # One attempt of the hedge, recorded by its own recorder (successes feed the window,
+        # cancellations as censored samples, failures not at all), or left to lk.LLM's.
+        feeding = self._feeding
+        return await (next(call) if feeding is None else feeding.handle(call, next))
 
     def _skipped(self, call_id: int, index: int, reason: Literal["budget", "deadline"]) -> None:
         if events.listening():
