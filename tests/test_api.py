@@ -68,7 +68,7 @@ TOP_LEVEL = {
     "CircuitOpen",
 }
 
-SUBMODULES = {"errors", "events", "llm", "pipeline", "policies", "stats"}
+SUBMODULES = {"errors", "events", "llm", "pipeline", "policies", "slow_calls", "stats"}
 
 PAIRS = [
     ("deadline", "Deadline"),

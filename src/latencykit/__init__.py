@@ -3,7 +3,8 @@
 Public API only: what users call and catch daily, re-exported from the modules where it lives.
 The rest is in documented submodules: ``latencykit.events`` (event types), ``latencykit.errors``
 (classification), ``latencykit.pipeline`` (writing a policy), ``latencykit.policies.*`` (each
-policy's options, breaker registry and stores), ``latencykit.stats`` (latency windows) and
+policy's options, breaker registry and stores), ``latencykit.stats`` (latency windows,
+per-target statistics), ``latencykit.slow_calls`` (the slow-call log) and
 ``latencykit.llm`` (``CallReport``); ``latencykit.telemetry`` (OpenTelemetry, imported on first
 use).
 ``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
@@ -16,6 +17,7 @@ from . import events as events
 from . import llm as llm
 from . import pipeline as pipeline
 from . import policies as policies
+from . import slow_calls as slow_calls
 from . import stats as stats
 from ._context import Attempt as Attempt
 from ._context import remaining as remaining
