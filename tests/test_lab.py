@@ -10,7 +10,7 @@ import pytest
 from latencykit.__main__ import main as latencykit_main
 from latencykit.lab import LabConfig, run_lab
 from latencykit.lab.outage import OutageResult
-from latencykit.lab.report import format_table, percentile
+from latencykit.lab.report import format_stats, format_table, percentile
 from latencykit.lab.streaming import format_streaming
 
 
@@ -47,6 +47,32 @@ def test_lab_bounds_the_tail_the_bare_row_does_not() -> None:
     table = format_table(result)
     assert "litellm.acompletion (bare)" in table and "lk.LLM deadline + degrade" in table
     assert json.loads(result.to_json())["rows"][1]["degraded"] == guarded.degraded
+    # Each lk.LLM row's llm.stats(), taken after its row: the attempts the provider saw.
+    degrade_stats, hedge_stats = result.stats
+    assert degrade_stats.label == guarded.label and hedge_stats.label == hedged.label
+    primary, cheap = degrade_stats.targets
+    assert primary.target == "openai/lab-primary" and cheap.target == "openai/lab-degraded"
+    assert cheap.ok == guarded.degraded and primary.cancelled >= guarded.degraded
+    [hedged_primary] = hedge_stats.targets
+    assert hedged_primary.attempts >= hedged.upstream_requests + 30  # the warm-up included
+    assert hedged_primary.hedge_budget is not None
+    stats = format_stats(result)
+    assert "lk.LLM hedge(quantile)" in stats and "openai/lab-degraded" in stats
+    assert json.loads(result.to_json())["stats"][1]["targets"][0]["ok"] == hedged_primary.ok
+
+
+@pytest.mark.timeout(120)
+def test_cli_prints_the_per_target_stats(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["lab", "--rows", "hedge", "--requests", "20", "--concurrency", "5", "--scale", "0.01"]
+    assert latencykit_main([*argv, "--no-outage", "--no-streaming", "--json", "-"]) == 0
+    out = capsys.readouterr().out
+    assert "per-target statistics of each lk.LLM client (llm.stats()" in out
+    _, stats = out.split("per-target statistics", 1)
+    assert "lk.LLM hedge(quantile)" in stats
+    header, rule, row, *_ = stats.splitlines()[3:]
+    assert header.split()[:4] == ["target", "attempts", "ok", "errors"] and set(rule) == {" ", "-"}
+    target, attempts, *_ = row.split()
+    assert target == "openai/lab-primary" and int(attempts) >= 30 + 20  # warm-up + requests
 
 
 def test_cli_lists_runs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..testing import LlmperfProfile
 from .outage import format_outage
-from .report import format_table
+from .report import format_stats, format_table
 from .rows import ROWS
 from .runner import LabConfig, run_lab, write_json
 from .streaming import format_streaming
@@ -148,6 +148,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     if result.outage is not None:
         print()
         print(format_outage(result.outage))
+    print()
+    print(format_stats(result))
     if str(args.json) != "-":
         write_json(result, args.json)
         print(f"\nresults written to {args.json}")

@@ -16,6 +16,7 @@ import anyio
 import latencykit as lk
 
 from ..testing import Behavior, FakeProvider, Fault, RequestInfo
+from .report import ClientStats
 from .rows import MESSAGES
 
 PRIMARY = "lab-outage-primary"
@@ -34,6 +35,7 @@ class OutageResult:
     primary_requests_during_outage: int
     transitions: list[tuple[float, str, str]] = field(default_factory=list)
     timeline: list[dict[str, int]] = field(default_factory=list)
+    stats: tuple[ClientStats, ...] = ()
 
 
 async def run_outage(
@@ -111,6 +113,7 @@ async def run_outage(
         primary_requests_during_outage=len(during),
         transitions=transitions,
         timeline=[buckets[s] for s in sorted(buckets)],
+        stats=(ClientStats.of("outage: lk.LLM failover + breaker", llm),),
     )
 
 

@@ -4,10 +4,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..stats import StatsTable, TargetStats
+
 if TYPE_CHECKING:
+    from ..llm import LLM
     from .runner import LabResult
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientStats:
+    """``llm.stats()`` of one of the lab's clients, taken right after its scenario (the
+    windows are 60 s long: read at the end of the lab, the first rows' would have expired)."""
+
+    label: str
+    targets: tuple[TargetStats, ...]
+
+    @classmethod
+    def of(cls, label: str, llm: LLM) -> ClientStats:
+        """Snapshot ``llm.stats()`` now, under ``label``."""
+        return cls(label=label, targets=tuple(llm.stats().values()))
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -49,4 +67,18 @@ def format_table(result: LabResult) -> str:
         if row.error_types:
             kinds = ", ".join(f"{name} x{count}" for name, count in row.error_types.items())
             lines.append(f"errors in {row.label}: {kinds}")
+    return "\n".join(lines)
+
+
+def format_stats(result: LabResult) -> str:
+    """Every ``lk.LLM`` client's per-target statistics (``llm.stats()``), one table each."""
+    clients = [*result.stats]
+    if result.streaming is not None:
+        clients += result.streaming.stats
+    if result.outage is not None:
+        clients += result.outage.stats
+    lines = ["per-target statistics of each lk.LLM client (llm.stats(), after its scenario)"]
+    for client in clients:
+        table = str(StatsTable(client.targets))
+        lines += ["", client.label, *(f"  {line}" for line in table.splitlines())]
     return "\n".join(lines)

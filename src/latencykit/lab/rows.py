@@ -83,11 +83,17 @@ def bare(ctx: RowContext) -> Send:
     return send
 
 
-def _through(llm: lk.LLM, ctx: RowContext) -> Send:
-    async def send(i: int) -> Sent:
+class Through:
+    """``send(i)`` through an ``lk.LLM``; ``llm`` is the client (its stats are reported)."""
+
+    def __init__(self, llm: lk.LLM, ctx: RowContext) -> None:
+        self.llm = llm
+        self.ctx = ctx
+
+    async def __call__(self, i: int) -> Sent:
         started = time.monotonic()
         try:
-            response = await llm.acompletion(**_kwargs(ctx, i))
+            response = await self.llm.acompletion(**_kwargs(self.ctx, i))
         except Exception as exc:
             return Sent(time.monotonic() - started, ok=False, error_type=type(exc).__name__)
         report = lk.report(response)
@@ -98,7 +104,9 @@ def _through(llm: lk.LLM, ctx: RowContext) -> Send:
             hedge_won=not report.degraded and report.answered_by > 1,
         )
 
-    return send
+
+def _through(llm: lk.LLM, ctx: RowContext) -> Send:
+    return Through(llm, ctx)
 
 
 def deadline_degrade(ctx: RowContext) -> Send:

@@ -17,8 +17,8 @@ import anyio
 from .. import _validation
 from ..testing import Behavior, FakeProvider, LlmperfProfile, RequestInfo
 from .outage import OutageResult, run_outage
-from .report import percentile
-from .rows import DEGRADED, PRIMARY, REQUEST_HEADER, ROWS, RowContext, Sent
+from .report import ClientStats, percentile
+from .rows import DEGRADED, PRIMARY, REQUEST_HEADER, ROWS, RowContext, Sent, Through
 from .streaming import StreamingResult, run_streaming
 
 
@@ -107,13 +107,15 @@ class RowResult:
 
 @dataclass(frozen=True, kw_only=True)
 class LabResult:
-    """All rows of one lab run, with the configuration and the machine it ran on."""
+    """All rows of one lab run, with the configuration and the machine it ran on, and the
+    per-target statistics of each row's ``lk.LLM`` (``stats``)."""
 
     config: LabConfig
     rows: tuple[RowResult, ...]
     machine: dict[str, str]
     outage: OutageResult | None = None
     streaming: StreamingResult | None = None
+    stats: tuple[ClientStats, ...] = ()
 
     def to_json(self) -> str:
         """The result as JSON (what ``--json`` writes)."""
@@ -218,6 +220,7 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
         config.degraded_run, scale=config.scale, max_output_tokens=config.degraded_max_tokens
     )
     results: list[RowResult] = []
+    stats: list[ClientStats] = []
     with FakeProvider(seed=config.seed) as fake:
         ctx = RowContext(
             base_url=fake.base_url,
@@ -242,6 +245,8 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
                 send, config.requests, config.concurrency, label, progress
             )
             results.append(summarise(key, label, sent, len(fake.attempts), wall))
+            if isinstance(send, Through):
+                stats.append(ClientStats.of(label, send.llm))
         streaming = None
         if config.streaming:
             fake.reset()
@@ -257,6 +262,7 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
         rows=tuple(results),
         outage=outage,
         streaming=streaming,
+        stats=tuple(stats),
         machine={
             "python": platform.python_version(),
             "platform": platform.platform(),

@@ -27,7 +27,7 @@ import latencykit as lk
 
 from .._asyncio_bridge import run_on_asyncio
 from ..testing import Behavior, FakeProvider, Fault, LlmperfProfile, RequestInfo
-from .report import percentile
+from .report import ClientStats, percentile
 from .rows import _KEY, DEGRADED, MESSAGES, PRIMARY, REQUEST_HEADER, Sent
 
 if TYPE_CHECKING:
@@ -68,12 +68,13 @@ class StallRow:
 
 @dataclass(frozen=True, kw_only=True)
 class StreamingResult:
-    """The streaming scenario's rows."""
+    """The streaming scenario's rows, and the per-target statistics of its ``lk.LLM``s."""
 
     first_token: float
     stall_limit: float
     ttft: tuple[TtftRow, ...]
     stalls: tuple[StallRow, ...]
+    stats: tuple[ClientStats, ...] = ()
 
 
 async def _first_content(stream: Any) -> None:
@@ -159,10 +160,11 @@ async def run_streaming(
     concurrency = max(1, config.concurrency // 4)
     requests = max(50, config.requests // 2)
     rows: list[TtftRow] = []
-    for label, send in (
-        ("litellm stream (bare)", bare),
-        (f"StreamGuard(first_token={first_token:g}s)+failover", through(guarded)),
-        (f"Hedge(quantile({config.hedge_quantile:g})) on TTFT", through(hedged)),
+    stats: list[ClientStats] = []
+    for label, send, client in (
+        ("litellm stream (bare)", bare, None),
+        (f"StreamGuard(first_token={first_token:g}s)+failover", through(guarded), guarded),
+        (f"Hedge(quantile({config.hedge_quantile:g})) on TTFT", through(hedged), hedged),
     ):
         fake.reset()
         fake.script(PRIMARY, Behavior(output_tokens=4))
@@ -186,9 +188,15 @@ async def run_streaming(
                 extra_load_pct=100.0 * (len(fake.attempts) - len(sent)) / len(sent),
             )
         )
-    stalls = await _stalls(fake, config, progress)
+        if client is not None:
+            stats.append(ClientStats.of(f"streaming: {label}", client))
+    stalls, stalling = await _stalls(fake, config, progress)
     return StreamingResult(
-        first_token=first_token, stall_limit=_stall_limit(config), ttft=tuple(rows), stalls=stalls
+        first_token=first_token,
+        stall_limit=_stall_limit(config),
+        ttft=tuple(rows),
+        stalls=stalls,
+        stats=(*stats, stalling),
     )
 
 
@@ -213,7 +221,7 @@ class _Stalling:
 
 async def _stalls(
     fake: FakeProvider, config: LabConfig, progress: TextIO | None
-) -> tuple[StallRow, ...]:
+) -> tuple[tuple[StallRow, ...], ClientStats]:
     import litellm
 
     streams = max(20, config.requests // 6)
@@ -281,7 +289,8 @@ async def _stalls(
                 p99=percentile(times, 0.99) if times else float("nan"),
             )
         )
-    return tuple(rows)
+    label = f"streaming: StreamGuard(stall={stall:g}s, on_break='continue')"
+    return tuple(rows), ClientStats.of(label, guarded)
 
 
 async def _send_all(send: Any, streams: int, concurrency: int) -> list[tuple[str, float]]:
