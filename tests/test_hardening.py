@@ -96,6 +96,7 @@ def test_keys_stay_out_of_reprs() -> None:
         ({"api_key": 12345}, r"api_key"),
         ({"capabilities": "prefill"}, r"capabilities"),
         ({"failover": 5}, r"LLM\.failover"),
+        ({"failover_on": ConnectionError}, r"LLM\.failover_on needs LLM\(failover="),
     ],
 )
 def test_invalid_targets_fail_at_construction(options: dict[str, Any], message: str) -> None:

@@ -14,6 +14,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 import latencykit as lk
+from latencykit.__main__ import main as latencykit_main
 from latencykit.lab.otlp import exporting
 from latencykit.testing import Behavior, FakeProvider
 
@@ -96,3 +97,12 @@ async def test_the_lab_exports_spans_and_metrics_over_otlp(
     assert "attempt openai/exported" in collector.spans
     assert {"gen_ai.client.operation.duration", "latencykit.attempts"} <= collector.metrics
     assert all(SECRET.encode() not in body for body in collector.bodies)
+
+
+@pytest.mark.timeout(120)
+def test_latencykit_lab_otlp_sends_the_demo_to_the_collector(collector: Collector) -> None:
+    argv = ["lab", "--rows", "hedge", "--requests", "20", "--concurrency", "5", "--scale", "0.01"]
+    argv += ["--no-outage", "--no-streaming", "--json", "-", "--otlp", collector.url]
+    assert latencykit_main(argv) == 0
+    assert collector.spans["chat lab-primary"]["server.address"] == "127.0.0.1"
+    assert {"gen_ai.client.operation.duration", "latencykit.attempts"} <= collector.metrics

@@ -305,6 +305,11 @@ class LLM:
             raise TypeError("LLM.failover must be a sequence of targets, e.g. ['openai/x']")
         if hedge is not None and hedge.target == "next" and not failover:
             raise ValueError("LLM.hedge.target='next' needs LLM(failover=[...]) targets")
+        if failover_on is not None and not failover:
+            raise ValueError(
+                "LLM.failover_on needs LLM(failover=[...]) targets: without them no error "
+                "moves a call anywhere"
+            )
         defaults = dict(defaults or {})
         # Import litellm now (seconds, once per process) rather than inside the first call,
         # where the import would block the event loop and no deadline could preempt it.

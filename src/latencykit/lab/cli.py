@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..testing import LlmperfProfile
+from .otlp import ENDPOINT_VARIABLE, exporting
 from .outage import format_outage
 from .report import format_stats, format_table
 from .rows import ROWS
@@ -101,6 +103,16 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=Path("lab-results.json"),
         help="where to write the results as JSON (default lab-results.json; '-' to skip)",
     )
+    parser.add_argument(
+        "--otlp",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="URL",
+        help="export the lab's spans and metrics over OTLP/HTTP to URL (default: "
+        f"${ENDPOINT_VARIABLE}, else http://localhost:4318); also on when ${ENDPOINT_VARIABLE} "
+        "is set. Needs the 'otlp' extra",
+    )
     parser.add_argument("--list-runs", action="store_true", help="list llmperf runs and exit")
     return parser
 
@@ -139,7 +151,18 @@ def run_from_args(args: argparse.Namespace) -> int:
         "latencykit lab: importing litellm, starting the fake provider on 127.0.0.1 ...",
         file=sys.stderr,
     )
-    result = run_lab(config, backend=args.backend)
+    otlp = args.otlp
+    if otlp is None and os.environ.get(ENDPOINT_VARIABLE):
+        otlp = ""
+    if otlp is None:
+        result = run_lab(config, backend=args.backend)
+    else:
+        try:
+            with exporting(otlp or None):
+                result = run_lab(config, backend=args.backend)
+        except RuntimeError as exc:  # the extra is not installed
+            print(f"latencykit lab: {exc}", file=sys.stderr)
+            return 2
     print()
     print(format_table(result))
     if result.streaming is not None:
