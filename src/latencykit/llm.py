@@ -263,8 +263,8 @@ class LLM:
             (default none), e.g. ``{"temperature": 0}``.
 
     The pipeline, outermost first: deadline, degrade, hedge, failover, then per target breaker,
-    retry and the attempt (with the stream guard, and innermost the
-    :class:`~latencykit.stats.Recorder` that :meth:`stats` reads); :attr:`pipeline` shows it.
+    retry and the attempt (with the stream guard); :attr:`pipeline` shows it. Every attempt
+    is reported to the LLM's :class:`~latencykit.stats.Recorder`, which :meth:`stats` reads.
     Invalid options raise ``ValueError``/``TypeError`` naming the field at construction.
     Constructing the first ``LLM`` imports litellm (seconds, once per process): at start-up,
     not inside the first call, where the import would block the event loop.
@@ -416,7 +416,6 @@ class LLM:
                 Failover(*self._routes, on=failover_on, passthrough=True, is_open=is_open)
             )
         policies.append(self.stream_guard)
-        policies.append(self._recorder)  # innermost: it sees each attempt once
         return policies
 
     def __repr__(self) -> str:
@@ -489,6 +488,7 @@ class LLM:
             arguments,
             target,
             self.stream_guard if stream else None,
+            self._recorder,  # every attempt of the call reports to it: stats() and the hedge
         )
         result, trace = await self._pipeline.run_traced(call)
         if stream:

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Attempt",
     "AttemptReason",
+    "AttemptRecorder",
     "Call",
     "Next",
     "Outcome",
@@ -95,6 +96,18 @@ class Stage(enum.IntEnum):
     ATTEMPT = 80
 
 
+class AttemptRecorder(Protocol):
+    """Receives the attempts of the calls that carry it (``Call.recorder``)."""
+
+    def first_chunk(self, target: str, ttft: float) -> None:
+        """A stream attempt to ``target`` got its first content chunk after ``ttft`` s."""
+        ...
+
+    def record(self, attempt: Attempt, *, stream: bool = False) -> None:
+        """An attempt ended (``stream``: of a streaming call)."""
+        ...
+
+
 class Call(NamedTuple):
     """One call to make: a callable, its arguments, the target it goes to, and whether it streams.
 
@@ -111,6 +124,9 @@ class Call(NamedTuple):
             their state by (default: named after ``fn`` when the pipeline runs).
         stream: the :class:`~latencykit.StreamGuard` of a streaming call (default ``None``: not
             a streaming call).
+        recorder: what each attempt of the call is reported to when it ends (and a stream's
+            first content chunk when it arrives), e.g. the LLM's
+            :class:`~latencykit.stats.Recorder` (default ``None``: nothing).
     """
 
     fn: Callable[..., Any]
@@ -118,6 +134,7 @@ class Call(NamedTuple):
     kwargs: Mapping[str, Any] = _EMPTY
     target: Target = UNNAMED
     stream: StreamGuard | None = None
+    recorder: AttemptRecorder | None = None
 
     def with_kwargs(self, **changes: Any) -> Call:
         """A copy with ``changes`` merged into ``kwargs``."""
@@ -354,19 +371,21 @@ async def run_attempt(call: Call) -> Any:
         else:
             result = await _open_stream(result, call, trace, number, started)
     except Exception as exc:
-        _record(trace, number, target, reason, started, "error", exc)
+        _record(call, trace, number, target, reason, started, "error", exc)
         raise
     except BaseException:
-        _record(trace, number, target, reason, started, "cancelled", None)
+        _record(call, trace, number, target, reason, started, "cancelled", None)
         raise
     finally:
         attempt_var.reset(token)
     trace.answered = (number, target)
     if call.stream is None:
-        _record(trace, number, target, reason, started, "ok", None)
+        _record(call, trace, number, target, reason, started, "ok", None)
     else:
+        if call.recorder is not None and result.ttft is not None:
+            call.recorder.first_chunk(target, result.ttft)
         result.on_close(
-            functools.partial(_record_stream, trace, number, reason, started), attempt=True
+            functools.partial(_record_stream, call, trace, number, reason, started), attempt=True
         )
     return result
 
@@ -407,6 +426,7 @@ _ATTEMPT_OUTCOME: dict[str, Any] = {
 
 
 def _record_stream(
+    call: Call,
     trace: Trace,
     number: int,
     reason: AttemptReason,
@@ -417,6 +437,7 @@ def _record_stream(
 ) -> None:
     outcome = _ATTEMPT_OUTCOME[outcome]
     _record(
+        call,
         trace,
         number,
         stream.target,
@@ -429,6 +450,7 @@ def _record_stream(
 
 
 def _record(
+    call: Call,
     trace: Trace,
     number: int,
     target: str,
@@ -450,6 +472,8 @@ def _record(
         **(_EMPTY if stream is None else stream.timing()),
     )
     trace.record(attempt)
+    if call.recorder is not None:
+        call.recorder.record(attempt, stream=call.stream is not None)
     if events.listening():
         events.emit(
             events.AttemptEnded(

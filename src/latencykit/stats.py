@@ -31,22 +31,19 @@ and the runs of completed samples between them taken in one step. Measured in
 from __future__ import annotations
 
 import bisect
-import functools
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import _validation
 from ._cancel import clock as loop_clock
-from ._cancel import now
-from .errors import ErrorKind, classify
-from .pipeline import Call, Next, Stage
+from .errors import ErrorKind
 
 if TYPE_CHECKING:
+    from ._context import Attempt
     from .policies.breaker import BreakerState
-    from .stream import Stream, StreamOutcome
 
 __all__ = [
     "MAX_SECONDS",
@@ -425,9 +422,6 @@ class _Counts:
         self.errors: dict[ErrorKind, int] = {}
 
 
-_CANCELLED = frozenset({"closed", "cancelled", "abandoned"})  # a stream's ends that censor
-
-
 class Recorder:
     """The record of each target's attempts: outcome counts and latency windows.
 
@@ -435,22 +429,23 @@ class Recorder:
         window: seconds a latency sample counts (default ``60``).
         max_samples: samples kept per target and window, the newest (default ``1000``).
 
-    A policy (stage ``ATTEMPT``): each call through :meth:`handle` is one attempt, counted by
-    outcome when it ends. A success feeds the target's latency window; an attempt cancelled
-    before it finished feeds it a censored sample (its latency is longer than the time it
-    ran); a failure feeds nothing (fast failures would drag the quantiles down). A stream is
-    timed twice: to its first content chunk (the :attr:`ttft` window) and to its end.
+    Fed with the attempts' own records (:class:`~latencykit.Attempt`): a call that carries a
+    recorder (``Call.recorder``) reports each of its attempts to it when the attempt ends, and
+    a stream's first content chunk when it arrives. Attempts are counted by outcome. A success
+    feeds the target's latency window; an attempt cancelled before it finished feeds it a
+    censored sample (its latency is longer than the time it ran); a failure feeds nothing
+    (fast failures would drag the quantiles down). A stream is measured twice: to its first
+    content chunk (the :attr:`ttft` window) and to its end.
 
-    ``lk.LLM`` runs every attempt through one recorder, innermost, and its hedge reads the
-    recorder's windows (one sample per attempt, whether or not the LLM hedges); a hedge on a
-    decorated function keeps one of its own.
+    ``lk.LLM`` gives every call its recorder, and its hedge reads the recorder's windows (one
+    sample per attempt, whether or not the LLM hedges); a hedge on a decorated function keeps
+    one of its own, given to the calls it makes.
 
     Attributes:
         latency: each target's :class:`LatencyWindow` of end-to-end attempt latencies.
         ttft: each target's window of times to first content chunk (streams).
     """
 
-    stage = Stage.ATTEMPT
     __slots__ = ("_counts", "latency", "max_samples", "ttft", "window")
 
     def __init__(self, *, window: float = 60.0, max_samples: int = 1000) -> None:
@@ -485,57 +480,27 @@ class Recorder:
             found = self._counts[target] = _Counts()
         return found
 
-    def _failed(self, target: str, error: BaseException | None) -> None:
-        errors = self._count(target).errors
-        kind = ErrorKind.UNKNOWN if error is None else classify(error)
-        errors[kind] = errors.get(kind, 0) + 1
+    def first_chunk(self, target: str, ttft: float) -> None:
+        """A stream attempt to ``target`` received its first content chunk ``ttft`` seconds
+        after it started."""
+        self.latency_window(target, ttft=True).record(ttft)
 
-    def _cancelled(self, target: str, seconds: float, stream: bool) -> None:
-        self._count(target).cancelled += 1
-        self.latency_window(target).record_censored(seconds)
-        if stream:
-            self.latency_window(target, ttft=True).record_censored(seconds)
-
-    async def handle(self, call: Call, next: Next) -> Any:
-        """Run one attempt of ``call`` and record how it went (for a stream: its first chunk
-        now, its end when the stream ends)."""
-        target = call.target.key
-        started = now()
-        try:
-            result = await next(call)
-        except Exception as exc:
-            self._failed(target, exc)
-            raise
-        except BaseException:
-            self._cancelled(target, now() - started, call.stream is not None)
-            raise
-        if call.stream is None:
-            self._count(target).ok += 1
-            self.latency_window(target).record(now() - started)
+    def record(self, attempt: Attempt, *, stream: bool = False) -> None:
+        """Count an attempt that ended and feed its latency (``stream``: a stream attempt,
+        whose first chunk :meth:`first_chunk` already reported)."""
+        target = attempt.target
+        counts = self._count(target)
+        if attempt.outcome == "ok":
+            counts.ok += 1
+            self.latency_window(target).record(attempt.duration)
+        elif attempt.outcome == "cancelled":
+            counts.cancelled += 1
+            self.latency_window(target).record_censored(attempt.duration)
+            if stream and attempt.ttft is None:  # cancelled before its first chunk
+                self.latency_window(target, ttft=True).record_censored(attempt.duration)
         else:
-            ttft = result.ttft
-            self.latency_window(target, ttft=True).record(now() - started if ttft is None else ttft)
-            # Scoped to the attempt: a stream continued elsewhere ends this attempt at its break.
-            result.on_close(functools.partial(self._stream_ended, target, started), attempt=True)
-        return result
-
-    def _stream_ended(
-        self,
-        target: str,
-        started: float,
-        stream: Stream[Any],
-        outcome: StreamOutcome,
-        error: BaseException | None,
-    ) -> None:
-        seconds = loop_clock() - started
-        if outcome == "ok":
-            self._count(target).ok += 1
-            self.latency_window(target).record(seconds)
-        elif outcome in _CANCELLED:
-            self._count(target).cancelled += 1
-            self.latency_window(target).record_censored(seconds)
-        else:
-            self._failed(target, error)
+            kind = attempt.error_kind or ErrorKind.UNKNOWN
+            counts.errors[kind] = counts.errors.get(kind, 0) + 1
 
     def stats(
         self,

@@ -464,8 +464,8 @@ class Hedge(PolicyDecorator):
     state: the :class:`~latencykit.RetryBudget` shared by every call through this policy, the
     :class:`~latencykit.LatencyWindow` of each target's latencies, and for streaming calls the
     one of each target's times to first content chunk (a stream is hedged on its first token).
-    The windows are a :class:`~latencykit.stats.Recorder`'s: the hedge's own, fed with each of
-    its attempts, or in ``lk.LLM`` the LLM's, fed with every attempt (see :meth:`reading`).
+    The windows are a :class:`~latencykit.stats.Recorder`'s: the hedge's own, which the calls
+    it makes report their attempts to, or in ``lk.LLM`` the LLM's (see :meth:`reading`).
     """
 
     stage = Stage.HEDGE
@@ -568,8 +568,8 @@ class Hedge(PolicyDecorator):
         """A snapshot of the targets this hedge timed: :class:`~latencykit.stats.TargetStats`
         by target key, with the budget's balance (``print()`` it for a table).
 
-        On a decorated function, an attempt is one the hedge made (a retry or failover inside
-        it counts once). In ``lk.LLM``, call ``llm.stats()`` (every attempt, breaker states)."""
+        On a decorated function, every attempt of the calls the hedge makes is counted (a retry
+        inside it too). In ``lk.LLM``, call ``llm.stats()`` (every attempt, breaker states)."""
         return self._recorder.stats(hedge_budget=self.budget.balance)
 
     def window(self, target: str, *, ttft: bool = False) -> LatencyWindow:
@@ -654,10 +654,12 @@ class Hedge(PolicyDecorator):
             return await race.run(None, _Outcome(0, error=exc))
 
     async def _timed(self, call: Call, next: Next) -> Any:
-        # One attempt of the hedge, recorded by its own recorder (successes feed the window,
-        # cancellations as censored samples, failures not at all), or left to lk.LLM's.
+        # The attempts a hedge makes report to its own recorder, unless the call carries one
+        # already (lk.LLM's, whose windows this hedge then reads).
         feeding = self._feeding
-        return await (next(call) if feeding is None else feeding.handle(call, next))
+        if feeding is not None and call.recorder is None:
+            call = call._replace(recorder=feeding)
+        return await next(call)
 
     def _skipped(self, call_id: int, index: int, reason: Literal["budget", "deadline"]) -> None:
         if events.listening():
