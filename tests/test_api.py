@@ -19,7 +19,6 @@ TOP_LEVEL = {
     "LLM",
     "Target",
     "Degrade",
-    "Route",
     "Stream",
     "report",
     # policies: a function and its class, same arguments
@@ -40,7 +39,6 @@ TOP_LEVEL = {
     "stream_guard",
     "StreamGuard",
     "guard_stream",
-    "compose",
     # during a call
     "remaining",
     "subscribe",
@@ -124,4 +122,4 @@ def test_failover_refuses_mixed_or_missing_alternatives() -> None:
     with pytest.raises(ValueError, match="at least one"):
         lk.failover()
     with pytest.raises(TypeError, match="all async callables or all Routes"):
-        lk.failover(backup, lk.Route(lk.Target("openai/x")))
+        lk.failover(backup, lk.policies.failover.Route(lk.Target("openai/x")))

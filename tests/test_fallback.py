@@ -160,7 +160,7 @@ def test_after_beyond_the_deadline_is_rejected_at_construction() -> None:
     ):
         lk.deadline(3)(lk.fallback("x", after=5)(ask))
     with pytest.raises(ValueError, match=r"fallback\.after"):
-        lk.compose(lk.fallback("x", after=3), lk.deadline(3))
+        lk.pipeline.compose(lk.fallback("x", after=3), lk.deadline(3))
 
 
 @pytest.mark.parametrize("bad", [-1, 0, float("nan")])

@@ -65,7 +65,7 @@ def test_sync_functions_are_rejected_at_decoration() -> None:
 
 def test_objects_that_are_not_policies_are_rejected() -> None:
     with pytest.raises(TypeError, match="not a latencykit policy"):
-        lk.compose(object())  # type: ignore[arg-type]
+        lk.pipeline.compose(object())  # type: ignore[arg-type]
 
 
 async def test_custom_policy_plugs_into_the_pipeline() -> None:
@@ -84,7 +84,7 @@ async def test_custom_policy_plugs_into_the_pipeline() -> None:
     async def shout(word: str, suffix: str = "") -> str:
         return word.upper() + suffix
 
-    pipeline = lk.compose(tag, lk.deadline(5))
+    pipeline = lk.pipeline.compose(tag, lk.deadline(5))
     assert [type(p) for p in pipeline.policies] == [lk.Deadline, Tag]
     loud = pipeline(shout)
     assert await loud("hey") == "HEY!"
@@ -95,7 +95,7 @@ async def test_attempts_are_recorded_in_the_trace() -> None:
     async def flaky() -> str:
         raise ConnectionError("down")
 
-    pipeline = lk.compose(lk.fallback("ok"))
+    pipeline = lk.pipeline.compose(lk.fallback("ok"))
     result, trace = await pipeline.run_traced(
         lk.pipeline.Call(flaky, target=lk.Target(name="provider-a"))
     )

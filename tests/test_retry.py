@@ -592,7 +592,7 @@ def test_options_accept_timedeltas_and_have_documented_defaults() -> None:
 def test_it_is_a_policy_in_the_retry_stage() -> None:
     policy = retry()
     assert isinstance(policy, lk.pipeline.Policy) and policy.stage == lk.pipeline.Stage.RETRY
-    pipeline = lk.compose(policy, lk.deadline(1.0), lk.hedge(1.0))
+    pipeline = lk.pipeline.compose(policy, lk.deadline(1.0), lk.hedge(1.0))
     assert [type(p) for p in pipeline.policies] == [lk.Deadline, lk.Hedge, Retry]
     assert "max_attempts=3" in repr(policy)
 

@@ -44,14 +44,12 @@ from .events import subscribe as subscribe
 from .llm import LLM as LLM
 from .llm import Degrade as Degrade
 from .llm import report as report
-from .pipeline import compose as compose
 from .policies.breaker import Breaker as Breaker
 from .policies.breaker import CircuitOpen as CircuitOpen
 from .policies.breaker import breaker as breaker
 from .policies.deadline import Deadline as Deadline
 from .policies.deadline import deadline as deadline
 from .policies.failover import Failover as Failover
-from .policies.failover import Route as Route
 from .policies.failover import failover as failover
 from .policies.fallback import Fallback as Fallback
 from .policies.fallback import fallback as fallback
@@ -108,7 +106,6 @@ __all__ = [
     "RateLimited",
     "Retry",
     "RetryBudget",
-    "Route",
     "Stream",
     "StreamBroken",
     "StreamGuard",
@@ -116,7 +113,6 @@ __all__ = [
     "Target",
     "TransientError",
     "breaker",
-    "compose",
     "deadline",
     "failover",
     "fallback",
