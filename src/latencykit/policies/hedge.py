@@ -345,7 +345,7 @@ class _Race:
     async def _attempt(self, index: int, this: Call) -> None:
         reason = reason_var.set("hedge") if index else None  # a backup: in a task of its own
         try:
-            result = await self.policy._timed(this, self.next)
+            result = await self.policy._send(this, self.next)
         except Exception as exc:
             outcome = _Outcome(index, error=exc)
         else:
@@ -637,7 +637,7 @@ class Hedge(PolicyDecorator):
         primary = call if self.rewrite is None else self.rewrite(call, 0)
         ttft = call.stream is not None  # a stream's race is decided by its first content chunk
         if self.max_attempts == 1:
-            return await self._timed(primary, next)
+            return await self._send(primary, next)
         delay = self._delay_for(primary.target.key, ttft)
         if delay is not None:
             return await _Race(self, call, next, ttft, delay).run(primary)
@@ -645,7 +645,7 @@ class Hedge(PolicyDecorator):
         # case for light tails and warm-up). Only a handled failure starts a race.
         started = backend().now()
         try:
-            return await self._timed(primary, next)
+            return await self._send(primary, next)
         except Exception as exc:
             if not self._handles(exc):
                 raise
@@ -653,7 +653,7 @@ class Hedge(PolicyDecorator):
             race.starts.append(started)
             return await race.run(None, _Outcome(0, error=exc))
 
-    async def _timed(self, call: Call, next: Next) -> Any:
+    async def _send(self, call: Call, next: Next) -> Any:
         # The attempts a hedge makes report to its own recorder, unless the call carries one
         # already (lk.LLM's, whose windows this hedge then reads).
         feeding = self._feeding
