@@ -34,7 +34,10 @@ def test_decorated_functions_keep_name_docstring_and_signature() -> None:
 def test_stacked_decorators_merge_into_one_pipeline_in_stage_order() -> None:
     pipeline = pipeline_of(documented)
     assert pipeline is not None
-    assert [type(p) for p in pipeline.policies] == [lk.Deadline, lk.Fallback]
+    assert [type(p) for p in pipeline.policies] == [
+        lk.policies.deadline.Deadline,
+        lk.policies.fallback.Fallback,
+    ]
 
 
 def test_composition_order_is_fixed_whatever_the_decorator_order() -> None:
@@ -85,7 +88,7 @@ async def test_custom_policy_plugs_into_the_pipeline() -> None:
         return word.upper() + suffix
 
     pipeline = lk.pipeline.compose(tag, lk.deadline(5))
-    assert [type(p) for p in pipeline.policies] == [lk.Deadline, Tag]
+    assert [type(p) for p in pipeline.policies] == [lk.policies.deadline.Deadline, Tag]
     loud = pipeline(shout)
     assert await loud("hey") == "HEY!"
     assert tag.seen == [shout.__qualname__]

@@ -593,7 +593,7 @@ def test_it_is_a_policy_in_the_retry_stage() -> None:
     policy = retry()
     assert isinstance(policy, lk.pipeline.Policy) and policy.stage == lk.pipeline.Stage.RETRY
     pipeline = lk.pipeline.compose(policy, lk.deadline(1.0), lk.hedge(1.0))
-    assert [type(p) for p in pipeline.policies] == [lk.Deadline, lk.Hedge, Retry]
+    assert [type(p) for p in pipeline.policies] == [lk.policies.deadline.Deadline, lk.Hedge, Retry]
     assert "max_attempts=3" in repr(policy)
 
 

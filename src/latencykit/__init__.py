@@ -4,9 +4,9 @@ Public API only: what users call and catch daily, re-exported from the modules w
 The rest is in documented submodules: ``latencykit.events`` (event types), ``latencykit.errors``
 (classification), ``latencykit.pipeline`` (writing a policy), ``latencykit.policies.*`` (each
 policy's options, breaker registry and stores), ``latencykit.stats`` (latency windows,
-per-target statistics), ``latencykit.slow_calls`` (the slow-call log) and
-``latencykit.llm`` (``CallReport``); ``latencykit.telemetry`` (OpenTelemetry, imported on first
-use).
+per-target statistics), ``latencykit.slow_calls`` (the slow-call log),
+``latencykit.llm`` (``CallReport``) and ``latencykit.turn`` (the stages' ``Ledger``);
+``latencykit.telemetry`` (OpenTelemetry, imported on first use).
 ``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
 """
 
@@ -19,6 +19,7 @@ from . import pipeline as pipeline
 from . import policies as policies
 from . import slow_calls as slow_calls
 from . import stats as stats
+from . import turn as turn
 from ._context import Attempt as Attempt
 from ._context import remaining as remaining
 from .budget import RetryBudget as RetryBudget
@@ -32,6 +33,7 @@ from .errors import ErrorKind as ErrorKind
 from .errors import FallbackFailed as FallbackFailed
 from .errors import FirstTokenTimeout as FirstTokenTimeout
 from .errors import LatencykitError as LatencykitError
+from .errors import LimitExceeded as LimitExceeded
 from .errors import ModelNotFound as ModelNotFound
 from .errors import ProviderConnectionError as ProviderConnectionError
 from .errors import ProviderError as ProviderError
@@ -47,11 +49,8 @@ from .llm import report as report
 from .policies.breaker import Breaker as Breaker
 from .policies.breaker import CircuitOpen as CircuitOpen
 from .policies.breaker import breaker as breaker
-from .policies.deadline import Deadline as Deadline
 from .policies.deadline import deadline as deadline
-from .policies.failover import Failover as Failover
 from .policies.failover import failover as failover
-from .policies.fallback import Fallback as Fallback
 from .policies.fallback import fallback as fallback
 from .policies.guard import StreamGuard as StreamGuard
 from .policies.guard import guard_stream as guard_stream
@@ -63,6 +62,8 @@ from .policies.retry import Retry as Retry
 from .policies.retry import retry as retry
 from .stream import Stream as Stream
 from .target import Target as Target
+from .turn import ledger as ledger
+from .turn import stage as stage
 
 __version__ = "0.1.0.dev0"
 
@@ -89,16 +90,14 @@ __all__ = [
     "CircuitOpen",
     "ContentPolicyViolation",
     "ContextLengthExceeded",
-    "Deadline",
     "DeadlineExceeded",
     "Degrade",
     "ErrorKind",
-    "Failover",
-    "Fallback",
     "FallbackFailed",
     "FirstTokenTimeout",
     "Hedge",
     "LatencykitError",
+    "LimitExceeded",
     "ModelNotFound",
     "ProviderConnectionError",
     "ProviderError",
@@ -118,10 +117,12 @@ __all__ = [
     "fallback",
     "guard_stream",
     "hedge",
+    "ledger",
     "quantile",
     "remaining",
     "report",
     "retry",
+    "stage",
     "stream_guard",
     "subscribe",
 ]

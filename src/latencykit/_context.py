@@ -22,6 +22,7 @@ from ._cancel import backend, now
 
 if TYPE_CHECKING:
     from .errors import ErrorKind
+    from .turn import Ledger
 
 __all__ = [
     "Attempt",
@@ -134,6 +135,10 @@ class Trace:
         degraded: whether a fallback (degraded) path took over.
         fallback_reason: ``"timeout"`` or ``"error"`` when degraded, else ``None``.
         answered: ``(number, target)`` of the attempt that produced the result, once one did.
+        cache: what a response cache did for the call: ``"hit"`` (answered from the cache, no
+            attempt made), ``"miss"``, or ``None`` (no cache).
+        ledger: on the outermost trace of a turn, the turn's
+            :class:`~latencykit.turn.Ledger` once a stage ran in it (else ``None``).
     """
 
     # A plain slotted class, not a dataclass: one is built per call, on the hot path.
@@ -141,10 +146,12 @@ class Trace:
         "_started_attempts",
         "answered",
         "attempts",
+        "cache",
         "call_id",
         "degraded",
         "ended_at",
         "fallback_reason",
+        "ledger",
         "origin",
         "paid_budgets",
         "parent",
@@ -163,6 +170,15 @@ class Trace:
         self._started_attempts = 0
         self.paid_budgets: set[int] | None = None  # RetryBudgets this call deposited into
         self.answered: tuple[int, str] | None = None  # (number, target) of the last answer
+        self.cache: str | None = None
+        self.ledger: Ledger | None = None
+
+    def turn(self) -> Trace:
+        """The outermost enclosing trace (this one when it has no parent): the turn's."""
+        trace = self
+        while trace.parent is not None:
+            trace = trace.parent
+        return trace
 
     def next_attempt_number(self) -> int:
         """Number the next attempt of this scope (1, 2, ...)."""

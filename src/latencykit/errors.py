@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
 
 if TYPE_CHECKING:
     from ._context import Attempt
+    from .turn import Ledger
 
 __all__ = [
     "AttemptTimeout",
@@ -35,6 +36,7 @@ __all__ = [
     "FallbackFailed",
     "FirstTokenTimeout",
     "LatencykitError",
+    "LimitExceeded",
     "ModelNotFound",
     "ProviderConnectionError",
     "ProviderError",
@@ -78,6 +80,10 @@ class ErrorKind(str, enum.Enum):
     """400/409/413/422 and other 4xx: the request itself is wrong; never retried."""
     CIRCUIT_OPEN = "circuit_open"
     """A circuit breaker refused the call: go elsewhere (failover, degrade); not retried."""
+    LIMIT_EXCEEDED = "limit_exceeded"
+    """latencykit's own limiter refused the call (a concurrency limit or a tenant's quota, not
+    within the budget): go elsewhere (failover, degrade); not retried, never held against the
+    target's breaker (the provider did nothing wrong)."""
     UNKNOWN = "unknown"
     """Anything else; treated as not transient."""
 
@@ -95,6 +101,7 @@ _TRANSIENT = frozenset(
         ErrorKind.TIMEOUT,
         ErrorKind.STREAM_BROKEN,
         ErrorKind.CIRCUIT_OPEN,
+        ErrorKind.LIMIT_EXCEEDED,
     }
 )
 
@@ -123,21 +130,35 @@ class LatencykitError(Exception):
 
 
 class DeadlineExceeded(LatencykitError, TimeoutError):
-    """A :func:`~latencykit.deadline` budget ran out; everything inside it was cancelled.
+    """A :func:`~latencykit.deadline` budget (or a :func:`~latencykit.stage`'s) ran out;
+    everything inside it was cancelled.
 
     Attributes:
         budget: the deadline's budget in seconds.
         elapsed: seconds from entering the deadline to giving up.
         partial_text: for a stream that expired after its first content chunk, the text it
             delivered (``None`` otherwise).
+        stage: the name of the stage that overran: the one whose budget ran out, or the one
+            running when the turn's deadline did (``None``: no stage).
+        ledger: the turn's :class:`~latencykit.turn.Ledger` when stages ran in it (``None``
+            otherwise).
     """
 
     partial_text: str | None = None
+    ledger: Ledger | None = None
 
-    def __init__(self, budget: float, elapsed: float) -> None:
-        super().__init__(f"deadline of {budget:.3f}s exceeded after {elapsed:.3f}s")
+    def __init__(self, budget: float, elapsed: float, *, stage: str | None = None) -> None:
+        where = "" if stage is None else f" in stage {stage!r}"
+        super().__init__(f"deadline of {budget:.3f}s exceeded after {elapsed:.3f}s{where}")
         self.budget = budget
         self.elapsed = elapsed
+        self.stage = stage
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.ledger is not None and len(self.ledger):
+            text += "\nledger: " + str(self.ledger).replace("\n", "\n  ")
+        return text
 
 
 class FallbackFailed(LatencykitError):
@@ -157,6 +178,42 @@ class FallbackFailed(LatencykitError):
         self.reason = reason
         self.primary_error = primary_error
         self.fallback_error = fallback_error
+
+
+class LimitExceeded(LatencykitError):
+    """A limiter refused the call: the wait for a concurrency slot or a tenant's quota would
+    not fit the remaining budget (or ``max_wait``). The wrapped callable was not called.
+
+    Attributes:
+        target: the key of the target the call was for.
+        tenant: the tenant whose quota ran out (``None`` for a target's concurrency limit).
+        limit: which limit: ``"concurrency"``, ``"requests"`` or ``"tokens"``.
+        wait: seconds the call would have had to wait (``None``: unknown, e.g. a slot
+            with nothing to say when it frees up).
+        waited: seconds the call waited before giving up.
+    """
+
+    kind = ErrorKind.LIMIT_EXCEEDED
+
+    def __init__(
+        self,
+        target: str,
+        limit: str,
+        *,
+        tenant: str | None = None,
+        wait: float | None = None,
+        waited: float = 0.0,
+    ) -> None:
+        who = f"target {target!r}" if tenant is None else f"tenant {tenant!r} on {target!r}"
+        needs = "" if wait is None else f"; a slot was {wait:.3f}s away"
+        super().__init__(
+            f"{limit} limit of {who} reached; gave up after waiting {waited:.3f}s{needs}"
+        )
+        self.target = target
+        self.tenant = tenant
+        self.limit = limit
+        self.wait = wait
+        self.waited = waited
 
 
 class ProviderError(LatencykitError):

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ._context import Attempt, AttemptReason
     from .errors import ErrorKind
     from .target import Endpoint
+    from .turn import Ledger, StageRecord
 
 __all__ = [
     "AttemptEnded",
@@ -41,10 +42,13 @@ __all__ = [
     "HedgeFired",
     "HedgeSkipped",
     "HedgeWon",
+    "StageEnded",
+    "StageStarted",
     "StallDetected",
     "StreamResumed",
     "Subscription",
     "TargetSkipped",
+    "TurnEnded",
     "capture_content",
     "capturing_content",
     "subscribe",
@@ -225,10 +229,55 @@ class TargetSkipped(Event):
 
 @dataclass(frozen=True, slots=True)
 class DeadlineExpired(Event):
-    """A deadline's budget ran out; the work inside was cancelled."""
+    """A deadline's budget ran out; the work inside was cancelled.
+
+    Attributes:
+        budget: the deadline's budget in seconds.
+        elapsed: seconds from entering it to its expiry.
+        stage: the stage that overran (its own budget, or the turn's deadline running out
+            inside it), else ``None``.
+    """
 
     budget: float
     elapsed: float
+    stage: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StageStarted(Event):
+    """A stage of a turn (:func:`~latencykit.stage`) started; ``call_id`` is the stage's own.
+
+    Attributes:
+        name: the stage's name.
+        budget: the budget it asked for (``None``: none).
+        allowed: the seconds it was given, cut to what remained of the turn (``None``:
+            unbounded).
+        parent_id: the ``call_id`` of the scope it runs in (the turn, an enclosing stage, a
+            decorated call), else ``None``.
+        parent_attempt: the number of that call's attempt it runs in (``0``: none).
+    """
+
+    name: str
+    budget: float | None
+    allowed: float | None
+    parent_id: int | None = None
+    parent_attempt: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StageEnded(Event):
+    """A stage ended; ``record`` is its entry in the turn's ledger (budget, allowed, spent,
+    outcome, attempts)."""
+
+    record: StageRecord
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnded(Event):
+    """A turn in which stages ran ended (its deadline's block, or its decorated call); the
+    ``ledger`` holds every stage."""
+
+    ledger: Ledger
 
 
 @dataclass(frozen=True, slots=True)

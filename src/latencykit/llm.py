@@ -153,6 +153,9 @@ class CallReport:
         ttft: for a stream, seconds from the start of the call to the first content chunk
             (``None`` for a response).
         chunks: for a stream, content chunks received so far (``0`` for a response).
+        cache: ``"hit"`` when the response cache answered (no attempt was made: ``attempts``
+            is empty, ``answered_by`` is ``0``), ``"miss"`` when the cache was asked and did
+            not have it, ``None`` without a cache.
     """
 
     target: str
@@ -164,6 +167,7 @@ class CallReport:
     duration: float
     ttft: float | None = None
     chunks: int = 0
+    cache: str | None = None
 
 
 def report(result: object) -> CallReport:
@@ -193,6 +197,7 @@ def report(result: object) -> CallReport:
             duration=(trace.ended_at or clock()) - trace.started_at,
             ttft=None if ttft is None else ttft + result.started_at - trace.started_at,
             chunks=result.chunks,
+            cache=trace.cache,
         )
     hidden = getattr(result, "_hidden_params", None)
     if not isinstance(hidden, dict):
@@ -211,6 +216,7 @@ def report(result: object) -> CallReport:
         degraded=trace.degraded,
         fallback_reason=trace.fallback_reason,
         duration=(trace.ended_at or clock()) - trace.started_at,
+        cache=trace.cache,
     )
     hidden[_REPORT_KEY] = built
     return built
@@ -261,6 +267,13 @@ class LLM:
             litellm does). Never logged, never put in events, errors or reprs.
         defaults: litellm arguments applied to every call unless the call sets them
             (default none), e.g. ``{"temperature": 0}``.
+        limiter: per-target concurrency limits and per-tenant quotas (default ``None``:
+            none), a :class:`~latencykit.policies.limiter.Limiter`; it runs per target, inside
+            the breaker, so a call refused on one target (:class:`~latencykit.LimitExceeded`)
+            fails over to the next.
+        cache: a response cache (default ``None``: none), a
+            :class:`~latencykit.cache.ResponseCache`; a hit answers without any attempt
+            (:func:`report` says ``cache="hit"``).
 
     The pipeline, outermost first: deadline, degrade, hedge, failover, then per target breaker,
     retry and the attempt (with the stream guard); :attr:`pipeline` shows it. Every attempt
@@ -288,6 +301,8 @@ class LLM:
         api_base: str | None = None,
         api_key: str | None = None,
         defaults: Mapping[str, Any] | None = None,
+        limiter: Policy | None = None,
+        cache: Policy | None = None,
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"LLM.model must be a non-empty model string, got {model!r}")
@@ -297,6 +312,9 @@ class LLM:
             raise TypeError(f"LLM.hedge must be a latencykit.Hedge, got {hedge!r}")
         if retry is not None and not isinstance(retry, Retry):
             raise TypeError(f"LLM.retry must be a latencykit.Retry, got {retry!r}")
+        for name, policy in (("limiter", limiter), ("cache", cache)):
+            if policy is not None and not isinstance(policy, Policy):
+                raise TypeError(f"LLM.{name} must be a latencykit policy, got {policy!r}")
         if stream_guard is not None and not isinstance(stream_guard, StreamGuard):
             raise TypeError(
                 f"LLM.stream_guard must be a latencykit.StreamGuard, got {stream_guard!r}"
@@ -368,7 +386,9 @@ class LLM:
             self._secrets += (degrade.overrides["api_key"],)
         self._routes = [Route(t, functools.partial(self._to_target, t)) for t in self.targets]
         self._degraded = None if degrade is None else degrade.target(self.targets[0])
-        self._pipeline = Pipeline(self._policies(failover_on, retry, breaker))
+        self._pipeline = Pipeline(
+            [*self._policies(failover_on, retry, breaker), *filter(None, (limiter, cache))]
+        )
         # Per target (breaker, retry, attempt): what continues a broken stream on a target.
         self._per_target = Pipeline(
             p for p in self._pipeline.policies if int(p.stage) >= Stage.BREAKER

@@ -8,12 +8,14 @@ records the attempt in the call's trace.
 
 Policies run in a fixed order, outermost first, whatever order they are given in::
 
-    DEADLINE  ->  FALLBACK  ->  HEDGE  ->  FAILOVER  ->  BREAKER  ->  LIMITER  ->  RETRY
-              ->  ATTEMPT (timeout / stream guard)  ->  the call
+    DEADLINE  ->  CACHE  ->  FALLBACK  ->  HEDGE  ->  FAILOVER  ->  BREAKER  ->  LIMITER
+              ->  RETRY  ->  ATTEMPT (timeout / stream guard)  ->  the call
 
 The order matters (a deadline must bound everything, a fallback must race the hedged and
 failed-over primary, a breaker must see each target's attempts) so it is enforced, not left to
-the order of decorators. Policies of the same stage keep the order given.
+the order of decorators (a cache inside the deadline bounds a slow shared store's lookup, and
+outside the fallback it sees whether the answer was degraded). Policies of the same stage keep
+the order given.
 
 A streaming call (``Call.stream`` set) returns a :class:`~latencykit.Stream` once its first
 content chunk arrived: to every policy, that is when the attempt "returns". What must happen
@@ -87,6 +89,7 @@ class Stage(enum.IntEnum):
     """Where a policy sits in the pipeline; lower runs further out."""
 
     DEADLINE = 10
+    CACHE = 15
     FALLBACK = 20
     HEDGE = 30
     FAILOVER = 40
@@ -291,6 +294,8 @@ def _call_ended(
     trace.ended_at = clock()
     if not events.listening():
         return
+    if trace.ledger is not None:  # a decorated call in which stages ran: its turn ended
+        events.emit(events.TurnEnded(trace.call_id, ledger=trace.ledger))
     answered = trace.answered
     text: str | None = None
     capture = events.capturing_content()

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import metrics, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from . import events
@@ -175,6 +176,9 @@ class _Call:
     answered: bool = False  # an attempt succeeded: attempts cancelled after it lost a race
 
 
+_NO_ENDPOINT = Endpoint("")
+
+
 class Instrumentation(Handle):
     """The handle :func:`instrument` returns: ``close()`` (or leave its ``with`` block) to stop.
 
@@ -312,6 +316,8 @@ class Instrumentation(Handle):
             events.FirstToken: self._first_token,
             events.StallDetected: self._stall_detected,
             events.StreamResumed: self._stream_resumed,
+            events.StageStarted: self._stage_started,
+            events.StageEnded: self._stage_ended,
             RetryScheduled: self._retry_scheduled,
             RetryGaveUp: self._retry_gave_up,
             BreakerStateChanged: self._breaker_changed,
@@ -363,10 +369,16 @@ class Instrumentation(Handle):
         if call is not None:
             call.span.add_event(name, attributes)
 
+    def _parent_context(self, parent_id: int | None, attempt: int) -> Context | None:
+        """The span context a call or stage inside ``parent_id`` starts in: the parent's
+        attempt it runs in, else the parent itself (a stage), else the ambient context."""
+        parent = self._calls.get(parent_id) if parent_id is not None else None
+        if parent is None:
+            return None
+        return trace.set_span_in_context(parent.attempts.get(attempt) or parent.span)
+
     def _call_started(self, event: events.CallStarted) -> None:
-        parent = self._calls.get(event.parent_id) if event.parent_id is not None else None
-        parent_span = None if parent is None else parent.attempts.get(event.parent_attempt)
-        context = None if parent_span is None else trace.set_span_in_context(parent_span)
+        context = self._parent_context(event.parent_id, event.parent_attempt)
         endpoint = event.endpoint
         genai = bool(endpoint.model)
         if genai:
@@ -557,14 +569,44 @@ class Instrumentation(Handle):
     def _deadline_expired(self, event: events.DeadlineExpired) -> None:
         self._expired.add(1)
         self._overshoot.record(max(0.0, event.elapsed - event.budget))
-        self._span_event(
-            event.call_id,
-            "latencykit.deadline.expired",
-            {
-                "latencykit.deadline.budget": event.budget,
-                "latencykit.deadline.elapsed": event.elapsed,
-            },
+        attributes: dict[str, Any] = {
+            "latencykit.deadline.budget": event.budget,
+            "latencykit.deadline.elapsed": event.elapsed,
+        }
+        if event.stage is not None:
+            attributes["latencykit.stage.name"] = event.stage
+        self._span_event(event.call_id, "latencykit.deadline.expired", attributes)
+
+    def _stage_started(self, event: events.StageStarted) -> None:
+        attributes: dict[str, Any] = {"latencykit.stage.name": event.name}
+        if event.budget is not None:
+            attributes["latencykit.stage.budget"] = event.budget
+        if event.allowed is not None:
+            attributes["latencykit.stage.allowed"] = event.allowed
+        span = self._tracer.start_span(
+            f"stage {event.name}",
+            context=self._parent_context(event.parent_id, event.parent_attempt),
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
         )
+        self._calls[event.call_id] = _Call(span, {}, False, _NO_ENDPOINT)
+
+    def _stage_ended(self, event: events.StageEnded) -> None:
+        call = self._calls.pop(event.call_id, None)
+        if call is None:
+            return
+        record = event.record
+        call.span.set_attributes(
+            {
+                "latencykit.stage.spent": record.spent,
+                "latencykit.stage.outcome": record.outcome,
+                "latencykit.stage.overran": record.overran,
+                "latencykit.stage.attempts": record.attempts,
+            }
+        )
+        if record.outcome in ("error", "overran"):
+            call.span.set_status(Status(StatusCode.ERROR))
+        call.span.end()
 
     def _first_token(self, event: events.FirstToken) -> None:
         call = self._calls.get(event.call_id)

@@ -39,7 +39,14 @@ from typing import Any, Literal, NamedTuple, ParamSpec, Protocol, TypeVar, runti
 from .. import _validation, events
 from .._cancel import clock as loop_clock
 from .._context import probe_var, trace_var
-from ..errors import ErrorFilter, ErrorKind, LatencykitError, error_predicate, is_transient
+from ..errors import (
+    ErrorFilter,
+    ErrorKind,
+    LatencykitError,
+    LimitExceeded,
+    error_predicate,
+    is_transient,
+)
 from ..events import Event
 from ..pipeline import Call, Next, PolicyDecorator, Stage
 from ..stream import Stream, StreamOutcome
@@ -777,8 +784,9 @@ class Breaker(PolicyDecorator):
             duration = clock() - started
             outcome: bool | None = None
             try:
-                # A refusal from a breaker further in says nothing about this target.
-                if not isinstance(exc, CircuitOpen) and self.counts(exc):
+                # A refusal from a breaker or a limiter further in says nothing about this
+                # target.
+                if not isinstance(exc, (CircuitOpen, LimitExceeded)) and self.counts(exc):
                     outcome = False
             finally:
                 self.record(permit, outcome, duration)
@@ -867,7 +875,8 @@ def breaker(
         counts: which errors are failures: exception type(s) or a predicate (default
             ``None``: transient errors, :func:`~latencykit.errors.is_transient`: 429, 5xx,
             connection, timeout, broken stream). Other errors and cancellations are ignored:
-            not counted at all. :class:`CircuitOpen` from a breaker further in never counts.
+            not counted at all. :class:`CircuitOpen` from a breaker further in and
+            :class:`~latencykit.errors.LimitExceeded` from a limiter never count.
         store: where the state lives (default ``None``: a private
             :class:`InMemoryBreakerStore`).
         clock: time source in seconds (default: the event loop's clock); durations of calls are

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
 
@@ -19,7 +19,36 @@ from .._context import Trace, deadline_var, trace_var
 from ..errors import DeadlineExceeded
 from ..pipeline import Call, Next, PolicyDecorator, Stage
 
-__all__ = ["Deadline", "DeadlineScope", "deadline"]
+if TYPE_CHECKING:
+    from ..turn import Ledger
+
+__all__ = ["Deadline", "DeadlineScope", "PerTask", "deadline"]
+
+S = TypeVar("S")
+
+
+class PerTask(Generic[S]):
+    """The scopes one reusable context manager has entered, per task: one ``lk.deadline(2)``
+    object (or stage) may guard several tasks at once, each ``with`` block its own scope."""
+
+    __slots__ = ("_stacks",)
+
+    def __init__(self) -> None:
+        self._stacks: dict[int, list[S]] = {}
+
+    def push(self, scope: S) -> S:
+        """Remember ``scope`` as the current task's innermost; returns it."""
+        self._stacks.setdefault(anyio.get_current_task().id, []).append(scope)
+        return scope
+
+    def pop(self) -> S:
+        """Forget and return the current task's innermost scope."""
+        task = anyio.get_current_task().id
+        stack = self._stacks[task]
+        scope = stack.pop()
+        if not stack:
+            del self._stacks[task]
+        return scope
 
 
 class DeadlineScope:
@@ -41,17 +70,37 @@ class DeadlineScope:
         "_trace_token",
         "budget",
         "deadline",
+        "stage",
         "starts_at",
     )
 
-    def __init__(self, budget: float, *, own_trace: bool = False) -> None:
+    def __init__(
+        self,
+        budget: float,
+        *,
+        own_trace: bool = False,
+        expires: float | None = None,
+        stage: str | None = None,
+    ) -> None:
         self.budget = budget
+        self.stage = stage
         self._backend = loop = backend()
         self.starts_at = loop.now()
-        self._expires = self.starts_at + budget
+        self._expires = self.starts_at + budget if expires is None else expires
         self.deadline = min(self._expires, deadline_var.get())
         self._cancel_scope = loop.scope(deadline=self._expires)
         self._trace: Trace | None = Trace(parent=trace_var.get()) if own_trace else None
+
+    @property
+    def ledger(self) -> Ledger | None:
+        """The ledger of the turn this scope started, once a stage ran in it (``None``
+        otherwise, and for a deadline inside another turn)."""
+        return None if self._trace is None else self._trace.ledger
+
+    @property
+    def expired(self) -> bool:
+        """Whether this scope's own deadline cancelled the work inside it."""
+        return bool(self._cancel_scope.cancelled_caught)
 
     def remaining(self) -> float:
         """Seconds left before this scope's (effective) deadline; never negative."""
@@ -74,17 +123,30 @@ class DeadlineScope:
             trace_var.reset(self._trace_token)
         deadline_var.reset(self._token)
         suppress = bool(self._cancel_scope.__exit__(exc_type, exc, tb))
-        if self._cancel_scope.cancelled_caught:
-            self._expired()
+        try:
+            if self._cancel_scope.cancelled_caught:
+                self._expired()
+        finally:
+            trace = self._trace
+            if trace is not None and trace.ledger is not None and events.listening():
+                events.emit(events.TurnEnded(trace.call_id, ledger=trace.ledger))
         return suppress
 
     def _expired(self) -> None:
         elapsed = self._backend.now() - self.starts_at
         trace = self._trace or trace_var.get()
+        stage, ledger = self.stage, None
+        if trace is not None:
+            ledger = trace.turn().ledger
+            if ledger is not None and stage is None:
+                stage = ledger.ran_out_in(self.deadline)
         if events.listening():
             call_id = trace.call_id if trace is not None else 0
-            events.emit(events.DeadlineExpired(call_id, budget=self.budget, elapsed=elapsed))
-        error = DeadlineExceeded(self.budget, elapsed)
+            events.emit(
+                events.DeadlineExpired(call_id, budget=self.budget, elapsed=elapsed, stage=stage)
+            )
+        error = DeadlineExceeded(self.budget, elapsed, stage=stage)
+        error.ledger = ledger
         if trace is not None:
             error.attempts = tuple(trace.attempts)
         raise error
@@ -102,8 +164,7 @@ class Deadline(PolicyDecorator):
 
     def __init__(self, seconds: float | datetime.timedelta) -> None:
         self.seconds = _validation.seconds("deadline.seconds", seconds)
-        # Entered scopes per task, so one Deadline object can guard several tasks at once.
-        self._active: dict[int, list[DeadlineScope]] = {}
+        self._active: PerTask[DeadlineScope] = PerTask()
 
     def __repr__(self) -> str:
         return f"deadline({self.seconds:g})"
@@ -114,9 +175,7 @@ class Deadline(PolicyDecorator):
             return await next(call)
 
     def __enter__(self) -> DeadlineScope:
-        scope = DeadlineScope(self.seconds, own_trace=True)
-        self._active.setdefault(anyio.get_current_task().id, []).append(scope.__enter__())
-        return scope
+        return self._active.push(DeadlineScope(self.seconds, own_trace=True).__enter__())
 
     def __exit__(
         self,
@@ -124,12 +183,7 @@ class Deadline(PolicyDecorator):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        task = anyio.get_current_task().id
-        stack = self._active[task]
-        scope = stack.pop()
-        if not stack:
-            del self._active[task]
-        return scope.__exit__(exc_type, exc, tb)
+        return self._active.pop().__exit__(exc_type, exc, tb)
 
 
 def deadline(seconds: float | datetime.timedelta) -> Deadline:

@@ -127,7 +127,11 @@ class RetryGaveUp(events.Event):
 
 def _retried_by_default(exc: BaseException) -> bool:
     kind = classify(exc)
-    return kind.transient and kind not in (ErrorKind.TIMEOUT, ErrorKind.CIRCUIT_OPEN)
+    return kind.transient and kind not in (
+        ErrorKind.TIMEOUT,
+        ErrorKind.CIRCUIT_OPEN,
+        ErrorKind.LIMIT_EXCEEDED,
+    )
 
 
 def _non_negative(name: str, value: object, *, allow_inf: bool = False) -> float:

@@ -1,0 +1,364 @@
+"""Stages of a turn: budgets carved out of the enclosing deadline, and the turn's ledger.
+
+A **turn** is everything done for one user request (retrieval, reranking, a guardrail, the model,
+tools, post-processing) within one total budget: a deadline (``with lk.deadline(2.0):``, or a
+function decorated with one). A **stage** runs one part of the turn with its own budget::
+
+    with lk.deadline(2.0):
+        async with lk.stage("retrieval", budget=0.3):
+            docs = await retrieve(question)
+        async with lk.stage("model"):          # whatever the turn has left
+            answer = await llm.acompletion(messages=prompt(docs, question))
+
+A stage never gets more than what remains of the turn, and the time it does not use stays with
+the turn for the stages after it (it is lent back: the turn's deadline is absolute). Each stage
+that ends is written in the turn's :class:`Ledger`: its budget, the time it was given, the time
+it spent, how it ended. A stage that overruns raises :class:`~latencykit.DeadlineExceeded`
+naming the stage and carrying the ledger; so does the turn's deadline when it expires inside a
+stage. ``lk.ledger()`` reads the ledger of the current turn; events
+(:class:`~latencykit.events.StageStarted`, :class:`~latencykit.events.StageEnded`) and, with
+telemetry, one span per stage report it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import math
+from collections.abc import Awaitable, Callable, Iterator
+from types import TracebackType
+from typing import Literal, NamedTuple, ParamSpec, TypeVar
+
+from . import _validation, events
+from ._cancel import backend
+from ._context import current_attempt, deadline_var, trace_var
+from .policies.deadline import DeadlineScope, PerTask
+
+__all__ = ["Ledger", "StageBudget", "StageOutcome", "StageRecord", "StageScope", "ledger", "stage"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+StageOutcome = Literal["ok", "error", "cancelled", "overran"]
+"""How a stage ended: its block returned, raised, was cancelled (from outside, before its time
+ran out), or ran out of time (its own budget or the turn's)."""
+
+
+class StageRecord(NamedTuple):
+    """One ended stage, as the ledger keeps it.
+
+    Attributes:
+        name: the stage's name.
+        budget: the budget it asked for in seconds (``None``: none, whatever the turn had).
+        allowed: the seconds it was given: its budget, cut to what remained of the turn when it
+            started (``None``: unbounded, no budget and no deadline around).
+        start: seconds from the start of the turn to the start of the stage.
+        spent: seconds the stage ran.
+        outcome: ``"ok"``, ``"error"``, ``"cancelled"`` or ``"overran"``.
+        parent: the name of the stage it ran inside (``None``: a top-level stage).
+        attempts: attempts (LLM requests, decorated calls) made inside the stage.
+    """
+
+    name: str
+    budget: float | None
+    allowed: float | None
+    start: float
+    spent: float
+    outcome: StageOutcome
+    parent: str | None = None
+    attempts: int = 0
+
+    @property
+    def overran(self) -> bool:
+        """Whether the stage ran out of time (its budget, or the turn's)."""
+        return self.outcome == "overran"
+
+    @property
+    def lent(self) -> float:
+        """Seconds of its allowance the stage did not use and left to the turn (``0.0`` when
+        it overran, or had no allowance)."""
+        if self.allowed is None or self.overran:
+            return 0.0
+        return max(0.0, self.allowed - self.spent)
+
+    def __str__(self) -> str:
+        budget = "-" if self.budget is None else f"{self.budget:.3f}s"
+        allowed = "-" if self.allowed is None else f"{self.allowed:.3f}s"
+        return (
+            f"{self.name}: budget {budget}, allowed {allowed}, spent {self.spent:.3f}s "
+            f"at +{self.start:.3f}s, {self.outcome}"
+        )
+
+
+class Ledger:
+    """The stages of one turn, in the order they ended.
+
+    Read it with ``lk.ledger()`` inside the turn, ``scope.ledger`` after ``with lk.deadline(...)
+    as scope``, or ``error.ledger`` from a :class:`~latencykit.DeadlineExceeded`.
+
+    Attributes:
+        started_at: when the turn started, on the event loop's clock.
+        deadline: the turn's deadline on the same clock (``math.inf``: none).
+    """
+
+    __slots__ = ("_open", "_records", "deadline", "started_at")
+
+    def __init__(self, started_at: float, deadline: float) -> None:
+        self.started_at = started_at
+        self.deadline = deadline
+        self._records: list[StageRecord] = []
+        self._open: list[str] = []  # names of the stages running, outermost first
+
+    @property
+    def budget(self) -> float | None:
+        """The turn's total budget in seconds (``None``: no deadline)."""
+        return None if self.deadline == math.inf else self.deadline - self.started_at
+
+    @property
+    def stages(self) -> tuple[StageRecord, ...]:
+        """Every ended stage, in the order they ended (nested stages before their parent)."""
+        return tuple(self._records)
+
+    @property
+    def running(self) -> tuple[str, ...]:
+        """Names of the stages running now, outermost first."""
+        return tuple(self._open)
+
+    @property
+    def overran(self) -> tuple[StageRecord, ...]:
+        """The stages that ran out of time."""
+        return tuple(r for r in self._records if r.overran)
+
+    def __iter__(self) -> Iterator[StageRecord]:
+        return iter(tuple(self._records))
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __getitem__(self, name: str) -> StageRecord:
+        """The last ended stage called ``name``; ``KeyError`` if none."""
+        for record in reversed(self._records):
+            if record.name == name:
+                return record
+        raise KeyError(name)
+
+    def __repr__(self) -> str:
+        return f"Ledger(budget={self.budget}, stages={[r.name for r in self._records]})"
+
+    def __str__(self) -> str:
+        budget = "none" if self.budget is None else f"{self.budget:.3f}s"
+        lines = [f"turn budget {budget}"]
+        lines += [f"  {record}" for record in self._records]
+        if self._open:
+            lines.append(f"  running: {', '.join(self._open)}")
+        return "\n".join(lines)
+
+    def ran_out_in(self, deadline: float) -> str | None:
+        """The innermost stage that was running when a deadline at ``deadline`` (on the loop's
+        clock) expired: of the stages that overran and ended at that deadline (the last ones
+        written, nested stages before their parents), the first; ``None`` if none did."""
+        found = None
+        for record in reversed(self._records):
+            ended = self.started_at + record.start + record.spent
+            if not (record.overran and ended >= deadline - 1e-6):
+                break
+            found = record.name
+        return found
+
+
+def ledger() -> Ledger | None:
+    """The :class:`Ledger` of the current turn, or ``None`` when no stage ran in it yet (or
+    outside any latencykit scope)."""
+    trace = trace_var.get()
+    return None if trace is None else trace.turn().ledger
+
+
+class StageScope:
+    """An entered stage: returned by ``with lk.stage(...) as scope`` (and ``async with``).
+
+    Attributes:
+        name: the stage's name.
+        budget: the budget it asked for (``None``: none).
+        deadline: its absolute deadline on the event loop's clock: the earlier of its budget's
+            end and the enclosing deadline (``math.inf``: none).
+        ledger: the turn's ledger it is written in.
+        record: its :class:`StageRecord`, once it ended (``None`` before).
+    """
+
+    __slots__ = ("_parent", "_scope", "budget", "deadline", "ledger", "name", "record")
+
+    def __init__(self, name: str, budget: float | None) -> None:
+        self.name = name
+        self.budget = budget
+        loop = backend()
+        started = loop.now()
+        enclosing = deadline_var.get()
+        own = math.inf if budget is None else started + budget
+        self.deadline = min(own, enclosing)
+        self._scope = DeadlineScope(
+            math.inf if self.deadline == math.inf else self.deadline - started,
+            own_trace=True,
+            expires=self.deadline,
+            stage=name,
+        )
+        trace = self._scope._trace
+        assert trace is not None
+        turn = trace.turn()  # a stage outside any turn is a turn of its own
+        if turn.ledger is None:
+            turn.ledger = Ledger(turn.started_at, own if turn is trace else enclosing)
+        self.ledger: Ledger = turn.ledger
+        self._parent: str | None = None
+        self.record: StageRecord | None = None
+
+    def remaining(self) -> float:
+        """Seconds left before the stage's deadline (``math.inf``: none); never negative."""
+        return self._scope.remaining()
+
+    @property
+    def allowed(self) -> float | None:
+        """The seconds the stage was given (``None``: unbounded)."""
+        scope = self._scope
+        return None if self.deadline == math.inf else self.deadline - scope.starts_at
+
+    def __enter__(self) -> StageScope:
+        scope = self._scope
+        ledger = self.ledger
+        self._parent = ledger._open[-1] if ledger._open else None
+        scope.__enter__()
+        ledger._open.append(self.name)
+        if events.listening():
+            trace = scope._trace
+            assert trace is not None
+            parent = trace.parent
+            events.emit(
+                events.StageStarted(
+                    trace.call_id,
+                    name=self.name,
+                    budget=self.budget,
+                    allowed=self.allowed,
+                    parent_id=None if parent is None else parent.call_id,
+                    parent_attempt=current_attempt(),
+                )
+            )
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Written before the scope exits (which raises when the stage's own time ran out), so
+        # that the ledger is complete in every event and error.
+        scope = self._scope
+        if exc is None:
+            outcome: StageOutcome = "ok"
+        elif isinstance(exc, Exception):
+            outcome = "error"
+        elif scope._backend.now() >= self.deadline:
+            outcome = "overran"  # cancelled by its own budget or by the turn's deadline
+        else:
+            outcome = "cancelled"
+        self._end(outcome)
+        scope.__exit__(exc_type, exc, tb)  # never suppresses: raises when its time ran out
+
+    async def __aenter__(self) -> StageScope:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def _end(self, outcome: StageOutcome) -> None:
+        scope = self._scope
+        trace = scope._trace
+        assert trace is not None
+        ledger = self.ledger
+        ledger._open.remove(self.name)
+        record = self.record = StageRecord(
+            name=self.name,
+            budget=self.budget,
+            allowed=self.allowed,
+            start=scope.starts_at - ledger.started_at,
+            spent=scope._backend.now() - scope.starts_at,
+            outcome=outcome,
+            parent=self._parent,
+            attempts=len(trace.attempts),
+        )
+        ledger._records.append(record)
+        if events.listening():
+            events.emit(events.StageEnded(trace.call_id, record=record))
+
+
+class StageBudget:
+    """A named stage with a budget: a context manager (``with`` and ``async with``) and a
+    decorator. Create it with :func:`stage`; each ``with`` block (or decorated call) is one
+    stage of the turn it runs in, with a fresh budget."""
+
+    __slots__ = ("_active", "budget", "name")
+
+    def __init__(self, name: str, budget: float | datetime.timedelta | None = None) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"stage.name must be a non-empty string, got {name!r}")
+        self.name = name
+        self.budget = None if budget is None else _validation.seconds("stage.budget", budget)
+        self._active: PerTask[StageScope] = PerTask()
+
+    def __repr__(self) -> str:
+        return f"stage({self.name!r}, budget={self.budget!r})"
+
+    def __enter__(self) -> StageScope:
+        return self._active.push(StageScope(self.name, self.budget).__enter__())
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._active.pop().__exit__(exc_type, exc, tb)
+
+    async def __aenter__(self) -> StageScope:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        """Decorate an async function: each call runs as one stage."""
+
+        @functools.wraps(fn)
+        async def staged(*args: P.args, **kwargs: P.kwargs) -> R:
+            with StageScope(self.name, self.budget):
+                return await fn(*args, **kwargs)
+
+        return staged
+
+
+def stage(name: str, budget: float | datetime.timedelta | None = None) -> StageBudget:
+    """A stage of the current turn called ``name``, with ``budget`` seconds (float or
+    ``timedelta``; default ``None``: no budget of its own, whatever the turn has left).
+
+    Use it as ``async with lk.stage("retrieval", budget=0.3):`` (or plain ``with``), or as a
+    decorator ``@lk.stage("rerank", budget=0.1)`` on an async function. The stage gets its
+    budget, never more than what remains of the enclosing deadline; what it does not use stays
+    with the turn. When its time runs out, everything inside is cancelled and
+    :class:`~latencykit.DeadlineExceeded` is raised with ``stage`` (its name) and ``ledger``
+    (the turn's :class:`Ledger`) set. Stages nest; stages of one turn (one deadline, or one
+    decorated call) share its ledger, which ``lk.ledger()`` returns. A stage outside any deadline
+    is a turn of its own.
+
+    Raises:
+        ValueError: ``name`` is empty, or ``budget`` is not positive and finite.
+        TypeError: ``budget`` is not a number or ``timedelta``.
+    """
+    return StageBudget(name, budget)
