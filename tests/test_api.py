@@ -67,7 +67,18 @@ TOP_LEVEL = {
     "LimitExceeded",
 }
 
-SUBMODULES = {"errors", "events", "llm", "pipeline", "policies", "slow_calls", "stats", "turn"}
+SUBMODULES = {
+    "cache",
+    "errors",
+    "events",
+    "llm",
+    "pipeline",
+    "policies",
+    "routing",
+    "slow_calls",
+    "stats",
+    "turn",
+}
 
 PAIRS = [
     ("deadline", "Deadline"),

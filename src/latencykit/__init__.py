@@ -5,18 +5,21 @@ The rest is in documented submodules: ``latencykit.events`` (event types), ``lat
 (classification), ``latencykit.pipeline`` (writing a policy), ``latencykit.policies.*`` (each
 policy's options, breaker registry and stores), ``latencykit.stats`` (latency windows,
 per-target statistics), ``latencykit.slow_calls`` (the slow-call log),
-``latencykit.llm`` (``CallReport``) and ``latencykit.turn`` (the stages' ``Ledger``);
+``latencykit.llm`` (``CallReport``), ``latencykit.turn`` (the stages' ``Ledger``),
+``latencykit.routing`` (``Router``, ``Rule``) and ``latencykit.cache`` (``ResponseCache``);
 ``latencykit.telemetry`` (OpenTelemetry, imported on first use).
 ``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
 """
 
 import typing as _typing
 
+from . import cache as cache
 from . import errors as errors
 from . import events as events
 from . import llm as llm
 from . import pipeline as pipeline
 from . import policies as policies
+from . import routing as routing
 from . import slow_calls as slow_calls
 from . import stats as stats
 from . import turn as turn

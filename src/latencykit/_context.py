@@ -22,6 +22,7 @@ from ._cancel import backend, now
 
 if TYPE_CHECKING:
     from .errors import ErrorKind
+    from .routing import RouteDecision
     from .turn import Ledger
 
 __all__ = [
@@ -48,6 +49,10 @@ trace_var: ContextVar[Trace | None] = ContextVar("latencykit.trace", default=Non
 attempt_var: ContextVar[int] = ContextVar("latencykit.attempt", default=0)
 reason_var: ContextVar[AttemptReason] = ContextVar("latencykit.reason", default="primary")
 """Why the next attempt in this task is made; set by the policy that adds it."""
+order_var: ContextVar[tuple[str, ...] | None] = ContextVar("latencykit.route_order", default=None)
+"""The targets a routed call may go to, in order (the chosen first); failover follows it."""
+task_var: ContextVar[str | None] = ContextVar("latencykit.task", default=None)
+"""The task tag of the call being made (``LLM.acompletion(task=...)``), for its router."""
 probe_var: ContextVar[bool] = ContextVar("latencykit.probe", default=False)
 """Set while a half-open breaker's probe runs: a probe is one attempt, never retried."""
 
@@ -137,6 +142,8 @@ class Trace:
         answered: ``(number, target)`` of the attempt that produced the result, once one did.
         cache: what a response cache did for the call: ``"hit"`` (answered from the cache, no
             attempt made), ``"miss"``, or ``None`` (no cache).
+        route: the :class:`~latencykit.routing.RouteDecision` of a routed call (else
+            ``None``).
         ledger: on the outermost trace of a turn, the turn's
             :class:`~latencykit.turn.Ledger` once a stage ran in it (else ``None``).
     """
@@ -155,6 +162,7 @@ class Trace:
         "origin",
         "paid_budgets",
         "parent",
+        "route",
         "started_at",
     )
 
@@ -172,6 +180,7 @@ class Trace:
         self.answered: tuple[int, str] | None = None  # (number, target) of the last answer
         self.cache: str | None = None
         self.ledger: Ledger | None = None
+        self.route: RouteDecision | None = None
 
     def turn(self) -> Trace:
         """The outermost enclosing trace (this one when it has no parent): the turn's."""

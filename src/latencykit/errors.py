@@ -38,6 +38,7 @@ __all__ = [
     "LatencykitError",
     "LimitExceeded",
     "ModelNotFound",
+    "OutputTruncated",
     "ProviderConnectionError",
     "ProviderError",
     "ProviderUnavailable",
@@ -214,6 +215,34 @@ class LimitExceeded(LatencykitError):
         self.limit = limit
         self.wait = wait
         self.waited = waited
+
+
+class OutputTruncated(LatencykitError):
+    """The answer stopped at its output cap (``finish_reason == "length"``) that
+    ``LLM(max_output_tokens=...)`` set: it is incomplete. Act on it: accept it
+    (:attr:`response`), continue it (ask again with :attr:`partial_text` as the start of the
+    assistant's answer), or fail.
+
+    Attributes:
+        response: the truncated litellm ``ModelResponse``.
+        partial_text: its text.
+        max_tokens: the cap the answering attempt was sent with.
+        budget_capped: whether latencykit lowered the cap below ``max_output_tokens`` (and the
+            call's own ``max_tokens``) to fit the remaining budget.
+    """
+
+    def __init__(
+        self, response: Any, partial_text: str, *, max_tokens: int | None, budget_capped: bool
+    ) -> None:
+        why = " (lowered to fit the remaining budget)" if budget_capped else ""
+        super().__init__(
+            f"the answer was cut at its output cap of {max_tokens} tokens{why}; "
+            "accept error.response, continue from error.partial_text, or fail"
+        )
+        self.response = response
+        self.partial_text = partial_text
+        self.max_tokens = max_tokens
+        self.budget_capped = budget_capped
 
 
 class ProviderError(LatencykitError):

@@ -42,6 +42,7 @@ __all__ = [
     "HedgeFired",
     "HedgeSkipped",
     "HedgeWon",
+    "Routed",
     "StageEnded",
     "StageStarted",
     "StallDetected",
@@ -241,6 +242,21 @@ class DeadlineExpired(Event):
     budget: float
     elapsed: float
     stage: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Routed(Event):
+    """A router picked the call's target (``LLM(router=...)``).
+
+    Attributes:
+        target: the chosen target's key.
+        reason: why (``"rule 1: task=['classify']"``, ``"default"``, ``"budget: ..."``).
+        task: the call's task tag, if any.
+    """
+
+    target: str
+    reason: str
+    task: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,15 +20,30 @@ import warnings
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import sniffio
 
 from . import _validation, events
 from ._cancel import backend, clock
-from ._context import Attempt, Trace, current_attempt, deadline_var, trace_var
+from ._context import (
+    Attempt,
+    Trace,
+    current_attempt,
+    deadline_var,
+    remaining,
+    task_var,
+    trace_var,
+)
 from ._litellm import LitellmChunks, SkipPrefix, litellm
-from .errors import ErrorFilter, ErrorKind, classify, is_transient, provider_error
+from .errors import (
+    ErrorFilter,
+    ErrorKind,
+    OutputTruncated,
+    classify,
+    is_transient,
+    provider_error,
+)
 from .pipeline import Call, Next, Pipeline, Policy, Stage
 from .policies.breaker import Breaker
 from .policies.breaker import breaker as breaker_for
@@ -38,6 +53,7 @@ from .policies.fallback import Fallback, FallbackReason, Reroute
 from .policies.guard import StreamGuard
 from .policies.hedge import Hedge, Quantile
 from .policies.retry import Retry
+from .routing import RouteDecision, RouterFunction, Routing
 from .stats import Recorder, StatsTable
 from .stream import Stream
 from .target import Target, as_target
@@ -49,6 +65,9 @@ __all__ = ["LLM", "CallReport", "Degrade", "report"]
 
 _REPORT_KEY = "latencykit"
 _ATTEMPT_KEY = "latencykit.attempt"
+_CAP_KEY = "latencykit.max_tokens"
+_CAP_HEADROOM = 0.9  # budget-aware caps leave 10 % of the time left unused
+_CAP_MIN_SAMPLES = 5
 # Arguments latencykit owns: accepting them per call would defeat the policies.
 _RESERVED = {
     "max_retries": "latencykit owns retries; litellm is always called with max_retries=0",
@@ -156,6 +175,11 @@ class CallReport:
         cache: ``"hit"`` when the response cache answered (no attempt was made: ``attempts``
             is empty, ``answered_by`` is ``0``), ``"miss"`` when the cache was asked and did
             not have it, ``None`` without a cache.
+        route: the router's :class:`~latencykit.routing.RouteDecision` (``None``: no router).
+        truncated: whether the answer stopped at its length limit (``finish_reason ==
+            "length"``; for a stream, once it ended).
+        max_tokens: the output cap latencykit sent with the answering attempt
+            (``LLM(max_output_tokens=...)``; ``None``: it set none).
     """
 
     target: str
@@ -168,6 +192,9 @@ class CallReport:
     ttft: float | None = None
     chunks: int = 0
     cache: str | None = None
+    route: RouteDecision | None = None
+    truncated: bool = False
+    max_tokens: int | None = None
 
 
 def report(result: object) -> CallReport:
@@ -198,6 +225,8 @@ def report(result: object) -> CallReport:
             ttft=None if ttft is None else ttft + result.started_at - trace.started_at,
             chunks=result.chunks,
             cache=trace.cache,
+            route=trace.route,
+            truncated=result.finish_reason == "length",
         )
     hidden = getattr(result, "_hidden_params", None)
     if not isinstance(hidden, dict):
@@ -208,6 +237,7 @@ def report(result: object) -> CallReport:
     if not (isinstance(found, tuple) and len(found) == 3 and isinstance(found[0], Trace)):
         raise LookupError("this response did not come from latencykit.LLM.acompletion")
     trace, number, target = found
+    choices = getattr(result, "choices", None) or ()
     built = CallReport(
         target=target,
         model=str(getattr(result, "model", "") or ""),
@@ -217,6 +247,9 @@ def report(result: object) -> CallReport:
         fallback_reason=trace.fallback_reason,
         duration=(trace.ended_at or clock()) - trace.started_at,
         cache=trace.cache,
+        route=trace.route,
+        truncated=any(getattr(c, "finish_reason", None) == "length" for c in choices),
+        max_tokens=hidden.get(_CAP_KEY),
     )
     hidden[_REPORT_KEY] = built
     return built
@@ -274,6 +307,22 @@ class LLM:
         cache: a response cache (default ``None``: none), a
             :class:`~latencykit.cache.ResponseCache`; a hit answers without any attempt
             (:func:`report` says ``cache="hit"``).
+        router: picks each call's target from the request (default ``None``: every call
+            starts at the first target): a :class:`~latencykit.routing.Router` or any function
+            ``RouteRequest -> target name``. Calls may carry a task tag for it,
+            ``acompletion(task="classify")``. Failover goes on from the chosen target to the
+            other eligible ones; :func:`report` and the ``Routed`` event tell the decision.
+        max_output_tokens: the most output tokens any call may ask for (default ``None``: no
+            cap); a call's own ``max_tokens`` is kept when lower.
+        budget_aware: with ``max_output_tokens``, lower each attempt's cap further to what its
+            target can produce in the time left (its recent median time to first chunk and
+            time per output token, with 10 % headroom; no lowering until a target has 5
+            recent samples) (default ``False``).
+        on_truncated: what an answer cut at the cap (``finish_reason == "length"``) does when
+            ``max_output_tokens`` is set: ``"raise"`` :class:`~latencykit.errors.OutputTruncated`
+            (carrying the response, to accept or continue) or ``"accept"`` it (then
+            ``report(response).truncated`` is ``True``) (default ``"raise"``). A stream's
+            truncation shows in ``stream.finish_reason`` and ``report(stream).truncated``.
 
     The pipeline, outermost first: deadline, degrade, hedge, failover, then per target breaker,
     retry and the attempt (with the stream guard); :attr:`pipeline` shows it. Every attempt
@@ -303,6 +352,10 @@ class LLM:
         defaults: Mapping[str, Any] | None = None,
         limiter: Policy | None = None,
         cache: Policy | None = None,
+        router: RouterFunction | None = None,
+        max_output_tokens: int | None = None,
+        budget_aware: bool = False,
+        on_truncated: Literal["raise", "accept"] = "raise",
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"LLM.model must be a non-empty model string, got {model!r}")
@@ -323,6 +376,18 @@ class LLM:
             raise TypeError("LLM.failover must be a sequence of targets, e.g. ['openai/x']")
         if hedge is not None and hedge.target == "next" and not failover:
             raise ValueError("LLM.hedge.target='next' needs LLM(failover=[...]) targets")
+        if max_output_tokens is not None and (
+            isinstance(max_output_tokens, bool)
+            or not isinstance(max_output_tokens, int)
+            or max_output_tokens < 1
+        ):
+            raise ValueError(
+                f"LLM.max_output_tokens must be a positive int, got {max_output_tokens!r}"
+            )
+        if budget_aware and max_output_tokens is None:
+            raise ValueError("LLM.budget_aware needs LLM.max_output_tokens (the cap it lowers)")
+        if on_truncated not in ("raise", "accept"):
+            raise ValueError(f"LLM.on_truncated must be 'raise' or 'accept', got {on_truncated!r}")
         if failover_on is not None and not failover:
             raise ValueError(
                 "LLM.failover_on needs LLM(failover=[...]) targets: without them no error "
@@ -386,8 +451,20 @@ class LLM:
             self._secrets += (degrade.overrides["api_key"],)
         self._routes = [Route(t, functools.partial(self._to_target, t)) for t in self.targets]
         self._degraded = None if degrade is None else degrade.target(self.targets[0])
+        self.max_output_tokens = max_output_tokens
+        self.budget_aware = bool(budget_aware)
+        self.on_truncated = on_truncated
+        self.router = router
+        routing = (
+            None
+            if router is None
+            else Routing(router, self.targets, self._to_target, self._recorder)
+        )
         self._pipeline = Pipeline(
-            [*self._policies(failover_on, retry, breaker), *filter(None, (limiter, cache))]
+            [
+                *self._policies(failover_on, retry, breaker),
+                *filter(None, (limiter, cache, routing)),
+            ]
         )
         # Per target (breaker, retry, attempt): what continues a broken stream on a target.
         self._per_target = Pipeline(
@@ -501,6 +578,9 @@ class LLM:
         stream = kwargs.pop("stream", False)
         if not isinstance(stream, bool):
             raise TypeError(f"acompletion(stream=...) must be a bool, got {stream!r}")
+        task = kwargs.pop("task", None)
+        if task is not None and self.router is None:
+            raise ValueError("acompletion(task=...) is for a router: pass LLM(router=...)")
         arguments = {**self._defaults, **kwargs}
         call = Call(
             self._attempt_on(target, stream),
@@ -510,7 +590,14 @@ class LLM:
             self.stream_guard if stream else None,
             self._recorder,  # every attempt of the call reports to it: stats() and the hedge
         )
-        result, trace = await self._pipeline.run_traced(call)
+        if task is None:
+            result, trace = await self._pipeline.run_traced(call)
+        else:
+            token = task_var.set(task)
+            try:
+                result, trace = await self._pipeline.run_traced(call)
+            finally:
+                task_var.reset(token)
         if stream:
             result.report_info = (trace, result.target)
             if self.stream_guard.on_break == "continue":
@@ -519,7 +606,42 @@ class LLM:
         hidden = result._hidden_params
         # The report is built on demand by report(): most callers never ask for it.
         hidden[_REPORT_KEY] = (trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
+        if self.max_output_tokens is not None and self.on_truncated == "raise":
+            self._check_truncation(result, arguments)
         return result
+
+    def _check_truncation(self, response: Any, arguments: Mapping[str, Any]) -> None:
+        choices: list[Any] = list(getattr(response, "choices", None) or ())
+        if not any(getattr(c, "finish_reason", None) == "length" for c in choices):
+            return
+        cap = response._hidden_params.get(_CAP_KEY)
+        asked = [self.max_output_tokens, arguments.get("max_tokens")]
+        message = getattr(choices[0], "message", None)
+        raise OutputTruncated(
+            response,
+            str(getattr(message, "content", "") or ""),
+            max_tokens=cap,
+            budget_capped=cap is not None and cap < min(int(a) for a in asked if a is not None),
+        )
+
+    def _cap(self, target: Target, kwargs: dict[str, Any], streaming: bool) -> int:
+        """Set the attempt's output cap in ``kwargs`` (see ``max_output_tokens``); returns it."""
+        assert self.max_output_tokens is not None
+        name = "max_completion_tokens" if "max_completion_tokens" in kwargs else "max_tokens"
+        own = kwargs.get(name)
+        cap = self.max_output_tokens if own is None else min(int(own), self.max_output_tokens)
+        left = remaining()
+        if self.budget_aware and left is not None:
+            per_token = self._recorder.per_token.get(target.key)
+            if per_token is not None and per_token.count() >= _CAP_MIN_SAMPLES:
+                first = 0.0
+                ttft = self._recorder.ttft.get(target.key) if streaming else None
+                if ttft is not None and ttft.count() >= _CAP_MIN_SAMPLES:
+                    first = ttft.quantile(0.5) or 0.0
+                tokens = (left - first) * _CAP_HEADROOM / max(per_token.quantile(0.5) or 0, 1e-6)
+                cap = max(1, min(cap, int(tokens)))
+        kwargs[name] = cap
+        return cap
 
     def _attempt_on(self, target: Target, streaming: bool) -> Callable[..., Any]:
         return functools.partial(self._open if streaming else self._attempt, target)
@@ -530,6 +652,8 @@ class LLM:
     def _open(self, target: Target, **kwargs: Any) -> LitellmChunks:
         """A streaming attempt's source: opened on its first ``__anext__`` (on trio, in the
         asyncio bridge, whose pump hands the chunks over)."""
+        if self.max_output_tokens is not None:
+            self._cap(target, kwargs, streaming=True)
         chunks = LitellmChunks(
             target.litellm_arguments(self.timeout, kwargs), target, self._secrets
         )
@@ -540,7 +664,9 @@ class LLM:
         return BridgedStream(chunks)  # type: ignore[return-value]
 
     async def _attempt(self, target: Target, **kwargs: Any) -> Any:
+        cap = None if self.max_output_tokens is None else self._cap(target, kwargs, False)
         arguments = target.litellm_arguments(self.timeout, kwargs)
+        started = clock()
         try:
             coro = self._litellm.acompletion(**arguments, max_retries=0)
             if sniffio.current_async_library() == "asyncio":
@@ -552,6 +678,12 @@ class LLM:
         except Exception as exc:
             raise provider_error(exc, target=target.key, secrets=self._secrets) from exc
         response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), target.key)
+        if cap is not None:
+            response._hidden_params[_CAP_KEY] = cap
+            usage = getattr(response, "usage", None)
+            tokens = getattr(usage, "completion_tokens", None)
+            if isinstance(tokens, int):
+                self._recorder.output_rate(target.key, clock() - started, tokens)
         return response
 
     async def _continue(

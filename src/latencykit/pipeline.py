@@ -8,14 +8,15 @@ records the attempt in the call's trace.
 
 Policies run in a fixed order, outermost first, whatever order they are given in::
 
-    DEADLINE  ->  CACHE  ->  FALLBACK  ->  HEDGE  ->  FAILOVER  ->  BREAKER  ->  LIMITER
-              ->  RETRY  ->  ATTEMPT (timeout / stream guard)  ->  the call
+    DEADLINE  ->  CACHE  ->  ROUTER  ->  FALLBACK  ->  HEDGE  ->  FAILOVER  ->  BREAKER
+              ->  LIMITER  ->  RETRY  ->  ATTEMPT (timeout / stream guard)  ->  the call
 
 The order matters (a deadline must bound everything, a fallback must race the hedged and
 failed-over primary, a breaker must see each target's attempts) so it is enforced, not left to
 the order of decorators (a cache inside the deadline bounds a slow shared store's lookup, and
-outside the fallback it sees whether the answer was degraded). Policies of the same stage keep
-the order given.
+outside the fallback it sees whether the answer was degraded; a router inside the deadline
+knows the budget left, and outside the fallback it never reroutes the degraded call).
+Policies of the same stage keep the order given.
 
 A streaming call (``Call.stream`` set) returns a :class:`~latencykit.Stream` once its first
 content chunk arrived: to every policy, that is when the attempt "returns". What must happen
@@ -90,6 +91,7 @@ class Stage(enum.IntEnum):
 
     DEADLINE = 10
     CACHE = 15
+    ROUTER = 18
     FALLBACK = 20
     HEDGE = 30
     FAILOVER = 40

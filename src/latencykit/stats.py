@@ -444,9 +444,12 @@ class Recorder:
     Attributes:
         latency: each target's :class:`LatencyWindow` of end-to-end attempt latencies.
         ttft: each target's window of times to first content chunk (streams).
+        per_token: each target's window of seconds per output token: a stream's
+            :attr:`~latencykit.Attempt.time_per_output_token`, or what :meth:`output_rate`
+            reports for a response (``LLM(budget_aware=True)`` reads it).
     """
 
-    __slots__ = ("_counts", "latency", "max_samples", "ttft", "window")
+    __slots__ = ("_counts", "latency", "max_samples", "per_token", "ttft", "window")
 
     def __init__(self, *, window: float = 60.0, max_samples: int = 1000) -> None:
         LatencyWindow(window=window, max_samples=max_samples)  # invalid options fail now
@@ -454,15 +457,19 @@ class Recorder:
         self.max_samples = max_samples
         self.latency: dict[str, LatencyWindow] = {}
         self.ttft: dict[str, LatencyWindow] = {}
+        self.per_token: dict[str, LatencyWindow] = {}
         self._counts: dict[str, _Counts] = {}
 
     def __repr__(self) -> str:
         return f"Recorder(window={self.window:g}, targets={len(self.targets())})"
 
-    def latency_window(self, target: str, *, ttft: bool = False) -> LatencyWindow:
+    def latency_window(
+        self, target: str, *, ttft: bool = False, per_token: bool = False
+    ) -> LatencyWindow:
         """The latency window of ``target`` (created on first use); with ``ttft`` (default
-        ``False``), the window of its times to first content chunk."""
-        windows = self.ttft if ttft else self.latency
+        ``False``), the window of its times to first content chunk; with ``per_token``
+        (default ``False``), of its seconds per output token."""
+        windows = self.ttft if ttft else self.per_token if per_token else self.latency
         found = windows.get(target)
         if found is None:
             found = windows[target] = LatencyWindow(
@@ -493,6 +500,8 @@ class Recorder:
         if attempt.outcome == "ok":
             counts.ok += 1
             self.latency_window(target).record(attempt.duration)
+            if stream and (per_token := attempt.time_per_output_token) is not None:
+                self.latency_window(target, per_token=True).record(per_token)
         elif attempt.outcome == "cancelled":
             counts.cancelled += 1
             self.latency_window(target).record_censored(attempt.duration)
@@ -501,6 +510,12 @@ class Recorder:
         else:
             kind = attempt.error_kind or ErrorKind.UNKNOWN
             counts.errors[kind] = counts.errors.get(kind, 0) + 1
+
+    def output_rate(self, target: str, seconds: float, tokens: int) -> None:
+        """A response from ``target`` produced ``tokens`` output tokens in ``seconds`` (its
+        whole duration: an over-estimate of the time per token, on the safe side)."""
+        if tokens > 0:
+            self.latency_window(target, per_token=True).record(seconds / tokens)
 
     def stats(
         self,

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from .. import events
 from .._cancel import backend
-from .._context import deadline_var, reason_var, trace_var
+from .._context import deadline_var, order_var, reason_var, trace_var
 from ..errors import (
     AttemptTimeout,
     ErrorFilter,
@@ -94,22 +94,27 @@ class Failover(PolicyDecorator):
     def __repr__(self) -> str:
         return f"failover({', '.join(route.name for route in self.routes)})"
 
-    def _start(self, call: Call) -> int | None:
+    def _order(self, call: Call) -> Sequence[Route] | None:
+        """The routes to try: those a router chose, in its order, when the call is on the
+        first of them; else from the call's own route on (``None``: not ours)."""
+        chosen = order_var.get()
+        if chosen is not None and chosen[0] == call.target.key:
+            by_name = {route.name: route for route in self.routes}
+            return [by_name[name] for name in chosen if name in by_name]
         for index, route in enumerate(self.routes):
             if route.name == call.target.key:
-                return index
-        return None if self.passthrough else 0
+                return self.routes[index:]
+        return None if self.passthrough else self.routes
 
     async def handle(self, call: Call, next: Next) -> Any:
         """Try the routes in order from the call's own, until one answers."""
-        start = self._start(call)
-        if start is None:
+        routes = self._order(call)
+        if routes is None:
             return await next(call)
         errors: list[Exception] = []
         smaller_than: int | None = None  # after a context-length error: the window to beat
         skipped_open: list[str] = []
         previous: str | None = None
-        routes = self.routes[start:]
         for index, route in enumerate(routes):
             window = route.target.context_window
             if smaller_than is not None and not (window is not None and window > smaller_than):

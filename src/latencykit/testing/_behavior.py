@@ -145,7 +145,9 @@ class Behavior:
     """Number of tokens generated (``tok0 tok1 ...``, one per chunk). Default ``16``.
 
     If the request ends with an assistant message (a prefill) that the answer text starts
-    with, only the rest of the text is emitted, and counted (see ``rejects_prefill``)."""
+    with, only the rest of the text is emitted, and counted (see ``rejects_prefill``). A
+    request's ``max_tokens`` (or ``max_completion_tokens``) below the answer's length cuts it
+    there, with ``finish_reason`` ``"length"``, as real servers do."""
     fault: Fault | None = None
     """Injected failure, or ``None`` (default) for a normal answer."""
     retry_after: float | None = None

@@ -59,7 +59,7 @@ def _consume(task: asyncio.Task[bool]) -> None:
 class _Plan:
     """Everything decided when a chat request arrives (latencies are sampled up front)."""
 
-    __slots__ = ("behavior", "fault", "gaps", "rejects_prefill", "tokens", "ttft")
+    __slots__ = ("behavior", "fault", "finish_reason", "gaps", "rejects_prefill", "tokens", "ttft")
 
     def __init__(
         self,
@@ -68,6 +68,7 @@ class _Plan:
         *,
         prompt_tokens: int,
         prefill: str | None,
+        max_tokens: int | None = None,
     ) -> None:
         rng = provider._rng
         self.behavior = behavior
@@ -80,6 +81,11 @@ class _Plan:
         self.fault = fault
         answer = oa.tokens_for(behavior.text, behavior.output_tokens)
         self.tokens = oa.continuation(answer, prefill)
+        self.finish_reason = "stop"
+        if max_tokens is not None and len(self.tokens) > max_tokens:
+            # As a real server does: the answer stops at the client's cap, "length".
+            self.tokens = self.tokens[: max(max_tokens, 0)]
+            self.finish_reason = "length"
         self.ttft = sample_seconds(behavior.ttft, rng)
         self.gaps = [sample_seconds(behavior.itl, rng) for _ in self.tokens]
 
@@ -245,7 +251,7 @@ class _Exchange:
     async def _respond_json(self, plan: _Plan) -> bool:
         fault = plan.fault
         tokens = plan.tokens
-        finish_reason: str | None = "stop"
+        finish_reason: str | None = plan.finish_reason
         if fault is Fault.CUT_WITH_DONE:  # the answer stops early, without a reason
             tokens = tokens[: plan.behavior.stall_after]
             finish_reason = None
@@ -378,7 +384,7 @@ class _Exchange:
             await emit(delta(plan.tokens[i]), tokens=1)
 
         events = [delta("")] if not role_sent else []
-        events.append(chunk({}, "stop"))
+        events.append(chunk({}, plan.finish_reason))
         if self.include_usage:
             usage = oa.usage(self.prompt_tokens, n)
             events.append(oa.chunk(self.completion_id, self.created, self.model, None, None, usage))
@@ -602,7 +608,13 @@ class Engine:
         )
         if error is not None:
             return await self._watch(conn, attempt, exchange.send_json(*error))
-        plan = _Plan(behavior, provider, prompt_tokens=prompt_tokens, prefill=prefill)
+        plan = _Plan(
+            behavior,
+            provider,
+            prompt_tokens=prompt_tokens,
+            prefill=prefill,
+            max_tokens=oa.max_tokens(body),
+        )
         provider._update(attempt, fault=plan.fault)
         return await self._watch(conn, attempt, exchange.respond(plan))
 

@@ -73,6 +73,15 @@ def estimate_prompt_tokens(body: Mapping[str, object]) -> int:
     return max(chars // 4, 1)
 
 
+def max_tokens(body: Mapping[str, object]) -> int | None:
+    """The client's output cap (``max_completion_tokens`` or ``max_tokens``), if any."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
 def prefill(body: Mapping[str, object]) -> str | None:
     """The text of a trailing ``assistant`` message (the start of the answer), else ``None``."""
     messages = _messages(body)

@@ -1,0 +1,384 @@
+"""Routing by job: pick each call's target from the request.
+
+Not every request needs the largest model. ``LLM(..., router=Router(...))`` picks, per call, the
+target that should answer: a short classification to a small model, a long document to a
+long-context one, a request with tools or images to a target that supports them, and, when
+what is left of the budget cannot fit the chosen target's recent p95 latency, the fastest
+target that fits. Failover then goes on from the chosen target to the other eligible ones.
+
+A router is any callable ``(RouteRequest) -> target key`` (or a :class:`RouteDecision`);
+:class:`Router` is the built-in one, driven by :class:`Rule` objects. Prompt tokens are counted
+with litellm's token counter, only when a rule or a context window asks for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from . import events
+from ._context import order_var, remaining, task_var, trace_var
+from .pipeline import Call, Next, Stage
+
+if TYPE_CHECKING:
+    from .stats import Recorder
+    from .target import Target
+
+__all__ = [
+    "RouteDecision",
+    "RouteRequest",
+    "Router",
+    "RouterFunction",
+    "Rule",
+    "needs_of",
+]
+
+
+# What a request needs, and how litellm's model map says a model has it.
+_SUPPORT = {
+    "tools": "supports_function_calling",
+    "vision": "supports_vision",
+    "json": "supports_response_schema",
+}
+
+
+def needs_of(kwargs: Mapping[str, Any]) -> frozenset[str]:
+    """The capabilities a request needs, from its litellm arguments: ``"tools"`` (``tools`` or
+    ``functions`` given), ``"vision"`` (an image part in a message), ``"json"`` (a
+    ``response_format`` of type ``json_object`` or ``json_schema``)."""
+    needs = set()
+    if kwargs.get("tools") or kwargs.get("functions"):
+        needs.add("tools")
+    response_format = kwargs.get("response_format")
+    if isinstance(response_format, Mapping) and response_format.get("type") in (
+        "json_object",
+        "json_schema",
+    ):
+        needs.add("json")
+    for message in kwargs.get("messages") or ():
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list) and any(
+            isinstance(part, Mapping) and part.get("type") == "image_url" for part in content
+        ):
+            needs.add("vision")
+            break
+    return frozenset(needs)
+
+
+class RouteDecision(NamedTuple):
+    """Where a call was routed and why.
+
+    Attributes:
+        target: the chosen target's key.
+        reason: a short human-readable reason (``"rule 1: task='classify'"``, ``"default"``,
+            ``"budget: ..."``).
+    """
+
+    target: str
+    reason: str
+
+
+class RouteRequest:
+    """What a router sees of a call: its arguments, its task tag, its needs, the budget left and
+    each target's recent latency.
+
+    Attributes:
+        kwargs: the call's litellm arguments (``messages``, ``tools``, ...); do not modify.
+        task: the call's task tag (``acompletion(task="classify")``; ``None``: none).
+        needs: the capabilities the request needs (see :func:`needs_of`).
+        remaining: seconds left of the call's deadline (``None``: no deadline).
+        targets: the LLM's targets, in failover order.
+    """
+
+    __slots__ = ("_recorder", "_tokens", "kwargs", "needs", "remaining", "targets", "task")
+
+    def __init__(
+        self,
+        kwargs: Mapping[str, Any],
+        task: str | None,
+        targets: Sequence[Target],
+        recorder: Recorder | None = None,
+    ) -> None:
+        self.kwargs = kwargs
+        self.task = task
+        self.targets = tuple(targets)
+        self.needs = needs_of(kwargs)
+        self.remaining = remaining()
+        self._recorder = recorder
+        self._tokens: int | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's tokens, counted once with litellm's ``token_counter`` (the first
+        target's tokenizer; an estimate for the others)."""
+        if self._tokens is None:
+            from ._litellm import litellm
+
+            self._tokens = int(
+                litellm().token_counter(
+                    model=self.targets[0].model, messages=self.kwargs.get("messages") or []
+                )
+            )
+        return self._tokens
+
+    def latency(
+        self, target: str, quantile: float = 0.95, *, min_samples: int = 20
+    ) -> float | None:
+        """``target``'s recent attempt latency at ``quantile`` (default p95) over the LLM's
+        statistics window, or ``None`` with fewer than ``min_samples`` (default ``20``)."""
+        if self._recorder is None:
+            return None
+        window = self._recorder.latency.get(target)
+        if window is None or window.count() < min_samples:
+            return None
+        return window.quantile(quantile)
+
+    def supports(self, target: Target, capability: str) -> bool | None:
+        """Whether ``target`` supports ``capability``: ``True`` when declared in its
+        ``capabilities`` or when litellm's model map says so, ``False`` when litellm knows the
+        model and says not, ``None`` when nobody knows."""
+        if target.supports(capability):
+            return True
+        check = _SUPPORT.get(capability)
+        if check is None or not target.model:
+            return None
+        from ._litellm import litellm
+
+        module = litellm()
+        try:
+            module.get_model_info(model=target.model)  # raises for a model it does not know
+        except Exception:
+            return None
+        return bool(getattr(module, check)(model=target.model))
+
+
+RouterFunction = Callable[[RouteRequest], "str | RouteDecision"]
+"""Any router: a request in, a target key (or a :class:`RouteDecision`) out."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rule:
+    """Send matching calls to ``to``. A rule matches when every condition given holds.
+
+    Attributes:
+        to: the key (name) of the target to send to (required).
+        task: the task tag(s) it is for (default ``None``: any).
+        min_prompt_tokens: match prompts of at least this many tokens (default ``None``).
+        max_prompt_tokens: match prompts of at most this many tokens (default ``None``).
+        needs: match requests needing all of these capabilities (default empty: any).
+    """
+
+    to: str
+    task: str | Collection[str] | None = None
+    min_prompt_tokens: int | None = None
+    max_prompt_tokens: int | None = None
+    needs: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.to, str) or not self.to:
+            raise ValueError(f"Rule.to must be a target name, got {self.to!r}")
+        if isinstance(self.task, str):
+            object.__setattr__(self, "task", frozenset({self.task}))
+        elif self.task is not None:
+            object.__setattr__(self, "task", frozenset(self.task))
+        for name in ("min_prompt_tokens", "max_prompt_tokens"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ValueError(f"Rule.{name} must be a non-negative int, got {value!r}")
+        if isinstance(self.needs, str):
+            raise TypeError(f"Rule.needs must be a set of capabilities, e.g. {{{self.needs!r}}}")
+        object.__setattr__(self, "needs", frozenset(self.needs))
+
+    def matches(self, request: RouteRequest) -> bool:
+        """Whether ``request`` meets every condition of this rule."""
+        if self.task is not None and request.task not in self.task:
+            return False
+        if not self.needs <= request.needs:
+            return False
+        if self.min_prompt_tokens is not None and request.prompt_tokens < self.min_prompt_tokens:
+            return False
+        return not (
+            self.max_prompt_tokens is not None and request.prompt_tokens > self.max_prompt_tokens
+        )
+
+    def __str__(self) -> str:
+        parts = [
+            f"{name}={value!r}"
+            for name, value in (
+                ("task", None if self.task is None else sorted(self.task)),
+                ("min_prompt_tokens", self.min_prompt_tokens),
+                ("max_prompt_tokens", self.max_prompt_tokens),
+                ("needs", sorted(self.needs) or None),
+            )
+            if value is not None
+        ]
+        return ", ".join(parts) or "always"
+
+
+class Router:
+    """The built-in router: rules first, then capabilities, context and the budget.
+
+    Args:
+        rules: :class:`Rule` objects, tried in order; the first that matches and whose target
+            is eligible picks it.
+        default: the target when no rule picks one (default ``None``: the LLM's first target).
+        fit_budget: when the call has a deadline and the picked target's recent latency at
+            ``quantile`` is longer than what is left, take the eligible target with the
+            shortest such latency that fits (or, if none fits, the fastest) (default ``True``).
+            Targets with fewer than ``min_samples`` recent attempts are not judged.
+        quantile: the latency quantile the budget is compared with (default ``0.95``).
+        min_samples: recent attempts a target needs before its latency is trusted (default
+            ``20``).
+
+    A target is **eligible** for a request when it is known to support every capability the
+    request needs (declared in its ``capabilities``, or in litellm's model map: see
+    :meth:`RouteRequest.supports`; when no target is known to support a need, that need
+    excludes none) and, when the target has a ``context_window``, the prompt fits in it.
+    """
+
+    def __init__(
+        self,
+        *rules: Rule,
+        default: str | None = None,
+        fit_budget: bool = True,
+        quantile: float = 0.95,
+        min_samples: int = 20,
+    ) -> None:
+        for index, rule in enumerate(rules):
+            if not isinstance(rule, Rule):
+                raise TypeError(f"Router.rules[{index}] must be a latencykit.routing.Rule")
+        if default is not None and (not isinstance(default, str) or not default):
+            raise ValueError(f"Router.default must be a target name, got {default!r}")
+        if isinstance(quantile, bool) or not isinstance(quantile, (int, float)):
+            raise TypeError(f"Router.quantile must be a number in (0, 1), got {quantile!r}")
+        if not 0 < quantile < 1:
+            raise ValueError(f"Router.quantile must be in (0, 1), got {quantile!r}")
+        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
+            raise ValueError(f"Router.min_samples must be a positive int, got {min_samples!r}")
+        self.rules = rules
+        self.default = default
+        self.fit_budget = bool(fit_budget)
+        self.quantile = float(quantile)
+        self.min_samples = min_samples
+
+    def __repr__(self) -> str:
+        return f"Router({len(self.rules)} rules, default={self.default!r})"
+
+    def check(self, targets: Sequence[str]) -> None:
+        """Raise ``ValueError`` if a rule or the default names none of ``targets``."""
+        for index, name in [*enumerate(r.to for r in self.rules), ("default", self.default)]:
+            if name is not None and name not in targets:
+                where = "Router.default" if index == "default" else f"Router.rules[{index}].to"
+                raise ValueError(f"{where} names {name!r}, which is not one of {list(targets)}")
+
+    def eligible(self, request: RouteRequest) -> list[Target]:
+        """The targets that can serve ``request`` (see the class docs), in failover order."""
+        targets = list(request.targets)
+        for need in sorted(request.needs):
+            known = [t for t in targets if request.supports(t, need)]
+            if known:
+                targets = known
+        if any(t.context_window is not None for t in targets):
+            tokens = request.prompt_tokens
+            targets = [t for t in targets if t.context_window is None or t.context_window > tokens]
+        return targets or list(request.targets)
+
+    def __call__(self, request: RouteRequest) -> RouteDecision:
+        """Pick the target for ``request``."""
+        eligible = self.eligible(request)
+        names = [t.key for t in eligible]
+        decision: RouteDecision | None = None
+        for index, rule in enumerate(self.rules, 1):
+            if rule.to in names and rule.matches(request):
+                decision = RouteDecision(rule.to, f"rule {index}: {rule}")
+                break
+        if decision is None:
+            default = self.default if self.default in names else names[0]
+            decision = RouteDecision(default, "default")
+        if self.fit_budget and request.remaining is not None:
+            decision = self._fit(request, decision, names)
+        return decision
+
+    def _fit(self, request: RouteRequest, picked: RouteDecision, names: list[str]) -> RouteDecision:
+        left = request.remaining
+        assert left is not None
+
+        def latency(name: str) -> float | None:
+            return request.latency(name, self.quantile, min_samples=self.min_samples)
+
+        own = latency(picked.target)
+        if own is None or own <= left:
+            return picked
+        known = [(seconds, name) for name in names if (seconds := latency(name)) is not None]
+        fits = [entry for entry in known if entry[0] <= left]
+        seconds, name = max(fits) if fits else min(known)  # the slowest that fits: the best
+        p = f"p{self.quantile * 100:g}"
+        return RouteDecision(
+            name,
+            f"budget: {picked.target} {p} {own:.3f}s > {left:.3f}s left; "
+            f"{name} {p} {seconds:.3f}s" + ("" if fits else " (none fits: the fastest)"),
+        )
+
+
+class Routing:
+    """Stage ``ROUTER`` in ``LLM``: route each call, then let failover follow the route."""
+
+    stage = Stage.ROUTER
+    __slots__ = ("_by_key", "_recorder", "_rewrite", "_targets", "router")
+
+    def __init__(
+        self,
+        router: RouterFunction,
+        targets: Sequence[Target],
+        rewrite: Callable[[Target, Call], Call],
+        recorder: Recorder | None,
+    ) -> None:
+        if not callable(router):
+            raise TypeError(f"LLM.router must be a Router or a function, got {router!r}")
+        self.router = router
+        self._targets = tuple(targets)
+        self._by_key = {t.key: t for t in targets}
+        self._rewrite = rewrite
+        self._recorder = recorder
+        if isinstance(router, Router):
+            router.check(list(self._by_key))
+
+    def __repr__(self) -> str:
+        return f"routing({self.router!r})"
+
+    async def handle(self, call: Call, next: Next) -> Any:
+        """Route ``call`` and run it on the chosen target (failover after it)."""
+        request = RouteRequest(call.kwargs, task_var.get(), self._targets, self._recorder)
+        decision = self.router(request)
+        if isinstance(decision, str):
+            decision = RouteDecision(decision, "router")
+        target = self._by_key.get(decision.target)
+        if target is None:
+            raise ValueError(
+                f"LLM.router chose {decision.target!r}, which is not one of {list(self._by_key)}"
+            )
+        order = [decision.target]
+        eligible = (
+            self.router.eligible(request) if isinstance(self.router, Router) else self._targets
+        )
+        order += [t.key for t in eligible if t.key != decision.target]
+        trace = trace_var.get()
+        if trace is not None:
+            trace.route = decision
+            if events.listening():
+                events.emit(
+                    events.Routed(
+                        trace.call_id,
+                        target=decision.target,
+                        reason=decision.reason,
+                        task=request.task,
+                    )
+                )
+        token = order_var.set(tuple(order))
+        try:
+            return await next(self._rewrite(target, call))
+        finally:
+            order_var.reset(token)
