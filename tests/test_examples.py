@@ -46,3 +46,20 @@ def test_streaming_example_runs() -> None:
         "attempts: [('openai/busy-model', 'FirstTokenTimeout'), ('openai/backup-model', 'ok')]"
     )
     assert lines[2] == "StreamStalled after 3 chunks: 'Queueing at the'"
+
+
+@pytest.mark.timeout(120)
+def test_turn_budget_example_runs() -> None:
+    lines = run_example("turn_budget.py")
+    assert lines[0] == "turn budget 2.300s"
+    assert [line.split(":")[0].strip() for line in lines[1:5]] == [
+        "retrieval",
+        "prompt",
+        "model",
+        "tools",
+    ]
+    assert all(line.endswith(", ok") for line in lines[1:5])
+    assert lines[5] == "answer: Queues at the provider. (latency: see the runbook)"
+    assert lines[6] == (
+        "DeadlineExceeded in stage 'model': {'retrieval': 'ok', 'prompt': 'ok', 'model': 'overran'}"
+    )
