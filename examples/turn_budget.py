@@ -50,9 +50,9 @@ async def answer(llm: lk.LLM, question: str) -> str:
         async with lk.stage("tools", budget=BUDGET["tools"]):
             note = await lookup("latency")
         ledger = lk.ledger()
-        assert ledger is not None
-        print(ledger)
-        return f"{response.choices[0].message.content} ({note})"
+    assert ledger is not None
+    print(ledger)
+    return f"{response.choices[0].message.content} ({note})"
 
 
 async def main(base_url: str) -> None:
@@ -65,8 +65,7 @@ async def main(base_url: str) -> None:
     try:
         await answer(slow, "And today?")
     except lk.DeadlineExceeded as error:
-        assert error.ledger is not None
-        spent = {record.name: record.outcome for record in error.ledger}
+        spent = {record.name: record.outcome for record in error.ledger or ()}
         print(f"DeadlineExceeded in stage {error.stage!r}: {spent}")
 
 

@@ -36,9 +36,11 @@ TOP_LEVEL = {
     "stream_guard",
     "StreamGuard",
     "guard_stream",
-    # a turn: stages with budgets and their ledger
+    # a turn: stages with budgets and their ledger, fan-out
     "stage",
     "ledger",
+    "gather",
+    "first",
     # during a call
     "remaining",
     "subscribe",
@@ -71,6 +73,7 @@ SUBMODULES = {
     "cache",
     "errors",
     "events",
+    "fanout",
     "llm",
     "pipeline",
     "policies",

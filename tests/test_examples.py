@@ -63,3 +63,14 @@ def test_turn_budget_example_runs() -> None:
     assert lines[6] == (
         "DeadlineExceeded in stage 'model': {'retrieval': 'ok', 'prompt': 'ok', 'model': 'overran'}"
     )
+
+
+@pytest.mark.timeout(120)
+def test_fanout_example_runs() -> None:
+    lines = run_example("fanout.py")
+    assert lines[0] == "gathered 2 of 3, missing {2: 'TimedOut'}"
+    assert lines[1].startswith("final answer: 'tok0 tok1', ")
+    assert lines[2].startswith("GatherIncomplete: [1, 2] missing, caused by ProviderUnavailable(")
+    assert lines[3] == "first acceptable: 'Paris.' from openai/careful-model"
+    assert lines[4] == "streamed 17 chunks from openai/fast-model"
+    assert lines[5] == "NoAcceptableResult: ['Failed', 'TimedOut']"

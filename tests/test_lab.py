@@ -25,6 +25,7 @@ def test_lab_bounds_the_tail_the_bare_row_does_not() -> None:
         deadline=0.6,
         degrade_after=0.3,
         outage=False,
+        turn=False,
         streaming=False,
     )
     result = run_lab(config, progress=None)
@@ -64,7 +65,9 @@ def test_lab_bounds_the_tail_the_bare_row_does_not() -> None:
 @pytest.mark.timeout(120)
 def test_cli_prints_the_per_target_stats(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["lab", "--rows", "hedge", "--requests", "20", "--concurrency", "5", "--scale", "0.01"]
-    assert latencykit_main([*argv, "--no-outage", "--no-streaming", "--json", "-"]) == 0
+    assert (
+        latencykit_main([*argv, "--no-outage", "--no-streaming", "--no-turn", "--json", "-"]) == 0
+    )
     out = capsys.readouterr().out
     assert "per-target statistics of each lk.LLM client (llm.stats()" in out
     _, stats = out.split("per-target statistics", 1)
@@ -147,6 +150,7 @@ def test_streaming_scenario_bounds_the_first_token_and_recovers_stalls() -> None
         degrade_after=0.3,
         rows=("bare",),
         outage=False,
+        turn=False,
     )
     result = run_lab(config, progress=None)
     assert result.streaming is not None
@@ -160,3 +164,27 @@ def test_streaming_scenario_bounds_the_first_token_and_recovers_stalls() -> None
     assert guarded_stalls.complete == guarded_stalls.streams  # every answer whole
     assert guarded_stalls.hung == guarded_stalls.failed == 0
     assert "StreamGuard" in format_streaming(result.streaming)
+
+
+@pytest.mark.timeout(120)
+def test_turn_scenario_meets_its_p95_budget_only_with_stage_budgets_and_fan_out() -> None:
+    import anyio
+
+    from latencykit.lab.runner import prepare_litellm
+    from latencykit.lab.turn import TurnResult, format_turns, run_turns
+    from latencykit.testing import FakeProvider
+
+    prepare_litellm()
+
+    async def scenario() -> TurnResult:
+        with FakeProvider(seed=3) as fake:
+            return await run_turns(fake, turns=40, budget=0.6, concurrency=10, seed=3)
+
+    result = anyio.run(scenario)
+    sequential, fan_out, budgeted = result.rows
+    assert sequential.turns == fan_out.turns == budgeted.turns == 40
+    # One source in four is slow (0.6-1.2 s): without budgets the p95 turn waits for it.
+    assert sequential.p95 > result.budget and fan_out.p95 > result.budget
+    assert budgeted.p95 <= result.budget
+    assert budgeted.within_budget > sequential.within_budget
+    assert "meets the p95 budget: stage budgets + fan-out" in format_turns(result)

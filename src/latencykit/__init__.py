@@ -6,7 +6,8 @@ The rest is in documented submodules: ``latencykit.events`` (event types), ``lat
 policy's options, breaker registry and stores), ``latencykit.stats`` (latency windows,
 per-target statistics), ``latencykit.slow_calls`` (the slow-call log),
 ``latencykit.llm`` (``CallReport``), ``latencykit.turn`` (the stages' ``Ledger``),
-``latencykit.routing`` (``Router``, ``Rule``) and ``latencykit.cache`` (``ResponseCache``);
+``latencykit.routing`` (``Router``, ``Rule``), ``latencykit.cache`` (``ResponseCache``) and
+``latencykit.fanout`` (``gather``'s markers);
 ``latencykit.telemetry`` (OpenTelemetry, imported on first use).
 ``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
 """
@@ -16,6 +17,7 @@ import typing as _typing
 from . import cache as cache
 from . import errors as errors
 from . import events as events
+from . import fanout as fanout
 from . import llm as llm
 from . import pipeline as pipeline
 from . import policies as policies
@@ -46,6 +48,8 @@ from .errors import StreamBroken as StreamBroken
 from .errors import StreamStalled as StreamStalled
 from .errors import TransientError as TransientError
 from .events import subscribe as subscribe
+from .fanout import first as first
+from .fanout import gather as gather
 from .llm import LLM as LLM
 from .llm import Degrade as Degrade
 from .llm import report as report
@@ -118,6 +122,8 @@ __all__ = [
     "deadline",
     "failover",
     "fallback",
+    "first",
+    "gather",
     "guard_stream",
     "hedge",
     "ledger",

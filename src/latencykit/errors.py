@@ -206,7 +206,7 @@ class LimitExceeded(LatencykitError):
         waited: float = 0.0,
     ) -> None:
         who = f"target {target!r}" if tenant is None else f"tenant {tenant!r} on {target!r}"
-        needs = "" if wait is None else f"; a slot was {wait:.3f}s away"
+        needs = "" if wait is None else f"; it would have had to wait {wait:.3f}s"
         super().__init__(
             f"{limit} limit of {who} reached; gave up after waiting {waited:.3f}s{needs}"
         )

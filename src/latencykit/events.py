@@ -38,6 +38,7 @@ __all__ = [
     "EventHandler",
     "FailedOver",
     "FallbackUsed",
+    "FanOutEnded",
     "FirstToken",
     "HedgeFired",
     "HedgeSkipped",
@@ -242,6 +243,34 @@ class DeadlineExpired(Event):
     budget: float
     elapsed: float
     stage: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FanOutEnded(Event):
+    """A ``lk.gather`` or ``lk.first`` ended (returned, or raised ``GatherIncomplete`` /
+    ``NoAcceptableResult``; not emitted when cancelled from outside: ``DeadlineExpired``
+    covers that).
+
+    Attributes:
+        kind: ``"gather"`` or ``"first"``.
+        awaitables: how many it was given.
+        ok: values returned (``first``: 1 with a winner, else 0).
+        failed: awaitables that raised an ``Exception``.
+        timed_out: cut off by ``within`` (``first``: sources never started included).
+        not_needed: cancelled once decided (``min_results`` reached, a failing
+            ``return_partial=False`` gather; ``first``: losers and sources never started).
+        rejected: answers ``accept`` refused (``first`` only; ``0`` for ``gather``).
+        elapsed: seconds from the start to the decision.
+    """
+
+    kind: Literal["gather", "first"]
+    awaitables: int
+    ok: int
+    failed: int
+    timed_out: int
+    not_needed: int
+    rejected: int
+    elapsed: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -324,9 +324,10 @@ class LLM:
             ``report(response).truncated`` is ``True``) (default ``"raise"``). A stream's
             truncation shows in ``stream.finish_reason`` and ``report(stream).truncated``.
 
-    The pipeline, outermost first: deadline, degrade, hedge, failover, then per target breaker,
-    retry and the attempt (with the stream guard); :attr:`pipeline` shows it. Every attempt
-    is reported to the LLM's :class:`~latencykit.stats.Recorder`, which :meth:`stats` reads.
+    The pipeline, outermost first: deadline, cache, router, degrade, hedge, failover, then per
+    target breaker, limiter, retry and the attempt (with the stream guard); :attr:`pipeline`
+    shows it. Every attempt is reported to the LLM's :class:`~latencykit.stats.Recorder`,
+    which :meth:`stats` reads.
     Invalid options raise ``ValueError``/``TypeError`` naming the field at construction.
     Constructing the first ``LLM`` imports litellm (seconds, once per process): at start-up,
     not inside the first call, where the import would block the event loop.

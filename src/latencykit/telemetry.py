@@ -34,7 +34,9 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import events
 from ._context import Attempt
 from ._handle import Handle
+from .cache import CacheLookup
 from .policies.breaker import BreakerRejected, BreakerState, BreakerStateChanged
+from .policies.limiter import LimitRefused, LimitWaited
 from .policies.retry import RetryGaveUp, RetryScheduled
 from .target import Endpoint
 
@@ -316,6 +318,10 @@ class Instrumentation(Handle):
             events.FirstToken: self._first_token,
             events.StallDetected: self._stall_detected,
             events.StreamResumed: self._stream_resumed,
+            events.Routed: self._routed,
+            CacheLookup: self._cache_lookup,
+            LimitWaited: self._limit_waited,
+            LimitRefused: self._limit_refused,
             events.StageStarted: self._stage_started,
             events.StageEnded: self._stage_ended,
             RetryScheduled: self._retry_scheduled,
@@ -576,6 +582,33 @@ class Instrumentation(Handle):
         if event.stage is not None:
             attributes["latencykit.stage.name"] = event.stage
         self._span_event(event.call_id, "latencykit.deadline.expired", attributes)
+
+    def _routed(self, event: events.Routed) -> None:
+        call = self._calls.get(event.call_id)
+        if call is not None:
+            call.span.set_attributes(
+                {"latencykit.route.target": event.target, "latencykit.route.reason": event.reason}
+            )
+
+    def _cache_lookup(self, event: CacheLookup) -> None:
+        call = self._calls.get(event.call_id)
+        if call is not None:
+            call.span.set_attribute("latencykit.cache.hit", event.hit)
+
+    def _limit_waited(self, event: LimitWaited) -> None:
+        # No tenant: it may be an end user's id (the call's ``user``).
+        self._span_event(
+            event.call_id,
+            "latencykit.limit.waited",
+            {"latencykit.limit.kind": event.limit, "latencykit.limit.waited": event.waited},
+        )
+
+    def _limit_refused(self, event: LimitRefused) -> None:
+        self._span_event(
+            event.call_id,
+            "latencykit.limit.refused",
+            {"latencykit.limit.kind": event.limit, "latencykit.limit.waited": event.waited},
+        )
 
     def _stage_started(self, event: events.StageStarted) -> None:
         attributes: dict[str, Any] = {"latencykit.stage.name": event.name}

@@ -30,7 +30,6 @@ from types import TracebackType
 from typing import Literal, NamedTuple, ParamSpec, TypeVar
 
 from . import _validation, events
-from ._cancel import backend
 from ._context import current_attempt, deadline_var, trace_var
 from .policies.deadline import DeadlineScope, PerTask
 
@@ -190,22 +189,16 @@ class StageScope:
     def __init__(self, name: str, budget: float | None) -> None:
         self.name = name
         self.budget = budget
-        loop = backend()
-        started = loop.now()
-        enclosing = deadline_var.get()
-        own = math.inf if budget is None else started + budget
-        self.deadline = min(own, enclosing)
-        self._scope = DeadlineScope(
-            math.inf if self.deadline == math.inf else self.deadline - started,
-            own_trace=True,
-            expires=self.deadline,
-            stage=name,
+        self._scope = scope = DeadlineScope(
+            math.inf if budget is None else budget, own_trace=True, stage=name
         )
-        trace = self._scope._trace
+        self.deadline = scope.deadline
+        trace = scope._trace
         assert trace is not None
         turn = trace.turn()  # a stage outside any turn is a turn of its own
         if turn.ledger is None:
-            turn.ledger = Ledger(turn.started_at, own if turn is trace else enclosing)
+            outer = self.deadline if turn is trace else deadline_var.get()
+            turn.ledger = Ledger(turn.started_at, outer)
         self.ledger: Ledger = turn.ledger
         self._parent: str | None = None
         self.record: StageRecord | None = None

@@ -15,6 +15,7 @@ from .report import format_stats, format_table
 from .rows import ROWS
 from .runner import LabConfig, run_lab, write_json
 from .streaming import format_streaming
+from .turn import format_turns
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -90,6 +91,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         action="store_true",
         help="skip the streaming scenario (time to first token, stalls)",
     )
+    parser.add_argument(
+        "--no-turn",
+        action="store_true",
+        help="skip the turn scenario (stage budgets and fan-out within a p95 budget)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="random seed")
     parser.add_argument(
         "--backend",
@@ -143,6 +149,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             seed=args.seed,
             outage=not args.no_outage,
             streaming=not args.no_streaming,
+            turn=not args.no_turn,
         )
     except (TypeError, ValueError) as exc:
         print(f"latencykit lab: {exc}", file=sys.stderr)
@@ -168,6 +175,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     if result.streaming is not None:
         print()
         print(format_streaming(result.streaming))
+    if result.turn is not None:
+        print()
+        print(format_turns(result.turn))
     if result.outage is not None:
         print()
         print(format_outage(result.outage))

@@ -20,6 +20,7 @@ from .outage import OutageResult, run_outage
 from .report import ClientStats, percentile
 from .rows import DEGRADED, PRIMARY, REQUEST_HEADER, ROWS, RowContext, Sent, Through
 from .streaming import StreamingResult, run_streaming
+from .turn import TurnResult, run_turns
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +46,8 @@ class LabConfig:
             ``True``).
         streaming: also run the streaming scenario (time to first token bare, guarded and
             hedged; stalls recovered) (default ``True``).
+        turn: also run the turn scenario (a three-stage turn with one slow source, within a
+            p95 budget: sequential, fan-out, stage budgets with fan-out) (default ``True``).
         seed: seeds the workload and the fake provider (default ``7``).
     """
 
@@ -61,6 +64,7 @@ class LabConfig:
     rows: tuple[str, ...] = tuple(ROWS)
     outage: bool = True
     streaming: bool = True
+    turn: bool = True
     seed: int = 7
 
     def __post_init__(self) -> None:
@@ -115,6 +119,7 @@ class LabResult:
     machine: dict[str, str]
     outage: OutageResult | None = None
     streaming: StreamingResult | None = None
+    turn: TurnResult | None = None
     stats: tuple[ClientStats, ...] = ()
 
     def to_json(self) -> str:
@@ -251,6 +256,12 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
         if config.streaming:
             fake.reset()
             streaming = await run_streaming(fake, config, progress)
+        turn = None
+        if config.turn:
+            if progress is not None:
+                print("  turn scenario (stage budgets, fan-out) ...", file=progress)
+            fake.reset()
+            turn = await run_turns(fake, seed=config.seed)
         outage = None
         if config.outage:
             if progress is not None:
@@ -262,6 +273,7 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
         rows=tuple(results),
         outage=outage,
         streaming=streaming,
+        turn=turn,
         stats=tuple(stats),
         machine={
             "python": platform.python_version(),

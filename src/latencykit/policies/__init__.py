@@ -3,7 +3,7 @@
 The policies themselves are at the top level (``lk.hedge``, ``lk.Hedge``, ...); each module
 also holds what only some users need: the breaker's state, metrics and stores
 (:mod:`latencykit.policies.breaker`), the retry policy's events, the fallback's reasons, the
-adaptive hedging delay.
+adaptive hedging delay, the limiter and its tenant quotas (:mod:`latencykit.policies.limiter`).
 """
 
 from . import breaker as breaker
@@ -12,4 +12,5 @@ from . import failover as failover
 from . import fallback as fallback
 from . import guard as guard
 from . import hedge as hedge
+from . import limiter as limiter
 from . import retry as retry

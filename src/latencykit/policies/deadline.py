@@ -8,10 +8,9 @@ only shorten the budget, never extend it.
 from __future__ import annotations
 
 import datetime
+from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
-
-import anyio
 
 from .. import _validation, events
 from .._cancel import backend
@@ -29,25 +28,32 @@ S = TypeVar("S")
 
 class PerTask(Generic[S]):
     """The scopes one reusable context manager has entered, per task: one ``lk.deadline(2)``
-    object (or stage) may guard several tasks at once, each ``with`` block its own scope."""
+    object (or stage) may guard several tasks at once, each ``with`` block its own scope.
 
-    __slots__ = ("_stacks",)
+    Kept in a context variable (each task runs in its own context), which is cheaper than
+    looking the task up at every entry and exit.
+    """
+
+    __slots__ = ("_current",)
 
     def __init__(self) -> None:
-        self._stacks: dict[int, list[S]] = {}
+        self._current: ContextVar[tuple[S, Token[Any]] | None] = ContextVar(
+            "latencykit.entered", default=None
+        )
 
     def push(self, scope: S) -> S:
         """Remember ``scope`` as the current task's innermost; returns it."""
-        self._stacks.setdefault(anyio.get_current_task().id, []).append(scope)
+        entered = (scope, None)
+        token = self._current.set(entered)  # type: ignore[arg-type]
+        self._current.set((scope, token))
         return scope
 
     def pop(self) -> S:
         """Forget and return the current task's innermost scope."""
-        task = anyio.get_current_task().id
-        stack = self._stacks[task]
-        scope = stack.pop()
-        if not stack:
-            del self._stacks[task]
+        entered = self._current.get()
+        assert entered is not None, "exited a scope that was not entered in this task"
+        scope, token = entered
+        self._current.reset(token)
         return scope
 
 
@@ -79,16 +85,20 @@ class DeadlineScope:
         budget: float,
         *,
         own_trace: bool = False,
-        expires: float | None = None,
         stage: str | None = None,
     ) -> None:
         self.budget = budget
         self.stage = stage
         self._backend = loop = backend()
         self.starts_at = loop.now()
-        self._expires = self.starts_at + budget if expires is None else expires
-        self.deadline = min(self._expires, deadline_var.get())
-        self._cancel_scope = loop.scope(deadline=self._expires)
+        self._expires = self.starts_at + budget
+        enclosing = deadline_var.get()
+        self.deadline = min(self._expires, enclosing)
+        # No cancel scope (the costliest part) when an enclosing one expires first or at the
+        # same time: it cancels the work inside, and raises (naming the stage it ran out in).
+        self._cancel_scope = (
+            None if self._expires >= enclosing else loop.scope(deadline=self._expires)
+        )
         self._trace: Trace | None = Trace(parent=trace_var.get()) if own_trace else None
 
     @property
@@ -100,14 +110,15 @@ class DeadlineScope:
     @property
     def expired(self) -> bool:
         """Whether this scope's own deadline cancelled the work inside it."""
-        return bool(self._cancel_scope.cancelled_caught)
+        return self._cancel_scope is not None and bool(self._cancel_scope.cancelled_caught)
 
     def remaining(self) -> float:
         """Seconds left before this scope's (effective) deadline; never negative."""
         return max(0.0, self.deadline - self._backend.now())
 
     def __enter__(self) -> DeadlineScope:
-        self._cancel_scope.__enter__()
+        if self._cancel_scope is not None:
+            self._cancel_scope.__enter__()
         self._token = deadline_var.set(self.deadline)
         if self._trace is not None:
             self._trace_token = trace_var.set(self._trace)
@@ -122,9 +133,10 @@ class DeadlineScope:
         if self._trace is not None:
             trace_var.reset(self._trace_token)
         deadline_var.reset(self._token)
-        suppress = bool(self._cancel_scope.__exit__(exc_type, exc, tb))
+        scope = self._cancel_scope
+        suppress = False if scope is None else bool(scope.__exit__(exc_type, exc, tb))
         try:
-            if self._cancel_scope.cancelled_caught:
+            if scope is not None and scope.cancelled_caught:
                 self._expired()
         finally:
             trace = self._trace

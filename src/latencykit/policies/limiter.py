@@ -1,0 +1,995 @@
+"""``limiter``: per-target concurrency limits and per-tenant quotas, fair between tenants.
+
+A :class:`Limiter` sits inside the breaker and failover, outside retry and the attempt
+(``Stage.LIMITER``), so it runs once per target a call goes to. Before letting a call through it
+takes, in this order:
+
+1. the tenant's **rate quotas** (:class:`Quota`: requests per second, tokens per minute), token
+   buckets kept in a :class:`QuotaStore`. A bucket knows how long until it can serve, so a wait
+   that does not fit (``max_wait``, the remaining budget) is refused at once;
+2. a slot of the tenant's **concurrency cap** (``Quota.concurrency``), FIFO per tenant;
+3. a slot of the **target's concurrency limit** (``concurrency``). Waiters for a target's slots
+   are served by weighted round robin across tenants (FIFO within a tenant), so a noisy tenant's
+   backlog does not delay a quiet tenant's calls.
+
+A slot wait cannot be known in advance: the call waits until a slot frees, at most until
+``max_wait`` after it arrived (then :class:`~latencykit.errors.LimitExceeded`) or until the
+enclosing deadline or cancel scope ends (whose cancellation then wins:
+:class:`~latencykit.DeadlineExceeded`, or a failover share's timeout). Every refusal raises
+``LimitExceeded`` without calling the target; it is transient to failover and degrade (they move
+on), never retried by default and never counted by breakers.
+
+Slots are held until the call's result is final: a response returned, an error raised, the call
+cancelled, or, for a stream, the stream ended (closed, finished, broken, garbage-collected).
+Concurrency slots are process-local; the token buckets live behind :class:`QuotaStore`, whose
+single atomic operation a shared store (Redis and a Lua script) can implement for a fleet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import heapq
+import itertools
+import logging
+import math
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+import anyio
+
+from .. import _response, events
+from .._cancel import Backend, backend, clock
+from .._context import deadline_var, trace_var
+from .._response import Summary
+from ..errors import LimitExceeded
+from ..pipeline import Call, Next, PolicyDecorator, Stage
+from ..stream import Stream, StreamOutcome
+
+__all__ = [
+    "DEFAULT_TENANT",
+    "InMemoryQuotaStore",
+    "LimitKind",
+    "LimitRefused",
+    "LimitWaited",
+    "Limiter",
+    "LimiterSnapshot",
+    "Quota",
+    "QuotaStore",
+    "current_tenant",
+    "tenant",
+]
+
+logger = logging.getLogger("latencykit")
+
+DEFAULT_TENANT = "<default>"
+"""The tenant of calls that name none (no ``tenant()`` scope, no string ``user=``)."""
+
+# Idle state (full buckets, tenants with nothing in flight) is forgotten once there are this many
+# entries, then again at twice as many as were kept: tenants may be end users, many and brief.
+_PRUNE_FROM = 1024
+
+LimitKind: TypeAlias = Literal["concurrency", "tenant_concurrency", "requests", "tokens"]
+"""Which limit a call waited for or was refused by: the target's concurrency limit, the
+tenant's concurrency cap, or the tenant's request or token rate."""
+
+
+# --- tenants -----------------------------------------------------------------------------------
+
+_tenant_var: ContextVar[str | None] = ContextVar("latencykit.tenant", default=None)
+
+
+def _check_tenant(name: object, field: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"{field} must be a non-empty string, got {name!r}")
+    if not name:
+        raise ValueError(f"{field} must be a non-empty string, got ''")
+    return name
+
+
+@contextlib.contextmanager
+def _tenant_scope(name: str) -> Iterator[str]:
+    token = _tenant_var.set(name)
+    try:
+        yield name
+    finally:
+        _tenant_var.reset(token)
+
+
+def tenant(name: str) -> contextlib.AbstractContextManager[str]:
+    """Run the calls made inside ``with tenant(name):`` on behalf of tenant ``name``.
+
+    A context variable: it follows the calls into the tasks they start (hedges, races), and
+    nests (the innermost wins). Each ``with`` needs its own ``tenant(...)`` call. It takes
+    precedence over the ``user=`` argument of an LLM call (see :class:`Limiter`).
+
+    Raises:
+        TypeError, ValueError: ``name`` is not a string, or is empty.
+    """
+    return _tenant_scope(_check_tenant(name, "tenant.name"))
+
+
+def current_tenant() -> str | None:
+    """The tenant set by the innermost enclosing ``with tenant(...)``, or ``None``."""
+    return _tenant_var.get()
+
+
+def _default_tenant_of(call: Call) -> str | None:
+    named = _tenant_var.get()
+    if named is not None:
+        return named
+    if call.target.model:  # an LLM call: OpenAI's end-user id
+        user = call.kwargs.get("user")
+        if isinstance(user, str) and user:
+            return user
+    return None
+
+
+# --- quotas and their store --------------------------------------------------------------------
+
+
+def _positive(name: str, value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a positive, finite number, got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Quota:
+    """What one tenant may use: rates (token buckets), a concurrency cap and a fair share.
+
+    Frozen and validated at construction (``ValueError`` naming the field). Every field is
+    optional; a quota with none set only gives the tenant its ``weight``.
+
+    Attributes:
+        requests_per_second: calls per second, refilled continuously (default ``None``: no
+            request rate).
+        tokens_per_minute: tokens per minute (prompt plus the largest possible answer, see
+            ``Limiter(tokens_of=...)``), refilled continuously (default ``None``: no token
+            rate).
+        request_burst: the request bucket's size: calls that may go at once after a quiet
+            spell (default ``None``: one second's worth, at least 1; must be ``>= 1``).
+        token_burst: the token bucket's size (default ``None``: one minute's worth,
+            ``tokens_per_minute``).
+        concurrency: calls of the tenant in flight at once through the limiter, all targets
+            together (default ``None``: no cap). A cap below the target's ``concurrency``
+            keeps slots free for the other tenants: this is what keeps a noisy tenant from
+            raising a quiet one's latency.
+        weight: the tenant's share of a contended target's slots relative to the other
+            waiting tenants (default ``1.0``): a tenant of weight 2 is served twice as often
+            as one of weight 1 while both wait.
+
+    After construction ``request_burst`` and ``token_burst`` hold the sizes in force (the
+    defaults filled in) when their rate is set, else ``None``.
+    """
+
+    requests_per_second: float | None = None
+    tokens_per_minute: float | None = None
+    request_burst: float | None = None
+    token_burst: float | None = None
+    concurrency: int | None = None
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        rps, tpm = self.requests_per_second, self.tokens_per_minute
+        if rps is not None:
+            rps = _positive("Quota.requests_per_second", rps)
+            object.__setattr__(self, "requests_per_second", rps)
+        if tpm is not None:
+            tpm = _positive("Quota.tokens_per_minute", tpm)
+            object.__setattr__(self, "tokens_per_minute", tpm)
+        for field, rate, rate_field, default in (
+            ("request_burst", rps, "requests_per_second", None if rps is None else max(1.0, rps)),
+            ("token_burst", tpm, "tokens_per_minute", tpm),
+        ):
+            burst = getattr(self, field)
+            if burst is None:
+                object.__setattr__(self, field, default)
+                continue
+            if rate is None:
+                raise ValueError(f"Quota.{field} needs Quota.{rate_field}")
+            burst = _positive(f"Quota.{field}", burst)
+            if field == "request_burst" and burst < 1:
+                raise ValueError(f"Quota.request_burst must be >= 1 (one call), got {burst!r}")
+            object.__setattr__(self, field, burst)
+        if self.concurrency is not None:
+            _count("Quota.concurrency", self.concurrency)
+        object.__setattr__(self, "weight", _positive("Quota.weight", self.weight))
+
+    @property
+    def rated(self) -> bool:
+        """Whether the quota has a request or token rate (a bucket to take from)."""
+        return self.requests_per_second is not None or self.tokens_per_minute is not None
+
+
+@runtime_checkable
+class QuotaStore(Protocol):
+    """Where the tenants' token buckets live, by key (``"<tenant>/requests"``,
+    ``"<tenant>/tokens"``). Synchronous and tiny: one atomic operation, plus a read.
+
+    A bucket holds up to ``burst`` tokens and refills at ``rate`` tokens per second; a bucket
+    never seen is full. A shared store (Redis: both methods are a few lines of Lua) spreads a
+    tenant's quota over a fleet; it may use its own clock instead of ``now`` (the limiter's is
+    the event loop's, which differs between processes).
+    """
+
+    def take(
+        self, key: str, amount: float, *, rate: float, burst: float, now: float, max_wait: float
+    ) -> float:
+        """Take ``amount`` tokens from bucket ``key`` if they are available within
+        ``max_wait`` seconds, and return the wait in seconds (``0.0``: available now).
+
+        Atomically: refill the bucket for the time since its last update (up to ``burst``);
+        compute ``wait``, the time until it holds ``amount`` (``0`` if it does); if ``wait <=
+        max_wait``, subtract ``amount`` (the bucket may go negative: the caller reserved tokens
+        that arrive during its wait; later callers queue behind it). Otherwise take nothing.
+        Either way return ``wait``: a result above ``max_wait`` means nothing was taken.
+        A negative ``amount`` gives tokens back (a refund), never above ``burst``, and
+        returns ``0.0``.
+        """
+        ...
+
+    def level(self, key: str, *, rate: float, burst: float, now: float) -> float:
+        """The tokens bucket ``key`` holds at ``now`` (negative while reserved ahead);
+        changes nothing."""
+        ...
+
+
+class InMemoryQuotaStore:
+    """A :class:`QuotaStore` in a dict, for one process (the default).
+
+    Full buckets are forgotten from time to time (a full bucket is what an unknown key
+    means), so a store keyed by many short-lived tenants (end-user ids) stays small.
+    """
+
+    __slots__ = ("_buckets", "_lock", "_prune_at")
+
+    def __init__(self) -> None:
+        # key -> [tokens, updated at, rate, burst]
+        self._buckets: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+        self._prune_at = _PRUNE_FROM
+
+    def __repr__(self) -> str:
+        return f"InMemoryQuotaStore(buckets={len(self._buckets)})"
+
+    def take(
+        self, key: str, amount: float, *, rate: float, burst: float, now: float, max_wait: float
+    ) -> float:
+        """See :meth:`QuotaStore.take`."""
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                if len(self._buckets) >= self._prune_at:
+                    self._prune(now)
+                bucket = self._buckets[key] = [burst, now, rate, burst]
+            tokens = self._refill(bucket, now, rate, burst)
+            if amount <= 0:
+                bucket[0] = min(burst, tokens - amount)
+                return 0.0
+            wait = 0.0 if tokens >= amount else (amount - tokens) / rate
+            bucket[0] = tokens - amount if wait <= max_wait else tokens
+            return wait
+
+    def level(self, key: str, *, rate: float, burst: float, now: float) -> float:
+        """See :meth:`QuotaStore.level`."""
+        with self._lock:
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                return burst
+            tokens, at = bucket[0], bucket[1]
+            return min(burst, tokens + max(0.0, now - at) * rate)
+
+    @staticmethod
+    def _refill(bucket: list[float], now: float, rate: float, burst: float) -> float:
+        tokens = min(burst, bucket[0] + max(0.0, now - bucket[1]) * rate)
+        bucket[1] = max(bucket[1], now)  # a clock read out of order never refills twice
+        bucket[2], bucket[3] = rate, burst
+        return tokens
+
+    def _prune(self, now: float) -> None:
+        buckets = self._buckets
+        for key in [
+            k for k, (t, at, rate, burst) in buckets.items() if t + (now - at) * rate >= burst
+        ]:
+            del buckets[key]
+        self._prune_at = max(_PRUNE_FROM, 2 * len(buckets))
+
+
+# --- events ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LimitWaited(events.Event):
+    """A call waited for a limit, then went on.
+
+    Attributes:
+        target: the key of the target the call is for.
+        tenant: the call's tenant.
+        limit: which limit it waited for (:data:`LimitKind`).
+        waited: seconds it waited for it.
+    """
+
+    target: str
+    tenant: str
+    limit: LimitKind
+    waited: float
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRefused(events.Event):
+    """A limiter refused a call (:class:`~latencykit.errors.LimitExceeded` is raised).
+
+    Attributes:
+        target: the key of the target the call was for.
+        tenant: the call's tenant.
+        limit: the limit that refused it (:data:`LimitKind`).
+        wait: seconds the call would have had to wait for a rate quota (``None`` for a
+            concurrency slot: not known in advance).
+        waited: seconds it had waited in the limiter before the refusal.
+    """
+
+    target: str
+    tenant: str
+    limit: LimitKind
+    wait: float | None
+    waited: float
+
+
+# --- fair slots --------------------------------------------------------------------------------
+
+
+class _Waiter:
+    """One call waiting for a slot; ``granted`` is set (under the limiter's lock) when a slot is
+    handed to it, then ``event`` wakes it."""
+
+    __slots__ = ("event", "granted", "queue", "thread", "threadsafe")
+
+    def __init__(self, queue: _Queue) -> None:
+        self.event = anyio.Event()
+        self.granted = False
+        self.queue = queue
+        self.thread = threading.get_ident()
+        # A limiter shared by event loops in several threads may free a slot in another
+        # thread than the waiter's: the wake-up must then go through the waiter's loop.
+        self.threadsafe = _threadsafe_caller()
+
+    def wake(self) -> None:
+        try:
+            if threading.get_ident() == self.thread:
+                self.event.set()
+            else:
+                self.threadsafe(self.event.set)
+        except RuntimeError:  # its event loop is gone (closed at shutdown): nobody to wake
+            logger.debug("latencykit limiter: a waiter's event loop is closed", exc_info=True)
+
+
+def _threadsafe_caller() -> Callable[[Callable[[], object]], object]:
+    import sniffio
+
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    import asyncio
+
+    return asyncio.get_running_loop().call_soon_threadsafe
+
+
+class _Queue:
+    """The waiters of one tenant for one set of slots (FIFO), and its place in the rotation."""
+
+    __slots__ = ("key", "pass_", "queued", "waiters", "weight")
+
+    def __init__(self, key: str, weight: float, pass_: float) -> None:
+        self.key = key
+        self.weight = weight
+        self.pass_ = pass_  # virtual time of its next turn: lower goes first
+        self.queued = False  # has an entry in the heap
+        self.waiters: deque[_Waiter] = deque()
+
+
+class _Slots:
+    """A counting semaphore whose waiters are served fairly across queues (tenants).
+
+    Stride scheduling: each queue's next turn is at virtual time ``pass_``; a turn advances it
+    by ``1 / weight``; the queue with the lowest ``pass_`` is served next (FIFO within it). A
+    queue that starts waiting starts at the current virtual time, so a tenant that was idle
+    neither saved up turns nor queues behind a busy tenant's backlog: it gets the next free
+    slot. A freed slot is handed straight to the next waiter (no barging). Not thread-safe:
+    the limiter holds its lock around every method.
+    """
+
+    __slots__ = ("_heap", "_queues", "_seq", "_vtime", "in_use", "limit")
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.in_use = 0
+        self._queues: dict[str, _Queue] = {}
+        self._heap: list[tuple[float, int, _Queue]] = []
+        self._seq = itertools.count()
+        self._vtime = 0.0
+
+    @property
+    def idle(self) -> bool:
+        return self.in_use == 0 and not self._queues
+
+    def take(self) -> bool:
+        """Take a free slot, if there is one (a free slot means nobody waits: a freed slot is
+        handed to a waiter first)."""
+        if self.in_use < self.limit:
+            self.in_use += 1
+            return True
+        return False
+
+    def enqueue(self, key: str, weight: float) -> _Waiter:
+        """Queue a waiter under ``key`` (a tenant)."""
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _Queue(key, weight, self._vtime)
+        waiter = _Waiter(queue)
+        queue.waiters.append(waiter)
+        if not queue.queued:
+            queue.queued = True
+            heapq.heappush(self._heap, (queue.pass_, next(self._seq), queue))
+        return waiter
+
+    def release(self) -> _Waiter | None:
+        """Free a slot: hand it to the next waiter (returned, to be woken) or put it back."""
+        heap = self._heap
+        while heap:
+            pass_, _, queue = heapq.heappop(heap)
+            queue.queued = False
+            if not queue.waiters:  # its waiters gave up
+                if self._queues.get(queue.key) is queue:
+                    del self._queues[queue.key]
+                continue
+            waiter = queue.waiters.popleft()
+            waiter.granted = True
+            self._vtime = pass_
+            queue.pass_ = pass_ + 1.0 / queue.weight
+            if queue.waiters:
+                queue.queued = True
+                heapq.heappush(heap, (queue.pass_, next(self._seq), queue))
+            else:
+                del self._queues[queue.key]
+            return waiter
+        self.in_use -= 1
+        return None
+
+    def leave(self, waiter: _Waiter) -> _Waiter | None:
+        """A waiter gives up: leave the queue, or hand on the slot it was just granted."""
+        if waiter.granted:
+            return self.release()
+        waiter.queue.waiters.remove(waiter)
+        return None
+
+
+# --- the policy --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LimiterSnapshot:
+    """What a :class:`Limiter` holds now (see :meth:`Limiter.snapshot`).
+
+    Attributes:
+        in_flight: calls holding a slot, by target key (targets seen so far).
+        tenants: calls in flight, by tenant (tenants with none are left out).
+        waiting: calls waiting for a concurrency slot (the tenant's or a target's), by tenant.
+        buckets: the tokens in each rate bucket now, by store key (``"<tenant>/requests"``,
+            ``"<tenant>/tokens"``), for the tenants in flight or waiting, those with their
+            own ``quotas`` entry and those named in the call; negative while calls are
+            reserved ahead.
+    """
+
+    in_flight: Mapping[str, int]
+    tenants: Mapping[str, int]
+    waiting: Mapping[str, int]
+    buckets: Mapping[str, float]
+
+
+class _Permit:
+    """What one call holds: its slots and the bucket charges to refund or reconcile."""
+
+    __slots__ = ("charges", "released", "target_slots", "tenant", "tenant_slots", "tokens")
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self.tenant_slots: _Slots | None = None
+        self.target_slots: _Slots | None = None
+        self.charges: list[tuple[str, float, float, float]] = []  # key, amount, rate, burst
+        self.tokens: tuple[str, float, float, float] | None = None  # the token charge
+        self.released = False
+
+
+_UNLIMITED = math.inf
+
+
+class Limiter(PolicyDecorator):
+    """Per-target concurrency limits and per-tenant quotas; a policy and a decorator.
+
+    ``Limiter(...)`` is used as ``lk.LLM(..., limiter=Limiter(...))`` (it then runs per target:
+    a call refused on one target fails over to the next) or as a decorator on any async
+    callable (the target is the function). One limiter's state is shared by every call
+    through it: build it once. All arguments are keyword-only; each is also a read-only
+    attribute (``quotas`` as a read-only mapping, ``store`` the store in use).
+
+    Args:
+        concurrency: calls in flight at once per target key, an int for every target or a
+            mapping ``{target key: int}`` (targets not in it are not limited). Default
+            ``None``: no limit. A call holds its slot through its retries (``Stage.RETRY`` is
+            inside) and, for a stream, until the stream ends.
+        tenant_quota: the :class:`Quota` of every tenant without its own entry in
+            ``quotas`` (default ``None``: no quota).
+        quotas: per-tenant quotas, ``{tenant: Quota}`` (default ``None``: none).
+        max_wait: the longest a call waits in the limiter, for quotas and slots together, in
+            seconds or a ``timedelta`` (default ``None``: as long as the remaining budget
+            allows, :func:`~latencykit.remaining`, or any enclosing cancel scope; unbounded
+            without either). ``0``: never wait.
+        tenant_of: ``tenant_of(call) -> str | None``, the tenant a call is made for (default
+            ``None``: the innermost ``with tenant(...)``, else an LLM call's ``user=``
+            argument when it is a non-empty string, else :data:`DEFAULT_TENANT`; ``None``
+            from your function means :data:`DEFAULT_TENANT` too).
+        tokens_of: ``tokens_of(call) -> int``, the token cost charged to a token quota before
+            the call (default ``None``: for an LLM call, litellm's ``token_counter`` of the
+            messages (and tools), plus ``max_completion_tokens`` or ``max_tokens`` times
+            ``n`` when set; a decorated function then needs one). The charge is reconciled
+            with the usage the response (or a stream's usage chunk) reports.
+        store: the :class:`QuotaStore` of the token buckets (default ``None``: a private
+            :class:`InMemoryQuotaStore`).
+
+    Raises:
+        ValueError, TypeError: an invalid option, naming it; or no limit at all (none of
+            ``concurrency``, ``tenant_quota``, ``quotas``).
+    """
+
+    stage = Stage.LIMITER
+    __slots__ = (
+        "_lock",
+        "_prune_at",
+        "_quotas",
+        "_targets",
+        "_tenant_of",
+        "_tenants",
+        "_tokens_of",
+        "_waiting",
+        "concurrency",
+        "max_wait",
+        "quotas",
+        "store",
+        "tenant_of",
+        "tenant_quota",
+        "tokens_of",
+    )
+
+    def __init__(
+        self,
+        *,
+        concurrency: int | Mapping[str, int] | None = None,
+        tenant_quota: Quota | None = None,
+        quotas: Mapping[str, Quota] | None = None,
+        max_wait: float | datetime.timedelta | None = None,
+        tenant_of: Callable[[Call], str | None] | None = None,
+        tokens_of: Callable[[Call], int] | None = None,
+        store: QuotaStore | None = None,
+    ) -> None:
+        if isinstance(concurrency, Mapping):
+            self.concurrency: int | Mapping[str, int] | None = MappingProxyType(
+                {
+                    _check_tenant(key, "Limiter.concurrency keys"): _count(
+                        f"Limiter.concurrency[{key!r}]", value
+                    )
+                    for key, value in concurrency.items()
+                }
+            )
+        elif concurrency is not None:
+            self.concurrency = _count("Limiter.concurrency", concurrency)
+        else:
+            self.concurrency = None
+        if tenant_quota is not None and not isinstance(tenant_quota, Quota):
+            raise TypeError(f"Limiter.tenant_quota must be a Quota, got {tenant_quota!r}")
+        self.tenant_quota = tenant_quota
+        if quotas is not None and not isinstance(quotas, Mapping):
+            raise TypeError(f"Limiter.quotas must be a mapping of tenant to Quota, got {quotas!r}")
+        own: dict[str, Quota] = {}
+        for name, quota in (quotas or {}).items():
+            _check_tenant(name, "Limiter.quotas keys")
+            if not isinstance(quota, Quota):
+                raise TypeError(f"Limiter.quotas[{name!r}] must be a Quota, got {quota!r}")
+            own[name] = quota
+        self._quotas = own
+        self.quotas: Mapping[str, Quota] = MappingProxyType(own)
+        if self.concurrency is None and tenant_quota is None and not own:
+            raise ValueError(
+                "Limiter needs a limit: concurrency, tenant_quota or quotas (it would do nothing)"
+            )
+        self.max_wait = None if max_wait is None else _wait_seconds(max_wait)
+        for name, fn in (("tenant_of", tenant_of), ("tokens_of", tokens_of)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"Limiter.{name} must be a function of the call, got {fn!r}")
+        self.tenant_of = tenant_of
+        self.tokens_of = tokens_of
+        self._tenant_of = _default_tenant_of if tenant_of is None else tenant_of
+        self._tokens_of = _llm_tokens if tokens_of is None else tokens_of
+        if store is not None and not isinstance(store, QuotaStore):
+            raise TypeError(f"Limiter.store must be a QuotaStore (take/level), got {store!r}")
+        self.store: QuotaStore = InMemoryQuotaStore() if store is None else store
+        self._lock = threading.Lock()
+        self._targets: dict[str, _Slots] = {}
+        self._tenants: dict[str, _Slots] = {}
+        self._prune_at = _PRUNE_FROM
+        self._waiting: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        concurrency = (
+            dict(self.concurrency) if isinstance(self.concurrency, Mapping) else self.concurrency
+        )
+        return (
+            f"Limiter(concurrency={concurrency!r}, tenant_quota={self.tenant_quota!r}, "
+            f"quotas={dict(self.quotas)!r}, max_wait={self.max_wait!r})"
+        )
+
+    # --- the policy ---------------------------------------------------------------------------
+
+    async def handle(self, call: Call, next: Next) -> Any:
+        """Take the call's quotas and slots (waiting as allowed, else raising
+        :class:`~latencykit.errors.LimitExceeded`), run ``next``, and give the slots back when
+        the result is final (for a stream, when it ends)."""
+        who = self._tenant_of(call)
+        if who is None:
+            who = DEFAULT_TENANT
+        elif not isinstance(who, str) or not who:
+            raise TypeError(
+                f"Limiter.tenant_of must return a non-empty string or None, got {who!r}"
+            )
+        quota = self._quotas.get(who, self.tenant_quota)
+        permit = _Permit(who)
+        # The common case takes both slots at once, under one lock, without waiting.
+        if (quota is not None and quota.rated) or not self._take_slots(permit, call, quota):
+            await self._acquire(call, permit, quota)
+        try:
+            result = await next(call)
+        except BaseException:
+            self._release(permit)
+            raise
+        if isinstance(result, Stream):
+            ended = functools.partial(self._stream_ended, permit, _threadsafe_caller())
+            result.on_close(ended, attempt=True)
+        else:
+            self._release(permit, _response.summary(result) if permit.tokens else None)
+        return result
+
+    def _stream_ended(
+        self,
+        permit: _Permit,
+        soon: Callable[[Callable[[], object]], object],
+        stream: Stream[Any],
+        outcome: StreamOutcome,
+        error: BaseException | None,
+    ) -> None:
+        usage = stream.summary() if permit.tokens else None
+        if outcome == "abandoned":
+            # Garbage-collected: this may run at any allocation, even inside one of our own
+            # critical sections (whose lock is not reentrant). Release from the event loop.
+            try:
+                soon(functools.partial(self._release, permit, usage))
+                return
+            except RuntimeError:  # the loop is closed: nothing of ours runs there any more
+                pass
+        self._release(permit, usage)
+
+    def _take_slots(self, permit: _Permit, call: Call, quota: Quota | None) -> bool:
+        """Take the tenant's and the target's slots if both are free now."""
+        with self._lock:
+            tenant_slots = self._slots("tenant_concurrency", permit.tenant, quota)
+            target_slots = self._slots("concurrency", call.target.key, quota)
+            # Both or neither: a free slot means nobody waits for it (see _Slots.take).
+            if (
+                tenant_slots.in_use >= tenant_slots.limit
+                or target_slots.in_use >= target_slots.limit
+            ):
+                return False
+            tenant_slots.in_use += 1
+            target_slots.in_use += 1
+        permit.tenant_slots, permit.target_slots = tenant_slots, target_slots
+        return True
+
+    async def _acquire(self, call: Call, permit: _Permit, quota: Quota | None) -> None:
+        """Take the call's quotas and slots, waiting for them as allowed."""
+        loop = backend()
+        started = loop.now()
+        try:
+            if quota is not None and quota.rated:
+                await self._take_quotas(call, permit, quota, loop, started)
+            permit.tenant_slots = await self._enter(
+                call, permit, "tenant_concurrency", quota, loop, started
+            )
+            permit.target_slots = await self._enter(
+                call, permit, "concurrency", quota, loop, started
+            )
+        except BaseException:
+            self._release(permit, refund=True)
+            raise
+
+    def _slots(self, kind: LimitKind, key: str, quota: Quota | None) -> _Slots:
+        """The slots a call of ``key`` (a tenant or a target) takes; under the lock."""
+        if kind == "tenant_concurrency":
+            slots = self._tenants.get(key)
+            if slots is None:
+                if len(self._tenants) >= self._prune_at:
+                    self._prune()
+                cap = quota.concurrency if quota is not None else None
+                slots = self._tenants[key] = _Slots(_UNLIMITED if cap is None else cap)
+            return slots
+        slots = self._targets.get(key)
+        if slots is None:
+            slots = self._targets[key] = _Slots(self._limit_of(key))
+        return slots
+
+    def _prune(self) -> None:
+        """Forget idle tenants (under the lock): tenants may be end users, many and brief."""
+        tenants = self._tenants
+        for who in [who for who, slots in tenants.items() if slots.idle]:
+            del tenants[who]
+        self._prune_at = max(_PRUNE_FROM, 2 * len(tenants))
+
+    def _limit_of(self, key: str) -> float:
+        limit = self.concurrency
+        if limit is None:
+            return _UNLIMITED
+        if isinstance(limit, int):
+            return limit
+        return limit.get(key, _UNLIMITED)
+
+    # --- rates --------------------------------------------------------------------------------
+
+    async def _take_quotas(
+        self, call: Call, permit: _Permit, quota: Quota, loop: Backend, started: float
+    ) -> None:
+        who = permit.tenant
+        wanted = [
+            (kind, key, 1.0 if kind == "requests" else float(self._tokens(call)), rate, burst)
+            for kind, key, rate, burst in _buckets(who, quota)
+        ]
+        now = loop.now()
+        room = self._room(started, now)
+        longest, longest_kind = 0.0, wanted[0][0]
+        for kind, key, amount, rate, burst in wanted:
+            wait = self.store.take(key, amount, rate=rate, burst=burst, now=now, max_wait=room)
+            if wait > room:  # nothing taken: it cannot fit, say so now rather than wait to fail
+                raise self._refused(call, who, kind, wait, now - started)
+            charge = (key, amount, rate, burst)
+            permit.charges.append(charge)
+            if kind == "tokens":
+                permit.tokens = charge
+            if wait > longest:
+                longest, longest_kind = wait, kind
+        if longest > 0:
+            await anyio.sleep(longest)  # the tokens are reserved: they are ours after it
+            self._waited(call, who, longest_kind, longest)
+
+    def _tokens(self, call: Call) -> int:
+        cost = self._tokens_of(call)
+        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+            raise TypeError(f"Limiter.tokens_of must return an int >= 0, got {cost!r}")
+        return cost
+
+    def _room(self, started: float, now: float) -> float:
+        """Seconds a call may still wait: up to ``max_wait`` after it arrived, and before the
+        enclosing deadline or cancel scope ends."""
+        end = min(deadline_var.get(), anyio.current_effective_deadline())
+        room = end - now
+        if self.max_wait is not None:
+            room = min(room, started + self.max_wait - now)
+        return max(0.0, room)
+
+    # --- slots --------------------------------------------------------------------------------
+
+    async def _enter(
+        self,
+        call: Call,
+        permit: _Permit,
+        kind: LimitKind,
+        quota: Quota | None,
+        loop: Backend,
+        started: float,
+    ) -> _Slots:
+        """Take a slot of the tenant's cap or of the target's limit, waiting if allowed."""
+        who = permit.tenant
+        key = who if kind == "tenant_concurrency" else call.target.key
+        weight = 1.0 if quota is None or kind == "tenant_concurrency" else quota.weight
+        own_end = math.inf if self.max_wait is None else started + self.max_wait
+        with self._lock:
+            slots = self._slots(kind, key, quota)
+            if slots.take():
+                return slots
+            now = loop.now()
+            waiter = None if own_end <= now else slots.enqueue(who, weight)
+            if waiter is not None:
+                self._waiting[who] = self._waiting.get(who, 0) + 1
+        if waiter is None:  # max_wait is used up (or 0): no waiting at all
+            raise self._refused(call, who, kind, None, now - started)
+        try:
+            if own_end < min(deadline_var.get(), anyio.current_effective_deadline()):
+                with loop.scope(deadline=own_end):
+                    await waiter.event.wait()
+            else:
+                # The enclosing deadline (or cancel scope) ends first: its cancellation wins.
+                await waiter.event.wait()
+        except BaseException:
+            self._stop_waiting(slots, waiter, who, keep=False)
+            raise
+        if not self._stop_waiting(slots, waiter, who, keep=True):
+            raise self._refused(call, who, kind, None, loop.now() - started)
+        self._waited(call, who, kind, loop.now() - started)
+        return slots
+
+    def _stop_waiting(self, slots: _Slots, waiter: _Waiter, who: str, *, keep: bool) -> bool:
+        """The waiter stops waiting; return whether it holds a slot. A slot granted to it is
+        kept if ``keep``, else handed on (it was cancelled); otherwise it leaves the queue."""
+        with self._lock:
+            left = self._waiting[who] - 1
+            if left:
+                self._waiting[who] = left
+            else:
+                del self._waiting[who]
+            if waiter.granted and keep:
+                return True
+            woken = slots.leave(waiter)
+        if woken is not None:
+            woken.wake()
+        return False
+
+    def _release(
+        self, permit: _Permit, usage: Summary | None = None, *, refund: bool = False
+    ) -> None:
+        """Give back what ``permit`` holds, once. ``refund``: the call was not made, so its
+        rate charges go back too; else a token charge is reconciled with ``usage``, the
+        token usage the answer reported."""
+        if permit.released:
+            return
+        permit.released = True
+        target_slots, tenant_slots = permit.target_slots, permit.tenant_slots
+        with self._lock:
+            first = None if target_slots is None else target_slots.release()
+            second = None if tenant_slots is None else tenant_slots.release()
+        if first is not None:
+            first.wake()
+        if second is not None:
+            second.wake()
+        if refund:
+            now = clock()
+            for key, amount, rate, burst in permit.charges:
+                self.store.take(key, -amount, rate=rate, burst=burst, now=now, max_wait=0.0)
+        elif (
+            permit.tokens is not None
+            and usage is not None
+            and usage.input_tokens is not None
+            and usage.output_tokens is not None
+        ):
+            key, charged, rate, burst = permit.tokens
+            extra = usage.input_tokens + usage.output_tokens - charged
+            if extra:  # charge (into debt if need be) or refund the difference
+                self.store.take(key, extra, rate=rate, burst=burst, now=clock(), max_wait=math.inf)
+
+    # --- events and errors --------------------------------------------------------------------
+
+    def _refused(
+        self, call: Call, who: str, kind: LimitKind, wait: float | None, waited: float
+    ) -> LimitExceeded:
+        key = call.target.key
+        if events.listening():
+            trace = trace_var.get()
+            events.emit(
+                LimitRefused(
+                    0 if trace is None else trace.call_id,
+                    target=key,
+                    tenant=who,
+                    limit=kind,
+                    wait=wait,
+                    waited=waited,
+                )
+            )
+        if kind == "concurrency":
+            return LimitExceeded(key, "concurrency", wait=wait, waited=waited)
+        limit = "concurrency" if kind == "tenant_concurrency" else kind
+        return LimitExceeded(key, limit, tenant=who, wait=wait, waited=waited)
+
+    @staticmethod
+    def _waited(call: Call, who: str, kind: LimitKind, waited: float) -> None:
+        if events.listening():
+            trace = trace_var.get()
+            events.emit(
+                LimitWaited(
+                    0 if trace is None else trace.call_id,
+                    target=call.target.key,
+                    tenant=who,
+                    limit=kind,
+                    waited=waited,
+                )
+            )
+
+    # --- introspection ------------------------------------------------------------------------
+
+    def snapshot(self, *tenants: str) -> LimiterSnapshot:
+        """What the limiter holds now: slots in flight by target and tenant, waiters by
+        tenant, and the rate buckets' levels of the tenants in flight or waiting, those in
+        ``quotas`` and ``tenants``. Cheap: no I/O but the store's ``level`` reads."""
+        with self._lock:
+            in_flight = {key: slots.in_use for key, slots in self._targets.items()}
+            by_tenant = {who: slots.in_use for who, slots in self._tenants.items() if slots.in_use}
+            waiting = dict(self._waiting)
+        now = clock()
+        buckets: dict[str, float] = {}
+        for who in dict.fromkeys([*by_tenant, *waiting, *self.quotas, *tenants]):
+            quota = self.quotas.get(who, self.tenant_quota)
+            for _, key, rate, burst in () if quota is None else _buckets(who, quota):
+                buckets[key] = self.store.level(key, rate=rate, burst=burst, now=now)
+        return LimiterSnapshot(
+            in_flight=MappingProxyType(in_flight),
+            tenants=MappingProxyType(by_tenant),
+            waiting=MappingProxyType(waiting),
+            buckets=MappingProxyType(buckets),
+        )
+
+
+def _buckets(who: str, quota: Quota) -> list[tuple[LimitKind, str, float, float]]:
+    """The rate buckets of tenant ``who``: ``(kind, store key, rate per second, burst)``."""
+    found: list[tuple[LimitKind, str, float, float]] = []
+    if quota.requests_per_second is not None and quota.request_burst is not None:
+        found.append(
+            ("requests", f"{who}/requests", quota.requests_per_second, quota.request_burst)
+        )
+    if quota.tokens_per_minute is not None and quota.token_burst is not None:
+        found.append(("tokens", f"{who}/tokens", quota.tokens_per_minute / 60, quota.token_burst))
+    return found
+
+
+def _wait_seconds(value: object) -> float:
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"Limiter.max_wait must be a number of seconds or a timedelta, got {value!r}"
+        )
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"Limiter.max_wait must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _llm_tokens(call: Call) -> int:
+    """The default ``tokens_of``: the prompt's tokens plus the largest answer allowed."""
+    model = call.target.model
+    if not model:
+        raise TypeError(
+            f"a token quota needs the token cost of calls to {call.target.key!r}, which is not "
+            "an LLM call: pass Limiter(tokens_of=...)"
+        )
+    from .._litellm import litellm
+
+    kwargs = call.kwargs
+    count = litellm().token_counter(
+        model=model, messages=kwargs.get("messages") or [], tools=kwargs.get("tools")
+    )
+    answer = kwargs.get("max_completion_tokens") or kwargs.get("max_tokens")
+    if isinstance(answer, int) and not isinstance(answer, bool) and answer > 0:
+        n = kwargs.get("n")
+        count += answer * (n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1)
+    return int(count)
