@@ -66,6 +66,7 @@ def test_transient_kinds() -> None:
         lk.ErrorKind.TIMEOUT,
         lk.ErrorKind.STREAM_BROKEN,
         lk.ErrorKind.CIRCUIT_OPEN,
+        lk.ErrorKind.LIMIT_EXCEEDED,
     }
 
 

@@ -215,15 +215,30 @@ async def test_an_answer_under_the_cap_is_not_truncated(fake: FakeProvider) -> N
     assert [body["max_tokens"] for body in received] == [8, 8]
 
 
-async def test_a_truncated_stream_says_so_in_its_report(fake: FakeProvider) -> None:
+async def test_a_truncated_stream_raises_after_its_last_chunk(fake: FakeProvider) -> None:
     fake.script("writer", Behavior(output_tokens=16))
     llm = capped_llm(fake, max_output_tokens=3)
     stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    read: list[str] = []
+
+    async def drain() -> None:
+        async with stream:
+            async for chunk in stream:
+                read.append(chunk.choices[0].delta.content or "")
+
+    with pytest.raises(OutputTruncated) as info:
+        await drain()
+    assert "".join(read) == info.value.partial_text == "tok0 tok1 tok2"
+    assert info.value.response is None
+    assert stream.finish_reason == "length" and lk.report(stream).truncated
+    assert [a.outcome for a in lk.report(stream).attempts] == ["ok"]  # a whole answer, capped
+
+    accepting = capped_llm(fake, max_output_tokens=3, on_truncated="accept")
+    stream = await accepting.acompletion(messages=MESSAGES, stream=True)
     async with stream:
         async for _ in stream:
             pass
-    assert stream.finish_reason == "length" and stream.partial_text == "tok0 tok1 tok2"
-    assert lk.report(stream).truncated
+    assert stream.partial_text == "tok0 tok1 tok2" and lk.report(stream).truncated
 
 
 async def test_a_budget_aware_cap_fits_the_answer_in_the_time_left(fake: FakeProvider) -> None:

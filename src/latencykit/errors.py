@@ -223,21 +223,27 @@ class OutputTruncated(LatencykitError):
     (:attr:`response`), continue it (ask again with :attr:`partial_text` as the start of the
     assistant's answer), or fail.
 
+    A stream raises it after its last chunk, in place of the end of iteration (the chunks
+    already read are the answer so far).
+
     Attributes:
-        response: the truncated litellm ``ModelResponse``.
+        response: the truncated litellm ``ModelResponse`` (``None`` for a stream).
         partial_text: its text.
-        max_tokens: the cap the answering attempt was sent with.
+        max_tokens: the cap the answering attempt was sent with (``None`` for a stream:
+            ``report(stream)`` tells the rest).
         budget_capped: whether latencykit lowered the cap below ``max_output_tokens`` (and the
-            call's own ``max_tokens``) to fit the remaining budget.
+            call's own ``max_tokens``) to fit the remaining budget (``False`` for a stream).
     """
 
     def __init__(
         self, response: Any, partial_text: str, *, max_tokens: int | None, budget_capped: bool
     ) -> None:
         why = " (lowered to fit the remaining budget)" if budget_capped else ""
+        cap = "" if max_tokens is None else f" of {max_tokens} tokens"
         super().__init__(
-            f"the answer was cut at its output cap of {max_tokens} tokens{why}; "
-            "accept error.response, continue from error.partial_text, or fail"
+            f"the answer was cut at its output cap{cap}{why}; "
+            "accept it (error.response, or the chunks read), continue from "
+            "error.partial_text, or fail"
         )
         self.response = response
         self.partial_text = partial_text

@@ -320,9 +320,9 @@ class LLM:
             recent samples) (default ``False``).
         on_truncated: what an answer cut at the cap (``finish_reason == "length"``) does when
             ``max_output_tokens`` is set: ``"raise"`` :class:`~latencykit.errors.OutputTruncated`
-            (carrying the response, to accept or continue) or ``"accept"`` it (then
-            ``report(response).truncated`` is ``True``) (default ``"raise"``). A stream's
-            truncation shows in ``stream.finish_reason`` and ``report(stream).truncated``.
+            (carrying the response, to accept or continue; a stream raises it after its last
+            chunk, in place of the end of iteration) or ``"accept"`` it (then
+            ``report(result).truncated`` is ``True``) (default ``"raise"``).
 
     The pipeline, outermost first: deadline, cache, router, degrade, hedge, failover, then per
     target breaker, limiter, retry and the attempt (with the stream guard); :attr:`pipeline`
@@ -601,6 +601,8 @@ class LLM:
                 task_var.reset(token)
         if stream:
             result.report_info = (trace, result.target)
+            if self.max_output_tokens is not None and self.on_truncated == "raise":
+                result.on_finished = _raise_if_truncated
             if self.stream_guard.on_break == "continue":
                 result.recover = functools.partial(self._continue, call, trace)
             return result
@@ -667,7 +669,7 @@ class LLM:
     async def _attempt(self, target: Target, **kwargs: Any) -> Any:
         cap = None if self.max_output_tokens is None else self._cap(target, kwargs, False)
         arguments = target.litellm_arguments(self.timeout, kwargs)
-        started = clock()
+        started = 0.0 if cap is None else clock()
         try:
             coro = self._litellm.acompletion(**arguments, max_retries=0)
             if sniffio.current_async_library() == "asyncio":
@@ -753,6 +755,12 @@ class LLM:
                 target=target,
             )
         )
+
+
+def _raise_if_truncated(stream: Stream[Any]) -> None:
+    """A stream's end: raise :class:`OutputTruncated` if it stopped at its output cap."""
+    if stream.finish_reason == "length":
+        raise OutputTruncated(None, stream.partial_text, max_tokens=None, budget_capped=False)
 
 
 def _known_arguments(litellm_module: Any) -> frozenset[str]:

@@ -288,7 +288,10 @@ class Router:
 
     def __call__(self, request: RouteRequest) -> RouteDecision:
         """Pick the target for ``request``."""
-        eligible = self.eligible(request)
+        return self.decide(request, self.eligible(request))
+
+    def decide(self, request: RouteRequest, eligible: Sequence[Target]) -> RouteDecision:
+        """Pick the target for ``request`` among its ``eligible`` targets."""
         names = [t.key for t in eligible]
         decision: RouteDecision | None = None
         for index, rule in enumerate(self.rules, 1):
@@ -352,7 +355,13 @@ class Routing:
     async def handle(self, call: Call, next: Next) -> Any:
         """Route ``call`` and run it on the chosen target (failover after it)."""
         request = RouteRequest(call.kwargs, task_var.get(), self._targets, self._recorder)
-        decision = self.router(request)
+        router = self.router
+        eligible: Sequence[Target] = self._targets
+        if isinstance(router, Router):
+            eligible = router.eligible(request)
+            decision: str | RouteDecision = router.decide(request, eligible)
+        else:
+            decision = router(request)
         if isinstance(decision, str):
             decision = RouteDecision(decision, "router")
         target = self._by_key.get(decision.target)
@@ -360,11 +369,7 @@ class Routing:
             raise ValueError(
                 f"LLM.router chose {decision.target!r}, which is not one of {list(self._by_key)}"
             )
-        order = [decision.target]
-        eligible = (
-            self.router.eligible(request) if isinstance(self.router, Router) else self._targets
-        )
-        order += [t.key for t in eligible if t.key != decision.target]
+        order = [decision.target, *(t.key for t in eligible if t.key != decision.target)]
         trace = trace_var.get()
         if trace is not None:
             trace.route = decision

@@ -168,6 +168,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         "error",
         "finish_reason",
         "first_token",
+        "on_finished",
         "outcome",
         "output_tokens",
         "recover",
@@ -229,6 +230,9 @@ class Stream(_ClosedOnExit, Generic[T]):
         self.recover: Recover | None = None
         self.resumes = 0
         self.report_info: Any = None  # set by the front that returned it (LLM: for report())
+        # Called once the stream finished (its last item read); what it raises, the reader
+        # gets in place of StopAsyncIteration (LLM: an answer cut at its output cap).
+        self.on_finished: Callable[[Stream[Any]], None] | None = None
 
     def _use(self, source: AsyncIterator[T]) -> None:
         """Read from ``source`` (at the start, and when a recovery continues the stream).
@@ -574,6 +578,8 @@ class Stream(_ClosedOnExit, Generic[T]):
             except Exception as exc:
                 return await self._broken(exc)
             await self._end("ok", None)
+            if self.on_finished is not None:
+                self.on_finished(self)
             raise
         except _Expired:
             return await self._broken(self._expired_error())

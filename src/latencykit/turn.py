@@ -172,7 +172,24 @@ def ledger() -> Ledger | None:
     return None if trace is None else trace.turn().ledger
 
 
-class StageScope:
+class _AlsoAsync:
+    """``async with`` for a synchronous context manager (a stage's scope needs no await)."""
+
+    __slots__ = ()
+
+    async def __aenter__(self) -> StageScope:
+        return self.__enter__()  # type: ignore[attr-defined, no-any-return]
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)  # type: ignore[attr-defined]
+
+
+class StageScope(_AlsoAsync):
     """An entered stage: returned by ``with lk.stage(...) as scope`` (and ``async with``).
 
     Attributes:
@@ -255,17 +272,6 @@ class StageScope:
         self._end(outcome)
         scope.__exit__(exc_type, exc, tb)  # never suppresses: raises when its time ran out
 
-    async def __aenter__(self) -> StageScope:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
-
     def _end(self, outcome: StageOutcome) -> None:
         scope = self._scope
         trace = scope._trace
@@ -287,7 +293,7 @@ class StageScope:
             events.emit(events.StageEnded(trace.call_id, record=record))
 
 
-class StageBudget:
+class StageBudget(_AlsoAsync):
     """A named stage with a budget: a context manager (``with`` and ``async with``) and a
     decorator. Create it with :func:`stage`; each ``with`` block (or decorated call) is one
     stage of the turn it runs in, with a fresh budget."""
@@ -314,17 +320,6 @@ class StageBudget:
         tb: TracebackType | None,
     ) -> None:
         self._active.pop().__exit__(exc_type, exc, tb)
-
-    async def __aenter__(self) -> StageScope:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
 
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         """Decorate an async function: each call runs as one stage."""
