@@ -166,9 +166,9 @@ class Trace:
         "started_at",
     )
 
-    def __init__(self, parent: Trace | None = None) -> None:
+    def __init__(self, parent: Trace | None = None, started_at: float | None = None) -> None:
         self.parent = parent
-        self.started_at = now()
+        self.started_at = now() if started_at is None else started_at
         self.ended_at: float | None = None
         self.origin: float = self.started_at if parent is None else parent.origin
         self.call_id = next(_call_ids)

@@ -278,15 +278,17 @@ class StageScope(_AlsoAsync):
         assert trace is not None
         ledger = self.ledger
         ledger._open.remove(self.name)
-        record = self.record = StageRecord(
-            name=self.name,
-            budget=self.budget,
-            allowed=self.allowed,
-            start=scope.starts_at - ledger.started_at,
-            spent=scope._backend.now() - scope.starts_at,
-            outcome=outcome,
-            parent=self._parent,
-            attempts=len(trace.attempts),
+        started = scope.starts_at
+        deadline = self.deadline
+        record = self.record = StageRecord(  # positional: the cheapest on this path
+            self.name,
+            self.budget,
+            None if deadline == math.inf else deadline - started,
+            started - ledger.started_at,
+            scope._backend.now() - started,
+            outcome,
+            self._parent,
+            len(trace.attempts),
         )
         ledger._records.append(record)
         if events.listening():

@@ -8,7 +8,7 @@ only shorten the budget, never extend it.
 from __future__ import annotations
 
 import datetime
-from contextvars import ContextVar, Token
+from contextvars import ContextVar
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -37,15 +37,15 @@ class PerTask(Generic[S]):
     __slots__ = ("_current",)
 
     def __init__(self) -> None:
-        self._current: ContextVar[tuple[S, Token[Any]] | None] = ContextVar(
+        # The entered scope, and the token that restores what was entered before it.
+        self._current: ContextVar[list[Any] | None] = ContextVar(
             "latencykit.entered", default=None
         )
 
     def push(self, scope: S) -> S:
         """Remember ``scope`` as the current task's innermost; returns it."""
-        entered = (scope, None)
-        token = self._current.set(entered)  # type: ignore[arg-type]
-        self._current.set((scope, token))
+        entered: list[Any] = [scope, None]
+        entered[1] = self._current.set(entered)
         return scope
 
     def pop(self) -> S:
@@ -54,7 +54,7 @@ class PerTask(Generic[S]):
         assert entered is not None, "exited a scope that was not entered in this task"
         scope, token = entered
         self._current.reset(token)
-        return scope
+        return scope  # type: ignore[no-any-return]
 
 
 class DeadlineScope:
@@ -99,7 +99,9 @@ class DeadlineScope:
         self._cancel_scope = (
             None if self._expires >= enclosing else loop.scope(deadline=self._expires)
         )
-        self._trace: Trace | None = Trace(parent=trace_var.get()) if own_trace else None
+        self._trace: Trace | None = (
+            Trace(trace_var.get(), self.starts_at) if own_trace else None
+        )
 
     @property
     def ledger(self) -> Ledger | None:
