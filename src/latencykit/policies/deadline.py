@@ -38,9 +38,7 @@ class PerTask(Generic[S]):
 
     def __init__(self) -> None:
         # The entered scope, and the token that restores what was entered before it.
-        self._current: ContextVar[list[Any] | None] = ContextVar(
-            "latencykit.entered", default=None
-        )
+        self._current: ContextVar[list[Any] | None] = ContextVar("latencykit.entered", default=None)
 
     def push(self, scope: S) -> S:
         """Remember ``scope`` as the current task's innermost; returns it."""
@@ -99,9 +97,7 @@ class DeadlineScope:
         self._cancel_scope = (
             None if self._expires >= enclosing else loop.scope(deadline=self._expires)
         )
-        self._trace: Trace | None = (
-            Trace(trace_var.get(), self.starts_at) if own_trace else None
-        )
+        self._trace: Trace | None = Trace(trace_var.get(), self.starts_at) if own_trace else None
 
     @property
     def ledger(self) -> Ledger | None:
