@@ -33,10 +33,11 @@ import math
 import re
 import sys
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+
+from cachetools import TLRUCache
 
 from . import _validation, events
 from ._cancel import backend, clock
@@ -158,11 +159,12 @@ class MemoryStore:
         clock: what TTLs are measured on (default: the event loop's clock, as every latencykit
             duration; tests may pass a fake).
 
+    A ``cachetools.TLRUCache`` (an LRU whose entries each have their own expiry) on that clock.
     Values are the stored ``bytes`` themselves (immutable, so never copied). Not thread-safe:
     use it from one event loop.
     """
 
-    __slots__ = ("_clock", "_entries", "max_entries")
+    __slots__ = ("_entries", "max_entries")
 
     def __init__(self, max_entries: int = 1024, *, clock: Callable[[], float] = clock) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
@@ -170,34 +172,26 @@ class MemoryStore:
         if not callable(clock):
             raise TypeError(f"MemoryStore.clock must be a function, got {clock!r}")
         self.max_entries = max_entries
-        self._clock = clock
-        self._entries: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        # Each entry is (ttl, value); it expires ttl seconds after it was stored.
+        self._entries: TLRUCache[str, tuple[float, bytes]] = TLRUCache(
+            maxsize=max_entries, ttu=_expiry, timer=clock
+        )
 
     def __repr__(self) -> str:
-        return f"MemoryStore({len(self._entries)}/{self.max_entries} entries)"
+        return f"MemoryStore({len(self)}/{self.max_entries} entries)"
 
     def __len__(self) -> int:
+        self._entries.expire()
         return len(self._entries)
 
     def get_nowait(self, key: str) -> bytes | None:
         """:meth:`get`, synchronously."""
         found = self._entries.get(key)
-        if found is None:
-            return None
-        expires, value = found
-        if self._clock() >= expires:
-            del self._entries[key]
-            return None
-        self._entries.move_to_end(key)
-        return value
+        return None if found is None else found[1]
 
     def set_nowait(self, key: str, value: bytes, ttl: float | None) -> None:
         """:meth:`set`, synchronously."""
-        expires = math.inf if ttl is None else self._clock() + ttl
-        self._entries[key] = (expires, value)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        self._entries[key] = (math.inf if ttl is None else ttl, value)
 
     async def get(self, key: str) -> bytes | None:
         """The value stored for ``key``, or ``None`` (absent or expired)."""
@@ -210,6 +204,10 @@ class MemoryStore:
     def clear(self) -> None:
         """Remove every entry."""
         self._entries.clear()
+
+
+def _expiry(key: str, entry: tuple[float, bytes], now: float) -> float:
+    return now + entry[0]
 
 
 # --- keys ---------------------------------------------------------------------------------
