@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Literal, NamedTuple, ParamSpec, TypeVar
 
 from . import _validation, events
-from ._context import current_attempt, deadline_var, trace_var
+from ._context import Trace, current_attempt, deadline_var, trace_var
 from .policies.deadline import DeadlineScope, PerTask
 
 __all__ = ["Ledger", "StageBudget", "StageOutcome", "StageRecord", "StageScope", "ledger", "stage"]
@@ -189,28 +189,24 @@ class _AlsoAsync:
         self.__exit__(exc_type, exc, tb)  # type: ignore[attr-defined]
 
 
-class StageScope(_AlsoAsync):
-    """An entered stage: returned by ``with lk.stage(...) as scope`` (and ``async with``).
+class StageScope(DeadlineScope, _AlsoAsync):
+    """An entered stage: returned by ``with lk.stage(...) as scope`` (and ``async with``). A
+    :class:`~latencykit.policies.deadline.DeadlineScope` with a name and a ledger entry.
 
     Attributes:
         name: the stage's name.
-        budget: the budget it asked for (``None``: none).
+        budget: the budget it asked for in seconds (``math.inf``: none).
         deadline: its absolute deadline on the event loop's clock: the earlier of its budget's
             end and the enclosing deadline (``math.inf``: none).
         ledger: the turn's ledger it is written in.
         record: its :class:`StageRecord`, once it ended (``None`` before).
     """
 
-    __slots__ = ("_parent", "_scope", "budget", "deadline", "ledger", "name", "record")
+    __slots__ = ("_parent", "ledger", "record")
 
     def __init__(self, name: str, budget: float | None) -> None:
-        self.name = name
-        self.budget = budget
-        self._scope = scope = DeadlineScope(
-            math.inf if budget is None else budget, own_trace=True, stage=name
-        )
-        self.deadline = scope.deadline
-        trace = scope._trace
+        super().__init__(math.inf if budget is None else budget, own_trace=True, stage=name)
+        trace = self._trace
         assert trace is not None
         turn = trace.turn()  # a stage outside any turn is a turn of its own
         if turn.ledger is None:
@@ -220,31 +216,31 @@ class StageScope(_AlsoAsync):
         self._parent: str | None = None
         self.record: StageRecord | None = None
 
-    def remaining(self) -> float:
-        """Seconds left before the stage's deadline (``math.inf``: none); never negative."""
-        return self._scope.remaining()
+    @property
+    def name(self) -> str:
+        """The stage's name."""
+        return self.stage  # type: ignore[return-value]  # a stage's scope always has one
 
     @property
     def allowed(self) -> float | None:
         """The seconds the stage was given (``None``: unbounded)."""
-        scope = self._scope
-        return None if self.deadline == math.inf else self.deadline - scope.starts_at
+        return None if self.deadline == math.inf else self.deadline - self.starts_at
 
     def __enter__(self) -> StageScope:
-        scope = self._scope
         ledger = self.ledger
-        self._parent = ledger._open[-1] if ledger._open else None
-        scope.__enter__()
-        ledger._open.append(self.name)
+        opened = ledger._open
+        self._parent = opened[-1] if opened else None
+        DeadlineScope.__enter__(self)
+        opened.append(self.stage)  # type: ignore[arg-type]
         if events.listening():
-            trace = scope._trace
+            trace = self._trace
             assert trace is not None
             parent = trace.parent
             events.emit(
                 events.StageStarted(
                     trace.call_id,
                     name=self.name,
-                    budget=self.budget,
+                    budget=None if self.budget == math.inf else self.budget,
                     allowed=self.allowed,
                     parent_id=None if parent is None else parent.call_id,
                     parent_attempt=current_attempt(),
@@ -257,35 +253,35 @@ class StageScope(_AlsoAsync):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
+    ) -> Literal[False]:
         # Written before the scope exits (which raises when the stage's own time ran out), so
         # that the ledger is complete in every event and error.
-        scope = self._scope
+        now = self._backend.now()
         if exc is None:
             outcome: StageOutcome = "ok"
         elif isinstance(exc, Exception):
             outcome = "error"
-        elif scope._backend.now() >= self.deadline:
+        elif now >= self.deadline:
             outcome = "overran"  # cancelled by its own budget or by the turn's deadline
         else:
             outcome = "cancelled"
-        self._end(outcome)
-        scope.__exit__(exc_type, exc, tb)  # never suppresses: raises when its time ran out
-
-    def _end(self, outcome: StageOutcome) -> None:
-        scope = self._scope
-        trace = scope._trace
-        assert trace is not None
+        trace: Trace = self._trace  # type: ignore[assignment]  # a stage has its own
         ledger = self.ledger
-        ledger._open.remove(self.name)
-        started = scope.starts_at
+        name: str = self.stage  # type: ignore[assignment]  # a stage's scope has a name
+        opened = ledger._open
+        if opened[-1] == name:
+            opened.pop()
+        else:  # stages of concurrent tasks ended out of order
+            opened.remove(name)
+        started = self.starts_at
         deadline = self.deadline
+        budget = self.budget
         record = self.record = StageRecord(  # positional: the cheapest on this path
-            self.name,
-            self.budget,
+            name,
+            None if budget == math.inf else budget,
             None if deadline == math.inf else deadline - started,
             started - ledger.started_at,
-            scope._backend.now() - started,
+            now - started,
             outcome,
             self._parent,
             len(trace.attempts),
@@ -293,6 +289,7 @@ class StageScope(_AlsoAsync):
         ledger._records.append(record)
         if events.listening():
             events.emit(events.StageEnded(trace.call_id, record=record))
+        return DeadlineScope.__exit__(self, exc_type, exc, tb)  # raises when its time ran out
 
 
 class StageBudget(_AlsoAsync):
@@ -320,8 +317,8 @@ class StageBudget(_AlsoAsync):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:
-        self._active.pop().__exit__(exc_type, exc, tb)
+    ) -> Literal[False]:
+        return self._active.pop().__exit__(exc_type, exc, tb)
 
     def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         """Decorate an async function: each call runs as one stage."""

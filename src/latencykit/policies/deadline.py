@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 from contextvars import ContextVar
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from .. import _validation, events
 from .._cancel import backend
@@ -127,20 +127,23 @@ class DeadlineScope:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> Literal[False]:
+        """Leave the scope; raises :class:`~latencykit.DeadlineExceeded` when its own deadline
+        cancelled the work inside (it never swallows an exception)."""
         if self._trace is not None:
             trace_var.reset(self._trace_token)
         deadline_var.reset(self._token)
         scope = self._cancel_scope
-        suppress = False if scope is None else bool(scope.__exit__(exc_type, exc, tb))
         try:
-            if scope is not None and scope.cancelled_caught:
-                self._expired()
+            if scope is not None:
+                scope.__exit__(exc_type, exc, tb)  # swallows only its own cancellation...
+                if scope.cancelled_caught:
+                    self._expired()  # ...which the deadline turns into DeadlineExceeded
         finally:
             trace = self._trace
             if trace is not None and trace.ledger is not None and events.listening():
                 events.emit(events.TurnEnded(trace.call_id, ledger=trace.ledger))
-        return suppress
+        return False
 
     def _expired(self) -> None:
         elapsed = self._backend.now() - self.starts_at
@@ -192,7 +195,7 @@ class Deadline(PolicyDecorator):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> Literal[False]:
         return self._active.pop().__exit__(exc_type, exc, tb)
 
 
