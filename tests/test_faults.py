@@ -24,13 +24,27 @@ def _fresh_breakers() -> Iterator[None]:
     lk.policies.breaker.reset_breakers()
 
 
+LANE = "litellm"  # the transport of every target these tests make (see the lane fixture)
+
+
+@pytest.fixture(autouse=True, params=["litellm", "openai"])
+def lane(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test runs on both lanes: through litellm, and on the fast lane."""
+    global LANE
+    LANE = str(request.param)
+    yield LANE
+    LANE = "litellm"
+
+
 def target(fake: FakeProvider, model: str, **extra: Any) -> dict[str, Any]:
+    extra.setdefault("transport", LANE)
     return {"model": f"openai/{model}", "api_base": fake.base_url, "api_key": "sk-fake", **extra}
 
 
 def resilient(fake: FakeProvider, **options: Any) -> lk.LLM:
     options.setdefault("retry", lk.Retry(max_attempts=3, initial=0.5))
     options.setdefault("failover", [target(fake, "secondary")])
+    options.setdefault("transport", LANE)
     return lk.LLM("openai/primary", api_base=fake.base_url, api_key="sk-fake", **options)
 
 
@@ -109,6 +123,7 @@ async def test_a_silent_target_times_out_fails_over_and_is_not_retried(
         "openai/primary",
         api_base=fake.base_url,
         api_key="sk-fake",
+        transport=LANE,
         timeout=0.5,
         deadline=3.0,
         retry=lk.Retry(max_attempts=3),
@@ -131,6 +146,7 @@ async def test_context_length_goes_only_to_a_larger_model(fake_provider: FakePro
         "openai/primary",
         api_base=fake.base_url,
         api_key="sk-fake",
+        transport=LANE,
         context_window=50,
         retry=lk.Retry(),
         failover=[
@@ -256,6 +272,7 @@ async def test_failover_on_opts_in_to_more_errors(fake_provider: FakeProvider) -
 def silent_close_llm(fake: FakeProvider, **options: Any) -> lk.LLM:
     # timeout 1.0: a failure after 0.5 s or more is a slow one (half the attempt timeout).
     options.setdefault("retry", lk.Retry(max_attempts=3, initial=0.05, max_wait=0.05))
+    options.setdefault("transport", LANE)
     return lk.LLM(
         "openai/primary", api_base=fake.base_url, api_key="sk-fake", timeout=1.0, **options
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 import time
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
@@ -37,11 +37,25 @@ async def fake(fake_provider: FakeProvider) -> AsyncIterator[FakeProvider]:
     lk.policies.breaker.reset_breakers()
 
 
+LANE = "litellm"  # the transport of every target these tests make (see the lane fixture)
+
+
+@pytest.fixture(autouse=True, params=["litellm", "openai"])
+def lane(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test runs on both lanes: through litellm, and on the fast lane."""
+    global LANE
+    LANE = str(request.param)
+    yield LANE
+    LANE = "litellm"
+
+
 def make_llm(fake: FakeProvider, model: str = "primary", **options: Any) -> lk.LLM:
+    options.setdefault("transport", LANE)
     return lk.LLM(f"openai/{model}", api_base=fake.base_url, api_key=KEY, **options)
 
 
 def target(fake: FakeProvider, model: str, **extra: Any) -> dict[str, Any]:
+    extra.setdefault("transport", LANE)
     return {"model": f"openai/{model}", "api_base": fake.base_url, "api_key": KEY, **extra}
 
 
@@ -165,6 +179,12 @@ async def test_a_stall_after_the_first_chunk_raises_stream_stalled_with_the_part
 async def test_a_broken_stream_is_never_a_complete_answer(fake: FakeProvider, fault: Fault) -> None:
     fake.script("breaks", Behavior(fault=fault, stall_after=3, output_tokens=8))
     stream = await make_llm(fake, "breaks").acompletion(messages=MESSAGES, stream=True)
+    if fault is Fault.MALFORMED_CHUNK and LANE == "openai":
+        # The fast lane's SSE reader skips an event that does not parse, and counts it; the
+        # answer goes on (through litellm, the OpenAI SDK ends the stream on it: a break).
+        assert text_of(await read_all(stream)) == TEXT
+        assert stream.outcome == "ok" and stream.skipped == 1
+        return
     with pytest.raises(lk.StreamBroken) as info:
         await read_all(stream)
     assert info.value.partial_text == "tok0 tok1 tok2"

@@ -751,6 +751,10 @@ def _without_answer(exc: BaseException, classes: tuple[str, ...]) -> ErrorKind |
     own bugs) is ``UNKNOWN``: nothing reached the provider, and another attempt would fail the
     same way. A 200 whose body does not parse is the provider's fault: ``SERVER_ERROR``.
     """
+    if exc.__cause__ is None and not _from_litellm(exc) and _status_code(exc) is not None:
+        # An HTTP answer, not caused by anything: what it was raised while handling (its
+        # implicit context, e.g. the break a stream's recovery answers) says nothing of it.
+        return None
     kind = _class_kind(classes)
     if kind is ErrorKind.CONNECTION:
         return ErrorKind.UNKNOWN if _caller_bug(exc) else None

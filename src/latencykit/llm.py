@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import sniffio
 
-from . import _validation, events
+from . import _openai, _validation, events
 from ._cancel import backend, clock
 from ._context import (
     Attempt,
@@ -298,6 +298,10 @@ class LLM:
             provider).
         api_key: the primary target's API key (default ``None``: from the environment, as
             litellm does). Never logged, never put in events, errors or reprs.
+        transport: how the primary target's requests are made (default ``"litellm"``);
+            ``"openai"`` is the fast lane for OpenAI-compatible providers (see
+            :class:`~latencykit.Target`). A failover target sets its own
+            (``{"model": ..., "transport": "openai"}``). Every policy works the same on both.
         defaults: litellm arguments applied to every call unless the call sets them
             (default none), e.g. ``{"temperature": 0}``.
         limiter: per-target concurrency limits and per-tenant quotas (default ``None``:
@@ -350,6 +354,7 @@ class LLM:
         timeout: float | datetime.timedelta = 600.0,
         api_base: str | None = None,
         api_key: str | None = None,
+        transport: str = "litellm",
         defaults: Mapping[str, Any] | None = None,
         limiter: Policy | None = None,
         cache: Policy | None = None,
@@ -434,6 +439,7 @@ class LLM:
             api_key=api_key,
             context_window=context_window,
             capabilities=capabilities,  # type: ignore[arg-type]  # Target validates it
+            transport=transport,
         )
         # Every target has a concrete attempt timeout: litellm's client cache and the stream
         # guard's defaults both need one.
@@ -652,11 +658,15 @@ class LLM:
     def _to_target(self, target: Target, call: Call) -> Call:
         return call._replace(fn=self._attempt_on(target, call.stream is not None), target=target)
 
-    def _open(self, target: Target, **kwargs: Any) -> LitellmChunks:
-        """A streaming attempt's source: opened on its first ``__anext__`` (on trio, in the
-        asyncio bridge, whose pump hands the chunks over)."""
+    def _open(self, target: Target, **kwargs: Any) -> Any:
+        """A streaming attempt's source: opened on its first ``__anext__`` (through litellm on
+        trio, in the asyncio bridge, whose pump hands the chunks over)."""
         if self.max_output_tokens is not None:
             self._cap(target, kwargs, streaming=True)
+        if target.transport == "openai":
+            timeout = self.timeout if target.timeout is None else target.timeout
+            request = _openai.Request(target, timeout, {**kwargs, "stream": True})
+            return _openai.OpenAIChunks(request, target, self._secrets)
         chunks = LitellmChunks(
             target.litellm_arguments(self.timeout, kwargs), target, self._secrets
         )
@@ -664,20 +674,25 @@ class LLM:
             return chunks
         from ._asyncio_bridge import BridgedStream
 
-        return BridgedStream(chunks)  # type: ignore[return-value]
+        return BridgedStream(chunks)
 
     async def _attempt(self, target: Target, **kwargs: Any) -> Any:
         cap = None if self.max_output_tokens is None else self._cap(target, kwargs, False)
-        arguments = target.litellm_arguments(self.timeout, kwargs)
         started = 0.0 if cap is None else clock()
         try:
-            coro = self._litellm.acompletion(**arguments, max_retries=0)
-            if sniffio.current_async_library() == "asyncio":
-                response = await coro  # the common case, without the bridge's extra frame
+            if target.transport == "openai":
+                timeout = self.timeout if target.timeout is None else target.timeout
+                response = await _openai.complete(target, timeout, kwargs)
             else:
-                from ._asyncio_bridge import run_on_asyncio
+                coro = self._litellm.acompletion(
+                    **target.litellm_arguments(self.timeout, kwargs), max_retries=0
+                )
+                if sniffio.current_async_library() == "asyncio":
+                    response = await coro  # the common case, without the bridge's extra frame
+                else:
+                    from ._asyncio_bridge import run_on_asyncio
 
-                response = await run_on_asyncio(coro)
+                    response = await run_on_asyncio(coro)
         except Exception as exc:
             raise provider_error(exc, target=target.key, secrets=self._secrets) from exc
         response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), target.key)

@@ -263,6 +263,12 @@ class Stream(_ClosedOnExit, Generic[T]):
     def __repr__(self) -> str:
         return f"<latencykit.Stream {self.target!r} {self.outcome}, {self.chunks} chunks>"
 
+    @property
+    def skipped(self) -> int:
+        """Events the source skipped because they did not parse (the fast lane's SSE reader
+        skips and counts them; through litellm a malformed event breaks the stream: ``0``)."""
+        return int(getattr(self._source, "malformed", 0))
+
     # --- what the stream measured -------------------------------------------------------------
 
     @property

@@ -23,7 +23,17 @@ from . import _validation
 
 __all__ = ["Endpoint", "Target", "as_target"]
 
-_OWN_KEYS = ("model", "name", "api_base", "api_key", "timeout", "context_window", "capabilities")
+_OWN_KEYS = (
+    "model",
+    "name",
+    "api_base",
+    "api_key",
+    "timeout",
+    "context_window",
+    "capabilities",
+    "transport",
+)
+TRANSPORTS = ("litellm", "openai")
 _FORBIDDEN = {"max_retries", "num_retries", "stream", "messages"}
 
 
@@ -45,6 +55,12 @@ class Target:
             ``{"prefill"}``: accepts an assistant message prefill (used to continue a broken
             stream).
         arguments: other litellm arguments for this target (default empty).
+        transport: how its requests are made (default ``"litellm"``: through
+            ``litellm.acompletion``, any provider litellm supports). ``"openai"``: the fast
+            lane, straight to an OpenAI-compatible chat-completions endpoint (``api_base``,
+            default OpenAI's) over httpx, without litellm's per-chunk work; only for providers
+            that speak that protocol (OpenAI, vLLM, SGLang, TGI, Ollama, Together, Groq,
+            Fireworks, DeepSeek, OpenRouter, Mistral, ...).
     """
 
     model: str = ""
@@ -55,8 +71,13 @@ class Target:
     context_window: int | None = None
     capabilities: frozenset[str] = frozenset()
     arguments: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    transport: str = "litellm"
 
     def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(
+                f"target.transport must be one of {list(TRANSPORTS)}, got {self.transport!r}"
+            )
         if not isinstance(self.model, str):
             raise TypeError(f"target.model must be a model string, got {self.model!r}")
         if not isinstance(self.name, str):
