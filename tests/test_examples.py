@@ -74,3 +74,13 @@ def test_fanout_example_runs() -> None:
     assert lines[3] == "first acceptable: 'Paris.' from openai/careful-model"
     assert lines[4] == "streamed 17 chunks from openai/fast-model"
     assert lines[5] == "NoAcceptableResult: ['Failed', 'TimedOut']"
+
+
+@pytest.mark.timeout(120)
+def test_fast_lane_example_runs() -> None:
+    lines = run_example("fast_lane.py")
+    assert lines[0] == "'Queueing, long outputs, stalls.' from openai/backup-model in 4 chunks"
+    assert lines[1] == (
+        "attempts: [('openai/primary-model', 'ProviderUnavailable'), ('openai/backup-model', 'ok')]"
+    )
+    assert lines[2] == "ModelResponse Queueing, long outputs, stalls."

@@ -2,8 +2,8 @@
 
 Run it from the repository root::
 
-    .venv/bin/python benchmarks/fast_lane.py            # about two minutes
-    .venv/bin/python benchmarks/fast_lane.py --quick    # smoke run, under 30 seconds
+    .venv/bin/python benchmarks/fast_lane_throughput.py            # about two minutes
+    .venv/bin/python benchmarks/fast_lane_throughput.py --quick    # smoke run, under 30 seconds
 
 A minimal OpenAI-compatible server runs in a child process (so that its work does not share this
 process's CPU or GIL): a streaming request gets 1,000 one-word chunks back to back (the whole
