@@ -26,6 +26,7 @@ def test_lab_bounds_the_tail_the_bare_row_does_not() -> None:
         degrade_after=0.3,
         outage=False,
         turn=False,
+        fast_lane=False,
         streaming=False,
     )
     result = run_lab(config, progress=None)
@@ -66,7 +67,10 @@ def test_lab_bounds_the_tail_the_bare_row_does_not() -> None:
 def test_cli_prints_the_per_target_stats(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["lab", "--rows", "hedge", "--requests", "20", "--concurrency", "5", "--scale", "0.01"]
     assert (
-        latencykit_main([*argv, "--no-outage", "--no-streaming", "--no-turn", "--json", "-"]) == 0
+        latencykit_main(
+            [*argv, "--no-outage", "--no-streaming", "--no-turn", "--no-fast-lane", "--json", "-"]
+        )
+        == 0
     )
     out = capsys.readouterr().out
     assert "per-target statistics of each lk.LLM client (llm.stats()" in out
@@ -151,6 +155,7 @@ def test_streaming_scenario_bounds_the_first_token_and_recovers_stalls() -> None
         rows=("bare",),
         outage=False,
         turn=False,
+        fast_lane=False,
     )
     result = run_lab(config, progress=None)
     assert result.streaming is not None
@@ -188,3 +193,26 @@ def test_turn_scenario_meets_its_p95_budget_only_with_stage_budgets_and_fan_out(
     assert budgeted.p95 <= result.budget
     assert budgeted.within_budget > sequential.within_budget
     assert "meets the p95 budget: stage budgets + fan-out" in format_turns(result)
+
+
+@pytest.mark.timeout(180)
+def test_many_streams_saturate_litellm_but_not_the_fast_lane() -> None:
+    import anyio
+
+    from latencykit.lab.fast_lane import FastLaneResult, format_fast_lane, run_fast_lane
+    from latencykit.lab.runner import prepare_litellm
+    from latencykit.testing import FakeProvider
+
+    prepare_litellm()
+
+    async def scenario() -> FastLaneResult:
+        with FakeProvider() as fake:
+            return await run_fast_lane(fake, streams=40, chunks=60, itl=0.01)
+
+    result = anyio.run(scenario)
+    litellm_lane, fast_lane = result.rows
+    # 4,000 chunks/s asked: more than litellm's client can process, a fraction of the fast
+    # lane's. litellm's gaps and first chunks wait behind the backlog.
+    assert litellm_lane.gap_p99 > 2 * fast_lane.gap_p99
+    assert fast_lane.chunks_per_second > litellm_lane.chunks_per_second
+    assert "fast lane" in format_fast_lane(result)

@@ -102,7 +102,16 @@ async def test_the_lab_exports_spans_and_metrics_over_otlp(
 @pytest.mark.timeout(120)
 def test_latencykit_lab_otlp_sends_the_demo_to_the_collector(collector: Collector) -> None:
     argv = ["lab", "--rows", "hedge", "--requests", "20", "--concurrency", "5", "--scale", "0.01"]
-    argv += ["--no-outage", "--no-streaming", "--no-turn", "--json", "-", "--otlp", collector.url]
+    argv += [
+        "--no-outage",
+        "--no-streaming",
+        "--no-turn",
+        "--no-fast-lane",
+        "--json",
+        "-",
+        "--otlp",
+        collector.url,
+    ]
     assert latencykit_main(argv) == 0
     assert collector.spans["chat lab-primary"]["server.address"] == "127.0.0.1"
     assert {"gen_ai.client.operation.duration", "latencykit.attempts"} <= collector.metrics

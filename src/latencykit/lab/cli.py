@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..testing import LlmperfProfile
+from .fast_lane import format_fast_lane
 from .otlp import ENDPOINT_VARIABLE, exporting
 from .outage import format_outage
 from .report import format_stats, format_table
@@ -96,6 +97,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         action="store_true",
         help="skip the turn scenario (stage budgets and fan-out within a p95 budget)",
     )
+    parser.add_argument(
+        "--no-fast-lane",
+        action="store_true",
+        help="skip the many-streams scenario (litellm against the fast lane)",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="random seed")
     parser.add_argument(
         "--backend",
@@ -150,6 +156,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             outage=not args.no_outage,
             streaming=not args.no_streaming,
             turn=not args.no_turn,
+            fast_lane=not args.no_fast_lane,
         )
     except (TypeError, ValueError) as exc:
         print(f"latencykit lab: {exc}", file=sys.stderr)
@@ -178,6 +185,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     if result.turn is not None:
         print()
         print(format_turns(result.turn))
+    if result.fast_lane is not None:
+        print()
+        print(format_fast_lane(result.fast_lane))
     if result.outage is not None:
         print()
         print(format_outage(result.outage))

@@ -16,6 +16,7 @@ import anyio
 
 from .. import _validation
 from ..testing import Behavior, FakeProvider, LlmperfProfile, RequestInfo
+from .fast_lane import FastLaneResult, run_fast_lane
 from .outage import OutageResult, run_outage
 from .report import ClientStats, percentile
 from .rows import DEGRADED, PRIMARY, REQUEST_HEADER, ROWS, RowContext, Sent, Through
@@ -48,6 +49,8 @@ class LabConfig:
             hedged; stalls recovered) (default ``True``).
         turn: also run the turn scenario (a three-stage turn with one slow source, within a
             p95 budget: sequential, fan-out, stage budgets with fan-out) (default ``True``).
+        fast_lane: also run the client-CPU scenario (many concurrent streams through litellm
+            and on the fast lane: time to first chunk and gaps) (default ``True``).
         seed: seeds the workload and the fake provider (default ``7``).
     """
 
@@ -65,6 +68,7 @@ class LabConfig:
     outage: bool = True
     streaming: bool = True
     turn: bool = True
+    fast_lane: bool = True
     seed: int = 7
 
     def __post_init__(self) -> None:
@@ -120,6 +124,7 @@ class LabResult:
     outage: OutageResult | None = None
     streaming: StreamingResult | None = None
     turn: TurnResult | None = None
+    fast_lane: FastLaneResult | None = None
     stats: tuple[ClientStats, ...] = ()
 
     def to_json(self) -> str:
@@ -262,6 +267,12 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
                 print("  turn scenario (stage budgets, fan-out) ...", file=progress)
             fake.reset()
             turn = await run_turns(fake, seed=config.seed)
+        lanes = None
+        if config.fast_lane:
+            if progress is not None:
+                print("  many streams: litellm and the fast lane ...", file=progress)
+            fake.reset()
+            lanes = await run_fast_lane(fake)
         outage = None
         if config.outage:
             if progress is not None:
@@ -274,6 +285,7 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
         outage=outage,
         streaming=streaming,
         turn=turn,
+        fast_lane=lanes,
         stats=tuple(stats),
         machine={
             "python": platform.python_version(),
