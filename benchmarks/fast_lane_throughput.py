@@ -21,6 +21,9 @@ asyncio:
 3. **inter-chunk gap p99** of 50 concurrent streams sending 60 chunks/s each (the server paces
    them), through litellm and through the fast lane: what the saturated client adds.
 
+4. **on trio**, chunks/s with 10 streams: ``lk.LLM`` through litellm (an asyncio loop in a
+   thread, chunks handed over by the bridge), the fast lane (native on trio), raw httpx.
+
 Goals (from the issue): the fast lane >= 10x litellm's chunks/s and within 2x of the raw
 ceiling; >= 3x less client CPU per non-streaming call. The script reports; it exits 0.
 """
@@ -280,6 +283,47 @@ async def gaps(stream_of: Callable[[], Awaitable[Any]], streams: int) -> float:
     return percentile(seen, 99) * 1000
 
 
+async def on_trio(base: str, rounds: int) -> None:
+    """4. chunks/s on trio: ``lk.LLM`` through litellm (which runs on an asyncio loop in a
+    thread, the chunks handed over by the bridge), on the fast lane (native), and raw httpx."""
+    import httpx
+
+    through = lk.LLM("openai/m", api_base=base, api_key=KEY, timeout=60)
+    fast = lk.LLM("openai/m", api_base=base, api_key=KEY, transport="openai", timeout=60)
+    raw = httpx.AsyncClient(timeout=60)
+
+    def via(llm: lk.LLM) -> Streamer:
+        async def stream(model: str) -> int:
+            answer = await llm.acompletion(messages=MESSAGES, stream=True)
+            n = 0
+            async with answer:
+                async for _ in answer:
+                    n += 1
+            return n
+
+        return stream
+
+    async def via_httpx(model: str) -> int:
+        n = 0
+        body = {"model": model, "messages": MESSAGES, "stream": True}
+        async with raw.stream("POST", f"{base}/chat/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                n += line.startswith("data:")
+        return n
+
+    variants: dict[str, Streamer] = {
+        "lk.LLM through litellm (bridge)": via(through),
+        "latencykit fast lane": via(fast),
+        "httpx, lines only (ceiling)": via_httpx,
+    }
+    for stream in variants.values():
+        await stream("m")
+    print("\n4. on trio: chunks/s per process, 10 streams at once (median of rounds)")
+    for name, stream in variants.items():
+        rate = statistics.median([await throughput(stream, 10) for _ in range(rounds)])
+        print(f"   {name:<34} {rate:>10,.0f}  ({1e6 / rate:.1f} us per chunk)")
+
+
 async def main(quick: bool, rounds: int, calls: int) -> None:
     import litellm
 
@@ -352,3 +396,5 @@ if __name__ == "__main__":
         f"load {_load()}"
     )
     anyio.run(main, args.quick, rounds, calls)
+    with provider_process(SERVER) as base:
+        anyio.run(on_trio, base, rounds, backend="trio")
