@@ -154,7 +154,9 @@ async def test_a_stall_after_the_first_chunk_raises_stream_stalled_with_the_part
     fake: FakeProvider,
 ) -> None:
     fake.script("stalls", Behavior(fault=Fault.STALL, stall_after=3, output_tokens=8))
-    llm = make_llm(fake, "stalls", stream_guard=lk.StreamGuard(stall=0.3))
+    # The three chunks are sent back to back: a stall limit of a second leaves room for a
+    # loaded machine's pauses (a 0.3 s limit once cut the stream after two, late in the suite).
+    llm = make_llm(fake, "stalls", stream_guard=lk.StreamGuard(stall=1.0))
     stream = await llm.acompletion(messages=MESSAGES, stream=True)
     received: list[Any] = []
 
