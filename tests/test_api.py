@@ -41,6 +41,9 @@ TOP_LEVEL = {
     "ledger",
     "gather",
     "first",
+    # fleet-wide state
+    "use_store",
+    "RedisStore",
     # during a call
     "remaining",
     "subscribe",
@@ -74,6 +77,7 @@ SUBMODULES = {
     "errors",
     "events",
     "fanout",
+    "fleet",
     "llm",
     "pipeline",
     "policies",

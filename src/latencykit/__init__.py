@@ -7,7 +7,8 @@ policy's options, breaker registry and stores), ``latencykit.stats`` (latency wi
 per-target statistics), ``latencykit.slow_calls`` (the slow-call log),
 ``latencykit.llm`` (``CallReport``), ``latencykit.turn`` (the stages' ``Ledger``),
 ``latencykit.routing`` (``Router``, ``Rule``), ``latencykit.cache`` (``ResponseCache``) and
-``latencykit.fanout`` (``gather``'s markers);
+``latencykit.fanout`` (``gather``'s markers), ``latencykit.fleet`` (state shared by a fleet
+of processes: ``SharedStore``, ``StoreUnavailable``);
 ``latencykit.telemetry`` (OpenTelemetry, imported on first use).
 ``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
 """
@@ -18,6 +19,7 @@ from . import cache as cache
 from . import errors as errors
 from . import events as events
 from . import fanout as fanout
+from . import fleet as fleet
 from . import llm as llm
 from . import pipeline as pipeline
 from . import policies as policies
@@ -50,6 +52,8 @@ from .errors import TransientError as TransientError
 from .events import subscribe as subscribe
 from .fanout import first as first
 from .fanout import gather as gather
+from .fleet import use_store as use_store
+from .fleet.redis import RedisStore as RedisStore
 from .llm import LLM as LLM
 from .llm import Degrade as Degrade
 from .llm import report as report
@@ -110,6 +114,7 @@ __all__ = [
     "ProviderError",
     "ProviderUnavailable",
     "RateLimited",
+    "RedisStore",
     "Retry",
     "RetryBudget",
     "Stream",
@@ -134,4 +139,5 @@ __all__ = [
     "stage",
     "stream_guard",
     "subscribe",
+    "use_store",
 ]

@@ -27,7 +27,7 @@ import sniffio
 
 from .stream import _NOTHING
 
-__all__ = ["BridgedStream", "run_on_asyncio"]
+__all__ = ["BridgedStream", "run_on_asyncio", "run_on_shared_loop", "shared_loop"]
 
 T = TypeVar("T")
 
@@ -54,10 +54,28 @@ def _shared_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+def shared_loop() -> asyncio.AbstractEventLoop:
+    """The library's own asyncio loop, in a daemon thread (started on first use)."""
+    return _shared_loop()
+
+
 async def run_on_asyncio(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on asyncio, whatever backend the caller runs on."""
     if sniffio.current_async_library() == "asyncio":
         return await coro
+    return await _from_trio(coro)
+
+
+async def run_on_shared_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` on the library's own asyncio loop (:func:`shared_loop`), whatever backend
+    the caller runs on; cancelling the caller cancels it."""
+    if sniffio.current_async_library() == "asyncio":
+        future = asyncio.run_coroutine_threadsafe(coro, _shared_loop())
+        return await asyncio.wrap_future(future)  # cancelling the wrapper cancels the task
+    return await _from_trio(coro)
+
+
+async def _from_trio(coro: Coroutine[Any, Any, T]) -> T:
     import trio
 
     token = trio.lowlevel.current_trio_token()

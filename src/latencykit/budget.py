@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 
 from . import _validation
+from . import fleet as _fleet
 from ._cancel import clock as loop_clock
 from ._context import trace_var
 
@@ -30,6 +31,14 @@ class RetryBudget:
         min_per_second: extra requests always allowed per second, as a reserve for low traffic
             (default ``0``).
         clock: time source (default the event loop's clock, ``time.monotonic`` outside a loop).
+        name: the budget's name in a shared store (default ``None``: named after its options,
+            so budgets built alike share one fleet budget).
+        shared: a store shared by the fleet (:class:`~latencykit.RedisStore`): the budget then
+            caps the fleet's extra requests, not just this process's (default ``None``: the
+            process default, :func:`~latencykit.use_store`, looked up at each use). The
+            process spends tokens it leased at the store's last refresh, so no call waits for
+            it; ``min_per_second`` is then the fleet's reserve. While the store is unavailable
+            the budget counts on its own.
 
     Share one budget between a hedge and a retry policy to cap their sum.
     """
@@ -37,13 +46,17 @@ class RetryBudget:
     __slots__ = (
         "_clock",
         "_deposits",
+        "_fleet_handle",
+        "_fleet_key",
         "_slot",
         "_slot_width",
         "_total_deposits",
         "_total_withdrawals",
         "_withdrawals",
         "min_per_second",
+        "name",
         "ratio",
+        "shared",
         "ttl",
     )
 
@@ -54,6 +67,8 @@ class RetryBudget:
         ttl: float = 10.0,
         min_per_second: float = 0.0,
         clock: Callable[[], float] = loop_clock,
+        name: str | None = None,
+        shared: _fleet.SharedStore | None = None,
     ) -> None:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (0 <= ratio <= 10):
             raise ValueError(f"RetryBudget.ratio must be a number in [0, 10], got {ratio!r}")
@@ -78,6 +93,18 @@ class RetryBudget:
         self._total_deposits = 0
         self._total_withdrawals = 0
         self._slot = int(clock() // self._slot_width)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"RetryBudget.name must be a non-empty string, got {name!r}")
+        if shared is not None and not isinstance(shared, _fleet.SharedStore):
+            raise TypeError(
+                f"RetryBudget.shared must be a SharedStore (RedisStore), got {shared!r}"
+            )
+        self.name = name
+        self.shared = shared
+        self._fleet_key = name or (
+            f"ratio={self.ratio:g},ttl={self.ttl:g},reserve={self.min_per_second:g}"
+        )
+        self._fleet_handle: tuple[_fleet.SharedStore, _fleet.SharedBudget] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -96,9 +123,28 @@ class RetryBudget:
             self._slot = slot
         return slot % _SLOTS
 
+    def _fleet(self) -> _fleet.SharedBudget | None:
+        store = self.shared or _fleet._current
+        if store is None:
+            return None
+        cached = self._fleet_handle
+        if cached is None or cached[0] is not store:
+            handle = store.budget(
+                self._fleet_key,
+                ratio=self.ratio,
+                ttl=self.ttl,
+                reserve=self.min_per_second * self.ttl,
+            )
+            cached = self._fleet_handle = (store, handle)
+        return cached[1]
+
     @property
     def balance(self) -> float:
-        """Extra requests the budget would allow right now."""
+        """Extra requests the budget would allow right now (with a shared store: the fleet's,
+        as of its last refresh)."""
+        shared = self._fleet()
+        if shared is not None and (fleet_balance := shared.balance()) is not None:
+            return fleet_balance
         self._advance()
         return (
             self._total_deposits * self.ratio
@@ -111,6 +157,9 @@ class RetryBudget:
         index = self._advance()
         self._deposits[index] += 1
         self._total_deposits += 1
+        shared = self._fleet()
+        if shared is not None:
+            shared.deposit()
 
     def deposit_once(self) -> None:
         """Count the current call, unless another policy already did so for this budget.
@@ -134,8 +183,21 @@ class RetryBudget:
 
     def try_withdraw(self) -> bool:
         """Take one extra request from the budget; ``False`` (and nothing taken) if empty."""
-        if self.balance < 1.0:
+        shared = self._fleet()
+        granted = None if shared is None else shared.try_withdraw()
+        if granted is False:
             return False
+        if granted is None:
+            self._advance()
+            if (
+                self._total_deposits * self.ratio
+                + self.min_per_second * self.ttl
+                - self._total_withdrawals
+                < 1.0
+            ):
+                return False
+        # Counted here too, granted by the fleet or not: the local count is where the budget
+        # starts from if the store goes away.
         index = self._slot % _SLOTS
         self._withdrawals[index] += 1
         self._total_withdrawals += 1

@@ -31,12 +31,14 @@ import enum
 import functools
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from .. import _validation, events
+from .. import fleet as _fleet
 from .._cancel import clock as loop_clock
 from .._context import probe_var, trace_var
 from ..errors import (
@@ -277,10 +279,13 @@ class BreakerPermit(NamedTuple):
     Attributes:
         period: the breaker's period when it was taken (outcomes of stale permits are dropped).
         probe: whether it is one of the half-open probe permits.
+        epoch: the fleet breaker's epoch when a shared store granted it (its outcome goes to
+            the store); ``-1`` (the default) when the process-local state granted it.
     """
 
     period: int
     probe: bool
+    epoch: int = -1
 
 
 class BreakerMetrics(NamedTuple):
@@ -349,7 +354,10 @@ class Breaker(PolicyDecorator):
     __slots__ = (
         "_bucket_width",
         "_closed_permit",
+        "_fleet_handle",
+        "_fleet_options",
         "_lock",
+        "_mirrored",
         "_options",
         "_shape",
         "_size",
@@ -361,6 +369,7 @@ class Breaker(PolicyDecorator):
         "max_open_duration",
         "minimum_calls",
         "open_duration",
+        "shared",
         "slow_call_duration",
         "slow_call_rate",
         "store",
@@ -383,6 +392,7 @@ class Breaker(PolicyDecorator):
         half_open_calls: int = 3,
         counts: ErrorFilter | None = None,
         store: BreakerStore | None = None,
+        shared: _fleet.SharedStore | None = None,
         clock: Callable[[], float] = loop_clock,
     ) -> None:
         if not isinstance(key, str) or not key:
@@ -431,6 +441,21 @@ class Breaker(PolicyDecorator):
         if not callable(clock):
             raise TypeError(f"breaker.clock must be a callable returning seconds, got {clock!r}")
         self.clock = clock
+        if shared is not None and not isinstance(shared, _fleet.SharedStore):
+            raise TypeError(f"breaker.shared must be a SharedStore (RedisStore), got {shared!r}")
+        self.shared = shared
+        self._fleet_options = _fleet.BreakerOptions(
+            window_type,
+            self.window_size,
+            self.minimum_calls,
+            self.failure_rate,
+            self.slow_call_rate,
+            self.open_duration,
+            self.max_open_duration,
+            self.half_open_calls,
+        )
+        self._fleet_handle: tuple[_fleet.SharedStore, _fleet.SharedBreaker] | None = None
+        self._mirrored = -1  # the fleet epoch last copied into the local snapshot
         self._shape = f"{window_type}/{self.window_size!r}"
         self._lock = threading.Lock()
         self._closed_permit = BreakerPermit(-1, False)
@@ -447,6 +472,7 @@ class Breaker(PolicyDecorator):
             ("half_open_calls", self.half_open_calls),
             ("counts", counts),
             ("store", store),
+            ("shared", shared),
             ("clock", clock),
         )
 
@@ -554,11 +580,65 @@ class Breaker(PolicyDecorator):
             if event is not None:
                 events.emit(event)
 
+    # --- the fleet's state (a shared store) ------------------------------------------------
+
+    def _fleet_view(self) -> tuple[_fleet.SharedBreaker | None, _fleet.BreakerView | None]:
+        """The shared store's handle and view of this breaker, ``(None, None)`` without a
+        store; the view is ``None`` while the store is unavailable (decide locally)."""
+        store = self.shared or _fleet._current
+        if store is None:
+            return None, None
+        cached = self._fleet_handle
+        if cached is None or cached[0] is not store:
+            cached = self._fleet_handle = (store, store.breaker(self.key, self._fleet_options))
+        handle = cached[1]
+        return handle, handle.view()
+
+    def _mirror(self, view: _fleet.BreakerView) -> None:
+        """Copy the fleet's state into the local snapshot (what ``state`` reports, and where
+        the breaker starts from if the store goes away), emitting the change."""
+        with self._lock:
+            snap = self._load()
+            to = BreakerState(view.state)
+            event = None
+            if snap.state is not to:
+                event = self._move(snap, to, self.clock())
+            if to is _OPEN:
+                snap.open_for = max(0.0, view.until - time.monotonic())
+            self.store.put(self.key, snap)
+            self._mirrored = view.epoch
+        self._emit(event)
+
+    def _synced(self) -> _fleet.BreakerView | None:
+        """The fleet's view, mirrored locally; ``None`` without one."""
+        view = self._fleet_view()[1]
+        if view is not None and view.epoch != self._mirrored:
+            self._mirror(view)
+        return view
+
+    async def _fleet_probe(self, handle: _fleet.SharedBreaker) -> BreakerPermit | CircuitOpen:
+        """Ask the fleet for a probe permit; decide locally if the store cannot answer."""
+        answer = await handle.probe()
+        if answer is None:
+            return self._admit_local()
+        granted, view = answer
+        if view.epoch != self._mirrored:
+            self._mirror(view)
+        if granted:
+            return BreakerPermit(self._period(), True, view.epoch)
+        return self._refused(BreakerState(view.state), None)
+
+    def _period(self) -> int:
+        snap = self.store.get(self.key)
+        return -1 if snap is None else snap.period
+
     # --- public API -----------------------------------------------------------------------
 
     @property
     def state(self) -> BreakerState:
-        """The current state (an expired ``OPEN`` turns ``HALF_OPEN`` when read)."""
+        """The current state (an expired ``OPEN`` turns ``HALF_OPEN`` when read). With a
+        shared store, the fleet's state as of the store's last refresh."""
+        self._synced()
         with self._lock:
             snap = self._load()
             event = self._refresh(snap, self.clock())
@@ -567,7 +647,21 @@ class Breaker(PolicyDecorator):
         return state
 
     def metrics(self) -> BreakerMetrics:
-        """The window's counts and rates now (a time window first drops expired calls)."""
+        """The window's counts and rates now (a time window first drops expired calls). With
+        a shared store, the fleet's window as of the store's last refresh."""
+        view = self._synced()
+        if view is not None:
+            calls, failures, slow = view.calls, view.failures, view.slow
+            return BreakerMetrics(
+                state=BreakerState(view.state),
+                calls=calls,
+                successes=calls - failures,
+                failures=failures,
+                slow_calls=slow,
+                failure_rate=_rate(failures, calls),
+                slow_call_rate=_rate(slow, calls),
+                probes=0,
+            )
         with self._lock:
             snap = self._load()
             now = self.clock()
@@ -592,6 +686,14 @@ class Breaker(PolicyDecorator):
     def allows(self) -> bool:
         """Whether a call would be admitted now, without taking a permit (nor emitting
         :class:`BreakerRejected`). Failover uses it to skip open targets."""
+        view = self._synced()
+        if view is not None:
+            state = view.state
+            if state == "closed":
+                return True
+            if state == "open":
+                return view.until <= time.monotonic()  # the fleet would hand out probes
+            return state == "half_open" and view.free_probes > 0
         with self._lock:
             snap = self._load()
             event = self._refresh(snap, self.clock())
@@ -602,7 +704,33 @@ class Breaker(PolicyDecorator):
         self._emit(event)
         return allowed
 
-    def _admit(self) -> BreakerPermit | CircuitOpen:
+    def _admit(self) -> BreakerPermit | CircuitOpen | _fleet.SharedBreaker:
+        """A permit, a refusal, or the fleet's handle when a probe permit must be asked of it."""
+        handle, view = self._fleet_view()
+        if view is None or handle is None:
+            return self._admit_local()
+        if view.epoch != self._mirrored:
+            self._mirror(view)
+        state = view.state
+        if state == "closed":
+            return BreakerPermit(self._period(), False, view.epoch)
+        if state == "forced_open":
+            return self._refused(_FORCED_OPEN, None)
+        if state == "open" and (wait := view.until - time.monotonic()) > 0:
+            return self._refused(_OPEN, wait)
+        return handle  # half-open, or open and over: only the fleet hands out probes
+
+    def _refused(self, state: BreakerState, wait: float | None) -> CircuitOpen:
+        if events.listening():
+            trace = trace_var.get()
+            events.emit(
+                BreakerRejected(
+                    call_id=0 if trace is None else trace.call_id, key=self.key, state=state
+                )
+            )
+        return CircuitOpen(self.key, state, wait)
+
+    def _admit_local(self) -> BreakerPermit | CircuitOpen:
         # The hot path, CLOSED, changes nothing and takes no lock: it reads the period, then
         # the state (``_move`` writes them in the opposite order). A state read as CLOSED was
         # CLOSED in the period read, or that period is over and the permit is merely stale.
@@ -624,19 +752,12 @@ class Breaker(PolicyDecorator):
             if state is _HALF_OPEN and snap.probes < self.half_open_calls:
                 snap.probes += 1
                 self.store.put(self.key, snap)
-                result: BreakerPermit | CircuitOpen = BreakerPermit(snap.period, True)
+                granted: BreakerPermit | None = BreakerPermit(snap.period, True)
             else:
+                granted = None
                 wait = max(0.0, snap.since + snap.open_for - now) if state is _OPEN else None
-                result = CircuitOpen(self.key, state, wait)
         self._emit(event)
-        if isinstance(result, CircuitOpen) and events.listening():
-            trace = trace_var.get()
-            events.emit(
-                BreakerRejected(
-                    call_id=0 if trace is None else trace.call_id, key=self.key, state=state
-                )
-            )
-        return result
+        return self._refused(state, wait) if granted is None else granted
 
     def acquire(self) -> BreakerPermit | None:
         """Take permission for one call: a :class:`BreakerPermit`, or ``None`` if refused.
@@ -645,6 +766,10 @@ class Breaker(PolicyDecorator):
         to :meth:`record` (with ``success=None`` for a call that was cancelled or whose outcome
         says nothing about the target): in ``HALF_OPEN`` an unreturned permit holds one of
         the ``half_open_calls`` probe slots.
+
+        With a shared store, a half-open fleet breaker's probe permits are handed out by the
+        store, a round trip this synchronous method cannot make: it refuses; the breaker as
+        a policy (``async``) asks the store.
         """
         result = self._admit()
         return result if isinstance(result, BreakerPermit) else None
@@ -666,6 +791,9 @@ class Breaker(PolicyDecorator):
         if success is None and not permit.probe:
             return  # an ignored call that held no probe slot: nothing to do
         slow = duration >= self.slow_call_duration
+        if permit.epoch >= 0 and self._fleet_handle is not None:
+            self._record_shared(self._fleet_handle[1], permit, success, slow)
+            return
         with self._lock:
             snap = self.store.get(self.key)
             if snap is None or snap.shape != self._shape:
@@ -686,6 +814,28 @@ class Breaker(PolicyDecorator):
             self.store.put(self.key, snap)
         if event is not None:
             events.emit(event)
+
+    def _record_shared(
+        self,
+        handle: _fleet.SharedBreaker,
+        permit: BreakerPermit,
+        success: bool | None,
+        slow: bool,
+    ) -> None:
+        """A fleet permit's outcome goes to the store, which decides the transitions; the
+        local window counts it too, ready for when the store goes away."""
+        code = (
+            0 if success is None else _CALL | (0 if success else _FAILED) | (_SLOW if slow else 0)
+        )
+        if permit.probe:
+            handle.probe_ended(permit.epoch, code)
+            return
+        handle.outcome(permit.epoch, code)
+        with self._lock:
+            snap = self._load()
+            if permit.period == snap.period and snap.state is _CLOSED:
+                self._count(snap, success is False, slow)
+                self.store.put(self.key, snap)
 
     def _probe_ended(
         self, snap: BreakerSnapshot, success: bool | None, slow: bool
@@ -743,7 +893,11 @@ class Breaker(PolicyDecorator):
                 snap.slow += 1
 
     def isolate(self) -> None:
-        """Force the breaker open (``FORCED_OPEN``): every call is refused until :meth:`reset`."""
+        """Force the breaker open (``FORCED_OPEN``): every call is refused until :meth:`reset`.
+        With a shared store, across the fleet (within one refresh)."""
+        handle = self._fleet_view()[0]
+        if handle is not None:
+            handle.force("isolate")
         with self._lock:
             snap = self._load()
             now = self.clock()
@@ -755,7 +909,10 @@ class Breaker(PolicyDecorator):
 
     def reset(self) -> None:
         """Back to ``CLOSED`` with an empty window, from any state; calls in flight are then
-        not counted."""
+        not counted. With a shared store, across the fleet (within one refresh)."""
+        handle = self._fleet_view()[0]
+        if handle is not None:
+            handle.force("reset")
         with self._lock:
             snap = self._load()
             now = self.clock()
@@ -773,8 +930,11 @@ class Breaker(PolicyDecorator):
         """Run ``call`` if the breaker admits it (else raise :class:`CircuitOpen`), and record
         its outcome: success, a failure if ``counts(error)``, nothing if cancelled."""
         permit = self._admit()
-        if not isinstance(permit, BreakerPermit):
-            raise permit
+        if type(permit) is not BreakerPermit:  # rare: the exact type test is the cheap one
+            if not isinstance(permit, (CircuitOpen, BreakerPermit)):
+                permit = await self._fleet_probe(permit)
+            if isinstance(permit, CircuitOpen):
+                raise permit
         clock = self.clock
         started = clock()
         probing = probe_var.set(True) if permit.probe else None
@@ -844,6 +1004,7 @@ def breaker(
     half_open_calls: int = 3,
     counts: ErrorFilter | None = None,
     store: BreakerStore | None = None,
+    shared: _fleet.SharedStore | None = None,
     clock: Callable[[], float] = loop_clock,
 ) -> Breaker:
     """The circuit breaker of ``key``, shared process-wide (created on first use).
@@ -877,8 +1038,12 @@ def breaker(
             connection, timeout, broken stream). Other errors and cancellations are ignored:
             not counted at all. :class:`CircuitOpen` from a breaker further in and
             :class:`~latencykit.errors.LimitExceeded` from a limiter never count.
-        store: where the state lives (default ``None``: a private
+        store: where the process-local state lives (default ``None``: a private
             :class:`InMemoryBreakerStore`).
+        shared: a store shared by the fleet (:class:`~latencykit.RedisStore`) that decides
+            the breaker's state for every process (default ``None``: the process default,
+            :func:`~latencykit.use_store`, looked up at each use; none unless set). While it is
+            unavailable the breaker decides alone, from its local state.
         clock: time source in seconds (default: the event loop's clock); durations of calls are
             measured with it too.
     """
@@ -895,6 +1060,7 @@ def breaker(
         half_open_calls=half_open_calls,
         counts=counts,
         store=store,
+        shared=shared,
         clock=clock,
     )
     with _registry_lock:

@@ -45,6 +45,7 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 import anyio
 
 from .. import _response, events
+from .. import fleet as _fleet
 from .._cancel import Backend, backend, clock
 from .._context import deadline_var, trace_var
 from .._response import Summary
@@ -514,8 +515,9 @@ class _Permit:
         self.tenant = tenant
         self.tenant_slots: _Slots | None = None
         self.target_slots: _Slots | None = None
-        self.charges: list[tuple[str, float, float, float]] = []  # key, amount, rate, burst
-        self.tokens: tuple[str, float, float, float] | None = None  # the token charge
+        # key, amount, rate, burst, and whether a shared store holds the bucket
+        self.charges: list[tuple[str, float, float, float, bool]] = []
+        self.tokens: tuple[str, float, float, float, bool] | None = None  # the token charge
         self.released = False
 
 
@@ -552,8 +554,14 @@ class Limiter(PolicyDecorator):
             messages (and tools), plus ``max_completion_tokens`` or ``max_tokens`` times
             ``n`` when set; a decorated function then needs one). The charge is reconciled
             with the usage the response (or a stream's usage chunk) reports.
-        store: the :class:`QuotaStore` of the token buckets (default ``None``: a private
-            :class:`InMemoryQuotaStore`).
+        store: the :class:`QuotaStore` of the process-local token buckets (default ``None``:
+            a private :class:`InMemoryQuotaStore`).
+        shared: a store shared by the fleet (:class:`~latencykit.RedisStore`) that holds the
+            token buckets, so a tenant's quota is the fleet's (default ``None``: the process
+            default, :func:`~latencykit.use_store`, looked up at each call). Taking from a
+            shared bucket is one round trip per bucket and call (bounded by the store's
+            timeout); while the store is unavailable the local buckets are used.
+            Concurrency slots stay per process.
 
     Raises:
         ValueError, TypeError: an invalid option, naming it; or no limit at all (none of
@@ -573,6 +581,7 @@ class Limiter(PolicyDecorator):
         "concurrency",
         "max_wait",
         "quotas",
+        "shared",
         "store",
         "tenant_of",
         "tenant_quota",
@@ -589,6 +598,7 @@ class Limiter(PolicyDecorator):
         tenant_of: Callable[[Call], str | None] | None = None,
         tokens_of: Callable[[Call], int] | None = None,
         store: QuotaStore | None = None,
+        shared: _fleet.SharedStore | None = None,
     ) -> None:
         if isinstance(concurrency, Mapping):
             self.concurrency: int | Mapping[str, int] | None = MappingProxyType(
@@ -631,6 +641,9 @@ class Limiter(PolicyDecorator):
         if store is not None and not isinstance(store, QuotaStore):
             raise TypeError(f"Limiter.store must be a QuotaStore (take/level), got {store!r}")
         self.store: QuotaStore = InMemoryQuotaStore() if store is None else store
+        if shared is not None and not isinstance(shared, _fleet.SharedStore):
+            raise TypeError(f"Limiter.shared must be a SharedStore (RedisStore), got {shared!r}")
+        self.shared = shared
         self._lock = threading.Lock()
         self._targets: dict[str, _Slots] = {}
         self._tenants: dict[str, _Slots] = {}
@@ -771,11 +784,17 @@ class Limiter(PolicyDecorator):
         now = loop.now()
         room = self._room(started, now)
         longest, longest_kind = 0.0, wanted[0][0]
+        shared = self.shared or _fleet._current
         for kind, key, amount, rate, burst in wanted:
-            wait = self.store.take(key, amount, rate=rate, burst=burst, now=now, max_wait=room)
+            wait = None
+            if shared is not None:  # None back: the store could not answer; count locally
+                wait = await shared.take(key, amount, rate=rate, burst=burst, max_wait=room)
+            fleet = wait is not None
+            if wait is None:
+                wait = self.store.take(key, amount, rate=rate, burst=burst, now=now, max_wait=room)
             if wait > room:  # nothing taken: it cannot fit, say so now rather than wait to fail
                 raise self._refused(call, who, kind, wait, now - started)
-            charge = (key, amount, rate, burst)
+            charge = (key, amount, rate, burst, fleet)
             permit.charges.append(charge)
             if kind == "tokens":
                 permit.tokens = charge
@@ -876,18 +895,28 @@ class Limiter(PolicyDecorator):
             second.wake()
         if refund:
             now = clock()
-            for key, amount, rate, burst in permit.charges:
-                self.store.take(key, -amount, rate=rate, burst=burst, now=now, max_wait=0.0)
+            for key, amount, rate, burst, fleet in permit.charges:
+                self._adjust(key, -amount, rate, burst, fleet, now)
         elif (
             permit.tokens is not None
             and usage is not None
             and usage.input_tokens is not None
             and usage.output_tokens is not None
         ):
-            key, charged, rate, burst = permit.tokens
+            key, charged, rate, burst, fleet = permit.tokens
             extra = usage.input_tokens + usage.output_tokens - charged
             if extra:  # charge (into debt if need be) or refund the difference
-                self.store.take(key, extra, rate=rate, burst=burst, now=clock(), max_wait=math.inf)
+                self._adjust(key, extra, rate, burst, fleet, clock())
+
+    def _adjust(
+        self, key: str, amount: float, rate: float, burst: float, fleet: bool, now: float
+    ) -> None:
+        """Charge ``amount`` more (a refund when negative) to the bucket that was charged."""
+        store = self.shared or _fleet._current
+        if fleet and store is not None:
+            store.adjust(key, amount, rate=rate, burst=burst)
+        else:
+            self.store.take(key, amount, rate=rate, burst=burst, now=now, max_wait=math.inf)
 
     # --- events and errors --------------------------------------------------------------------
 

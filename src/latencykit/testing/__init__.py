@@ -7,6 +7,7 @@
 ...     # litellm.acompletion(model="openai/slow", api_base=fake.base_url, api_key="x", ...)
 
 Importing this package is cheap: the asyncio server is imported when a provider starts.
+:class:`RedisServer` runs a throwaway ``redis-server`` on 127.0.0.1 (standard library only).
 See ``docs/testing.md``.
 """
 
@@ -15,6 +16,7 @@ from ._behavior import Fault as Fault
 from ._latency import Latency as Latency
 from ._profiles import LlmperfProfile as LlmperfProfile
 from ._records import RecordedAttempt as RecordedAttempt
+from ._redis import RedisServer as RedisServer
 from ._request import RequestInfo as RequestInfo
 from ._script import Script as Script
 from ._server import FakeProvider as FakeProvider
@@ -28,6 +30,7 @@ __all__ = [
     "LlmperfProfile",
     "Predicate",
     "RecordedAttempt",
+    "RedisServer",
     "RequestInfo",
     "Script",
 ]

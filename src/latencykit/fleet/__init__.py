@@ -1,0 +1,203 @@
+"""Fleet-wide state: breakers, budgets and quotas shared by every process of an app.
+
+By default each process keeps its own state, in memory. ``lk.use_store(lk.RedisStore(url))``
+moves it to a shared server, so that a provider outage seen by one process protects all of
+them, a hedge budget caps the fleet's extra load, and a tenant's quota is the tenant's, not
+each process's. A store can also be given to one policy (``breaker(store=)``,
+``RetryBudget(store=)``, ``Limiter(store=)``, ``LLM(store=)``).
+
+The policies never wait for the store on the hot path. They read a local view that the store
+refreshes in the background, and queue their outcomes, which it writes in batches. Only the
+rare transitions that must be agreed by the fleet are round trips: taking a half-open probe
+permit and taking from a quota. When the store is down, slow or answers garbage, every
+policy goes on with its process-local state, and the store resynchronises on its own.
+
+This module holds the interface the policies speak (:class:`SharedStore`) and the process
+default; :class:`~latencykit.fleet.redis.RedisStore` implements it on Redis or Valkey.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Protocol, runtime_checkable
+
+from ..events import Event
+
+__all__ = [
+    "BreakerOptions",
+    "BreakerView",
+    "SharedBreaker",
+    "SharedBudget",
+    "SharedStore",
+    "StoreRecovered",
+    "StoreUnavailable",
+    "current_store",
+    "use_store",
+]
+
+
+class BreakerOptions(NamedTuple):
+    """The options of a breaker that the fleet's copy of its state needs (see
+    :func:`~latencykit.breaker` for each one's meaning and default)."""
+
+    window_type: Literal["count", "time"]
+    window_size: float
+    minimum_calls: int
+    failure_rate: float
+    slow_call_rate: float
+    open_duration: float
+    max_open_duration: float | None
+    half_open_calls: int
+
+
+class BreakerView(NamedTuple):
+    """A breaker's fleet state, as of the store's last refresh.
+
+    Attributes:
+        state: ``"closed"``, ``"open"``, ``"half_open"`` or ``"forced_open"`` (a
+            :class:`~latencykit.policies.breaker.BreakerState` value).
+        epoch: counts the fleet breaker's state changes; an outcome is counted only in the
+            epoch its permit was taken in.
+        until: ``time.monotonic()`` at which an ``"open"`` state ends (the fleet then hands
+            out probe permits); ``0.0`` in the other states.
+        free_probes: probe permits left while ``"half_open"``.
+        calls: calls in the fleet's window.
+        failures: failed calls among them.
+        slow: slow calls among them.
+    """
+
+    state: str
+    epoch: int
+    until: float
+    free_probes: int
+    calls: int
+    failures: int
+    slow: int
+
+
+@runtime_checkable
+class SharedBreaker(Protocol):
+    """One breaker's state in a :class:`SharedStore` (from :meth:`SharedStore.breaker`)."""
+
+    def view(self) -> BreakerView | None:
+        """The fleet's state as last refreshed, or ``None`` when the store is unavailable or
+        its view is older than its staleness bound (the breaker then decides alone)."""
+        ...
+
+    def outcome(self, epoch: int, code: int) -> None:
+        """Queue one call's outcome, taken in ``epoch``: ``code`` is ``1``, plus ``2`` if it
+        failed, plus ``4`` if it was slow. Written with the next batch."""
+        ...
+
+    async def probe(self) -> tuple[bool, BreakerView] | None:
+        """Ask the fleet for a half-open probe permit (a round trip, bounded by the store's
+        timeout): ``(granted, view)``, or ``None`` if the store could not answer."""
+        ...
+
+    def probe_ended(self, epoch: int, code: int) -> None:
+        """Report a probe's outcome (``code`` as for :meth:`outcome`, ``0``: ignored, the
+        permit released). Written at once, in the background."""
+        ...
+
+    def force(self, op: Literal["isolate", "reset"]) -> None:
+        """Force the fleet breaker open (``"isolate"``) or closed (``"reset"``), in the
+        background."""
+        ...
+
+
+@runtime_checkable
+class SharedBudget(Protocol):
+    """One retry/hedge budget's state in a :class:`SharedStore` (:meth:`SharedStore.budget`)."""
+
+    def deposit(self) -> None:
+        """Count one call (written with the next batch)."""
+        ...
+
+    def try_withdraw(self) -> bool | None:
+        """Take one extra request: ``True`` or ``False``, or ``None`` when the store is
+        unavailable (the budget then decides alone). Never a round trip: the process spends
+        tokens it leased from the fleet at the last refresh."""
+        ...
+
+    def balance(self) -> float | None:
+        """The fleet's balance as last refreshed, or ``None`` when unavailable."""
+        ...
+
+
+@runtime_checkable
+class SharedStore(Protocol):
+    """Where state shared by a fleet of processes lives: what the policies ask of a store."""
+
+    def breaker(self, key: str, options: BreakerOptions) -> SharedBreaker:
+        """The shared state of the breaker ``key`` (the same object for the same key)."""
+        ...
+
+    def budget(self, key: str, *, ratio: float, ttl: float, reserve: float) -> SharedBudget:
+        """The shared state of the budget ``key`` (``reserve``: extra requests always allowed
+        per ``ttl``)."""
+        ...
+
+    async def take(
+        self, key: str, amount: float, *, rate: float, burst: float, max_wait: float
+    ) -> float | None:
+        """Take from the token bucket ``key`` as
+        :meth:`~latencykit.policies.limiter.QuotaStore.take` does (a round trip, bounded by the
+        store's timeout); ``None`` if the store could not answer."""
+        ...
+
+    def adjust(self, key: str, amount: float, *, rate: float, burst: float) -> None:
+        """Charge ``amount`` more tokens to the bucket ``key`` (into debt if need be), or give
+        them back when negative; written with the next batch, never waited for."""
+        ...
+
+
+_current: SharedStore | None = None
+
+
+def use_store(store: SharedStore | None) -> SharedStore | None:
+    """Make ``store`` the process's default for every policy built without ``store=``, and
+    return the previous default.
+
+    ``None`` (the initial default) keeps each process's state in its own memory. Policies
+    look the default up at each use, so this may be called before or after they are built.
+    """
+    global _current
+    if store is not None and not isinstance(store, SharedStore):
+        raise TypeError(f"use_store: expected a SharedStore such as RedisStore, got {store!r}")
+    previous, _current = _current, store
+    return previous
+
+
+def current_store() -> SharedStore | None:
+    """The process's default store (:func:`use_store`), ``None`` for process-local state."""
+    return _current
+
+
+@dataclass(frozen=True, slots=True)
+class StoreUnavailable(Event):
+    """A shared store stopped answering; policies use process-local state until it returns.
+
+    Emitted once per outage (from the store's background thread), and logged once as a warning
+    on the ``latencykit`` logger.
+
+    Attributes:
+        store: the store's ``repr`` (its address without credentials).
+        reason: what went wrong: the exception's type name (never its message, which may
+            hold an address with credentials).
+    """
+
+    store: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoreRecovered(Event):
+    """A shared store answers again; its state is in force again from now on.
+
+    Attributes:
+        store: the store's ``repr``.
+        down_for: seconds it was unavailable.
+    """
+
+    store: str
+    down_for: float

@@ -1,0 +1,543 @@
+"""``RedisStore``: fleet-wide state on Redis (or Valkey), read from a local view.
+
+Each process keeps a view of the fleet's state (each breaker's state, each budget's balance and
+the tokens this process leased from it) that a background task refreshes every ``interval``
+seconds, in one pipelined round trip that also writes the outcomes queued since the last one.
+Every change of shared state happens in a Lua script on the server (``breaker.lua``,
+``budget.lua``, ``quota.lua``), on the server's clock: no read-modify-write from a client.
+
+The background task runs on the library's own asyncio loop (a daemon thread), whatever loop or
+backend the calls run on, so a busy application loop does not delay the refresh, and trio
+needs nothing more. A call waits for Redis only to take a half-open probe permit or a quota,
+and then at most ``timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections import deque
+from importlib import resources
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from .. import _validation, events
+from .._asyncio_bridge import run_on_shared_loop, shared_loop
+from . import BreakerOptions, BreakerView, StoreRecovered, StoreUnavailable
+
+__all__ = ["RedisStore"]
+
+logger = logging.getLogger("latencykit")
+
+_SCRIPT_NAMES = ("breaker", "budget", "quota")
+_STATES = frozenset({"closed", "open", "half_open", "forced_open"})
+_MAX_QUEUED = 10_000  # outcomes kept per breaker while the store is unreachable
+_MAX_LEASE = 32  # most budget tokens a process holds between two refreshes
+_MAX_BACKOFF = 2.0  # seconds between two attempts to reach a store that is down
+_IDLE_TTL = 3600.0  # seconds a key outlives its last write, beyond its own time spans
+_NO_LIMIT = "1e300"  # a quota adjustment's max wait: always taken
+
+
+class _Garbage(Exception):
+    """The store answered something no script of ours returns."""
+
+
+def _ms(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1000))
+
+
+class _Breaker:
+    """One breaker's state in a :class:`RedisStore` (a
+    :class:`~latencykit.fleet.SharedBreaker`)."""
+
+    __slots__ = ("_args", "_fresh_until", "_keys", "_ops", "_outcomes", "_store", "_view")
+
+    def __init__(self, store: RedisStore, key: str, options: BreakerOptions) -> None:
+        self._store = store
+        base = f"{store.namespace}:breaker:{{{key}}}"  # {key}: both keys in one cluster slot
+        self._keys = (base, f"{base}:window")
+        counted = options.window_type == "count"
+        span = 0.0 if counted else options.window_size
+        longest = max(span, options.max_open_duration or options.open_duration)
+        self._args: tuple[str | int | float, ...] = (
+            options.window_type,
+            int(options.window_size) if counted else 20,
+            1 if counted else _ms(options.window_size / 20),
+            options.minimum_calls,
+            options.failure_rate,
+            options.slow_call_rate,
+            _ms(options.open_duration),
+            0 if options.max_open_duration is None else _ms(options.max_open_duration),
+            options.half_open_calls,
+            _ms(2 * longest + _IDLE_TTL),
+        )
+        self._outcomes: deque[tuple[int, int]] = deque(maxlen=_MAX_QUEUED)
+        self._ops: deque[tuple[str, int, str]] = deque()
+        self._view: BreakerView | None = None
+        self._fresh_until = 0.0
+
+    def view(self) -> BreakerView | None:
+        """See :meth:`~latencykit.fleet.SharedBreaker.view`."""
+        return self._view if time.monotonic() <= self._fresh_until else None
+
+    def outcome(self, epoch: int, code: int) -> None:
+        """See :meth:`~latencykit.fleet.SharedBreaker.outcome`."""
+        self._outcomes.append((epoch, code))
+
+    async def probe(self) -> tuple[bool, BreakerView] | None:
+        """See :meth:`~latencykit.fleet.SharedBreaker.probe`."""
+        store = self._store
+        if not store.available:
+            return None
+        return await run_on_shared_loop(store._probe(self))
+
+    def probe_ended(self, epoch: int, code: int) -> None:
+        """See :meth:`~latencykit.fleet.SharedBreaker.probe_ended`."""
+        self._ops.append(("probe_end", epoch, str(code)))
+        self._store._wake_soon()
+
+    def force(self, op: Literal["isolate", "reset"]) -> None:
+        """See :meth:`~latencykit.fleet.SharedBreaker.force`."""
+        self._ops.append((op, -1, ""))
+        self._store._wake_soon()
+
+    def _drain(self) -> list[tuple[str, int, str]]:
+        """The script calls to make: queued ops, then the outcomes by epoch (at least one
+        ``sync``, which refreshes the view)."""
+        ops = self._ops
+        calls = [ops.popleft() for _ in range(len(ops))]
+        outcomes = self._outcomes
+        epoch, codes = -1, list[str]()
+        for _ in range(len(outcomes)):
+            at, code = outcomes.popleft()
+            if at != epoch and codes:
+                calls.append(("sync", epoch, "".join(codes)))
+                codes = []
+            epoch = at
+            codes.append(str(code))
+        calls.append(("sync", epoch, "".join(codes)))
+        return calls
+
+    def _update(self, reply: object, now: float, fresh_until: float) -> BreakerView:
+        if not isinstance(reply, list) or len(reply) != 8:
+            raise _Garbage(f"breaker script returned {type(reply).__name__}")
+        state = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
+        numbers = reply[1:]
+        if state not in _STATES or not all(type(n) is int for n in numbers):
+            raise _Garbage("breaker script returned an unknown state or a non-integer")
+        epoch, remaining, free, calls, failures, slow, _ = numbers
+        view = BreakerView(
+            state=state,
+            epoch=epoch,
+            until=now + remaining / 1000 if state == "open" else 0.0,
+            free_probes=free,
+            calls=calls,
+            failures=failures,
+            slow=slow,
+        )
+        self._view, self._fresh_until = view, fresh_until
+        return view
+
+
+class _Budget:
+    """One budget's state in a :class:`RedisStore` (a :class:`~latencykit.fleet.SharedBudget`).
+
+    The process spends tokens it leased from the fleet at the last refresh, and leases twice
+    what it spent in the last interval (at least one, at most ``_MAX_LEASE``), giving back the
+    rest: no call waits for Redis, and an idle process holds one token.
+    """
+
+    __slots__ = (
+        "_args",
+        "_balance",
+        "_deposits",
+        "_fresh_until",
+        "_held",
+        "_key",
+        "_lock",
+        "_store",
+        "_used",
+    )
+
+    def __init__(
+        self, store: RedisStore, key: str, *, ratio: float, ttl: float, reserve: float
+    ) -> None:
+        self._store = store
+        self._key = f"{store.namespace}:budget:{{{key}}}"
+        self._args = (_ms(ttl / 10), ratio, reserve, _ms(2 * ttl + _IDLE_TTL))
+        self._lock = threading.Lock()
+        self._deposits = 0
+        self._held = 0  # tokens leased from the fleet, not yet spent
+        self._used = 0  # tokens asked for since the last refresh
+        self._balance = 0.0
+        self._fresh_until = 0.0
+
+    def deposit(self) -> None:
+        """See :meth:`~latencykit.fleet.SharedBudget.deposit`."""
+        with self._lock:
+            self._deposits += 1
+
+    def try_withdraw(self) -> bool | None:
+        """See :meth:`~latencykit.fleet.SharedBudget.try_withdraw`."""
+        if time.monotonic() > self._fresh_until:
+            return None
+        with self._lock:
+            self._used += 1
+            if self._held > 0:
+                self._held -= 1
+                return True
+        self._store._wake_soon()  # out of tokens: lease more now rather than at the next tick
+        return False
+
+    def balance(self) -> float | None:
+        """See :meth:`~latencykit.fleet.SharedBudget.balance`."""
+        if time.monotonic() > self._fresh_until:
+            return None
+        return self._balance + self._held
+
+    def _drain(self) -> tuple[int, int, int]:
+        """``(deposits, tokens wanted, tokens given back)`` for the next script call."""
+        with self._lock:
+            deposits, self._deposits = self._deposits, 0
+            target = min(_MAX_LEASE, max(1, 2 * self._used))
+            self._used = 0
+            excess = self._held - target
+            if excess > 0:
+                self._held = target
+                return deposits, 0, excess
+            return deposits, -excess, 0
+
+    def _update(self, reply: object, fresh_until: float) -> None:
+        if not isinstance(reply, list) or len(reply) != 2 or type(reply[0]) is not int:
+            raise _Garbage(f"budget script returned {type(reply).__name__}")
+        try:
+            balance = float(reply[1])
+        except (TypeError, ValueError) as exc:
+            raise _Garbage("budget script returned a non-number balance") from exc
+        with self._lock:
+            self._held += reply[0]
+            self._balance = balance
+        self._fresh_until = fresh_until
+
+    def _lost(self, give_back: int) -> None:
+        """The refresh failed: the tokens it was to give back are still held."""
+        with self._lock:
+            self._held += give_back
+
+
+class RedisStore:
+    """Fleet-wide state on a Redis (or Valkey) server: a
+    :class:`~latencykit.fleet.SharedStore`.
+
+    Args:
+        url: the server, as the ``redis`` client takes it (``redis://[[user]:password@]host:
+            port/db``, ``rediss://`` for TLS, ``unix://path``). Default
+            ``"redis://127.0.0.1:6379/0"``.
+        namespace: prefix of every key (default ``"latencykit"``): apps sharing a server use
+            one each.
+        interval: seconds between two refreshes of the local view, which also write the
+            queued outcomes (default ``0.1``). A fleet breaker opens at most about one
+            interval after its failure rate crosses the threshold, and every process learns
+            it within one more.
+        timeout: longest wait for the server, in seconds, for a call that needs it (a probe
+            permit, a quota) and for each refresh (default ``0.1``).
+        stale_after: seconds after the last successful refresh from which the view is no
+            longer used and policies fall back to process-local state (default ``None``:
+            ``max(1.0, 5 * interval)``).
+
+    Needs the ``redis`` package (``pip install 'latencykit[redis]'``; ``hiredis`` speeds it up
+    when installed). Nothing connects until a policy first uses the store. A store that
+    cannot be reached, is slow or answers garbage never fails a call: the policies go on with
+    process-local state, :class:`~latencykit.fleet.StoreUnavailable` is emitted and logged
+    once, and :class:`~latencykit.fleet.StoreRecovered` when it answers again.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        namespace: str = "latencykit",
+        interval: float = 0.1,
+        timeout: float = 0.1,
+        stale_after: float | None = None,
+    ) -> None:
+        try:
+            import redis.asyncio  # noqa: F401  (fail now, not in the background task)
+        except ImportError as exc:  # pragma: no cover - the dev extra installs it
+            raise ImportError(
+                "RedisStore needs the redis package: pip install 'latencykit[redis]'"
+            ) from exc
+        if not isinstance(url, str) or urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(
+                "RedisStore.url must be a redis://, rediss:// or unix:// URL, got "
+                f"{_redact(url) if isinstance(url, str) else url!r}"
+            )
+        if not isinstance(namespace, str) or not namespace or any(c.isspace() for c in namespace):
+            raise ValueError(f"RedisStore.namespace must be a word, got {namespace!r}")
+        self.url = url
+        self.namespace = namespace
+        self.interval = _validation.seconds("RedisStore.interval", interval, minimum=0.001)
+        self.timeout = _validation.seconds("RedisStore.timeout", timeout, minimum=0.001)
+        self.stale_after = (
+            max(1.0, 5 * self.interval)
+            if stale_after is None
+            else _validation.seconds("RedisStore.stale_after", stale_after)
+        )
+        if self.stale_after < self.interval:
+            raise ValueError(
+                f"RedisStore.stale_after ({self.stale_after:g}s) must not be shorter than "
+                f"RedisStore.interval ({self.interval:g}s)"
+            )
+        self._breakers: dict[str, _Breaker] = {}
+        self._budgets: dict[str, _Budget] = {}
+        self._adjustments: deque[tuple[str, float, float, float]] = deque(maxlen=_MAX_QUEUED)
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Future[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._client: Any = None
+        self._shas: dict[str, str] = {}
+        self._closed = False
+        self._down_since: float | None = None
+        self.available = False
+        """Whether the last exchange with the server succeeded (read-only)."""
+
+    def __repr__(self) -> str:
+        return f"RedisStore({_redact(self.url)!r}, namespace={self.namespace!r})"
+
+    # --- the SharedStore interface ------------------------------------------------------------
+
+    def breaker(self, key: str, options: BreakerOptions) -> _Breaker:
+        """See :meth:`~latencykit.fleet.SharedStore.breaker`."""
+        found = self._breakers.get(key)
+        if found is None:
+            with self._lock:
+                found = self._breakers.setdefault(key, _Breaker(self, key, options))
+            self._start()
+        return found
+
+    def budget(self, key: str, *, ratio: float, ttl: float, reserve: float) -> _Budget:
+        """See :meth:`~latencykit.fleet.SharedStore.budget`."""
+        found = self._budgets.get(key)
+        if found is None:
+            with self._lock:
+                found = self._budgets.setdefault(
+                    key, _Budget(self, key, ratio=ratio, ttl=ttl, reserve=reserve)
+                )
+            self._start()
+        return found
+
+    async def take(
+        self, key: str, amount: float, *, rate: float, burst: float, max_wait: float
+    ) -> float | None:
+        """See :meth:`~latencykit.fleet.SharedStore.take`."""
+        self._start()
+        if not self.available:
+            return None
+        return await run_on_shared_loop(
+            self._take(self._quota_key(key), amount, rate, burst, max_wait)
+        )
+
+    def adjust(self, key: str, amount: float, *, rate: float, burst: float) -> None:
+        """See :meth:`~latencykit.fleet.SharedStore.adjust`."""
+        self._start()
+        self._adjustments.append((self._quota_key(key), amount, rate, burst))
+
+    def _quota_key(self, key: str) -> str:
+        return f"{self.namespace}:quota:{{{key}}}"
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._task is not None or self._closed:
+            return
+        with self._lock:
+            if self._task is None:
+                self._loop = shared_loop()
+                self._task = asyncio.run_coroutine_threadsafe(self._run(), self._loop)  # type: ignore[assignment]
+
+    def _wake_soon(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closing
+                loop.call_soon_threadsafe(wake.set)
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Write what is queued (within ``timeout`` seconds, default ``1``), stop the
+        background task and disconnect. Policies using the store then go process-local."""
+        self._closed = True
+        task = self._task
+        if task is None:
+            return
+        self._wake_soon()
+        with contextlib.suppress(Exception):
+            task.result(timeout)  # type: ignore[call-arg]
+        self.available = False
+
+    # --- the background task (on the shared loop) ---------------------------------------------
+
+    async def _run(self) -> None:
+        import redis.asyncio
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self._wake = asyncio.Event()
+        self._client = redis.asyncio.Redis.from_url(
+            self.url,
+            socket_timeout=self.timeout,
+            socket_connect_timeout=self.timeout,
+            retry=Retry(NoBackoff(), 0),  # this task retries, on its own schedule
+        )
+        delay = 0.0
+        try:
+            while True:
+                if delay:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), delay)
+                self._wake.clear()
+                closing = self._closed
+                try:
+                    await asyncio.wait_for(self._refresh(), self.timeout)
+                except Exception as exc:  # never let the store fail the app
+                    self._failed(exc)
+                    delay = min(_MAX_BACKOFF, max(self.interval, 2 * delay))
+                else:
+                    self._recovered()
+                    delay = self.interval
+                if closing:
+                    return
+        finally:
+            self.available = False
+            with contextlib.suppress(Exception):
+                await self._client.aclose()
+
+    async def _load_scripts(self) -> None:
+        client = self._client
+        for name in _SCRIPT_NAMES:
+            text = resources.files(__package__).joinpath(f"{name}.lua").read_text("utf-8")
+            self._shas[name] = await client.script_load(text)
+
+    async def _refresh(self) -> None:
+        """One round trip: write what is queued, read every view."""
+        if not self._shas:
+            await self._load_scripts()
+        pipe = self._client.pipeline(transaction=False)
+        plan: list[tuple[_Breaker | _Budget | None, int]] = []
+        sha = self._shas["quota"]
+        adjustments = self._adjustments
+        for _ in range(len(adjustments)):
+            key, amount, rate, burst = adjustments.popleft()
+            pipe.evalsha(sha, 1, key, amount, rate, burst, _NO_LIMIT)
+            plan.append((None, 0))
+        sha = self._shas["breaker"]
+        for handle in list(self._breakers.values()):
+            for op, epoch, arg in handle._drain():
+                pipe.evalsha(sha, 2, *handle._keys, op, epoch, *handle._args, arg)
+                plan.append((handle, 0))
+        sha = self._shas["budget"]
+        for budget in list(self._budgets.values()):
+            deposits, want, give_back = budget._drain()
+            slot_ms, ratio, reserve, ttl_ms = budget._args
+            pipe.evalsha(
+                sha, 1, budget._key, slot_ms, ratio, reserve, deposits, want, give_back, ttl_ms
+            )
+            plan.append((budget, give_back))
+        if not plan:
+            await self._client.ping()
+            return
+        try:
+            replies = await pipe.execute()
+        except BaseException:
+            for owner, give_back in plan:
+                if isinstance(owner, _Budget) and give_back:
+                    owner._lost(give_back)
+            raise
+        now = time.monotonic()
+        fresh_until = now + self.stale_after
+        for (owner, _), reply in zip(plan, replies, strict=True):
+            if isinstance(owner, _Breaker):
+                owner._update(reply, now, fresh_until)
+            elif owner is not None:
+                owner._update(reply, fresh_until)
+            elif not isinstance(reply, bytes):
+                raise _Garbage(f"quota script returned {type(reply).__name__}")
+
+    async def _probe(self, handle: _Breaker) -> tuple[bool, BreakerView] | None:
+        try:
+            reply = await asyncio.wait_for(
+                self._client.evalsha(
+                    self._shas["breaker"], 2, *handle._keys, "probe", -1, *handle._args, ""
+                ),
+                self.timeout,
+            )
+            now = time.monotonic()
+            view = handle._update(reply, now, now + self.stale_after)
+        except Exception as exc:  # the breaker decides alone
+            self._failed(exc)
+            return None
+        return reply[7] == 1, view
+
+    async def _take(
+        self, key: str, amount: float, rate: float, burst: float, max_wait: float
+    ) -> float | None:
+        try:
+            reply = await asyncio.wait_for(
+                self._client.evalsha(self._shas["quota"], 1, key, amount, rate, burst, max_wait),
+                self.timeout,
+            )
+            wait = float(reply)
+        except Exception as exc:  # the limiter decides alone
+            self._failed(exc)
+            return None
+        if not math.isfinite(wait) or wait < 0:
+            self._failed(_Garbage("quota script returned a negative or infinite wait"))
+            return None
+        return wait
+
+    # --- health --------------------------------------------------------------------------------
+
+    def _failed(self, exc: BaseException) -> None:
+        # Views age out by themselves; drop them now so policies go local at once.
+        for handle in list(self._breakers.values()):
+            handle._fresh_until = 0.0
+        for budget in list(self._budgets.values()):
+            budget._fresh_until = 0.0
+        self._shas.clear()  # a restarted server has lost them
+        self.available = False
+        if self._down_since is not None:
+            return
+        self._down_since = time.monotonic()
+        reason = type(exc).__name__
+        logger.warning(
+            "latencykit: shared store %r is unavailable (%s); policies use process-local "
+            "state until it answers again",
+            self,
+            reason,
+        )
+        if events.listening():
+            events.emit(StoreUnavailable(call_id=0, store=repr(self), reason=reason))
+
+    def _recovered(self) -> None:
+        self.available = True
+        if self._down_since is None:
+            return
+        down_for = time.monotonic() - self._down_since
+        self._down_since = None
+        logger.warning("latencykit: shared store %r answers again (after %.1fs)", self, down_for)
+        if events.listening():
+            events.emit(StoreRecovered(call_id=0, store=repr(self), down_for=down_for))
+
+
+def _redact(url: str) -> str:
+    """``url`` without its password (nor user name)."""
+    parts = urlsplit(url)
+    if parts.password is None and parts.username is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return parts._replace(netloc=f"***@{host}").geturl()
