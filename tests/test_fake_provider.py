@@ -8,6 +8,7 @@ httpx or sockets. litellm's ``acompletion`` only runs on asyncio (it calls
 
 from __future__ import annotations
 
+import importlib.metadata
 import itertools
 import json
 import socket
@@ -35,6 +36,21 @@ pytestmark = pytest.mark.anyio
 
 # litellm.acompletion is asyncio-only: pin the backend for tests that go through it.
 asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+# litellm 1.110 (with openai 3) changed three mappings this file documents: a content-policy
+# refusal is a plain BadRequestError (its subclass ContentPolicyViolationError before), a
+# stream that stalls or stays silent raises Timeout (MidStreamFallbackError before), and a
+# stream that ends without a finish_reason raises instead of getting a made-up "stop".
+LITELLM_1_110 = tuple(
+    int(part) for part in importlib.metadata.version("litellm").split(".")[:2]
+) >= (
+    1,
+    110,
+)
+CONTENT_POLICY_ERROR = (
+    llm_errors.BadRequestError if LITELLM_1_110 else llm_errors.ContentPolicyViolationError
+)
+STREAM_TIMEOUT_ERROR = llm_errors.Timeout if LITELLM_1_110 else llm_errors.MidStreamFallbackError
 
 MESSAGES = [{"role": "user", "content": "Say something about latency, please."}]
 
@@ -304,7 +320,7 @@ EXPECTED_EXCEPTIONS: list[tuple[Fault, bool, type[Exception]]] = [
     (Fault.HTTP_500, False, llm_errors.InternalServerError),
     (Fault.HTTP_503, False, llm_errors.ServiceUnavailableError),
     (Fault.CONTEXT_LENGTH, False, llm_errors.ContextWindowExceededError),
-    (Fault.CONTENT_POLICY, False, llm_errors.ContentPolicyViolationError),
+    (Fault.CONTENT_POLICY, False, CONTENT_POLICY_ERROR),
     (Fault.RESET_BEFORE_HEADERS, False, llm_errors.InternalServerError),
     (Fault.CUT, False, llm_errors.InternalServerError),
     (Fault.MALFORMED_CHUNK, False, llm_errors.InternalServerError),
@@ -313,7 +329,7 @@ EXPECTED_EXCEPTIONS: list[tuple[Fault, bool, type[Exception]]] = [
     (Fault.HTTP_500, True, llm_errors.InternalServerError),
     (Fault.HTTP_503, True, llm_errors.ServiceUnavailableError),
     (Fault.CONTEXT_LENGTH, True, llm_errors.ContextWindowExceededError),
-    (Fault.CONTENT_POLICY, True, llm_errors.ContentPolicyViolationError),
+    (Fault.CONTENT_POLICY, True, CONTENT_POLICY_ERROR),
     (Fault.RESET_BEFORE_HEADERS, True, llm_errors.InternalServerError),
     (Fault.CUT, True, llm_errors.MidStreamFallbackError),
     (Fault.MALFORMED_CHUNK, True, llm_errors.MidStreamFallbackError),
@@ -355,7 +371,7 @@ async def test_429_retry_after_reaches_litellm(fake_provider: FakeProvider) -> N
 @asyncio_only
 async def test_content_policy_reason_reaches_the_exception(fake_provider: FakeProvider) -> None:
     fake_provider.script("unsafe", Behavior(fault=Fault.CONTENT_POLICY))
-    with pytest.raises(llm_errors.ContentPolicyViolationError, match="flagged: violence"):
+    with pytest.raises(CONTENT_POLICY_ERROR, match="flagged: violence"):
         await complete(fake_provider, "unsafe")
 
 
@@ -431,13 +447,18 @@ async def test_stream_faults_litellm_does_not_surface(fake_provider: FakeProvide
     first = chunks[0].choices[0].delta
     assert (first.role, first.content, text) == ("assistant", "", "tok0 tok1")
 
-    # litellm makes up a finish_reason for an answer that ended without one.
+    # litellm makes up a finish_reason for an answer that ended without one (before 1.110;
+    # since, it raises).
     fake_provider.script("cut", Behavior(fault=Fault.CUT_WITH_DONE, stall_after=2))
-    text, chunks = await collect(await complete(fake_provider, "cut", stream=True))
-    finish = [
-        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
-    ]
-    assert (text, finish) == ("tok0 tok1", ["stop"])
+    if LITELLM_1_110:
+        with pytest.raises(llm_errors.MidStreamFallbackError, match="finish_reason"):
+            await collect(await complete(fake_provider, "cut", stream=True))
+    else:
+        text, chunks = await collect(await complete(fake_provider, "cut", stream=True))
+        finish = [
+            c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+        ]
+        assert (text, finish) == ("tok0 tok1", ["stop"])
     response = await complete(fake_provider, "cut")
     assert response.choices[0].message.content == "tok0 tok1"
     assert response.choices[0].finish_reason == "stop"  # null on the wire
@@ -595,9 +616,9 @@ async def test_reset_before_headers_sends_rst(fake_provider: FakeProvider) -> No
         (Fault.HANG, False, llm_errors.Timeout),
         (Fault.HANG, True, llm_errors.Timeout),
         (Fault.STALL, False, llm_errors.Timeout),
-        (Fault.STALL, True, llm_errors.MidStreamFallbackError),
+        (Fault.STALL, True, STREAM_TIMEOUT_ERROR),
         (Fault.HEADERS_THEN_SILENCE, False, llm_errors.Timeout),
-        (Fault.HEADERS_THEN_SILENCE, True, llm_errors.MidStreamFallbackError),
+        (Fault.HEADERS_THEN_SILENCE, True, STREAM_TIMEOUT_ERROR),
     ],
 )
 async def test_silent_server_ends_in_client_timeout_and_is_recorded(

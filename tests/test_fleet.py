@@ -10,11 +10,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import latencykit as lk
 from latencykit import events, fleet
-from latencykit.policies.breaker import BreakerState
+from latencykit.policies.breaker import BreakerState, reset_breakers
 from latencykit.policies.limiter import Limiter, Quota
 from latencykit.testing import RedisServer
 
@@ -37,6 +38,7 @@ def _no_default_store() -> Iterator[None]:
     previous = lk.use_store(None)
     yield
     lk.use_store(previous)
+    reset_breakers()  # registered breakers hold this test's stores
 
 
 async def until(predicate: Callable[[], bool]) -> None:
@@ -311,3 +313,118 @@ async def test_keys_are_namespaced_and_expire(redis_server: RedisServer) -> None
         client.close()
     finally:
         store.close()
+
+
+# --- latency windows ----------------------------------------------------------------------------
+
+
+async def test_latency_windows_pool_the_fleets_samples(
+    stores: list[lk.RedisStore], redis_server: RedisServer
+) -> None:
+    from latencykit.stats import Recorder
+
+    here, there = (Recorder(shared=store) for store in stores)
+    assert there.latency_window("gpt", ttft=True).count() == 0
+    for i in range(1, 21):
+        here.first_chunk("gpt", 0.05 * i)
+    await until(lambda: there.latency_window("gpt", ttft=True).count() == 20)
+    assert there.latency_window("gpt", ttft=True).quantile(0.5) == pytest.approx(0.5)
+    await anyio.sleep(5 * FAST)
+    assert here.latency_window("gpt", ttft=True).count() == 20  # its own samples come once
+    assert there.latency_window("gpt").count() == 0  # end-to-end windows are another stream
+
+    late = lk.RedisStore(redis_server.url, interval=FAST)
+    try:  # a process that starts now starts warm: the window's samples come at once
+        newcomer = Recorder(shared=late)
+        await until(lambda: newcomer.latency_window("gpt", ttft=True).count() == 20)
+    finally:
+        late.close()
+
+
+async def test_an_llm_hands_its_store_to_its_breakers_and_windows(
+    stores: list[lk.RedisStore],
+) -> None:
+    llm = lk.LLM(
+        "openai/fleet-model",
+        api_base="http://127.0.0.1:9/v1",
+        api_key="sk-test",
+        breaker={"minimum_calls": 3},
+        hedge=lk.hedge(lk.quantile(0.9)),
+        shared=stores[0],
+    )
+    assert llm.shared is stores[0]
+    assert llm._recorder.shared is stores[0]
+    assert lk.breaker("openai/fleet-model", minimum_calls=3, shared=stores[0]).shared is stores[0]
+    with pytest.raises(TypeError, match=r"LLM\.shared"):
+        lk.LLM("openai/x", shared="redis://")  # type: ignore[arg-type]
+
+
+async def test_an_unreachable_store_is_an_event_a_log_line_and_a_metric(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from latencykit import telemetry
+
+    port = redis_server.port
+    redis_server.stop()  # nothing listens there now
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    seen: list[events.Event] = []
+    store = lk.RedisStore(f"redis://:pw-s3cret@127.0.0.1:{port}/0", interval=FAST)
+    with (
+        caplog.at_level(logging.WARNING, logger="latencykit"),
+        telemetry.instrument(meter_provider=meter_provider),
+        events.subscribe(seen.append),
+    ):
+        try:
+            breaker = make_breaker(store, "unreachable")
+            assert await succeed_once(breaker) == "ok"  # local state: the call goes on
+            await until(lambda: any(isinstance(e, fleet.StoreUnavailable) for e in seen))
+            await anyio.sleep(10 * FAST)  # more failed refreshes: still one outage
+        finally:
+            store.close()
+        data = reader.get_metrics_data()
+    points = [
+        point
+        for resource in (data.resource_metrics if data else [])
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "latencykit.store.unavailable"
+        for point in metric.data.data_points
+    ]
+    assert [getattr(point, "value", None) for point in points] == [1]
+    outage = next(e for e in seen if isinstance(e, fleet.StoreUnavailable))
+    assert outage.reason == "ConnectionError"
+    logged = " ".join(record.getMessage() for record in caplog.records)
+    assert "unavailable" in logged
+    assert "s3cret" not in logged and "s3cret" not in repr(seen)
+    meter_provider.shutdown()
+
+
+async def test_a_hung_server_never_holds_a_call(redis_server: RedisServer) -> None:
+    store = lk.RedisStore(redis_server.url, interval=FAST, timeout=0.1)
+    try:
+        breaker = make_breaker(store, "hung")
+        limiter = Limiter(tenant_quota=Quota(requests_per_second=100.0), shared=store)
+        await succeed_once(breaker)
+        await until(lambda: store.available)
+        redis_server.pause()  # accepts connections, answers nothing
+        try:
+            await until(lambda: not store.available)
+            with anyio.fail_after(2):  # each call is bounded by the store's timeout, at most
+                for _ in range(5):
+                    assert await succeed_once(breaker) == "ok"
+                    with lk.policies.limiter.tenant("acme"):
+                        assert await limiter(checkpoint_ok)() == "ok"
+        finally:
+            redis_server.resume()
+        await until(lambda: store.available)
+    finally:
+        store.close()
+
+
+async def checkpoint_ok() -> str:
+    await anyio.lowlevel.checkpoint()
+    return "ok"

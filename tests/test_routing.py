@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -104,7 +105,9 @@ async def test_when_the_budget_cannot_fit_the_large_models_p95_the_fast_one_answ
         response = await llm.acompletion(messages=MESSAGES)
     decision = lk.report(response).route
     assert decision is not None and decision.target == "openai/small"
-    assert decision.reason.startswith("budget: openai/large p95 0.2")
+    # Its p95 of 5 samples is their slowest: about 0.25 s, more if the first call was slow.
+    found = re.match(r"budget: openai/large p95 (\d+\.\d+)s > 0\.150s left", decision.reason)
+    assert found is not None and 0.2 <= float(found[1]) < 2.0, decision.reason
     with lk.deadline(5.0):  # fits
         response = await llm.acompletion(messages=MESSAGES)
     assert lk.report(response).route == RouteDecision("openai/large", "default")

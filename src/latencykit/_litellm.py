@@ -163,7 +163,12 @@ class LitellmChunks:
 
     def wrap_error(self, error: Exception) -> Exception:
         """What ``error``, raised by :meth:`pull`, means to latencykit (keys scrubbed)."""
-        return provider_error(error, target=self._target.key, secrets=self._secrets)
+        wrapped = provider_error(error, target=self._target.key, secrets=self._secrets)
+        # litellm >= 1.110 raises this itself where older ones made up a finish reason
+        # (check_finish): either way the provider's connection was cut.
+        if isinstance(wrapped, StreamBroken) and _ENDED_EARLY in str(error):
+            wrapped.reason = "cut"
+        return wrapped
 
     def check_finish(self, chunk: Any) -> None:
         """Raise :class:`~latencykit.StreamBroken` if ``chunk`` carries a finish reason that
@@ -196,6 +201,7 @@ class LitellmChunks:
             loop.call_soon_threadsafe(_spawn, loop, self.aclose)
 
 
+_ENDED_EARLY = "Stream ended before a finish_reason was received"
 _closing: set[asyncio.Task[None]] = set()  # strong references until the closes finish
 
 

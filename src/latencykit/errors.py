@@ -670,7 +670,13 @@ def _read_body(body: object, codes: set[str], texts: list[str], depth: int = 0) 
     if isinstance(body, str):
         texts.append(body[:_TEXT_LIMIT])
         return
-    if not isinstance(body, Mapping) or depth > 2:
+    if depth > 2:
+        return
+    if isinstance(body, list):  # Gemini answers a list of error objects
+        for item in body[:3]:
+            _read_body(item, codes, texts, depth + 1)
+        return
+    if not isinstance(body, Mapping):
         return
     for key in ("code", "type"):
         value = body.get(key)

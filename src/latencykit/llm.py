@@ -44,6 +44,7 @@ from .errors import (
     is_transient,
     provider_error,
 )
+from .fleet import SharedStore
 from .pipeline import Call, Next, Pipeline, Policy, Stage
 from .policies.breaker import Breaker
 from .policies.breaker import breaker as breaker_for
@@ -327,6 +328,10 @@ class LLM:
             (carrying the response, to accept or continue; a stream raises it after its last
             chunk, in place of the end of iteration) or ``"accept"`` it (then
             ``report(result).truncated`` is ``True``) (default ``"raise"``).
+        shared: a store shared by the fleet (:class:`~latencykit.RedisStore`) for this
+            ``LLM``'s breakers (built from a dict of options) and the latency windows its
+            hedge reads (default ``None``: the process default, :func:`~latencykit.use_store`,
+            looked up at each use). Budgets and limiters take their own ``shared=``.
 
     The pipeline, outermost first: deadline, cache, router, degrade, hedge, failover, then per
     target breaker, limiter, retry and the attempt (with the stream guard); :attr:`pipeline`
@@ -362,6 +367,7 @@ class LLM:
         max_output_tokens: int | None = None,
         budget_aware: bool = False,
         on_truncated: Literal["raise", "accept"] = "raise",
+        shared: SharedStore | None = None,
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError(f"LLM.model must be a non-empty model string, got {model!r}")
@@ -424,10 +430,13 @@ class LLM:
         # One record of every attempt, per target: the hedge's delays and stats() read it. Its
         # windows are as long as an adaptive hedge asks (default 60 s, 1000 samples).
         adaptive = hedge.delay if hedge is not None and isinstance(hedge.delay, Quantile) else None
+        if shared is not None and not isinstance(shared, SharedStore):
+            raise TypeError(f"LLM.shared must be a SharedStore (RedisStore), got {shared!r}")
+        self.shared = shared
         self._recorder = (
-            Recorder()
+            Recorder(shared=shared)
             if adaptive is None
-            else Recorder(window=adaptive.window, max_samples=adaptive.max_samples)
+            else Recorder(window=adaptive.window, max_samples=adaptive.max_samples, shared=shared)
         )
         self.hedge = None if hedge is None else hedge.reading(self._recorder)
         self._breakers: _TargetBreakers | None = None
@@ -507,6 +516,8 @@ class LLM:
             policies.append(hedge)
         breakers = None
         if breaker is not None:
+            if isinstance(breaker, Mapping) and self.shared is not None:
+                breaker = {"shared": self.shared, **breaker}
             breakers = _TargetBreakers(breaker)
             for target in self.targets:
                 breakers.of(target.key)  # invalid options fail now, naming the field

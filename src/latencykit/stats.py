@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import _validation
+from . import fleet as _fleet
 from ._cancel import clock as loop_clock
 from .errors import ErrorKind
 
@@ -428,6 +429,11 @@ class Recorder:
     Args:
         window: seconds a latency sample counts (default ``60``).
         max_samples: samples kept per target and window, the newest (default ``1000``).
+        shared: a store shared by the fleet (:class:`~latencykit.RedisStore`): the latency and
+            first-chunk windows then also hold the other processes' samples of the last
+            ``window`` seconds, read at each refresh, so a new process starts warm (default
+            ``None``: the process default, :func:`~latencykit.use_store`, looked up at each
+            use). The per-token windows and the outcome counts stay per process.
 
     Fed with the attempts' own records (:class:`~latencykit.Attempt`): a call that carries a
     recorder (``Call.recorder``) reports each of its attempts to it when the attempt ends, and
@@ -449,16 +455,36 @@ class Recorder:
             reports for a response (``LLM(budget_aware=True)`` reads it).
     """
 
-    __slots__ = ("_counts", "latency", "max_samples", "per_token", "ttft", "window")
+    __slots__ = (
+        "_counts",
+        "_links",
+        "latency",
+        "max_samples",
+        "per_token",
+        "shared",
+        "ttft",
+        "window",
+    )
 
-    def __init__(self, *, window: float = 60.0, max_samples: int = 1000) -> None:
+    def __init__(
+        self,
+        *,
+        window: float = 60.0,
+        max_samples: int = 1000,
+        shared: _fleet.SharedStore | None = None,
+    ) -> None:
         LatencyWindow(window=window, max_samples=max_samples)  # invalid options fail now
+        if shared is not None and not isinstance(shared, _fleet.SharedStore):
+            raise TypeError(f"Recorder.shared must be a SharedStore (RedisStore), got {shared!r}")
         self.window = float(window)
         self.max_samples = max_samples
+        self.shared = shared
         self.latency: dict[str, LatencyWindow] = {}
         self.ttft: dict[str, LatencyWindow] = {}
         self.per_token: dict[str, LatencyWindow] = {}
         self._counts: dict[str, _Counts] = {}
+        # window name -> (store, its pooled window, the queue of the other processes' samples)
+        self._links: dict[str, tuple[_fleet.SharedStore, _fleet.SharedLatency, deque[float]]] = {}
 
     def __repr__(self) -> str:
         return f"Recorder(window={self.window:g}, targets={len(self.targets())})"
@@ -475,7 +501,40 @@ class Recorder:
             found = windows[target] = LatencyWindow(
                 window=self.window, max_samples=self.max_samples
             )
+        if not per_token and (link := self._link(target, ttft)) is not None:
+            incoming = link[2]
+            while incoming:  # the other processes' samples, read by the store since
+                value = incoming.popleft()
+                if value > 0:
+                    found.record(value)
+                else:
+                    found.record_censored(-value)
         return found
+
+    def _link(
+        self, target: str, ttft: bool
+    ) -> tuple[_fleet.SharedStore, _fleet.SharedLatency, deque[float]] | None:
+        """The pooled window behind ``target``'s (``ttft``) window, with a shared store."""
+        store = self.shared or _fleet._current
+        if store is None:
+            return None
+        name = f"{target}#ttft" if ttft else target
+        found = self._links.get(name)
+        if found is None or found[0] is not store:
+            pooled = store.latency(name, window=self.window)
+            found = self._links[name] = (store, pooled, pooled.follow())
+        return found
+
+    def _sample(self, target: str, value: float, *, ttft: bool = False) -> None:
+        """Feed one sample (negative: censored) to ``target``'s window and to the fleet's."""
+        window = self.latency_window(target, ttft=ttft)
+        if value > 0:
+            window.record(value)
+        else:
+            window.record_censored(-value)
+        link = self._link(target, ttft)
+        if link is not None:
+            link[1].record(value)
 
     def targets(self) -> tuple[str, ...]:
         """Every target recorded so far, in the order first seen."""
@@ -490,7 +549,7 @@ class Recorder:
     def first_chunk(self, target: str, ttft: float) -> None:
         """A stream attempt to ``target`` received its first content chunk ``ttft`` seconds
         after it started."""
-        self.latency_window(target, ttft=True).record(ttft)
+        self._sample(target, _clamp(ttft), ttft=True)
 
     def record(self, attempt: Attempt, *, stream: bool = False) -> None:
         """Count an attempt that ended and feed its latency (``stream``: a stream attempt,
@@ -499,14 +558,14 @@ class Recorder:
         counts = self._count(target)
         if attempt.outcome == "ok":
             counts.ok += 1
-            self.latency_window(target).record(attempt.duration)
+            self._sample(target, _clamp(attempt.duration))
             if stream and (per_token := attempt.time_per_output_token) is not None:
                 self.latency_window(target, per_token=True).record(per_token)
         elif attempt.outcome == "cancelled":
             counts.cancelled += 1
-            self.latency_window(target).record_censored(attempt.duration)
+            self._sample(target, -_clamp(attempt.duration))
             if stream and attempt.ttft is None:  # cancelled before its first chunk
-                self.latency_window(target, ttft=True).record_censored(attempt.duration)
+                self._sample(target, -_clamp(attempt.duration), ttft=True)
         else:
             kind = attempt.error_kind or ErrorKind.UNKNOWN
             counts.errors[kind] = counts.errors.get(kind, 0) + 1

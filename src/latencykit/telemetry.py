@@ -35,6 +35,7 @@ from . import events
 from ._context import Attempt
 from ._handle import Handle
 from .cache import CacheLookup
+from .fleet import StoreUnavailable
 from .policies.breaker import BreakerRejected, BreakerState, BreakerStateChanged
 from .policies.limiter import LimitRefused, LimitWaited
 from .policies.retry import RetryGaveUp, RetryScheduled
@@ -297,6 +298,11 @@ class Instrumentation(Handle):
             unit="{call}",
             description="Calls a circuit breaker refused.",
         )
+        self._store_outages = counter(
+            "latencykit.store.unavailable",
+            unit="{outage}",
+            description="Times a shared store stopped answering (policies went process-local).",
+        )
         self._breaker_state = meter.create_gauge(
             "latencykit.breaker.state",
             unit="1",
@@ -328,6 +334,7 @@ class Instrumentation(Handle):
             RetryGaveUp: self._retry_gave_up,
             BreakerStateChanged: self._breaker_changed,
             BreakerRejected: self._breaker_rejected,
+            StoreUnavailable: self._store_unavailable,
         }
         self._capture = events.capture_content() if self.capture_content else None
         self._subscription: events.Subscription | None = events.subscribe(self._on_event)
@@ -716,6 +723,9 @@ class Instrumentation(Handle):
             "latencykit.breaker.rejected",
             {"latencykit.target": event.key, "latencykit.breaker.state": event.state.value},
         )
+
+    def _store_unavailable(self, event: StoreUnavailable) -> None:
+        self._store_outages.add(1, {"latencykit.store.reason": event.reason})
 
 
 def instrument(

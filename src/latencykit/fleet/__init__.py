@@ -2,9 +2,9 @@
 
 By default each process keeps its own state, in memory. ``lk.use_store(lk.RedisStore(url))``
 moves it to a shared server, so that a provider outage seen by one process protects all of
-them, a hedge budget caps the fleet's extra load, and a tenant's quota is the tenant's, not
-each process's. A store can also be given to one policy (``breaker(store=)``,
-``RetryBudget(store=)``, ``Limiter(store=)``, ``LLM(store=)``).
+them, a hedge budget caps the fleet's extra load, a tenant's quota is the tenant's, not each
+process's, and adaptive hedging learns from the fleet's latencies. A store can also be given
+to one policy or ``LLM`` (``shared=``).
 
 The policies never wait for the store on the hot path. They read a local view that the store
 refreshes in the background, and queue their outcomes, which it writes in batches. Only the
@@ -18,6 +18,7 @@ default; :class:`~latencykit.fleet.redis.RedisStore` implements it on Redis or V
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -28,6 +29,7 @@ __all__ = [
     "BreakerView",
     "SharedBreaker",
     "SharedBudget",
+    "SharedLatency",
     "SharedStore",
     "StoreRecovered",
     "StoreUnavailable",
@@ -125,6 +127,21 @@ class SharedBudget(Protocol):
 
 
 @runtime_checkable
+class SharedLatency(Protocol):
+    """One latency window pooled by the fleet (:meth:`SharedStore.latency`)."""
+
+    def record(self, seconds: float) -> None:
+        """Queue this process's sample (negative: censored, the attempt was abandoned after
+        that long); written with the next batch."""
+        ...
+
+    def follow(self) -> deque[float]:
+        """A new queue that receives the other processes' samples (negative: censored) as the
+        store reads them; its owner drains it into its own window."""
+        ...
+
+
+@runtime_checkable
 class SharedStore(Protocol):
     """Where state shared by a fleet of processes lives: what the policies ask of a store."""
 
@@ -135,6 +152,10 @@ class SharedStore(Protocol):
     def budget(self, key: str, *, ratio: float, ttl: float, reserve: float) -> SharedBudget:
         """The shared state of the budget ``key`` (``reserve``: extra requests always allowed
         per ``ttl``)."""
+        ...
+
+    def latency(self, key: str, *, window: float) -> SharedLatency:
+        """The pooled latency window ``key`` (samples count for ``window`` seconds)."""
         ...
 
     async def take(

@@ -3,7 +3,8 @@
 -- KEYS[1]: the state (a hash); KEYS[2]: the window (count window: a list of call codes, newest
 -- first; time window: a hash, field = bucket number mod size, value = "bucket calls failed slow").
 -- ARGV: op, epoch, window type, size, bucket ms, minimum calls, failure rate, slow-call rate,
---       open ms, max open ms (0: none), half-open calls, ttl ms, op argument.
+--       open ms, max open ms (0: none), half-open calls, ttl ms, op argument, the channel a
+--       state change is published on (every process's store listens: it refreshes at once).
 -- ops: "sync" (argument: the calls' codes, one character each: 1 + 2 if failed + 4 if slow),
 --      "probe" (take a half-open probe permit), "probe_end" (argument: one code, "0" = ignored),
 --      "isolate", "reset".
@@ -18,6 +19,7 @@ local minimum, failure_rate, slow_rate = tonumber(ARGV[6]), tonumber(ARGV[7]), t
 local open_ms, max_open_ms = tonumber(ARGV[9]), tonumber(ARGV[10])
 local probes_max, ttl_ms = tonumber(ARGV[11]), tonumber(ARGV[12])
 local arg = ARGV[13] or ''
+local channel = ARGV[14]
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -162,6 +164,8 @@ redis.call('HSET', KEYS[1], 'state', state, 'epoch', epoch, 'since', since, 'ope
   'probe_slow', probe_slow, 'calls', calls, 'failures', failures, 'slow', slow, 'shape', shape)
 redis.call('PEXPIRE', KEYS[1], ttl_ms)
 if redis.call('EXISTS', KEYS[2]) == 1 then redis.call('PEXPIRE', KEYS[2], ttl_ms) end
+
+if epoch ~= (tonumber(s[2]) or 0) and channel then redis.call('PUBLISH', channel, KEYS[1]) end
 
 local remaining = 0
 if state == 'open' then remaining = math.max(0, since + open_for - now) end

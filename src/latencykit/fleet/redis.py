@@ -20,6 +20,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections import deque
 from importlib import resources
 from typing import Any, Literal
@@ -33,7 +34,8 @@ __all__ = ["RedisStore"]
 
 logger = logging.getLogger("latencykit")
 
-_SCRIPT_NAMES = ("breaker", "budget", "quota")
+_SCRIPT_NAMES = ("breaker", "budget", "latency", "quota")
+_FOLLOWED = 1000  # samples a follower's queue holds until its owner drains it
 _STATES = frozenset({"closed", "open", "half_open", "forced_open"})
 _MAX_QUEUED = 10_000  # outcomes kept per breaker while the store is unreachable
 _MAX_LEASE = 32  # most budget tokens a process holds between two refreshes
@@ -229,6 +231,47 @@ class _Budget:
             self._held += give_back
 
 
+class _Latency:
+    """One pooled latency window in a :class:`RedisStore` (a
+    :class:`~latencykit.fleet.SharedLatency`): each refresh appends this process's new samples
+    to the target's stream as one entry, and reads the entries the others appended."""
+
+    __slots__ = ("_followers", "_key", "_last", "_outgoing", "_window_ms")
+
+    def __init__(self, store: RedisStore, key: str, window: float) -> None:
+        self._key = f"{store.namespace}:latency:{{{key}}}"
+        self._window_ms = _ms(window)
+        self._outgoing: deque[float] = deque(maxlen=_MAX_QUEUED)
+        self._followers: list[deque[float]] = []
+        self._last = "0"  # the last stream entry read
+
+    def record(self, seconds: float) -> None:
+        """See :meth:`~latencykit.fleet.SharedLatency.record`."""
+        self._outgoing.append(seconds)
+
+    def follow(self) -> deque[float]:
+        """See :meth:`~latencykit.fleet.SharedLatency.follow`."""
+        queue: deque[float] = deque(maxlen=_FOLLOWED)
+        self._followers = [*self._followers, queue]  # copied: the store thread iterates it
+        return queue
+
+    def _drain(self) -> str:
+        outgoing = self._outgoing
+        return ",".join(f"{outgoing.popleft():.6g}" for _ in range(len(outgoing)))
+
+    def _update(self, reply: object) -> None:
+        if not isinstance(reply, list) or not reply or not isinstance(reply[0], bytes):
+            raise _Garbage(f"latency script returned {type(reply).__name__}")
+        try:
+            samples = [float(v) for batch in reply[1:] for v in batch.split(b",")]
+        except (AttributeError, ValueError) as exc:
+            raise _Garbage("latency script returned a batch that is not numbers") from exc
+        self._last = reply[0].decode()
+        if samples:
+            for queue in self._followers:
+                queue.extend(samples)
+
+
 class RedisStore:
     """Fleet-wide state on a Redis (or Valkey) server: a
     :class:`~latencykit.fleet.SharedStore`.
@@ -280,6 +323,7 @@ class RedisStore:
             raise ValueError(f"RedisStore.namespace must be a word, got {namespace!r}")
         self.url = url
         self.namespace = namespace
+        self._channel = f"{namespace}:changes"  # where the scripts announce state changes
         self.interval = _validation.seconds("RedisStore.interval", interval, minimum=0.001)
         self.timeout = _validation.seconds("RedisStore.timeout", timeout, minimum=0.001)
         self.stale_after = (
@@ -294,6 +338,8 @@ class RedisStore:
             )
         self._breakers: dict[str, _Breaker] = {}
         self._budgets: dict[str, _Budget] = {}
+        self._latencies: dict[str, _Latency] = {}
+        self._id = uuid.uuid4().hex[:16]  # this process's (this store's) name in the streams
         self._adjustments: deque[tuple[str, float, float, float]] = deque(maxlen=_MAX_QUEUED)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -328,6 +374,15 @@ class RedisStore:
                 found = self._budgets.setdefault(
                     key, _Budget(self, key, ratio=ratio, ttl=ttl, reserve=reserve)
                 )
+            self._start()
+        return found
+
+    def latency(self, key: str, *, window: float) -> _Latency:
+        """See :meth:`~latencykit.fleet.SharedStore.latency`."""
+        found = self._latencies.get(key)
+        if found is None:
+            with self._lock:
+                found = self._latencies.setdefault(key, _Latency(self, key, window))
             self._start()
         return found
 
@@ -392,6 +447,7 @@ class RedisStore:
             socket_connect_timeout=self.timeout,
             retry=Retry(NoBackoff(), 0),  # this task retries, on its own schedule
         )
+        listener = asyncio.ensure_future(self._listen())
         delay = 0.0
         try:
             while True:
@@ -412,8 +468,35 @@ class RedisStore:
                     return
         finally:
             self.available = False
+            listener.cancel()
+            with contextlib.suppress(BaseException):
+                await listener
             with contextlib.suppress(Exception):
                 await self._client.aclose()
+
+    async def _listen(self) -> None:
+        """Refresh as soon as any process's script announces a state change (pub/sub), so a
+        breaker opened by one process stops the others within a round trip, not an interval.
+        Best effort: the periodic refresh does not depend on it."""
+        import redis.asyncio
+
+        wake = self._wake
+        assert wake is not None
+        while True:
+            # Its own connection, without a read timeout: it waits for messages.
+            client = redis.asyncio.Redis.from_url(
+                self.url, socket_timeout=None, socket_connect_timeout=self.timeout
+            )
+            try:
+                async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    await pubsub.subscribe(self._channel)
+                    async for _ in pubsub.listen():
+                        wake.set()
+            except Exception:  # the periodic refresh reports outages; retry quietly
+                await asyncio.sleep(_MAX_BACKOFF)
+            finally:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
 
     async def _load_scripts(self) -> None:
         client = self._client
@@ -426,7 +509,7 @@ class RedisStore:
         if not self._shas:
             await self._load_scripts()
         pipe = self._client.pipeline(transaction=False)
-        plan: list[tuple[_Breaker | _Budget | None, int]] = []
+        plan: list[tuple[_Breaker | _Budget | _Latency | None, int]] = []
         sha = self._shas["quota"]
         adjustments = self._adjustments
         for _ in range(len(adjustments)):
@@ -436,7 +519,7 @@ class RedisStore:
         sha = self._shas["breaker"]
         for handle in list(self._breakers.values()):
             for op, epoch, arg in handle._drain():
-                pipe.evalsha(sha, 2, *handle._keys, op, epoch, *handle._args, arg)
+                pipe.evalsha(sha, 2, *handle._keys, op, epoch, *handle._args, arg, self._channel)
                 plan.append((handle, 0))
         sha = self._shas["budget"]
         for budget in list(self._budgets.values()):
@@ -446,6 +529,12 @@ class RedisStore:
                 sha, 1, budget._key, slot_ms, ratio, reserve, deposits, want, give_back, ttl_ms
             )
             plan.append((budget, give_back))
+        sha = self._shas["latency"]
+        for latency in list(self._latencies.values()):
+            pipe.evalsha(
+                sha, 1, latency._key, self._id, latency._last, latency._window_ms, latency._drain()
+            )
+            plan.append((latency, 0))
         if not plan:
             await self._client.ping()
             return
@@ -461,6 +550,8 @@ class RedisStore:
         for (owner, _), reply in zip(plan, replies, strict=True):
             if isinstance(owner, _Breaker):
                 owner._update(reply, now, fresh_until)
+            elif isinstance(owner, _Latency):
+                owner._update(reply)
             elif owner is not None:
                 owner._update(reply, fresh_until)
             elif not isinstance(reply, bytes):
@@ -470,7 +561,14 @@ class RedisStore:
         try:
             reply = await asyncio.wait_for(
                 self._client.evalsha(
-                    self._shas["breaker"], 2, *handle._keys, "probe", -1, *handle._args, ""
+                    self._shas["breaker"],
+                    2,
+                    *handle._keys,
+                    "probe",
+                    -1,
+                    *handle._args,
+                    "",
+                    self._channel,
                 ),
                 self.timeout,
             )
