@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import os
 import warnings
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ from .stream import Stream
 from .target import Target, as_target
 
 if TYPE_CHECKING:
+    from .config import LLMConfig
     from .policies.breaker import BreakerState
 
 __all__ = ["LLM", "CallReport", "Degrade", "report"]
@@ -369,6 +371,10 @@ class LLM:
         on_truncated: Literal["raise", "accept"] = "raise",
         shared: SharedStore | None = None,
     ) -> None:
+        # The arguments as given, first thing: what to_config() describes.
+        self._arguments: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
+        self._arguments["api_key_env"] = None
+        self._configs: dict[str, Any] = {}  # limiter, cache, router: the configs they came from
         if not isinstance(model, str) or not model:
             raise ValueError(f"LLM.model must be a non-empty model string, got {model!r}")
         if degrade is not None and not isinstance(degrade, Degrade):
@@ -532,6 +538,39 @@ class LLM:
             )
         policies.append(self.stream_guard)
         return policies
+
+    @classmethod
+    def from_config(
+        cls,
+        source: str | os.PathLike[str] | Mapping[str, Any] | LLMConfig,
+        *,
+        env_prefix: str | None = None,
+    ) -> LLM:
+        """An ``LLM`` from its configuration: a mapping, a ``.yaml``/``.yml``/``.json`` file or
+        an :class:`~latencykit.config.LLMConfig`, with the environment variables starting with
+        ``env_prefix`` on top (default ``None``: none; ``"LATENCYKIT_"`` is the usual one,
+        ``LATENCYKIT_HEDGE__MAX_EXTRA_LOAD=0.05``). See :mod:`latencykit.config`.
+
+        Unknown keys and wrong types raise ``pydantic.ValidationError`` naming the field's path.
+        """
+        from .config import load
+
+        config = load(source, env_prefix=env_prefix)
+        llm = config.build()
+        llm._arguments["api_key_env"] = config.api_key_env
+        llm._configs = {"limiter": config.limiter, "cache": config.cache, "router": config.router}
+        return llm
+
+    def to_config(self) -> dict[str, Any]:
+        """This ``LLM``'s configuration, as plain data :meth:`from_config` takes back (options
+        left at their defaults are left out; API keys never appear: ``api_key_env`` does).
+
+        Raises ``ValueError`` naming the first option that is code (a predicate, a router
+        function, a policy object built in code) and so has no config form.
+        """
+        from .config import LLMConfig
+
+        return LLMConfig.of(self).model_dump(mode="json", exclude_defaults=True)
 
     def __repr__(self) -> str:
         return (
