@@ -488,9 +488,10 @@ class LLMConfig(_Model):
     budget_aware: bool = _option(LLM, "budget_aware")
     on_truncated: Literal["raise", "accept"] = _option(LLM, "on_truncated")
 
-    def build(self) -> LLM:
-        """The :class:`~latencykit.LLM` this config describes."""
-        return LLM(
+    def build(self, kind: type[LLM] = LLM) -> LLM:
+        """The :class:`~latencykit.LLM` this config describes (``kind``: a subclass to build
+        instead; default ``LLM``)."""
+        return kind(
             self.model,
             deadline=self.deadline,
             timeout=self.timeout,

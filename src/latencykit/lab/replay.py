@@ -1,0 +1,411 @@
+"""Trace replay: recorded per-request latencies through the real policies, on virtual time.
+
+A trace is a list of requests, each with the target that served it, its time to first token,
+its end-to-end latency and its error, and, when recorded, its arrival time. The replay sends
+the requests again, at their arrival times or at a seeded Poisson rate, through an ``lk.LLM``
+built from a config (:mod:`latencykit.config`), exactly as production would, but with the
+provider simulated in-process on a virtual clock (:mod:`latencykit.lab.virtual`):
+
+- a request's first attempt on its own target takes what the trace recorded for it;
+- any other attempt (a hedge, a retry, a failover target, the degraded path) takes a sample
+  drawn from the trace's records of the target it goes to, with a generator seeded by the
+  replay's seed and the request's number, so the same trace and seed give the same report,
+  byte for byte;
+- an error recorded as ``429`` is :class:`~latencykit.RateLimited`, any other
+  :class:`~latencykit.ProviderUnavailable` (503), raised when the recorded time has passed.
+
+An hour of traffic replays in seconds. Calls are not streamed: latencies are end to end.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import csv
+import functools
+import json
+import math
+import os
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from .. import errors
+from ..config import LLMConfig
+from ..llm import LLM
+from ..target import Target
+from . import virtual
+
+__all__ = [
+    "ReplayResult",
+    "ReplayRow",
+    "TraceRecord",
+    "default_policy",
+    "load_trace",
+    "replay",
+    "replay_rows",
+]
+
+MESSAGES = [{"role": "user", "content": "replayed"}]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    """One recorded request.
+
+    Attributes:
+        target: what served it (a model string, or ``provider/size`` for llmperf traces).
+        ttft: seconds to its first token.
+        duration: seconds to its end.
+        error: ``None`` for a success, else the provider's status (``"429"``, ``"503"``) or
+            another code.
+        at: seconds from the trace's start at which it arrived, if recorded (default ``None``).
+    """
+
+    target: str
+    ttft: float
+    duration: float
+    error: str | None = None
+    at: float | None = None
+
+
+def load_trace(path: str | os.PathLike[str]) -> list[TraceRecord]:
+    """The records of a trace file.
+
+    Formats: a CSV with the columns of ``llmperf_per_request.csv`` (``provider``,
+    ``model_size``, ``ttft_s``, ``e2e_s``, ``error`` as ``code:message``; the target is
+    ``provider/model_size``), or with ``target``, ``ttft_s``, ``e2e_s`` and optionally ``error``
+    and ``at_s``; or JSON lines with ``target``, ``ttft``, ``duration`` and optionally ``error``
+    and ``at``. In llmperf traces, error ``-100`` (too few output tokens) is a success.
+    """
+    path = Path(path)
+    if path.suffix in (".jsonl", ".json"):
+        return [_from_json(json.loads(line), path, n) for n, line in _lines(path)]
+    with path.open(newline="", encoding="utf-8") as file:
+        return [_from_csv(row, path, n) for n, row in enumerate(csv.DictReader(file), start=2)]
+
+
+def _lines(path: Path) -> Iterable[tuple[int, str]]:
+    with path.open(encoding="utf-8") as file:
+        for n, line in enumerate(file, start=1):
+            if line.strip():
+                yield n, line
+
+
+def _number(value: object, where: str) -> float:
+    try:
+        found = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: expected a number of seconds, got {value!r}") from None
+    if not math.isfinite(found) or found < 0:
+        raise ValueError(f"{where}: expected a number of seconds >= 0, got {value!r}")
+    return found
+
+
+def _from_csv(row: Mapping[str, str], path: Path, line: int) -> TraceRecord:
+    where = f"{path}:{line}"
+    if "target" in row:
+        target = row["target"]
+    elif "provider" in row and "model_size" in row:
+        target = f"{row['provider']}/{row['model_size']}"
+    else:
+        raise ValueError(f"{where}: a trace needs a 'target' column (or 'provider', 'model_size')")
+    error = (row.get("error") or "").split(":", 1)[0].strip() or None
+    if error == "-100":  # llmperf: the answer came, shorter than asked
+        error = None
+    at = row.get("at_s")
+    return TraceRecord(
+        target=target,
+        ttft=_number(row.get("ttft_s"), f"{where} ttft_s"),
+        duration=_number(row.get("e2e_s"), f"{where} e2e_s"),
+        error=error,
+        at=None if at in (None, "") else _number(at, f"{where} at_s"),
+    )
+
+
+def _from_json(data: object, path: Path, line: int) -> TraceRecord:
+    where = f"{path}:{line}"
+    if not isinstance(data, Mapping) or not isinstance(data.get("target"), str):
+        raise ValueError(f"{where}: expected an object with a 'target'")
+    error = data.get("error")
+    at = data.get("at")
+    return TraceRecord(
+        target=data["target"],
+        ttft=_number(data.get("ttft", data.get("duration")), f"{where} ttft"),
+        duration=_number(data.get("duration"), f"{where} duration"),
+        error=None if error in (None, "") else str(error),
+        at=None if at is None else _number(at, f"{where} at"),
+    )
+
+
+# --- the simulated provider ------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Request:
+    record: TraceRecord
+    rng: random.Random
+    first: bool = True  # its own record not used yet
+
+
+_request: contextvars.ContextVar[_Request] = contextvars.ContextVar("latencykit_replay_request")
+
+
+@dataclass(slots=True)
+class _Counts:
+    attempts: int = 0
+    cancelled: int = 0
+    wasted: float = 0.0  # seconds of cancelled attempts
+
+
+class _Provider:
+    """Answers attempts from the trace's records, on the loop's (virtual) clock."""
+
+    def __init__(self, records: Sequence[TraceRecord]) -> None:
+        self.by_target: dict[str, list[TraceRecord]] = {}
+        for record in records:
+            self.by_target.setdefault(record.target, []).append(record)
+        self.counts = _Counts()
+        self._serial = 0
+
+    async def attempt(self, target: Target, **kwargs: Any) -> Any:
+        request = _request.get()
+        if request.first and target.key == request.record.target:
+            request.first = False
+            record = request.record
+        else:
+            record = request.rng.choice(self.by_target[target.key])
+        counts = self.counts
+        counts.attempts += 1
+        started = anyio.current_time()
+        try:
+            await anyio.sleep(record.duration)
+        except BaseException:
+            counts.cancelled += 1
+            counts.wasted += anyio.current_time() - started
+            raise
+        if record.error is not None:
+            raise _error(record.error, target.key)
+        self._serial += 1
+        return _litellm_response(f"replay-{self._serial}", target.key)
+
+
+def _error(code: str, target: str) -> errors.ProviderError:
+    if code == "429":
+        return errors.RateLimited("rate limited (replayed)", target=target, status_code=429)
+    return errors.ProviderUnavailable(f"error {code} (replayed)", target=target, status_code=503)
+
+
+def _litellm_response(id: str, model: str) -> Any:
+    from .._litellm import litellm
+
+    return litellm().ModelResponse(
+        id=id,
+        model=model,
+        choices=[
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        usage={"prompt_tokens": 8, "completion_tokens": 8, "total_tokens": 16},
+    )
+
+
+class _ReplayLLM(LLM):
+    """An ``LLM`` whose attempts go to the simulated provider, every policy unchanged."""
+
+    _provider: _Provider
+
+    def _attempt_on(self, target: Target, streaming: bool) -> Any:
+        return functools.partial(self._provider.attempt, target)
+
+
+# --- the replay ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRow:
+    """What one policy did with the trace.
+
+    Attributes:
+        name: the row's name (``"bare"``, ``"default"``, ``"policy"``, a tuned value).
+        requests: requests replayed.
+        errors: requests that ended in an error.
+        p50: median latency in seconds, from arrival to answer (errors included).
+        p95: 95th percentile.
+        p99: 99th percentile.
+        extra: extra attempts per request (hedges, retries, failovers), ``0.05`` = +5 %.
+        wasted: seconds of attempts abandoned (losers of races), per request.
+    """
+
+    name: str
+    requests: int
+    errors: int
+    p50: float
+    p95: float
+    p99: float
+    extra: float
+    wasted: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """Rows side by side, and how they were obtained."""
+
+    trace: str
+    target: str
+    seed: int
+    rate: float | None
+    rows: tuple[ReplayRow, ...] = field(default=())
+
+    def report(self) -> str:
+        """The rows as a text table (the same trace and seed always give the same text)."""
+        arrivals = "recorded" if self.rate is None else f"Poisson, {self.rate:g}/s"
+        lines = [
+            f"replay of {self.trace}: target {self.target}, seed {self.seed}, arrivals {arrivals}",
+            f"{'policy':<22} {'requests':>8} {'errors':>6} {'p50 s':>8} {'p95 s':>8} "
+            f"{'p99 s':>8} {'extra':>7} {'wasted s':>9}",
+        ]
+        for row in self.rows:
+            lines.append(
+                f"{row.name:<22} {row.requests:>8} {row.errors:>6} {row.p50:>8.3f} "
+                f"{row.p95:>8.3f} {row.p99:>8.3f} {row.extra:>6.1%} {row.wasted:>9.3f}"
+            )
+        return "\n".join(lines) + "\n"
+
+
+def default_policy(target: str) -> dict[str, Any]:
+    """The lab's default policies for ``target``: hedging at the 90th percentile of recent
+    latencies with at most 10 % extra load."""
+    return {"model": target, "hedge": {"delay": {"q": 0.9}, "max_extra_load": 0.1}}
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def replay(
+    records: Sequence[TraceRecord],
+    policy: LLMConfig | Mapping[str, Any],
+    *,
+    name: str = "policy",
+    seed: int = 0,
+    rate: float | None = None,
+) -> ReplayRow:
+    """Replay the requests of ``records`` on ``policy``'s primary target through ``policy``.
+
+    Args:
+        records: the whole trace (other targets' records serve failovers and hedges there).
+        policy: the ``LLM``'s config; its ``model`` is the target whose requests replay.
+        name: the row's name (default ``"policy"``).
+        seed: seeds the draws and the arrivals (default ``0``).
+        rate: requests per second, Poisson, instead of recorded arrival times (default
+            ``None``: recorded times; a trace without them needs a rate).
+    """
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+    config = policy if isinstance(policy, LLMConfig) else LLMConfig.model_validate(policy)
+    target = config.model
+    provider = _Provider(records)
+    requests = [r for r in records if r.target == target]
+    if not requests:
+        raise ValueError(
+            f"the trace has no request on {target!r} (it has {sorted(provider.by_target)})"
+        )
+    used = {target, *(t if isinstance(t, str) else t.name or t.model for t in config.failover)}
+    if config.degrade is not None and config.degrade.model is not None:
+        used.add(config.degrade.model)
+    missing = sorted(used - provider.by_target.keys())
+    if missing:
+        raise ValueError(f"the trace has no samples of {missing}: every target must be in it")
+    arrivals = _arrivals(requests, seed, rate)
+
+    async def main() -> list[tuple[float, bool]]:
+        llm = config.build(kind=_ReplayLLM)
+        assert isinstance(llm, _ReplayLLM)
+        llm._provider = provider
+        outcomes: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
+
+        async def one(index: int, arrived: float) -> None:
+            _request.set(_Request(requests[index], random.Random(f"{seed}:{index}")))
+            try:
+                await llm.acompletion(messages=MESSAGES)
+                ok = True
+            except errors.LatencykitError:
+                ok = False
+            outcomes[index] = (anyio.current_time() - arrived, ok)
+
+        start = anyio.current_time()
+        async with anyio.create_task_group() as group:
+            for index, at in enumerate(arrivals):
+                await anyio.sleep_until(start + at)
+                group.start_soon(one, index, start + at)
+        return outcomes
+
+    outcomes = virtual.run(main)
+    latencies = [latency for latency, _ in outcomes]
+    counts = provider.counts
+    n = len(requests)
+    return ReplayRow(
+        name=name,
+        requests=n,
+        errors=sum(not ok for _, ok in outcomes),
+        p50=_quantile(latencies, 0.5),
+        p95=_quantile(latencies, 0.95),
+        p99=_quantile(latencies, 0.99),
+        extra=counts.attempts / n - 1,
+        wasted=counts.wasted / n,
+    )
+
+
+def _arrivals(requests: Sequence[TraceRecord], seed: int, rate: float | None) -> list[float]:
+    if rate is None:
+        if any(r.at is None for r in requests):
+            raise ValueError("the trace has no arrival times: give a rate (requests per second)")
+        first = min(r.at for r in requests if r.at is not None)
+        return sorted(r.at - first for r in requests if r.at is not None)
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"rate must be a positive number of requests per second, got {rate!r}")
+    rng = random.Random(f"{seed}:arrivals")
+    at, found = 0.0, []
+    for _ in requests:
+        found.append(at)
+        at += rng.expovariate(rate)
+    return found
+
+
+def replay_rows(
+    trace: str | os.PathLike[str],
+    *,
+    policy: LLMConfig | Mapping[str, Any] | None = None,
+    target: str | None = None,
+    seed: int = 0,
+    rate: float | None = None,
+) -> ReplayResult:
+    """``latencykit lab replay``: the trace's requests bare, then through ``policy`` (default
+    ``None``: the lab's :func:`default_policy`), side by side.
+
+    ``target`` picks whose requests replay when there is no policy (default ``None``: the
+    trace's first target); a policy replays its own ``model``'s.
+    """
+    records = load_trace(trace)
+    if not records:
+        raise ValueError(f"{trace}: the trace is empty")
+    config: LLMConfig
+    if policy is None:
+        config = LLMConfig.model_validate(default_policy(target or records[0].target))
+        name = "default"
+    else:
+        config = policy if isinstance(policy, LLMConfig) else LLMConfig.model_validate(policy)
+        name = "policy"
+    bare = LLMConfig(model=config.model)
+    rows = (
+        replay(records, bare, name="bare", seed=seed, rate=rate),
+        replay(records, config, name=name, seed=seed, rate=rate),
+    )
+    return ReplayResult(
+        trace=Path(trace).name, target=config.model, seed=seed, rate=rate, rows=rows
+    )

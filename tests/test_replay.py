@@ -1,0 +1,162 @@
+"""Trace replay and what-if tuning on virtual time (latencykit.lab.replay / .tune)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+import latencykit as lk
+from latencykit.lab import virtual
+from latencykit.lab.replay import TraceRecord, load_trace, replay, replay_rows
+from latencykit.lab.tune import tune, with_value
+from latencykit.policies.breaker import reset_breakers
+
+
+@pytest.fixture(autouse=True)
+def _fresh_breakers() -> None:
+    reset_breakers()
+
+
+def write_trace(path: Path, rows: list[dict[str, object]]) -> Path:
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def bimodal(path: Path, n: int = 2000, seed: int = 7) -> Path:
+    """90 % of requests take 50-150 ms, 10 % take 10 s: the tail hedging is for."""
+    rng = random.Random(seed)
+    rows: list[dict[str, object]] = []
+    for i in range(n):
+        slow = rng.random() < 0.1
+        e2e = 10.0 if slow else rng.uniform(0.05, 0.15)
+        rows.append({"target": "m", "ttft_s": e2e / 2, "e2e_s": e2e, "error": "", "at_s": i * 0.5})
+    return write_trace(path, rows)
+
+
+def test_the_virtual_loop_jumps_over_waits() -> None:
+    async def main() -> float:
+        with lk.deadline(3600):
+            await anyio.sleep(1800)
+        return anyio.current_time()
+
+    started = time.monotonic()
+    assert virtual.run(main) == pytest.approx(1800)
+    assert time.monotonic() - started < 10  # not half an hour
+
+
+def test_same_trace_and_seed_give_the_same_report_byte_for_byte(tmp_path: Path) -> None:
+    trace = bimodal(tmp_path / "t.csv", n=400)
+    first = replay_rows(trace, seed=3).report()
+    reset_breakers()
+    assert replay_rows(trace, seed=3).report() == first
+    assert "bare" in first and "default" in first
+
+
+def test_an_hour_of_recorded_traffic_replays_at_its_times(tmp_path: Path) -> None:
+    trace = bimodal(tmp_path / "hour.csv", n=7200)  # one request every 0.5 s: an hour
+    row = replay(load_trace(trace), {"model": "m"}, name="bare")
+    assert row.requests == 7200 and row.extra == 0.0
+    assert row.p99 == pytest.approx(10.0)  # bare: the slow mode is the tail
+    assert 0.05 <= row.p50 <= 0.15
+
+
+def test_hedging_cuts_the_tail_it_was_tuned_for(tmp_path: Path) -> None:
+    records = load_trace(bimodal(tmp_path / "t.csv"))
+    bare = replay(records, {"model": "m"}, name="bare")
+    hedged = replay(
+        records,
+        {"model": "m", "hedge": {"delay": {"q": 0.85}, "max_extra_load": 0.5}},
+        name="hedged",
+    )
+    assert bare.p99 == pytest.approx(10.0)
+    assert hedged.p99 < 1.0 < bare.p99
+    assert 0.1 < hedged.extra < 0.3  # the slow 10 % and the fast requests past the delay
+
+
+def test_the_tuner_recommends_the_cheapest_setting_meeting_the_target(tmp_path: Path) -> None:
+    trace = bimodal(tmp_path / "t.csv")
+    result = tune(
+        trace,
+        "hedge.delay.q",
+        [0.5, 0.7, 0.85, 0.95, 0.99],
+        policy={"model": "m", "hedge": {"delay": {"q": 0.9}, "max_extra_load": 0.6}},
+        p99=1.0,
+    )
+    by_name = {row.name: row for row in result.rows}
+    # Below the slow mode's 10 %, the delay sits in the fast mode: the tail is hedged, and a
+    # higher quantile hedges fewer fast requests. At 0.95 and 0.99 the delay is 10 s: useless.
+    assert by_name["hedge.delay.q=0.95"].p99 > 1.0
+    assert by_name["hedge.delay.q=0.99"].p99 > 1.0
+    assert result.recommended is not None
+    assert result.recommended.name == "hedge.delay.q=0.85"
+    extras = [by_name[f"hedge.delay.q={q}"].extra for q in (0.5, 0.7, 0.85)]
+    assert extras == sorted(extras, reverse=True)
+    assert "hedge.delay.q=0.85" in result.frontier
+    assert "recommended: hedge.delay.q=0.85" in result.report()
+
+
+def test_errors_replay_and_retries_absorb_them(tmp_path: Path) -> None:
+    rows: list[dict[str, object]] = [
+        {
+            "target": "m",
+            "ttft_s": 0.1,
+            "e2e_s": 0.2,
+            "error": "429:slow down" if i % 5 == 0 else "",
+            "at_s": i,
+        }
+        for i in range(200)
+    ]
+    records = load_trace(write_trace(tmp_path / "e.csv", rows))
+    bare = replay(records, {"model": "m"}, name="bare")
+    assert bare.errors == 40
+    retried = replay(
+        records, {"model": "m", "retry": {"max_attempts": 3, "initial": 0.01}}, name="retry"
+    )
+    assert retried.errors < 10 and retried.extra > 0
+
+
+def test_trace_formats(tmp_path: Path) -> None:
+    llmperf = write_trace(
+        tmp_path / "llmperf.csv",
+        [
+            {"provider": "p", "model_size": "7b", "ttft_s": 0.1, "e2e_s": 0.5, "error": ""},
+            {"provider": "p", "model_size": "7b", "ttft_s": 0.1, "e2e_s": 0.4, "error": "429:x"},
+            {"provider": "p", "model_size": "7b", "ttft_s": 0.1, "e2e_s": 0.3, "error": "-100:y"},
+        ],
+    )
+    assert [(r.target, r.error) for r in load_trace(llmperf)] == [
+        ("p/7b", None),
+        ("p/7b", "429"),
+        ("p/7b", None),
+    ]
+    lines = tmp_path / "t.jsonl"
+    lines.write_text(json.dumps({"target": "m", "duration": 1.5, "at": 2.0}) + "\n")
+    assert load_trace(lines) == [TraceRecord("m", 1.5, 1.5, None, 2.0)]
+    bad = write_trace(tmp_path / "bad.csv", [{"target": "m", "ttft_s": "x", "e2e_s": 1}])
+    with pytest.raises(ValueError, match=r"bad\.csv:2 ttft_s"):
+        load_trace(bad)
+
+
+def test_missing_targets_and_arrivals_are_clear_errors(tmp_path: Path) -> None:
+    records = load_trace(bimodal(tmp_path / "t.csv", n=20))
+    with pytest.raises(ValueError, match=r"no samples of \['other'\]"):
+        replay(records, {"model": "m", "failover": ["other"]})
+    no_times = [TraceRecord("m", 0.1, 0.2)]
+    with pytest.raises(ValueError, match="give a rate"):
+        replay(no_times, {"model": "m"})
+    assert replay(no_times, {"model": "m"}, rate=1.0).requests == 1
+
+
+def test_with_value_sets_a_dotted_path() -> None:
+    base = {"model": "m", "hedge": {"delay": 0.5}}
+    assert with_value(base, "hedge.delay.q", 0.9) == {"model": "m", "hedge": {"delay": {"q": 0.9}}}
+    assert base == {"model": "m", "hedge": {"delay": 0.5}}  # a copy
