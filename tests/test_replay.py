@@ -160,3 +160,37 @@ def test_with_value_sets_a_dotted_path() -> None:
     base = {"model": "m", "hedge": {"delay": 0.5}}
     assert with_value(base, "hedge.delay.q", 0.9) == {"model": "m", "hedge": {"delay": {"q": 0.9}}}
     assert base == {"model": "m", "hedge": {"delay": 0.5}}  # a copy
+
+
+def test_a_slow_call_log_is_a_trace(tmp_path: Path) -> None:
+    import logging
+
+    from latencykit.slow_calls import log_slow_calls
+
+    lines: list[str] = []
+
+    class JsonLines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            fields = record.latencykit  # type: ignore[attr-defined]
+            lines.append(json.dumps({"created": record.created, "latencykit": fields}))
+
+    logger = logging.getLogger("test_replay.slow_calls")
+    logger.addHandler(JsonLines())
+    logger.propagate = False
+
+    starts: list[int] = []
+
+    @lk.hedge(0.05)
+    async def slow_then_fast() -> str:
+        starts.append(1)
+        await anyio.sleep(0.3 if len(starts) == 1 else 0.01)  # the backup answers first
+        return "ok"
+
+    with log_slow_calls(threshold=0.0, logger=logger):
+        anyio.run(slow_then_fast)
+    path = tmp_path / "slow.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    records = load_trace(path)
+    assert len(records) == 1  # the hedge that answered; the cancelled primary says too little
+    assert records[0].error is None and 0.0 < records[0].duration < 0.3
+    assert records[0].at is not None

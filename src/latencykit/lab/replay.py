@@ -79,11 +79,22 @@ def load_trace(path: str | os.PathLike[str]) -> list[TraceRecord]:
     ``model_size``, ``ttft_s``, ``e2e_s``, ``error`` as ``code:message``; the target is
     ``provider/model_size``), or with ``target``, ``ttft_s``, ``e2e_s`` and optionally ``error``
     and ``at_s``; or JSON lines with ``target``, ``ttft``, ``duration`` and optionally ``error``
-    and ``at``. In llmperf traces, error ``-100`` (too few output tokens) is a success.
+    and ``at``, or the records of the slow-call log (:func:`latencykit.slow_calls.log_slow_calls`
+    through a JSON log handler: its ``latencykit`` fields, ``created`` as the time), each
+    attempt that ended being a record. In llmperf traces, error ``-100`` (too few output
+    tokens) is a success.
     """
     path = Path(path)
     if path.suffix in (".jsonl", ".json"):
-        return [_from_json(json.loads(line), path, n) for n, line in _lines(path)]
+        found: list[TraceRecord] = []
+        for n, line in _lines(path):
+            data = json.loads(line)
+            call = data.get("latencykit", data) if isinstance(data, Mapping) else data
+            if isinstance(call, Mapping) and "attempts" in call:
+                found += _from_slow_call(call, data, path, n)
+            else:
+                found.append(_from_json(data, path, n))
+        return found
     with path.open(newline="", encoding="utf-8") as file:
         return [_from_csv(row, path, n) for n, row in enumerate(csv.DictReader(file), start=2)]
 
@@ -124,6 +135,35 @@ def _from_csv(row: Mapping[str, str], path: Path, line: int) -> TraceRecord:
         error=error,
         at=None if at in (None, "") else _number(at, f"{where} at_s"),
     )
+
+
+def _from_slow_call(
+    call: Mapping[str, Any], record: Mapping[str, Any], path: Path, line: int
+) -> list[TraceRecord]:
+    """The attempts of a slow-call log record (:mod:`latencykit.slow_calls`, written by a JSON
+    log handler) that ended: what the provider did. Cancelled attempts say only that they
+    took longer than they ran, and are left out."""
+    where = f"{path}:{line}"
+    created = record.get("created")
+    base = None if created is None else _number(created, f"{where} created")
+    found = []
+    for attempt in call["attempts"]:
+        outcome = attempt.get("outcome")
+        if outcome not in ("ok", "error"):
+            continue
+        duration = _number(attempt.get("duration"), f"{where} attempt duration")
+        start = _number(attempt.get("start", 0.0), f"{where} attempt start")
+        kind = attempt.get("error_kind") or call.get("error_kind")
+        found.append(
+            TraceRecord(
+                target=str(attempt.get("target")),
+                ttft=_number(attempt.get("ttft") or duration, f"{where} attempt ttft"),
+                duration=duration,
+                error=None if outcome == "ok" else ("429" if kind == "rate_limited" else "503"),
+                at=None if base is None else base + start,
+            )
+        )
+    return found
 
 
 def _from_json(data: object, path: Path, line: int) -> TraceRecord:
