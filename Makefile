@@ -7,12 +7,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev,lab]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,lab,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -37,5 +37,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/tail.py
 	$(BIN)/python benchmarks/failover.py
 
+# The documentation site (mkdocs, material theme, API reference from the docstrings) into site/;
+# --strict: a broken link, anchor or docstring reference fails the build.
+docs: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache lab-results.json
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache lab-results.json site

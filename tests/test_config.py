@@ -174,3 +174,19 @@ def test_the_published_json_schema_is_current() -> None:
         "docs/latencykit-config.schema.json is stale: regenerate it with "
         "python -m latencykit.config > docs/latencykit-config.schema.json"
     )
+
+
+def test_a_shared_store_in_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LK_REDIS_URL", "redis://:pw-secret@127.0.0.1:6390/0")
+    llm = lk.LLM.from_config(
+        {"model": "openai/big", "shared": {"url_env": "LK_REDIS_URL", "interval": 0.5}}
+    )
+    assert isinstance(llm.shared, lk.RedisStore) and llm.shared.interval == 0.5
+    back = llm.to_config()
+    assert back["shared"] == {"url_env": "LK_REDIS_URL", "interval": 0.5}
+    assert "pw-secret" not in json.dumps(back)
+    in_code = lk.LLM("openai/big", shared=lk.RedisStore("redis://127.0.0.1:6390/0"))
+    assert in_code.to_config()["shared"] == {"url": "redis://127.0.0.1:6390/0"}
+    secret = lk.LLM("openai/big", shared=lk.RedisStore("redis://:pw@127.0.0.1:6390/0"))
+    with pytest.raises(ValueError, match="url_env"):
+        secret.to_config()

@@ -43,7 +43,7 @@ import latencykit as lk
 from latencykit.testing import FakeProvider
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MAX_SKIPS = 2  # a skipped block is an untested example: keep them rare
 
 FENCE = re.compile(r"^( *)```(\S*)\s*$")  # a fence may be indented (in a list item)

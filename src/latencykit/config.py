@@ -24,11 +24,13 @@ import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from .cache import ResponseCache
 from .errors import ErrorKind, classify
+from .fleet.redis import RedisStore
 from .llm import LLM, Degrade
 from .policies.breaker import breaker
 from .policies.guard import StreamGuard
@@ -51,6 +53,7 @@ __all__ = [
     "RetryConfig",
     "RouterConfig",
     "RuleConfig",
+    "StoreConfig",
     "StreamGuardConfig",
     "TargetConfig",
     "load",
@@ -426,6 +429,57 @@ class TargetConfig(_Model):
         )
 
 
+class StoreConfig(_Model):
+    """A :class:`latencykit.RedisStore` shared by the fleet (``url`` or ``url_env``)."""
+
+    url: str | None = Field(
+        default=None, description="The server's URL (prefer url_env when it holds a password)."
+    )
+    url_env: str | None = Field(
+        default=None, description="The environment variable holding the URL."
+    )
+    namespace: str = _option(RedisStore, "namespace")
+    interval: float = _option(RedisStore, "interval")
+    timeout: float = _option(RedisStore, "timeout")
+    stale_after: float | None = _option(RedisStore, "stale_after")
+
+    def build(self) -> RedisStore:
+        """The :class:`~latencykit.RedisStore` (nothing connects until a policy uses it)."""
+        if self.url_env is not None:
+            url = os.environ.get(self.url_env)
+            if url is None:
+                raise ValueError(f"store: url_env names {self.url_env!r}, which is not set")
+        elif self.url is not None:
+            url = self.url
+        else:
+            raise ValueError("store needs url or url_env")
+        return RedisStore(
+            url,
+            namespace=self.namespace,
+            interval=self.interval,
+            timeout=self.timeout,
+            stale_after=self.stale_after,
+        )
+
+    @classmethod
+    def of(cls, store: object, url_env: str | None) -> StoreConfig:
+        """The config of a :class:`~latencykit.RedisStore` (its URL only if it holds no
+        password)."""
+        if not isinstance(store, RedisStore):
+            raise ValueError(f"LLM.shared is not a RedisStore ({store!r}): it has no config form")
+        fields = _fields_of(cls, store)
+        fields.pop("url", None)  # decided below: a URL may hold a password
+        if url_env is not None:
+            fields["url_env"] = url_env
+        elif urlsplit(store.url).password is not None:
+            raise ValueError("LLM.shared's URL holds a password: build it with url_env")
+        else:
+            fields["url"] = store.url
+        if store.stale_after == max(1.0, 5 * store.interval):
+            fields.pop("stale_after", None)  # the default, derived from the interval
+        return cls(**fields)
+
+
 def _target_config(target: object, index: int) -> str | TargetConfig:
     where = f"LLM.failover[{index}]"
     if isinstance(target, str):
@@ -487,6 +541,7 @@ class LLMConfig(_Model):
     max_output_tokens: int | None = _option(LLM, "max_output_tokens")
     budget_aware: bool = _option(LLM, "budget_aware")
     on_truncated: Literal["raise", "accept"] = _option(LLM, "on_truncated")
+    shared: StoreConfig | None = _option(LLM, "shared")
 
     def build(self, kind: type[LLM] = LLM) -> LLM:
         """The :class:`~latencykit.LLM` this config describes (``kind``: a subclass to build
@@ -514,6 +569,7 @@ class LLMConfig(_Model):
             max_output_tokens=self.max_output_tokens,
             budget_aware=self.budget_aware,
             on_truncated=self.on_truncated,
+            shared=None if self.shared is None else self.shared.build(),
         )
 
     @classmethod
@@ -559,6 +615,8 @@ class LLMConfig(_Model):
         if (guard := given["stream_guard"]) is not None:
             found["stream_guard"] = StreamGuardConfig(**_fields_of(StreamGuardConfig, guard))
         found["failover"] = [_target_config(t, i) for i, t in enumerate(given["failover"])]
+        if given["shared"] is not None:
+            found["shared"] = StoreConfig.of(given["shared"], llm._configs.get("store_url_env"))
         for name in ("limiter", "cache", "router"):
             config = llm._configs.get(name)
             if given[name] is not None and config is None:

@@ -558,7 +558,12 @@ class LLM:
         config = load(source, env_prefix=env_prefix)
         llm = config.build()
         llm._arguments["api_key_env"] = config.api_key_env
-        llm._configs = {"limiter": config.limiter, "cache": config.cache, "router": config.router}
+        llm._configs = {
+            "limiter": config.limiter,
+            "cache": config.cache,
+            "router": config.router,
+            "store_url_env": None if config.shared is None else config.shared.url_env,
+        }
         return llm
 
     def to_config(self) -> dict[str, Any]:
