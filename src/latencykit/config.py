@@ -20,7 +20,6 @@ import functools
 import inspect
 import json
 import os
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +27,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from ._docstrings import arguments
 from .cache import ResponseCache
 from .errors import ErrorKind, classify
 from .fleet.redis import RedisStore
@@ -68,21 +68,8 @@ ENV_PREFIX = "LATENCYKIT_"
 
 @functools.cache
 def _arg_docs(owner: Callable[..., Any]) -> dict[str, str]:
-    """``name -> description`` from the ``Args:`` section of ``owner``'s docstring."""
-    doc = inspect.getdoc(owner) or ""
-    found: dict[str, str] = {}
-    section = re.search(r"^Args:\n((?:[ \t]+.*\n?|\n)+)", doc, re.MULTILINE)
-    if section is None:
-        return found
-    name = None
-    for line in section.group(1).splitlines():
-        match = re.match(r"^    (\w+): (.*)$", line)
-        if match:
-            name = match.group(1)
-            found[name] = match.group(2)
-        elif name is not None and line.startswith("        "):
-            found[name] += " " + line.strip()
-    return found
+    """``name -> description`` from ``owner``'s docstring (``Args:``, else ``Attributes:``)."""
+    return arguments(inspect.getdoc(owner))
 
 
 def _option(owner: Callable[..., Any], name: str) -> Any:
