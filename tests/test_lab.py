@@ -74,6 +74,7 @@ def test_cli_prints_the_per_target_stats(capsys: pytest.CaptureFixture[str]) -> 
     )
     out = capsys.readouterr().out
     assert "per-target statistics of each lk.LLM client (llm.stats()" in out
+    assert "latency distribution per row (log scale" in out  # no --plot-dir: as text
     _, stats = out.split("per-target statistics", 1)
     assert "lk.LLM hedge(quantile)" in stats
     header, rule, row, *_ = stats.splitlines()[3:]

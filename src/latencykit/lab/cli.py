@@ -7,14 +7,16 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 from ..testing import LlmperfProfile
 from .fast_lane import format_fast_lane
 from .otlp import ENDPOINT_VARIABLE, exporting
 from .outage import format_outage
+from .plots import format_text_plots, write_plots
 from .report import format_stats, format_table
 from .rows import ROWS
-from .runner import LabConfig, run_lab, write_json
+from .runner import ARRIVALS, LabConfig, run_lab, write_json
 from .streaming import format_streaming
 from .turn import format_turns
 
@@ -102,6 +104,35 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         action="store_true",
         help="skip the many-streams scenario (litellm against the fast lane)",
     )
+    parser.add_argument(
+        "--arrival",
+        choices=ARRIVALS,
+        default=defaults.arrival,
+        help="how requests arrive: a closed loop of --concurrency workers, or an open loop at "
+        "--rate requests/s, evenly spaced (fixed) or random (poisson) "
+        f"(default {defaults.arrival})",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=defaults.rate,
+        help=f"open loop: offered requests/s (default {defaults.rate:g})",
+    )
+    parser.add_argument(
+        "--drain",
+        type=float,
+        default=defaults.drain,
+        help="open loop: seconds to wait after the last arrival before cancelling what is "
+        f"still in flight (default {defaults.drain:g})",
+    )
+    parser.add_argument(
+        "--plot-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write the latency CDFs and the outage timeline as PNG files into DIR (needs the "
+        "'plots' extra); without it, they are printed as text",
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed, help="random seed")
     parser.add_argument(
         "--backend",
@@ -126,7 +157,113 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "is set. Needs the 'otlp' extra",
     )
     parser.add_argument("--list-runs", action="store_true", help="list llmperf runs and exit")
+    _add_trace_commands(parser)
     return parser
+
+
+def _add_trace_commands(parser: argparse.ArgumentParser) -> None:
+    """``lab replay`` and ``lab tune``: a recorded trace through policies, on virtual time."""
+    actions = parser.add_subparsers(dest="action", metavar="{replay,tune}")
+    replay = actions.add_parser(
+        "replay",
+        help="replay a recorded trace through policies on a virtual clock",
+        description="Replay recorded per-request latencies (llmperf CSV, JSON lines, or the "
+        "slow-call log) through a real lk.LLM against a provider simulated from the trace, "
+        "on virtual time: bare, next to the policy (or the lab's default policies).",
+    )
+    tune = actions.add_parser(
+        "tune",
+        help="sweep one policy parameter over a trace replay and recommend a setting",
+        description="Replay a trace once per value of one config parameter and print the "
+        "p50/p95/p99 and cost frontier; with --p99, recommend the cheapest setting meeting it.",
+    )
+    for command in (replay, tune):
+        command.add_argument("trace", type=Path, help="the trace file (.csv, .jsonl)")
+        command.add_argument(
+            "--policy",
+            type=Path,
+            default=None,
+            help="an LLM config file (.yaml, .yml, .json; see docs/config.md); default: the "
+            "lab's default policies",
+        )
+        command.add_argument(
+            "--target",
+            default=None,
+            help="whose requests replay without --policy (default: the trace's first target)",
+        )
+        command.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+        command.add_argument(
+            "--rate",
+            type=float,
+            default=None,
+            help="requests/s, Poisson (default: the trace's recorded arrival times)",
+        )
+    replay.add_argument(
+        "--plot", type=Path, default=None, help="write the latency CDFs as a PNG to this path"
+    )
+    tune.add_argument(
+        "--param", required=True, help="the dotted config path to sweep, e.g. hedge.delay.q"
+    )
+    tune.add_argument(
+        "--values", required=True, help="comma-separated values, e.g. 0.5,0.75,0.9,0.95"
+    )
+    tune.add_argument(
+        "--p99", type=float, default=None, help="the p99 target in seconds, to recommend"
+    )
+
+
+def run_trace_command(args: argparse.Namespace) -> int:
+    """``lab replay`` / ``lab tune`` for parsed arguments."""
+    import yaml
+
+    from ..config import load
+    from .replay import replay_rows
+    from .tune import tune
+
+    try:
+        policy = None if args.policy is None else load(args.policy)
+        if args.action == "replay":
+            result = replay_rows(
+                args.trace, policy=policy, target=args.target, seed=args.seed, rate=args.rate
+            )
+            print(result.report(), end="")
+            series = [(row.name, row.latencies) for row in result.rows]
+            if args.plot is not None:
+                from .plots import plot_cdf
+
+                plot_cdf(f"replay of {result.trace}", series, args.plot)
+                print(f"plot written: {args.plot}")
+            else:
+                from .plots import format_text_cdf
+
+                print(
+                    format_text_cdf("latency", series, ascii_only=not _prints_unicode(sys.stdout))
+                )
+            return 0
+        values = [yaml.safe_load(value) for value in args.values.split(",") if value.strip()]
+        found = tune(
+            args.trace,
+            args.param,
+            values,
+            policy=None if policy is None else policy.model_dump(exclude_unset=True),
+            target=args.target,
+            p99=args.p99,
+            seed=args.seed,
+            rate=args.rate,
+        )
+        print(found.report(), end="")
+        return 0
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"latencykit lab {args.action}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _prints_unicode(stream: TextIO) -> bool:
+    try:
+        "▁█".encode(stream.encoding or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the lab for parsed arguments (shared with the ``latencykit`` command)."""
+    if getattr(args, "action", None) is not None:
+        return run_trace_command(args)
     if args.list_runs:
         print("\n".join(LlmperfProfile.runs()))
         return 0
@@ -157,6 +296,9 @@ def run_from_args(args: argparse.Namespace) -> int:
             streaming=not args.no_streaming,
             turn=not args.no_turn,
             fast_lane=not args.no_fast_lane,
+            arrival=args.arrival,
+            rate=args.rate,
+            drain=args.drain,
         )
     except (TypeError, ValueError) as exc:
         print(f"latencykit lab: {exc}", file=sys.stderr)
@@ -169,11 +311,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     if otlp is None and os.environ.get(ENDPOINT_VARIABLE):
         otlp = ""
     if otlp is None:
-        result = run_lab(config, backend=args.backend)
+        result = run_lab(config, backend=args.backend, progress=sys.stderr)
     else:
         try:
             with exporting(otlp or None):
-                result = run_lab(config, backend=args.backend)
+                result = run_lab(config, backend=args.backend, progress=sys.stderr)
         except RuntimeError as exc:  # the extra is not installed
             print(f"latencykit lab: {exc}", file=sys.stderr)
             return 2
@@ -193,6 +335,16 @@ def run_from_args(args: argparse.Namespace) -> int:
         print(format_outage(result.outage))
     print()
     print(format_stats(result))
+    if args.plot_dir is None:
+        print()
+        print(format_text_plots(result, ascii_only=not _prints_unicode(sys.stdout)))
+    else:
+        try:
+            written = write_plots(result, args.plot_dir)
+        except RuntimeError as exc:  # the extra is not installed
+            print(f"latencykit lab: {exc}", file=sys.stderr)
+            return 2
+        print("\nplots written: " + ", ".join(str(path) for path in written))
     if str(args.json) != "-":
         write_json(result, args.json)
         print(f"\nresults written to {args.json}")

@@ -25,7 +25,12 @@ SECONDARY = "lab-outage-secondary"
 
 @dataclass(frozen=True, kw_only=True)
 class OutageResult:
-    """What happened in the outage scenario (times in seconds from its start)."""
+    """What happened in the outage scenario (times in seconds from its start).
+
+    ``transitions`` lists the primary's breaker changes ``(time, from, to)``; ``timeline``
+    counts the answers per second by ``"primary"``, ``"secondary"`` and ``"errors"``;
+    ``log`` records every call as ``(start, latency, answered by)``, the last one of
+    ``"primary"``, ``"secondary"`` or ``"error"`` (the timeline picture is drawn from it)."""
 
     outage: float
     duration: float
@@ -36,6 +41,7 @@ class OutageResult:
     transitions: list[tuple[float, str, str]] = field(default_factory=list)
     timeline: list[dict[str, int]] = field(default_factory=list)
     stats: tuple[ClientStats, ...] = ()
+    log: list[tuple[float, float, str]] = field(default_factory=list)
 
 
 async def run_outage(
@@ -73,6 +79,7 @@ async def run_outage(
     transitions: list[tuple[float, str, str]] = []
     buckets: dict[int, dict[str, int]] = {}
     errors = calls = by_secondary = 0
+    log: list[tuple[float, float, str]] = []
 
     def watch(event: lk.events.Event) -> None:
         if isinstance(event, lk.policies.breaker.BreakerStateChanged) and event.key.endswith(
@@ -85,18 +92,20 @@ async def run_outage(
     async def client() -> None:
         nonlocal errors, calls, by_secondary
         while time.monotonic() - started < duration:
-            second = int(time.monotonic() - started)
-            bucket = buckets.setdefault(second, {"primary": 0, "secondary": 0, "errors": 0})
+            at = time.monotonic() - started
+            bucket = buckets.setdefault(int(at), {"primary": 0, "secondary": 0, "errors": 0})
             calls += 1
             try:
                 response = await llm.acompletion(messages=MESSAGES)
             except Exception:
                 errors += 1
                 bucket["errors"] += 1
+                who = "error"
             else:
                 who = "secondary" if lk.report(response).target.endswith(SECONDARY) else "primary"
                 bucket[who] += 1
                 by_secondary += who == "secondary"
+            log.append((round(at, 6), round(time.monotonic() - started - at, 6), who))
             await anyio.sleep(0.05)
 
     with lk.subscribe(watch):
@@ -114,6 +123,7 @@ async def run_outage(
         transitions=transitions,
         timeline=[buckets[s] for s in sorted(buckets)],
         stats=(ClientStats.of("outage: lk.LLM failover + breaker", llm),),
+        log=sorted(log),
     )
 
 

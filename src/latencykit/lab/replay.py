@@ -277,6 +277,7 @@ class ReplayRow:
         p99: 99th percentile.
         extra: extra attempts per request (hedges, retries, failovers), ``0.05`` = +5 %.
         wasted: seconds of attempts abandoned (losers of races), per request.
+        latencies: every request's latency, in arrival order (for plots).
     """
 
     name: str
@@ -287,6 +288,7 @@ class ReplayRow:
     p99: float
     extra: float
     wasted: float
+    latencies: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,6 +400,7 @@ def replay(
         p99=_quantile(latencies, 0.99),
         extra=counts.attempts / n - 1,
         wasted=counts.wasted / n,
+        latencies=tuple(latencies),
     )
 
 

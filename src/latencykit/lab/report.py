@@ -40,24 +40,45 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.0f}"
 
 
+def _rate(rate: float | None) -> str:
+    return "closed" if rate is None else f"{rate:,.1f}"
+
+
 def format_table(result: LabResult) -> str:
-    """The lab's results as a fixed-width text table (latencies in milliseconds)."""
+    """The lab's results as a fixed-width text table (latencies in milliseconds; offered and
+    achieved load in requests/s, ``closed`` for a closed loop)."""
     header = (
         f"{'policy':<30} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7} "
-        f"{'errors':>7} {'extra req':>10} {'degraded':>9} {'hedge won':>10}"
+        f"{'errors':>7} {'extra req':>10} {'degraded':>9} {'hedge won':>10} "
+        f"{'offered/s':>10} {'achieved/s':>11}"
     )
     lines = [header, "-" * len(header)]
     for row in result.rows:
         lines.append(
             f"{row.label:<30} {_ms(row.p50):>7} {_ms(row.p90):>7} {_ms(row.p99):>7} "
             f"{_ms(row.max):>7} {row.errors:>7} {row.extra_load_pct:>9.1f}% "
-            f"{row.degraded:>9} {row.hedges_won:>10}"
+            f"{row.degraded:>9} {row.hedges_won:>10} "
+            f"{_rate(row.offered_rate):>10} {row.throughput:>11,.1f}"
         )
     config = result.config
+    if config.arrival == "closed":
+        load = (
+            f"latencies in ms over {config.requests} requests per row, closed loop at "
+            f"concurrency {config.concurrency} (latency from each request's start); "
+            "achieved/s: successful requests per second of the row's run"
+        )
+    else:
+        load = (
+            f"latencies in ms over {config.requests} requests per row, open loop: "
+            f"{config.arrival} arrivals at {config.rate:g} requests/s, latency from each "
+            f"request's scheduled arrival; achieved/s: successful requests ended while "
+            f"requests arrived, per second; requests in flight {config.drain:g}s after the "
+            "last arrival are cut (Unfinished)"
+        )
     lines += [
         "",
-        f"latencies in ms over {config.requests} requests per row at concurrency "
-        f"{config.concurrency}; primary replays llmperf {config.run} x{config.scale:g}, "
+        load,
+        f"primary replays llmperf {config.run} x{config.scale:g}, "
         f"degraded path {config.degraded_run} x{config.scale:g}",
         f"lk.LLM(deadline={config.deadline:g}s, degrade=Degrade(after={config.degrade_after:g}s, "
         f"max_tokens={config.degraded_max_tokens})); "

@@ -29,13 +29,15 @@ MESSAGES = [
 
 @dataclass(frozen=True, slots=True)
 class Sent:
-    """How one request went, as the client saw it."""
+    """How one request went, as the client saw it. ``finished`` is set by the lab's runner:
+    seconds from the start of the row to the request's end (default ``0.0``)."""
 
     latency: float
     ok: bool
     degraded: bool = False
     hedge_won: bool = False
     error_type: str | None = None
+    finished: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,21 +7,33 @@ import platform
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO, get_args
 
 import anyio
+import sniffio
 
 from .. import _validation
 from ..testing import Behavior, FakeProvider, LlmperfProfile, RequestInfo
 from .fast_lane import FastLaneResult, run_fast_lane
 from .outage import OutageResult, run_outage
+from .progress import PlainProgress, Progress, make_progress
 from .report import ClientStats, percentile
 from .rows import DEGRADED, PRIMARY, REQUEST_HEADER, ROWS, RowContext, Sent, Through
 from .streaming import StreamingResult, run_streaming
 from .turn import TurnResult, run_turns
+
+Arrival = Literal["closed", "fixed", "poisson"]
+"""How a row's requests arrive: ``"closed"`` (a closed loop of ``concurrency`` workers, each
+sending its next request when the previous one ends), ``"fixed"`` (open loop, one request every
+``1/rate`` s) or ``"poisson"`` (open loop, exponential gaps of mean ``1/rate`` s, seeded)."""
+ARRIVALS: tuple[str, ...] = get_args(Arrival)
+UNFINISHED = "Unfinished"
+"""Error type of an open-loop request still in flight when its row's time was up (cancelled)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +63,19 @@ class LabConfig:
             p95 budget: sequential, fan-out, stage budgets with fan-out) (default ``True``).
         fast_lane: also run the client-CPU scenario (many concurrent streams through litellm
             and on the fast lane: time to first chunk and gaps) (default ``True``).
-        seed: seeds the workload and the fake provider (default ``7``).
+        seed: seeds the workload, the arrivals and the fake provider (default ``7``).
+        arrival: how each row's requests arrive (default ``"closed"``): ``"closed"`` is a closed
+            loop of ``concurrency`` workers (latency from each request's start; it hides
+            queueing); ``"fixed"`` and ``"poisson"`` are open loops at ``rate`` requests/s, with
+            no limit on requests in flight and latency measured from each request's scheduled
+            arrival, so time spent waiting for a busy client counts. The streaming scenario
+            always runs closed.
+        rate: offered load of an open loop, in requests/s (default ``100.0``; unused when
+            ``arrival="closed"``).
+        drain: seconds an open-loop row waits, after its last scheduled arrival, for the
+            requests still in flight (default ``5.0``); those still running then are cancelled
+            and reported as ``Unfinished`` errors, with their time so far as latency. A row
+            lasts at most ``requests / rate + drain`` seconds (fixed arrivals).
     """
 
     run: str = "together/13b"
@@ -70,9 +94,14 @@ class LabConfig:
     turn: bool = True
     fast_lane: bool = True
     seed: int = 7
+    arrival: Arrival = "closed"
+    rate: float = 100.0
+    drain: float = 5.0
 
     def __post_init__(self) -> None:
-        for name in ("scale", "deadline", "degrade_after"):
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"LabConfig.arrival must be one of {list(ARRIVALS)}")
+        for name in ("scale", "deadline", "degrade_after", "rate", "drain"):
             _validation.seconds(f"LabConfig.{name}", getattr(self, name))
         for name in ("requests", "concurrency", "degraded_max_tokens"):
             value = getattr(self, name)
@@ -95,7 +124,14 @@ class LabConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RowResult:
-    """One row of the lab's table. Latencies are client-observed seconds per request."""
+    """One row of the lab's table. Latencies are client-observed seconds per request: from the
+    request's start in a closed loop, from its scheduled arrival in an open loop.
+
+    ``arrival`` and ``offered_rate`` (requests/s, ``None`` for a closed loop) say how the
+    requests arrived; ``throughput`` is the achieved rate, successful requests per second of
+    ``wall_time``; ``unfinished`` counts open-loop requests cancelled when the row's time was up
+    (also counted in ``errors``); ``latencies`` holds every request's latency, sorted (the CDF
+    plots are drawn from it)."""
 
     key: str
     label: str
@@ -111,6 +147,11 @@ class RowResult:
     hedges_won: int
     wall_time: float
     error_types: dict[str, int] = field(default_factory=dict)
+    arrival: str = "closed"
+    offered_rate: float | None = None
+    throughput: float = 0.0
+    unfinished: int = 0
+    latencies: tuple[float, ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,49 +200,128 @@ class ReplayScript:
         return self._profile.sample(request.rng)
 
 
+def arrival_offsets(arrival: str, rate: float, requests: int, seed: int) -> list[float]:
+    """Scheduled arrival times of an open loop, in seconds from its start: every ``1/rate`` s
+    for ``"fixed"``, exponential gaps of mean ``1/rate`` s (seeded with ``seed``) for
+    ``"poisson"``. The first request arrives at ``0``."""
+    if arrival == "fixed":
+        return [i / rate for i in range(requests)]
+    if arrival != "poisson":
+        raise ValueError(f"no arrival offsets for a {arrival!r} loop")
+    rng = random.Random(f"lab-arrivals-{seed}")
+    offsets = [0.0]
+    for _ in range(requests - 1):
+        offsets.append(offsets[-1] + rng.expovariate(rate))
+    return offsets
+
+
+def _as_progress(progress: Progress | TextIO | None) -> Progress:
+    if isinstance(progress, Progress):
+        return progress
+    return PlainProgress(progress) if progress is not None else Progress()
+
+
 async def run_requests(
     send: Callable[[int], Any],
     requests: int,
     concurrency: int,
     label: str,
-    progress: TextIO | None,
+    progress: Progress | TextIO | None,
+    *,
+    arrivals: Sequence[float] | None = None,
+    drain: float = 5.0,
 ) -> tuple[list[Sent], float]:
-    """Send requests ``0 .. requests-1`` with ``send``, ``concurrency`` at a time; return how
-    each went and the wall time. Prints a progress line every 10 % to ``progress``."""
+    """Send requests ``0 .. requests-1`` with ``send``; return how each went and the wall time.
+
+    Without ``arrivals`` (the default), a closed loop: ``concurrency`` at a time. With
+    ``arrivals`` (seconds from the start, one per request, ascending), an open loop: request
+    ``i`` starts at ``arrivals[i]`` whatever is in flight, its latency counts from then, and
+    ``drain`` seconds (default ``5.0``) after the last arrival the requests still in flight are
+    cancelled and returned as ``Unfinished`` errors. ``progress`` shows a step per call (a
+    text stream gets one line at the end; ``None``: silent).
+    """
+    display = _as_progress(progress)
+    with display.step(label, requests) as step:
+        if arrivals is None:
+            return await _closed_loop(send, requests, concurrency, step.advance)
+        return await _open_loop(send, arrivals[:requests], drain, step.advance)
+
+
+async def _closed_loop(
+    send: Callable[[int], Any], requests: int, concurrency: int, done: Callable[[], None]
+) -> tuple[list[Sent], float]:
     results: list[Sent] = []
     limiter = anyio.CapacityLimiter(concurrency)
     started = time.monotonic()
 
     async def one(i: int) -> None:
         async with limiter:
-            results.append(await send(i))
+            sent: Sent = await send(i)
+            results.append(replace(sent, finished=time.monotonic() - started))
+            done()
 
-    async def report_progress() -> None:
-        assert progress is not None
-        shown = -1
-        while True:
-            done = len(results) * 10 // requests
-            if done != shown:
-                shown = done
-                elapsed = time.monotonic() - started
-                print(f"  {label:<32} {len(results):>5}/{requests}  {elapsed:5.1f}s", file=progress)
-            await anyio.sleep(0.1)
-
-    async with anyio.create_task_group() as tg:
-        if progress is not None:
-            tg.start_soon(report_progress)
-        async with anyio.create_task_group() as workers:
-            for i in range(requests):
-                workers.start_soon(one, i)
-        tg.cancel_scope.cancel()
+    async with anyio.create_task_group() as workers:
+        for i in range(requests):
+            workers.start_soon(one, i)
     return results, time.monotonic() - started
 
 
+async def _open_loop(
+    send: Callable[[int], Any], arrivals: Sequence[float], drain: float, done: Callable[[], None]
+) -> tuple[list[Sent], float]:
+    results: list[Sent] = []
+    in_flight: dict[int, float] = {}  # request -> its scheduled arrival (event-loop clock)
+    started = anyio.current_time()
+
+    async def one(i: int, scheduled: float) -> None:
+        # Latency from the scheduled arrival: a request that starts late (a busy event loop,
+        # a client short of CPU) waited, as a user's would have.
+        late = anyio.current_time() - scheduled
+        sent: Sent = await send(i)
+        del in_flight[i]
+        finished = anyio.current_time() - started
+        results.append(replace(sent, latency=late + sent.latency, finished=finished))
+        done()
+
+    # Bounded: what is still in flight `drain` seconds after the last arrival is cancelled.
+    with anyio.CancelScope(deadline=started + arrivals[-1] + drain):
+        async with anyio.create_task_group() as group:
+            for i, offset in enumerate(arrivals):
+                scheduled = started + offset
+                await anyio.sleep_until(scheduled)
+                in_flight[i] = scheduled
+                group.start_soon(one, i, scheduled)
+    ended = anyio.current_time()
+    for scheduled in in_flight.values():
+        cut = Sent(ended - scheduled, ok=False, error_type=UNFINISHED, finished=ended - started)
+        results.append(cut)
+    return results, ended - started
+
+
 def summarise(
-    key: str, label: str, sent: Sequence[Sent], upstream: int, wall_time: float
+    key: str,
+    label: str,
+    sent: Sequence[Sent],
+    upstream: int,
+    wall_time: float,
+    *,
+    arrival: str = "closed",
+    offered_rate: float | None = None,
+    window: float | None = None,
 ) -> RowResult:
-    """One table row from the requests of a pass."""
+    """One table row from the requests of a pass (``arrival`` and ``offered_rate``: how they
+    arrived; default a closed loop).
+
+    The achieved throughput counts successful requests per second: over ``wall_time`` by
+    default (a closed loop ends when its last request does), or, given ``window`` (an open
+    loop's arrival span, seconds from its start), those that ended within it, per second of it:
+    the heavy tail of the last arrivals would otherwise read as lost throughput.
+    """
     latencies = sorted(s.latency for s in sent)
+    if window is not None and window > 0:
+        throughput = sum(s.ok and s.finished <= window for s in sent) / window
+    else:
+        throughput = sum(s.ok for s in sent) / wall_time if wall_time > 0 else 0.0
     errors: dict[str, int] = {}
     for s in sent:
         if not s.ok:
@@ -221,13 +341,24 @@ def summarise(
         hedges_won=sum(s.hedge_won for s in sent),
         wall_time=wall_time,
         error_types=errors,
+        arrival=arrival,
+        offered_rate=offered_rate,
+        throughput=throughput,
+        unfinished=errors.get(UNFINISHED, 0),
+        latencies=tuple(round(latency, 6) for latency in latencies),
     )
 
 
-async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
+async def _lab(config: LabConfig, progress: Progress) -> LabResult:
     primary = LlmperfProfile.load(config.run, scale=config.scale)
     cheap = LlmperfProfile.load(
         config.degraded_run, scale=config.scale, max_output_tokens=config.degraded_max_tokens
+    )
+    open_loop = config.arrival != "closed"
+    arrivals = (
+        arrival_offsets(config.arrival, config.rate, config.requests, config.seed)
+        if open_loop
+        else None
     )
     results: list[RowResult] = []
     stats: list[ClientStats] = []
@@ -252,9 +383,26 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
             fake.script(PRIMARY, ReplayScript(primary, config.requests, config.seed))
             fake.script(DEGRADED, cheap)
             sent, wall = await run_requests(
-                send, config.requests, config.concurrency, label, progress
+                send,
+                config.requests,
+                config.concurrency,
+                label,
+                progress,
+                arrivals=arrivals,
+                drain=config.drain,
             )
-            results.append(summarise(key, label, sent, len(fake.attempts), wall))
+            results.append(
+                summarise(
+                    key,
+                    label,
+                    sent,
+                    len(fake.attempts),
+                    wall,
+                    arrival=config.arrival,
+                    offered_rate=config.rate if open_loop else None,
+                    window=arrivals[-1] if arrivals else None,
+                )
+            )
             if isinstance(send, Through):
                 stats.append(ClientStats.of(label, send.llm))
         streaming = None
@@ -263,22 +411,20 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
             streaming = await run_streaming(fake, config, progress)
         turn = None
         if config.turn:
-            if progress is not None:
-                print("  turn scenario (stage budgets, fan-out) ...", file=progress)
-            fake.reset()
-            turn = await run_turns(fake, seed=config.seed)
+            with progress.step("turn scenario (stage budgets, fan-out)"):
+                fake.reset()
+                turn = await run_turns(fake, seed=config.seed)
         lanes = None
         if config.fast_lane:
-            if progress is not None:
-                print("  many streams: litellm and the fast lane ...", file=progress)
-            fake.reset()
-            lanes = await run_fast_lane(fake)
+            with progress.step("many streams: litellm and the fast lane"):
+                fake.reset()
+                lanes = await run_fast_lane(fake)
         outage = None
         if config.outage:
-            if progress is not None:
-                print("  outage scenario (failing primary, failover, breaker) ...", file=progress)
-            fake.reset()
-            outage = await run_outage(fake)
+            with progress.step("outage scenario (failover, breaker)"):
+                fake.reset()
+                outage = await run_outage(fake)
+        await _stop_litellm_logging()
     return LabResult(
         config=config,
         rows=tuple(results),
@@ -293,6 +439,20 @@ async def _lab(config: LabConfig, progress: TextIO | None) -> LabResult:
             "litellm": _litellm_version(),
         },
     )
+
+
+async def _stop_litellm_logging() -> None:
+    """Stop litellm's logging worker, a task on the lab's event loop (asyncio only; on trio
+    litellm runs on the bridge's loop, which outlives the run). Left pending when ``anyio.run``
+    closes the loop, it would make asyncio log "Task was destroyed but it is pending!"."""
+    if sniffio.current_async_library() != "asyncio":
+        return
+    try:
+        from litellm.litellm_core_utils.logging_worker import GLOBAL_LOGGING_WORKER
+    except ImportError:  # a litellm without it has nothing to stop
+        return
+    with anyio.move_on_after(2.0):
+        await GLOBAL_LOGGING_WORKER.stop(timeout=1.0)
 
 
 def _litellm_version() -> str:
@@ -311,15 +471,41 @@ def prepare_litellm() -> None:
     litellm().suppress_debug_info = True
 
 
+@contextmanager
+def quiet_litellm() -> Iterator[None]:
+    """Silence litellm's one known stray warning while the lab runs (and only it).
+
+    ``litellm.acompletion`` builds the provider call's coroutine in a worker thread
+    (``run_in_executor``) and awaits it back on the loop; a call cancelled in between (a lost
+    hedge, a deadline, the end of an open-loop row) leaves that coroutine unawaited, and Python
+    warns "coroutine 'OpenAIChatCompletion.acompletion' was never awaited" when it is collected.
+    Nothing leaks: the request was never sent. The warning cannot be prevented from outside
+    litellm, so it is filtered by its exact message.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message=r"coroutine 'OpenAIChatCompletion\.\w+' was never awaited",
+            category=RuntimeWarning,
+        )
+        yield
+
+
 def run_lab(
     config: LabConfig | None = None,
     *,
     backend: str = "asyncio",
     progress: TextIO | None = sys.stderr,
 ) -> LabResult:
-    """Run the lab and return its results (``progress=None`` keeps it silent)."""
+    """Run the lab and return its results.
+
+    ``progress`` (default ``sys.stderr``) shows how far it got: a live ``rich`` bar when it is
+    a terminal and ``rich`` is installed, else one line per finished step; ``None`` keeps it
+    silent.
+    """
     prepare_litellm()
-    return anyio.run(_lab, config or LabConfig(), progress, backend=backend)
+    with quiet_litellm(), make_progress(progress) as display:
+        return anyio.run(_lab, config or LabConfig(), display, backend=backend)
 
 
 def write_json(result: LabResult, path: Path) -> None:

@@ -18,8 +18,9 @@ already delivered).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -27,6 +28,7 @@ import latencykit as lk
 
 from .._asyncio_bridge import run_on_asyncio
 from ..testing import Behavior, FakeProvider, Fault, LlmperfProfile, RequestInfo
+from .progress import Progress
 from .report import ClientStats, percentile
 from .rows import _KEY, DEGRADED, MESSAGES, PRIMARY, REQUEST_HEADER, Sent
 
@@ -41,7 +43,8 @@ _BARE_CUTOFF = 2.0  # seconds the lab waits for a stalled bare stream before giv
 
 @dataclass(frozen=True, kw_only=True)
 class TtftRow:
-    """Time to first content chunk of one way of streaming (seconds)."""
+    """Time to first content chunk of one way of streaming (seconds); ``latencies`` holds
+    every request's, sorted (the CDF plots are drawn from it)."""
 
     label: str
     requests: int
@@ -51,6 +54,7 @@ class TtftRow:
     max: float
     errors: int
     extra_load_pct: float
+    latencies: tuple[float, ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +88,7 @@ async def _first_content(stream: Any) -> None:
 
 
 async def run_streaming(
-    fake: FakeProvider, config: LabConfig, progress: TextIO | None
+    fake: FakeProvider, config: LabConfig, progress: Progress | None = None
 ) -> StreamingResult:
     """Run the streaming scenario against ``fake`` (reset first)."""
     import litellm
@@ -186,6 +190,7 @@ async def run_streaming(
                 max=ttfts[-1],
                 errors=sum(not s.ok for s in sent),
                 extra_load_pct=100.0 * (len(fake.attempts) - len(sent)) / len(sent),
+                latencies=tuple(round(ttft, 6) for ttft in ttfts),
             )
         )
         if client is not None:
@@ -220,7 +225,7 @@ class _Stalling:
 
 
 async def _stalls(
-    fake: FakeProvider, config: LabConfig, progress: TextIO | None
+    fake: FakeProvider, config: LabConfig, progress: Progress | None
 ) -> tuple[tuple[StallRow, ...], ClientStats]:
     import litellm
 
@@ -274,9 +279,8 @@ async def _stalls(
     ):
         fake.reset()
         fake.script(STALLING, _Stalling())
-        if progress is not None:
-            print(f"  stalls: {label} ...", file=progress)
-        outcomes = await _send_all(send, streams, max(1, config.concurrency // 4))
+        with (progress or Progress()).step(f"stalls: {label}", streams) as step:
+            outcomes = await _send_all(send, streams, max(1, config.concurrency // 4), step.advance)
         times = sorted(t for text, t in outcomes if text == _STALL_ANSWER)
         rows.append(
             StallRow(
@@ -293,7 +297,9 @@ async def _stalls(
     return tuple(rows), ClientStats.of(label, guarded)
 
 
-async def _send_all(send: Any, streams: int, concurrency: int) -> list[tuple[str, float]]:
+async def _send_all(
+    send: Any, streams: int, concurrency: int, done: Callable[[], None]
+) -> list[tuple[str, float]]:
     outcomes: list[tuple[str, float]] = []
     limiter = anyio.CapacityLimiter(concurrency)
 
@@ -303,6 +309,7 @@ async def _send_all(send: Any, streams: int, concurrency: int) -> list[tuple[str
                 outcomes.append(await send(i))
             except Exception as exc:
                 outcomes.append((f"<{type(exc).__name__}>", 0.0))
+            done()
 
     async with anyio.create_task_group() as group:
         for i in range(streams):
