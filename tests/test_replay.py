@@ -215,3 +215,59 @@ def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     bad.write_text("model: m\nhedge: {delay: 1, max_extra_lod: 0.1}\n")
     assert main(["lab", "replay", str(trace), "--policy", str(bad)]) == 2
     assert "hedge.max_extra_lod" in capsys.readouterr().err
+
+
+def stalling_first_token(path: Path, n: int = 1000, seed: int = 11) -> Path:
+    """95 % of streams start within 50-150 ms, 5 % stall 8 s before their first token; every
+    stream then takes 1 s to its end and produces 100 tokens."""
+    rng = random.Random(seed)
+    rows: list[dict[str, object]] = []
+    for i in range(n):
+        ttft = 8.0 if rng.random() < 0.05 else rng.uniform(0.05, 0.15)
+        rows.append(
+            {"target": "m", "ttft_s": ttft, "e2e_s": ttft + 1.0, "output_tokens": 100, "at_s": i}
+        )
+    return write_trace(path, rows)
+
+
+def test_streams_replay_and_the_first_token_limit_is_tuned(tmp_path: Path) -> None:
+    trace = stalling_first_token(tmp_path / "s.csv")
+    # Retries on the same target take timeouts only when asked (on=).
+    base = {"model": "m", "retry": {"max_attempts": 3, "initial": 0.01, "on": ["timeout"]}}
+    result = tune(
+        trace,
+        "stream_guard.first_token",
+        [0.2, 0.5, 2.0, 10.0],
+        policy=base,
+        p99=2.0,
+        stream=True,
+    )
+    rows = {row.name: row for row in result.rows}
+    unguarded = rows["stream_guard.first_token=10.0"]
+    assert unguarded.ttft_p99 is not None and unguarded.ttft_p99 >= 8.0
+    assert unguarded.extra == 0.0
+    cut = rows["stream_guard.first_token=0.2"]
+    assert cut.ttft_p99 is not None and cut.ttft_p99 < 0.5 and cut.p99 < 2.0
+    assert 0.03 < cut.extra < 0.08  # the stalled 5 % retried, once each (mostly)
+    assert rows["stream_guard.first_token=2.0"].p99 > 2.0
+    assert result.recommended is not None
+    assert result.recommended.name == "stream_guard.first_token=0.2"  # same cost, lower p99
+    assert "ttft p99" in result.report()
+
+
+def test_abandoned_attempts_count_their_tokens(tmp_path: Path) -> None:
+    rows: list[dict[str, object]] = []
+    rng = random.Random(5)
+    for i in range(400):
+        e2e = 6.0 if rng.random() < 0.04 else 1.0
+        rows.append(
+            {"target": "m", "ttft_s": 0.1, "e2e_s": e2e, "output_tokens": 100, "at_s": i * 2.0}
+        )
+    records = load_trace(write_trace(tmp_path / "w.csv", rows))
+    bare = replay(records, {"model": "m"}, name="bare")
+    hedged = replay(
+        records, {"model": "m", "hedge": {"delay": 1.5, "max_extra_load": 0.5}}, name="hedged"
+    )
+    assert bare.wasted_tokens == 0.0
+    assert hedged.wasted_tokens > 0.0 and hedged.p99 < bare.p99
+    assert records[0].tokens_by(0.05) == 0 and records[0].tokens_by(100.0) == 100

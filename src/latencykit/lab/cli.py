@@ -198,6 +198,11 @@ def _add_trace_commands(parser: argparse.ArgumentParser) -> None:
             default=None,
             help="requests/s, Poisson (default: the trace's recorded arrival times)",
         )
+        command.add_argument(
+            "--stream",
+            action="store_true",
+            help="stream the calls (first chunk at the recorded time to first token)",
+        )
     replay.add_argument(
         "--plot", type=Path, default=None, help="write the latency CDFs as a PNG to this path"
     )
@@ -224,7 +229,12 @@ def run_trace_command(args: argparse.Namespace) -> int:
         policy = None if args.policy is None else load(args.policy)
         if args.action == "replay":
             result = replay_rows(
-                args.trace, policy=policy, target=args.target, seed=args.seed, rate=args.rate
+                args.trace,
+                policy=policy,
+                target=args.target,
+                seed=args.seed,
+                rate=args.rate,
+                stream=args.stream,
             )
             print(result.report(), end="")
             series = [(row.name, row.latencies) for row in result.rows]
@@ -250,6 +260,7 @@ def run_trace_command(args: argparse.Namespace) -> int:
             p99=args.p99,
             seed=args.seed,
             rate=args.rate,
+            stream=args.stream,
         )
         print(found.report(), end="")
         return 0

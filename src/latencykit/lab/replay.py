@@ -14,7 +14,8 @@ provider simulated in-process on a virtual clock (:mod:`latencykit.lab.virtual`)
 - an error recorded as ``429`` is :class:`~latencykit.RateLimited`, any other
   :class:`~latencykit.ProviderUnavailable` (503), raised when the recorded time has passed.
 
-An hour of traffic replays in seconds. Calls are not streamed: latencies are end to end.
+An hour of traffic replays in seconds. Calls are end to end, or streamed (``stream=True``):
+the first chunk at the recorded time to first token, the rest spread until the recorded end.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import json
 import math
 import os
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,8 @@ class TraceRecord:
         error: ``None`` for a success, else the provider's status (``"429"``, ``"503"``) or
             another code.
         at: seconds from the trace's start at which it arrived, if recorded (default ``None``).
+        output_tokens: tokens it produced, if recorded (default ``None``: wasted tokens of
+            abandoned attempts are not counted).
     """
 
     target: str
@@ -70,6 +73,17 @@ class TraceRecord:
     duration: float
     error: str | None = None
     at: float | None = None
+    output_tokens: int | None = None
+
+    def tokens_by(self, elapsed: float) -> int:
+        """Tokens produced ``elapsed`` seconds into the attempt (none before the first)."""
+        tokens = self.output_tokens
+        if not tokens or elapsed < self.ttft:
+            return 0
+        span = self.duration - self.ttft
+        if span <= 0:
+            return tokens
+        return min(tokens, 1 + int((elapsed - self.ttft) / span * (tokens - 1)))
 
 
 def load_trace(path: str | os.PathLike[str]) -> list[TraceRecord]:
@@ -128,12 +142,16 @@ def _from_csv(row: Mapping[str, str], path: Path, line: int) -> TraceRecord:
     if error == "-100":  # llmperf: the answer came, shorter than asked
         error = None
     at = row.get("at_s")
+    tokens = row.get("output_tokens")
     return TraceRecord(
         target=target,
         ttft=_number(row.get("ttft_s"), f"{where} ttft_s"),
         duration=_number(row.get("e2e_s"), f"{where} e2e_s"),
         error=error,
         at=None if at in (None, "") else _number(at, f"{where} at_s"),
+        output_tokens=None
+        if tokens in (None, "")
+        else int(_number(tokens, f"{where} output_tokens")),
     )
 
 
@@ -172,12 +190,14 @@ def _from_json(data: object, path: Path, line: int) -> TraceRecord:
         raise ValueError(f"{where}: expected an object with a 'target'")
     error = data.get("error")
     at = data.get("at")
+    tokens = data.get("output_tokens")
     return TraceRecord(
         target=data["target"],
         ttft=_number(data.get("ttft", data.get("duration")), f"{where} ttft"),
         duration=_number(data.get("duration"), f"{where} duration"),
         error=None if error in (None, "") else str(error),
         at=None if at is None else _number(at, f"{where} at"),
+        output_tokens=None if tokens is None else int(_number(tokens, f"{where} output_tokens")),
     )
 
 
@@ -198,7 +218,11 @@ _request: contextvars.ContextVar[_Request] = contextvars.ContextVar("latencykit_
 class _Counts:
     attempts: int = 0
     cancelled: int = 0
-    wasted: float = 0.0  # seconds of cancelled attempts
+    wasted: float = 0.0  # seconds of abandoned attempts
+    wasted_tokens: int = 0  # tokens they had produced
+
+
+_CHUNKS = 8  # a simulated stream's chunks after the first: enough for gaps, cheap to replay
 
 
 class _Provider:
@@ -211,26 +235,56 @@ class _Provider:
         self.counts = _Counts()
         self._serial = 0
 
-    async def attempt(self, target: Target, **kwargs: Any) -> Any:
+    def _record_for(self, target: Target) -> TraceRecord:
         request = _request.get()
+        self.counts.attempts += 1
         if request.first and target.key == request.record.target:
             request.first = False
-            record = request.record
-        else:
-            record = request.rng.choice(self.by_target[target.key])
+            return request.record
+        return request.rng.choice(self.by_target[target.key])
+
+    def _abandoned(self, record: TraceRecord, elapsed: float) -> None:
         counts = self.counts
-        counts.attempts += 1
+        counts.cancelled += 1
+        counts.wasted += elapsed
+        counts.wasted_tokens += record.tokens_by(elapsed)
+
+    async def attempt(self, target: Target, **kwargs: Any) -> Any:
+        record = self._record_for(target)
         started = anyio.current_time()
         try:
             await anyio.sleep(record.duration)
         except BaseException:
-            counts.cancelled += 1
-            counts.wasted += anyio.current_time() - started
+            self._abandoned(record, anyio.current_time() - started)
             raise
         if record.error is not None:
             raise _error(record.error, target.key)
         self._serial += 1
         return _litellm_response(f"replay-{self._serial}", target.key)
+
+    def open(self, target: Target, **kwargs: Any) -> AsyncIterator[str]:
+        """A streaming attempt: its first chunk at the record's TTFT, the rest spread evenly
+        until its end; a recorded error comes at its time, before any chunk."""
+        return self._chunks(self._record_for(target), target)
+
+    async def _chunks(self, record: TraceRecord, target: Target) -> AsyncIterator[str]:
+        started = anyio.current_time()
+        done = False
+        try:
+            if record.error is not None:
+                await anyio.sleep(record.duration)
+                done = True
+                raise _error(record.error, target.key)
+            await anyio.sleep(record.ttft)
+            yield "first"
+            gap = max(0.0, record.duration - record.ttft) / _CHUNKS
+            for _ in range(_CHUNKS):
+                await anyio.sleep(gap)
+                yield "more"
+            done = True
+        finally:
+            if not done:
+                self._abandoned(record, anyio.current_time() - started)
 
 
 def _error(code: str, target: str) -> errors.ProviderError:
@@ -258,7 +312,8 @@ class _ReplayLLM(LLM):
     _provider: _Provider
 
     def _attempt_on(self, target: Target, streaming: bool) -> Any:
-        return functools.partial(self._provider.attempt, target)
+        provider = self._provider
+        return functools.partial(provider.open if streaming else provider.attempt, target)
 
 
 # --- the replay ------------------------------------------------------------------------------
@@ -277,6 +332,10 @@ class ReplayRow:
         p99: 99th percentile.
         extra: extra attempts per request (hedges, retries, failovers), ``0.05`` = +5 %.
         wasted: seconds of attempts abandoned (losers of races), per request.
+        wasted_tokens: output tokens those attempts had produced, per request (from the
+            trace's token counts; ``0`` without them).
+        ttft_p99: streams: the 99th percentile of the time to first chunk (``None``
+            otherwise).
         latencies: every request's latency, in arrival order (for plots).
     """
 
@@ -288,6 +347,8 @@ class ReplayRow:
     p99: float
     extra: float
     wasted: float
+    wasted_tokens: float = 0.0
+    ttft_p99: float | None = None
     latencies: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
 
@@ -304,15 +365,21 @@ class ReplayResult:
     def report(self) -> str:
         """The rows as a text table (the same trace and seed always give the same text)."""
         arrivals = "recorded" if self.rate is None else f"Poisson, {self.rate:g}/s"
+        streams = any(row.ttft_p99 is not None for row in self.rows)
         lines = [
-            f"replay of {self.trace}: target {self.target}, seed {self.seed}, arrivals {arrivals}",
+            f"replay of {self.trace}: target {self.target}, seed {self.seed}, arrivals {arrivals}"
+            + (", streamed" if streams else ""),
             f"{'policy':<22} {'requests':>8} {'errors':>6} {'p50 s':>8} {'p95 s':>8} "
-            f"{'p99 s':>8} {'extra':>7} {'wasted s':>9}",
+            f"{'p99 s':>8}"
+            + (f" {'ttft p99':>8}" if streams else "")
+            + f" {'extra':>7} {'wasted s':>9} {'wasted tok':>10}",
         ]
         for row in self.rows:
+            ttft = "" if not streams else f" {row.ttft_p99 or math.nan:>8.3f}"
             lines.append(
                 f"{row.name:<22} {row.requests:>8} {row.errors:>6} {row.p50:>8.3f} "
-                f"{row.p95:>8.3f} {row.p99:>8.3f} {row.extra:>6.1%} {row.wasted:>9.3f}"
+                f"{row.p95:>8.3f} {row.p99:>8.3f}{ttft} {row.extra:>6.1%} {row.wasted:>9.3f} "
+                f"{row.wasted_tokens:>10.1f}"
             )
         return "\n".join(lines) + "\n"
 
@@ -337,6 +404,7 @@ def replay(
     name: str = "policy",
     seed: int = 0,
     rate: float | None = None,
+    stream: bool = False,
 ) -> ReplayRow:
     """Replay the requests of ``records`` on ``policy``'s primary target through ``policy``.
 
@@ -347,6 +415,9 @@ def replay(
         seed: seeds the draws and the arrivals (default ``0``).
         rate: requests per second, Poisson, instead of recorded arrival times (default
             ``None``: recorded times; a trace without them needs a rate).
+        stream: stream the calls (default ``False``): the first chunk comes at the record's
+            time to first token, so hedging on the first chunk and the stream guard's
+            ``first_token`` limit act as in production.
     """
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
     config = policy if isinstance(policy, LLMConfig) else LLMConfig.model_validate(policy)
@@ -365,20 +436,27 @@ def replay(
         raise ValueError(f"the trace has no samples of {missing}: every target must be in it")
     arrivals = _arrivals(requests, seed, rate)
 
-    async def main() -> list[tuple[float, bool]]:
+    async def main() -> list[tuple[float, bool, float | None]]:
         llm = config.build(kind=_ReplayLLM)
         assert isinstance(llm, _ReplayLLM)
         llm._provider = provider
-        outcomes: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
+        outcomes: list[tuple[float, bool, float | None]] = [(0.0, False, None)] * len(requests)
 
         async def one(index: int, arrived: float) -> None:
             _request.set(_Request(requests[index], random.Random(f"{seed}:{index}")))
+            first = None
             try:
-                await llm.acompletion(messages=MESSAGES)
+                if stream:
+                    async with await llm.acompletion(messages=MESSAGES, stream=True) as chunks:
+                        first = anyio.current_time() - arrived
+                        async for _ in chunks:
+                            pass
+                else:
+                    await llm.acompletion(messages=MESSAGES)
                 ok = True
             except errors.LatencykitError:
                 ok = False
-            outcomes[index] = (anyio.current_time() - arrived, ok)
+            outcomes[index] = (anyio.current_time() - arrived, ok, first)
 
         start = anyio.current_time()
         async with anyio.create_task_group() as group:
@@ -388,18 +466,21 @@ def replay(
         return outcomes
 
     outcomes = virtual.run(main)
-    latencies = [latency for latency, _ in outcomes]
+    latencies = [latency for latency, _, _ in outcomes]
+    firsts = [first for _, _, first in outcomes if first is not None]
     counts = provider.counts
     n = len(requests)
     return ReplayRow(
         name=name,
         requests=n,
-        errors=sum(not ok for _, ok in outcomes),
+        errors=sum(not ok for _, ok, _ in outcomes),
         p50=_quantile(latencies, 0.5),
         p95=_quantile(latencies, 0.95),
         p99=_quantile(latencies, 0.99),
         extra=counts.attempts / n - 1,
         wasted=counts.wasted / n,
+        wasted_tokens=counts.wasted_tokens / n,
+        ttft_p99=_quantile(firsts, 0.99) if stream and firsts else None,
         latencies=tuple(latencies),
     )
 
@@ -427,12 +508,14 @@ def replay_rows(
     target: str | None = None,
     seed: int = 0,
     rate: float | None = None,
+    stream: bool = False,
 ) -> ReplayResult:
     """``latencykit lab replay``: the trace's requests bare, then through ``policy`` (default
     ``None``: the lab's :func:`default_policy`), side by side.
 
     ``target`` picks whose requests replay when there is no policy (default ``None``: the
-    trace's first target); a policy replays its own ``model``'s.
+    trace's first target); a policy replays its own ``model``'s. ``stream`` is
+    :func:`replay`'s.
     """
     records = load_trace(trace)
     if not records:
@@ -446,8 +529,8 @@ def replay_rows(
         name = "policy"
     bare = LLMConfig(model=config.model)
     rows = (
-        replay(records, bare, name="bare", seed=seed, rate=rate),
-        replay(records, config, name=name, seed=seed, rate=rate),
+        replay(records, bare, name="bare", seed=seed, rate=rate, stream=stream),
+        replay(records, config, name=name, seed=seed, rate=rate, stream=stream),
     )
     return ReplayResult(
         trace=Path(trace).name, target=config.model, seed=seed, rate=rate, rows=rows

@@ -3,7 +3,8 @@ meets a p99 target.
 
 Each value of the parameter replays the same trace with the same seed (:mod:`.replay`), so
 rows differ only by the parameter. The cost of a setting is its extra attempts per request
-(hedges, retries, failovers), then the seconds of work it abandoned. A row is on the frontier
+(hedges, retries, failovers), then the output tokens of the attempts it abandoned (from the
+trace's token counts), then their seconds. A row is on the frontier
 when no other row has both a lower p99 and a lower cost. The recommendation is the cheapest
 row whose p99 meets the target, the lower p99 breaking ties.
 """
@@ -59,17 +60,20 @@ class TuneResult:
 
     def report(self) -> str:
         """The sweep as a text table, then the recommendation."""
+        streams = any(row.ttft_p99 is not None for row in self.rows)
         lines = [
             f"tuning {self.param} on {self.trace}"
             + ("" if self.p99_target is None else f", p99 target {self.p99_target:g} s"),
-            f"{'setting':<28} {'p50 s':>8} {'p95 s':>8} {'p99 s':>8} {'extra':>7} "
-            f"{'wasted s':>9} {'errors':>6}  frontier",
+            f"{'setting':<28} {'p50 s':>8} {'p95 s':>8} {'p99 s':>8}"
+            + (f" {'ttft p99':>8}" if streams else "")
+            + f" {'extra':>7} {'wasted tok':>10} {'errors':>6}  frontier",
         ]
         for row in self.rows:
             mark = "*" if row.name in self.frontier else ""
+            ttft = f" {row.ttft_p99 or 0.0:>8.3f}" if streams else ""
             lines.append(
-                f"{row.name:<28} {row.p50:>8.3f} {row.p95:>8.3f} {row.p99:>8.3f} "
-                f"{row.extra:>6.1%} {row.wasted:>9.3f} {row.errors:>6}  {mark}"
+                f"{row.name:<28} {row.p50:>8.3f} {row.p95:>8.3f} {row.p99:>8.3f}{ttft} "
+                f"{row.extra:>6.1%} {row.wasted_tokens:>10.1f} {row.errors:>6}  {mark}"
             )
         if self.p99_target is not None:
             if self.recommended is None:
@@ -82,8 +86,8 @@ class TuneResult:
         return "\n".join(lines) + "\n"
 
 
-def _cost(row: ReplayRow) -> tuple[float, float]:
-    return (round(row.extra, 9), round(row.wasted, 9))
+def _cost(row: ReplayRow) -> tuple[float, float, float]:
+    return (round(row.extra, 9), round(row.wasted_tokens, 9), round(row.wasted, 9))
 
 
 def tune(
@@ -96,11 +100,13 @@ def tune(
     p99: float | None = None,
     seed: int = 0,
     rate: float | None = None,
+    stream: bool = False,
 ) -> TuneResult:
     """Replay ``trace`` once per value of ``param`` in ``policy`` (default ``None``: the lab's
     default policy on ``target``, else the trace's first target), and recommend the cheapest
-    value meeting ``p99`` seconds (default ``None``: no recommendation). ``seed`` and ``rate``
-    are :func:`~latencykit.lab.replay.replay`'s."""
+    value meeting ``p99`` seconds (default ``None``: no recommendation). ``seed``, ``rate``
+    and ``stream`` are :func:`~latencykit.lab.replay.replay`'s (stream to tune the stream
+    guard's ``first_token`` limit or hedging on the first chunk)."""
     if not values:
         raise ValueError("tune needs at least one value")
     records = load_trace(trace)
@@ -109,7 +115,12 @@ def tune(
     base = dict(policy) if policy is not None else default_policy(target or records[0].target)
     rows = tuple(
         replay(
-            records, with_value(base, param, value), name=f"{param}={value}", seed=seed, rate=rate
+            records,
+            with_value(base, param, value),
+            name=f"{param}={value}",
+            seed=seed,
+            rate=rate,
+            stream=stream,
         )
         for value in values
     )
