@@ -190,3 +190,18 @@ def test_a_shared_store_in_config(monkeypatch: pytest.MonkeyPatch) -> None:
     secret = lk.LLM("openai/big", shared=lk.RedisStore("redis://:pw@127.0.0.1:6390/0"))
     with pytest.raises(ValueError, match="url_env"):
         secret.to_config()
+
+
+def test_a_policy_alone_from_a_file_and_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "retry.yaml"
+    path.write_text("max_attempts: 5\non: [rate_limited]\n")
+    monkeypatch.setenv("RETRY_INITIAL", "0.25")
+    retry = config.load(path, env_prefix="RETRY_", model=config.RetryConfig).build()
+    assert isinstance(retry, lk.Retry)
+    assert (retry.max_attempts, retry.initial) == (5, 0.25)
+    guard = config.load({"stall": 2.0}, model=config.StreamGuardConfig).build()
+    assert guard.stall == 2.0
+    with pytest.raises(pydantic.ValidationError, match="stal"):
+        config.load({"stal": 2.0}, model=config.StreamGuardConfig)

@@ -20,9 +20,10 @@ import functools
 import inspect
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
@@ -623,12 +624,36 @@ class LLMConfig(_Model):
         return cls.model_validate(_merge(dict(base or {}), _env(prefix)))
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+@overload
 def load(
-    source: str | os.PathLike[str] | Mapping[str, Any] | LLMConfig, *, env_prefix: str | None = None
-) -> LLMConfig:
-    """An :class:`LLMConfig` from a mapping, or a ``.yaml``/``.yml``/``.json`` file, with the
-    environment variables starting with ``env_prefix`` on top (default ``None``: none)."""
-    if isinstance(source, LLMConfig):
+    source: str | os.PathLike[str] | Mapping[str, Any] | BaseModel,
+    *,
+    env_prefix: str | None = None,
+) -> LLMConfig: ...
+@overload
+def load(
+    source: str | os.PathLike[str] | Mapping[str, Any] | BaseModel,
+    *,
+    env_prefix: str | None = None,
+    model: type[M],
+) -> M: ...
+def load(
+    source: str | os.PathLike[str] | Mapping[str, Any] | BaseModel,
+    *,
+    env_prefix: str | None = None,
+    model: type[BaseModel] = LLMConfig,
+) -> BaseModel:
+    """A config from a mapping, a model, or a ``.yaml``/``.yml``/``.json`` file, with the
+    environment variables starting with ``env_prefix`` on top (default ``None``: none).
+
+    ``model`` is the config's model (default :class:`LLMConfig`; any policy's, such as
+    :class:`RetryConfig`, whose ``build()`` then makes the policy:
+    ``load("retry.yaml", model=RetryConfig).build()``).
+    """
+    if isinstance(source, BaseModel):
         data: dict[str, Any] = source.model_dump(exclude_unset=True)
     elif isinstance(source, Mapping):
         data = dict(source)
@@ -637,23 +662,43 @@ def load(
         if path.suffix not in (".yaml", ".yml", ".json"):
             raise ValueError(f"config file {path}: expected .yaml, .yml or .json")
         text = path.read_text(encoding="utf-8")
-        if path.suffix == ".json":
-            loaded = json.loads(text)
-        else:
-            import yaml
-
-            loaded = yaml.safe_load(text)
+        loaded = json.loads(text) if path.suffix == ".json" else _yaml(text)
         if not isinstance(loaded, Mapping):
             raise ValueError(f"config file {path}: expected a mapping at the top level")
         data = dict(loaded)
     if env_prefix is not None:
         data = _merge(data, _env(env_prefix))
-    return LLMConfig.model_validate(data)
+    return model.model_validate(data)
+
+
+@functools.cache
+def _yaml_loader() -> type[Any]:
+    """YAML 1.2's booleans: only ``true``/``false``. YAML 1.1 (PyYAML's default) also reads
+    ``on``, ``off``, ``yes`` and ``no`` as booleans, and ``on:`` is an option name here."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool",
+        re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+        list("tTfF"),
+    )
+    return Loader
+
+
+def _yaml(text: str) -> Any:
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader: no arbitrary objects
 
 
 def _env(prefix: str) -> dict[str, Any]:
-    import yaml
-
     found: dict[str, Any] = {}
     for name, text in os.environ.items():
         if not name.startswith(prefix) or name == prefix:
@@ -662,7 +707,7 @@ def _env(prefix: str) -> dict[str, Any]:
         node = found
         for part in path[:-1]:
             node = node.setdefault(part, {})
-        node[path[-1]] = yaml.safe_load(text) if text else ""
+        node[path[-1]] = _yaml(text) if text else ""
     return found
 
 

@@ -219,9 +219,7 @@ def _add_trace_commands(parser: argparse.ArgumentParser) -> None:
 
 def run_trace_command(args: argparse.Namespace) -> int:
     """``lab replay`` / ``lab tune`` for parsed arguments."""
-    import yaml
-
-    from ..config import load
+    from ..config import _yaml, load
     from .replay import replay_rows
     from .tune import tune
 
@@ -250,7 +248,7 @@ def run_trace_command(args: argparse.Namespace) -> int:
                     format_text_cdf("latency", series, ascii_only=not _prints_unicode(sys.stdout))
                 )
             return 0
-        values = [yaml.safe_load(value) for value in args.values.split(",") if value.strip()]
+        values = [_yaml(value) for value in args.values.split(",") if value.strip()]
         found = tune(
             args.trace,
             args.param,
