@@ -2,7 +2,7 @@
 
 Run it from the repository root::
 
-    .venv/bin/python benchmarks/fast_lane_throughput.py            # about two minutes
+    .venv/bin/python benchmarks/fast_lane_throughput.py            # about three minutes
     .venv/bin/python benchmarks/fast_lane_throughput.py --quick    # smoke run, under 30 seconds
 
 A minimal OpenAI-compatible server runs in a child process (so that its work does not share this
@@ -131,7 +131,7 @@ def clients(base: str) -> dict[str, Callable[[str], Awaitable[int]]]:
     import litellm
     import openai
 
-    sdk = openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0)
+    sdk = openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=60)
     raw = httpx.AsyncClient(timeout=60)
     fast = lk.LLM(
         "openai/m", api_base=base, api_key=KEY, transport="openai", deadline=120, timeout=60
@@ -209,7 +209,7 @@ async def cpu_of(name: str, base: str, calls: int) -> float:
 
     litellm.suppress_debug_info = True
     fast = lk.LLM("openai/m", api_base=base, api_key=KEY, transport="openai")
-    sdk = openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0)
+    sdk = openai.AsyncOpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=60)
     raw = httpx.AsyncClient(timeout=60)
     body = {"model": "m", "messages": MESSAGES}
 

@@ -3,8 +3,11 @@ is tested by the fault matrix (tests/test_faults.py, tests/test_stream.py run on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import anyio
+import anyio.abc
 import litellm
 import pytest
 
@@ -138,3 +141,132 @@ async def test_a_bad_transport_fails_at_construction_naming_the_field() -> None:
         lk.LLM("openai/x", transport="grpc")
     with pytest.raises(ValueError, match=r"LLM\.failover\[0\].*transport"):
         lk.LLM("openai/x", failover=[{"model": "openai/y", "transport": "grpc"}])
+
+
+# --- the SSE reader and the chunks it makes ---------------------------------------------------
+
+# One of each thing an SSE body may hold, with CRLF line ends in part of it: events of one data
+# line, with or without the space after "data:"; an "event:" field; a comment (a keep-alive);
+# a data field over two lines (joined by LF); an empty event; one that does not parse; then
+# [DONE] (with a space too many) and what follows it, which is never read as an event.
+TRICKY = (
+    b'data: {"choices":[{"delta":{"content":"a"},"finish_reason":null}]}\r\n\r\n'
+    b": keep-alive\n\n"
+    b'event: message\ndata:{"choices":[{"delta":{"content":"b"},"finish_reason":null}]}\n\n'
+    b'data: {"choices":[{"delta":{"content":\ndata: "c"},"finish_reason":null}]}\n\n'
+    b"data:\n\n"
+    b"data: {not json\n\n"
+    b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\r\r'
+    b"data:  [DONE]\n\n"
+    b'data: {"choices":[{"delta":{"content":"after"}}]}\n\n'
+)
+
+
+def read_events(pieces: list[bytes]) -> tuple[list[tuple[Any, ...]], int, bool]:
+    """What the fast lane's reader makes of a body arriving in ``pieces``: each chunk as
+    ``(text, finish)``, the malformed count, and whether it saw [DONE]."""
+    from latencykit._openai import OpenAIChunks
+
+    source: Any = object.__new__(OpenAIChunks)
+    OpenAIChunks.__init__(source, None, None, ())  # type: ignore[arg-type]
+    read: list[tuple[Any, ...]] = []
+    for piece in pieces:
+        if source._done:
+            break  # the rest of the body is read, not parsed
+        source._split(piece)
+        while (got := source.read_nowait()) is not _nothing():
+            read.append(tuple(got[1:]))
+    return read, source.malformed, source._done
+
+
+def _nothing() -> Any:
+    from latencykit.stream import _NOTHING
+
+    return _NOTHING
+
+
+def test_sse_events_are_read_the_same_however_the_body_is_split() -> None:
+    expected = [("a", None), ("b", None), ("c", None), (None, "stop")]
+    assert read_events([TRICKY]) == (expected, 2, True)  # the empty and the unparsable event
+    for cut in range(1, len(TRICKY)):
+        assert read_events([TRICKY[:cut], TRICKY[cut:]]) == (expected, 2, True), cut
+    assert read_events([TRICKY[i : i + 1] for i in range(len(TRICKY))]) == (expected, 2, True)
+
+
+def test_chunks_become_nodes_however_they_are_read() -> None:
+    from latencykit._openai import _decode
+
+    raw = (
+        b'{"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"t1",'
+        b'"function":{"name":"f","arguments":"{}"}}]},"finish_reason":null}],"x_extra":[[{"k":1}]]}'
+    )
+    readers: list[Callable[[Node], Any]] = [
+        lambda c: c.choices[0].delta.tool_calls[0].function.name,
+        lambda c: c["choices"][0].delta["tool_calls"][0].function.name,
+        lambda c: c.get("choices")[0].get("delta").tool_calls[0]["function"].name,
+    ]
+    for read in readers:
+        chunk = Node(_decode(raw))
+        assert read(chunk) == "f"
+        assert chunk.choices is chunk["choices"]  # made once, kept
+        assert chunk.x_extra[0][0].k == 1 and chunk.missing is None
+        assert chunk == _decode(raw)  # still the same dict
+    with pytest.raises(AttributeError):
+        Node()._private  # noqa: B018
+
+
+async def test_a_raw_sse_body_in_pieces_with_crlf_and_no_final_blank_line() -> None:
+    """Over real HTTP: a server that writes its SSE body in small pieces with CRLF line ends,
+    a keep-alive and an unparsable event, and ends the body (closing the connection) right
+    after the last event's data line."""
+
+    def event(delta: str, finish: str = "null") -> bytes:
+        return b'data: {"id":"c1","model":"m","choices":[{"delta":%s,"finish_reason":%s}]}' % (
+            delta.encode(),
+            finish.encode(),
+        )
+
+    events = [
+        event('{"content":"Hel"}'),
+        b": ping",
+        b"data: {broken",
+        event('{"content":"lo"}'),
+        event("{}", '"stop"'),
+    ]
+    body = b"\r\n\r\n".join(events) + b"\r\n"
+    pieces = [body[i : i + 7] for i in range(0, len(body), 7)]
+
+    async def handle(client: anyio.abc.SocketStream) -> None:
+        async with client:
+            received = b""
+            while b"\r\n\r\n" not in received:
+                received += await client.receive()
+            head, _, rest = received.partition(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            while len(rest) < length:
+                rest += await client.receive()
+            await client.send(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+            )
+            for piece in pieces:
+                await client.send(piece)
+                await anyio.sleep(0.001)
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as group:
+        group.start_soon(listener.serve, handle)
+        llm = lk.LLM(
+            "openai/m", api_base=f"http://127.0.0.1:{port}/v1", api_key=SECRET, transport="openai"
+        )
+        stream = await llm.acompletion(messages=MESSAGES, stream=True)
+        async with stream:
+            texts = [chunk.choices[0].delta.content async for chunk in stream]
+        group.cancel_scope.cancel()
+    assert texts == ["Hel", "lo", None]
+    assert stream.partial_text == "Hello" and stream.finish_reason == "stop"
+    assert stream.outcome == "ok" and stream.skipped == 1

@@ -4,11 +4,12 @@ litellm spends about 0.5 ms of CPU per streamed chunk (building the OpenAI SDK's
 then its own), which caps one process near 1,750 chunks/s. For providers that speak the OpenAI
 chat-completions protocol (``Target(transport="openai")``), an attempt here is one HTTP request
 on a shared ``httpx.AsyncClient`` (per event loop, keep-alive pool): the JSON body out, and back
-either the response (a litellm ``ModelResponse``, as litellm returns) or the SSE events, each
-decoded once into a :class:`Node` (a ``dict`` with attribute access: ``chunk.choices[0].delta
-.content``, and what ``litellm.stream_chunk_builder`` reads). It runs natively on asyncio and
-trio (no bridge). Errors become the same typed :class:`~latencykit.ProviderError` s, classified
-from the status, the error's ``code``/``type`` and ``Retry-After``; keys are never shown.
+either the response (a litellm ``ModelResponse``, as litellm returns) or the SSE events, split
+from the body's bytes and each decoded once (msgspec, from bytes) into a :class:`Node` (a ``dict``
+with attribute access: ``chunk.choices[0].delta.content``, and what
+``litellm.stream_chunk_builder`` reads). It runs natively on asyncio and trio (no bridge).
+Errors become the same typed :class:`~latencykit.ProviderError` s, classified from the status,
+the error's ``code``/``type`` and ``Retry-After``; keys are never shown.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import contextlib
 import json
 import os
 import weakref
-from collections.abc import Awaitable, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import msgspec
 
 from .errors import ProviderUnavailable, StreamBroken, is_transient, provider_error, scrub
+from .stream import _NOTHING
 
 if TYPE_CHECKING:
     from .target import Target
@@ -49,29 +53,79 @@ _NOT_SENT = frozenset(
 _NOT_CONTENT: tuple[str | None, str | None] = (None, None)
 
 
+_dict_get = dict.get
+_dict_getitem = dict.__getitem__
+_dict_setitem = dict.__setitem__
+_ABSENT: Any = object()
+
+
+def _nodes_in(items: list[Any]) -> None:
+    """Turn the plain dicts in ``items`` (and in its nested lists) into :class:`Node` s, in
+    place."""
+    for i, item in enumerate(items):
+        kind = type(item)
+        if kind is dict:
+            items[i] = Node(item)
+        elif kind is list:
+            _nodes_in(item)
+
+
 class Node(dict[str, Any]):
     """A decoded JSON object with attribute access: ``node.choices`` is ``node["choices"]``.
 
     An absent field reads as ``None`` (as the OpenAI SDK's and litellm's optional fields do);
     private and special names are never looked up. Setting an attribute sets the key.
+
+    Nested objects are made :class:`Node` s when first read (by attribute, ``node[key]`` or
+    ``node.get(key)``, also inside lists), not when the chunk is decoded: a chunk nobody reads
+    costs no wrapping. ``dict`` views (``values()``, ``items()``) show them as stored.
     """
 
     __slots__ = ()
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
+        value = _dict_get(self, name, _ABSENT)
+        if value is _ABSENT:
             if name.startswith("_"):
-                raise AttributeError(name) from None
+                raise AttributeError(name)
             return None
+        kind = type(value)
+        if kind is dict:
+            value = Node(value)
+            _dict_setitem(self, name, value)
+        elif kind is list:
+            _nodes_in(value)
+        return value
 
     def __setattr__(self, name: str, value: Any) -> None:
         self[name] = value
 
+    def __getitem__(self, key: str) -> Any:
+        value = _dict_getitem(self, key)
+        kind = type(value)
+        if kind is dict:
+            value = Node(value)
+            _dict_setitem(self, key, value)
+        elif kind is list:
+            _nodes_in(value)
+        return value
 
-# One decoder, built once: ``json.loads(..., object_hook=...)`` builds one per call (1.3 us).
-_decode = json.JSONDecoder(object_hook=Node).decode
+    def get(self, key: str, default: Any = None) -> Any:
+        """``node[key]`` if present, else ``default`` (``None``)."""
+        value = _dict_get(self, key, _ABSENT)
+        if value is _ABSENT:
+            return default
+        kind = type(value)
+        if kind is dict:
+            value = Node(value)
+            _dict_setitem(self, key, value)
+        elif kind is list:
+            _nodes_in(value)
+        return value
+
+
+# One decoder, built once, reading the event's bytes (no str in between): plain dicts and lists.
+_decode = msgspec.json.Decoder().decode
 
 
 class _OpenAIChunkReader:
@@ -80,11 +134,21 @@ class _OpenAIChunkReader:
 
     requires_finish = True
 
+    # The nested objects are read as stored (plain dicts until the consumer reads them as
+    # Nodes): this runs on every chunk, before anyone else looks at it.
     def read(self, chunk: Node) -> tuple[str | None, str | None]:
-        choices = chunk.get("choices")
+        choices = _dict_get(chunk, "choices")
         if not choices:
             return _NOT_CONTENT
         choice = choices[0]
+        try:  # the common chunk, with subscripts (cheaper than get() calls)
+            text = choice["delta"]["content"]
+            finish = choice["finish_reason"]
+        except (KeyError, TypeError):
+            pass
+        else:
+            if text:
+                return text, finish
         delta = choice.get("delta")
         finish = choice.get("finish_reason")
         if delta is None:
@@ -101,8 +165,8 @@ class _OpenAIChunkReader:
         return text, finish
 
     def output_tokens(self, chunk: Node) -> int | None:
-        usage = chunk.get("usage")
-        tokens = None if usage is None else usage.get("completion_tokens")
+        usage = _dict_get(chunk, "usage")
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
         return tokens if isinstance(tokens, int) else None
 
 
@@ -218,18 +282,23 @@ async def complete(target: Target, timeout: float, kwargs: Mapping[str, Any]) ->
 class OpenAIChunks:
     """One streaming attempt on the fast lane, as an async iterator of :class:`Node` chunks.
 
-    Opened on the first ``__anext__``. Each SSE event is decoded once; keep-alive comments and
-    empty lines are skipped; an event that does not parse is skipped and counted
-    (:attr:`malformed`); an error event raises the provider's error; ``[DONE]`` (or the end of
-    the body) ends it. Like :class:`~latencykit._litellm.LitellmChunks`, its steps are exposed
-    to the :class:`~latencykit.Stream` reading it (``pull``, ``wrap_error``); a finish reason is
-    always the provider's own (no library makes one up for a cut connection).
+    Opened on the first ``__anext__``. The body is read as bytes and split into SSE events
+    here; each event is decoded once; keep-alive comments, other fields and empty events are
+    skipped; an event that does not parse is skipped and counted (:attr:`malformed`); an error
+    event raises the provider's error; ``[DONE]`` (then the rest of the body is read, so the
+    connection is reused) or the end of the body ends it. Like
+    :class:`~latencykit._litellm.LitellmChunks`, its steps are exposed to the
+    :class:`~latencykit.Stream` reading it (``pull``, ``read_nowait``, ``wrap_error``); a
+    finish reason is always the provider's own (no library makes one up for a cut connection).
     """
 
     chunk_reader = OPENAI_CHUNKS
     __slots__ = (
+        "_body",
         "_closed",
-        "_lines",
+        "_done",
+        "_events",
+        "_pending",
         "_request",
         "_response",
         "_run_soon",
@@ -243,7 +312,10 @@ class OpenAIChunks:
         self._target = target
         self._secrets = secrets
         self._response: httpx.Response | None = None
-        self._lines: Any = None
+        self._body: AsyncIterator[bytes] | None = None  # the body's bytes, once open
+        self._events: deque[bytes] = deque()  # the data of events received, not yet decoded
+        self._pending = b""  # the start of an event whose end has not arrived
+        self._done = False  # [DONE] seen
         self._closed = False
         self._run_soon: Any = None  # schedules a close on the stream's loop, from any thread
         self.malformed = 0
@@ -259,49 +331,104 @@ class OpenAIChunks:
         except Exception as exc:
             raise self.wrap_error(exc) from exc
 
+    def read_nowait(self) -> Any:
+        """The next chunk among the events already received, decoded and read as the
+        :class:`~latencykit.Stream` reads it: ``(chunk, text, finish_reason)`` (see
+        :data:`OPENAI_CHUNKS`); else the stream module's ``_NOTHING`` (then :meth:`pull`
+        reads on). Raises an error event's error."""
+        events = self._events
+        while events:
+            data = events.popleft()
+            try:
+                chunk = _decode(data)
+            except msgspec.DecodeError:
+                if data.lstrip() == b"[DONE]":
+                    events.clear()
+                    self._done = True
+                    return _NOTHING
+                self.malformed += 1
+                continue
+            if type(chunk) is not dict:
+                self.malformed += 1
+                continue
+            if (
+                "error" in chunk
+                and (error := chunk["error"]) is not None
+                and not chunk.get("choices")
+            ):
+                message = error.get("message") if isinstance(error, Mapping) else None
+                raise HTTPError(str(message or "error event"), None, Node(chunk), None)
+            node = Node(chunk)
+            # The common chunk (text), read here from the plain dicts: what
+            # OPENAI_CHUNKS.read would say, without its call.
+            try:
+                choice = chunk["choices"][0]
+                text = choice["delta"]["content"]
+                if text:
+                    return node, text, choice["finish_reason"]
+            except (KeyError, TypeError, IndexError):
+                pass
+            return (node, *OPENAI_CHUNKS.read(node))
+        return _NOTHING
+
     async def pull(self) -> Any:
         """The next chunk (errors unwrapped)."""
-        lines = self._lines
-        if lines is None:
-            lines = await self._open()
-        data: str | None = None
-        async for line in lines:
-            if line.startswith("data:"):
-                payload = line[5:].lstrip()
-                data = payload if data is None else f"{data}\n{payload}"
-                continue
-            if line or data is None:
-                continue  # another field, a comment (keep-alive), or a blank line
-            if data == "[DONE]":
-                async for _ in lines:  # read the body to its end: the connection is reused
+        while True:
+            if self._events:
+                read = self.read_nowait()
+                if read is not _NOTHING:
+                    return read[0]
+            body = self._body
+            if body is None:
+                body = await self._open()
+            if self._done:
+                async for _ in body:  # read the body to its end: the connection is reused
                     pass
                 raise StopAsyncIteration
-            chunk = self._event(data)
-            if chunk is not None:
-                return chunk
-            data = None
-        if data is not None and data != "[DONE]":  # the body ended without a blank line
-            chunk = self._event(data)
-            if chunk is not None:
-                return chunk
-        raise StopAsyncIteration
+            try:
+                data = await body.__anext__()
+            except StopAsyncIteration:
+                if not self._pending:
+                    raise
+                # The body ended without a blank line after its last event.
+                pending, self._pending = self._pending, b""
+                self._split(pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + b"\n\n")
+                continue
+            self._split(data)
 
-    def _event(self, data: str) -> Any:
-        try:
-            chunk = _decode(data)
-        except ValueError:
-            self.malformed += 1
-            return None
-        if not isinstance(chunk, Node):
-            self.malformed += 1
-            return None
-        error = chunk.get("error")
-        if error is not None and not chunk.get("choices"):
-            message = error.get("message") if isinstance(error, Mapping) else None
-            raise HTTPError(str(message or "error event"), None, chunk, None)
-        return chunk
+    def _split(self, data: bytes) -> None:
+        """Queue the data of the events completed by ``data``, the body's next bytes."""
+        if self._pending:
+            data = self._pending + data
+        keep = b""
+        if b"\r" in data:  # CR or CRLF line ends: made LF (a CR at the end may start a CRLF)
+            if data.endswith(b"\r"):
+                data, keep = data[:-1], b"\r"
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        end = data.rfind(b"\n\n")  # the events before it are complete
+        if end < 0:
+            self._pending = data + keep
+            return
+        self._pending = data[end + 2 :] + keep
+        if data.startswith(b"data: "):
+            # The common case: every event is one "data: " line. Then each newline before
+            # `end` is in a separator, and each separator is followed by "data: ".
+            events = data[6:end].split(b"\n\ndata: ")
+            if data.count(b"\n", 6, end) == 2 * (len(events) - 1):
+                self._events.extend(events)
+                return
+        for block in data[:end].split(b"\n\n"):
+            # Data lines are joined by LF; comments (keep-alives) and other fields are
+            # skipped; an empty line at the start is the end of no event.
+            found: bytes | None = None
+            for line in block.split(b"\n"):
+                if line.startswith(b"data:"):
+                    payload = line[5:].lstrip()
+                    found = payload if found is None else found + b"\n" + payload
+            if found is not None:
+                self._events.append(found)
 
-    async def _open(self) -> Any:
+    async def _open(self) -> AsyncIterator[bytes]:
         if self._closed:
             raise StopAsyncIteration
         self._run_soon = _run_soon()
@@ -312,8 +439,8 @@ class OpenAIChunks:
             finally:
                 await response.aclose()
             raise _error_of(response, raw, self._target.api_key)
-        self._lines = response.aiter_lines()
-        return self._lines
+        body = self._body = response.aiter_bytes()
+        return body
 
     def wrap_error(self, error: Exception) -> Exception:
         """What ``error``, raised by :meth:`pull`, means to latencykit (keys scrubbed). Once the
@@ -323,7 +450,7 @@ class OpenAIChunks:
         if isinstance(error, StreamBroken):
             return error
         wrapped = provider_error(error, target=self._target.key, secrets=self._secrets)
-        if self._lines is None:
+        if self._body is None:
             return wrapped  # no answer yet: as any failed request
         if isinstance(error, httpx.TransportError):
             return StreamBroken(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import warnings
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -147,13 +148,13 @@ class Stream(_ClosedOnExit, Generic[T]):
         "_first_item",
         "_gaps",
         "_last_at",
-        "_limit",
         "_live",
         "_now",
         "_nowait",
         "_pieces",
         "_pull_next",
         "_read",
+        "_read_nowait",
         "_reader",
         "_scope",
         "_source",
@@ -195,7 +196,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         self._use(source)
         self._reader = reader
         self._read = reader.read
-        self._now = loop_clock()
+        self._now = _clock()
         self._scope = loop.scope
         self._watchdog_of = loop.watchdog
         self._watchdog: Watchdog | None = None
@@ -218,8 +219,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         self._first_at: float | None = None
         self._first_item: Any = None  # what summary() reads the model and id from
         self._usage_item: Any = None  # and the token counts
-        self._limit = deadline  # the next wait's limit after commit
-        self._moved(self._started)
+        self._last_at = self._started  # the last content chunk (or the start, or a resume)
         self._gaps: list[float] = []
         self._pieces: list[str] = []
         self.chunks = 0
@@ -250,6 +250,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         )
         self._check_finish: Callable[[T], None] | None = getattr(source, "check_finish", None)
         self._nowait: Callable[[], Any] | None = getattr(source, "receive_nowait", None)
+        self._read_nowait: Callable[[], Any] | None = getattr(source, "read_nowait", None)
 
     def _wrapped(self, error: Exception) -> Exception:
         wrap = self._wrap_error
@@ -434,10 +435,14 @@ class Stream(_ClosedOnExit, Generic[T]):
     async def _pull(self, limit: float) -> T:
         """The source's next item, waiting until ``limit`` at most (``_Expired`` after)."""
         nowait = self._nowait
-        if nowait is not None:  # a bridged source: take what is buffered without a timer
+        if nowait is not None:  # take what the source has buffered without a timer
             item = nowait()
             if item is not _NOTHING:
                 return item  # type: ignore[no-any-return]
+        return await self._wait(limit)
+
+    async def _wait(self, limit: float) -> T:
+        """Wait for the source's next item until ``limit`` at most (``_Expired`` after)."""
         if limit == math.inf:
             return await self._pull_next()
         watchdog = self._watchdog
@@ -475,14 +480,19 @@ class Stream(_ClosedOnExit, Generic[T]):
         return True
 
     def _moved(self, now: float) -> None:
-        """Content arrived (or a continuation started) at ``now``: the next wait's limit is
-        the stall limit from now, or the deadline if that is earlier."""
+        """Content arrived (or a continuation started) at ``now``: the stall limit counts
+        from there."""
         self._last_at = now
+
+    def _limit(self) -> float:
+        """The next wait's limit after commit: the stall limit from the last content chunk,
+        or the deadline if that is earlier. Computed when a wait needs it, not per chunk."""
         stall = self.stall
-        if stall is not None and now + stall < self._deadline:
-            self._limit = now + stall
-        else:
-            self._limit = self._deadline
+        if stall is not None:
+            limit = self._last_at + stall
+            if limit < self._deadline:
+                return limit
+        return self._deadline
 
     async def commit(self, *, within_deadline: bool = False) -> None:
         """Read until the first content chunk (kept for the consumer) or the end of the stream.
@@ -561,23 +571,31 @@ class Stream(_ClosedOnExit, Generic[T]):
                 raise StopAsyncIteration
             await self.commit(within_deadline=True)  # a lazily started stream (guard_stream)
             return await self.__anext__()
-        limit = self._limit
-        watchdog = self._watchdog
+        read_nowait = self._read_nowait
         try:
-            if watchdog is not None:
-                # asyncio: the per-stream timer around the source's own awaitable, without a
-                # coroutine frame of ours (Watchdog.wait, unrolled).
-                task = watchdog.arm(limit)
-                try:
-                    item = await self._pull_next()
-                except BaseException as exc:
-                    watchdog.raised(task, exc)
-                    raise
-                watchdog.returned(task)
-            elif limit == math.inf and self._nowait is None:
-                item = await self._pull_next()
-            else:
-                item = await self._pull(limit)
+            # An item the source already holds (the rest of a network read, a bridge's
+            # buffer) is taken without a timer or an await: it has arrived.
+            read = _NOTHING if read_nowait is None else read_nowait()
+            if read is _NOTHING:
+                nowait = self._nowait
+                item = _NOTHING if nowait is None else nowait()
+                if item is _NOTHING:
+                    limit = self._limit()
+                    watchdog = self._watchdog
+                    if watchdog is not None:
+                        # asyncio: the per-stream timer around the source's own awaitable,
+                        # without a coroutine frame of ours (Watchdog.wait, unrolled).
+                        task = watchdog.arm(limit)
+                        try:
+                            item = await self._pull_next()
+                        except BaseException as exc:
+                            watchdog.raised(task, exc)
+                            raise
+                        watchdog.returned(task)
+                    elif limit == math.inf:
+                        item = await self._pull_next()
+                    else:
+                        item = await self._wait(limit)
         except StopAsyncIteration:
             try:
                 self._check_complete()
@@ -594,20 +612,23 @@ class Stream(_ClosedOnExit, Generic[T]):
         except BaseException as exc:
             await self._end("cancelled", exc)
             raise
-        text, finish = self._read(item)
+        if read is _NOTHING:
+            text, finish = self._read(item)
+        else:
+            item, text, finish = read
         if text and finish is None and self._first_at is not None:
-            # The common chunk (text, no finish): _observe's work, inline.
+            # The common chunk (text, no finish, after the first): _observe's work, inline.
             now = self._now()
             self._gaps.append(now - self._last_at)
+            self._last_at = now
             self.chunks += 1
             self._pieces.append(text)
-            self._moved(now)
-            return item
+            return item  # type: ignore[no-any-return]
         try:
             self._observe(item, text, finish)
         except Exception as exc:  # a finish the provider never sent
             return await self._broken(exc)
-        return item
+        return item  # type: ignore[no-any-return]
 
     def _expired_error(self) -> Exception:
         from .errors import DeadlineExceeded, StreamStalled
@@ -684,6 +705,17 @@ def _attach_partial(error: BaseException, stream: Stream[Any]) -> None:
             setattr(error, name, value)
         except AttributeError:  # an exception type with __slots__
             return
+
+
+def _clock() -> Callable[[], float]:
+    """The running loop's clock (:func:`~latencykit._cancel.loop_clock`), read per chunk: on
+    trio, the run's clock object's own method (``trio.current_time()`` reaches it through
+    three Python calls; the same reading)."""
+    now = loop_clock()
+    trio = sys.modules.get("trio")
+    if trio is not None and now is trio.current_time:
+        return trio.lowlevel.current_clock().current_time  # type: ignore[no-any-return]
+    return now
 
 
 class _NothingType:

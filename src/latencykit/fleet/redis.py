@@ -287,7 +287,8 @@ class RedisStore:
             interval after its failure rate crosses the threshold, and every process learns
             it within one more.
         timeout: longest wait for the server, in seconds, for a call that needs it (a probe
-            permit, a quota) and for each refresh (default ``0.1``).
+            permit, a quota) (default ``0.1``). A refresh, which no call waits for, may take
+            up to ``max(timeout, stale_after / 2)`` before it counts as an outage.
         stale_after: seconds after the last successful refresh from which the view is no
             longer used and policies fall back to process-local state (default ``None``:
             ``max(1.0, 5 * interval)``).
@@ -447,6 +448,9 @@ class RedisStore:
             socket_connect_timeout=self.timeout,
             retry=Retry(NoBackoff(), 0),  # this task retries, on its own schedule
         )
+        # No call waits for a refresh: it may take longer than a call's round trip (a busy
+        # process, a big batch) before it counts as an outage, within the staleness bound.
+        refresh_timeout = max(self.timeout, self.stale_after / 2)
         listener = asyncio.ensure_future(self._listen())
         delay = 0.0
         try:
@@ -457,7 +461,7 @@ class RedisStore:
                 self._wake.clear()
                 closing = self._closed
                 try:
-                    await asyncio.wait_for(self._refresh(), self.timeout)
+                    await asyncio.wait_for(self._refresh(), refresh_timeout)
                 except Exception as exc:  # never let the store fail the app
                     self._failed(exc)
                     delay = min(_MAX_BACKOFF, max(self.interval, 2 * delay))
