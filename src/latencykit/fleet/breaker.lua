@@ -78,6 +78,7 @@ end
 
 local function add_calls(codes)
   if count_window then
+    if #codes > size then codes = string.sub(codes, -size) end -- only the last `size` stay
     for i = 1, #codes do
       local code = tonumber(string.sub(codes, i, i))
       redis.call('LPUSH', KEYS[2], code)

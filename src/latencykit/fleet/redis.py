@@ -149,8 +149,9 @@ class _Budget:
     """One budget's state in a :class:`RedisStore` (a :class:`~latencykit.fleet.SharedBudget`).
 
     The process spends tokens it leased from the fleet at the last refresh, and leases twice
-    what it spent in the last interval (at least one, at most ``_MAX_LEASE``), giving back the
-    rest: no call waits for Redis, and an idle process holds one token.
+    what it asked for in the last interval, refusals included (at least one, at most
+    ``_MAX_LEASE``), giving back the rest: no call waits for Redis, and an idle process holds
+    one token.
     """
 
     __slots__ = (
@@ -288,7 +289,7 @@ class RedisStore:
             it within one more.
         timeout: longest wait for the server, in seconds, for a call that needs it (a probe
             permit, a quota) (default ``0.1``). A refresh, which no call waits for, may take
-            up to ``max(timeout, stale_after / 2)`` before it counts as an outage.
+            up to ``stale_after`` before it counts as an outage.
         stale_after: seconds after the last successful refresh from which the view is no
             longer used and policies fall back to process-local state (default ``None``:
             ``max(1.0, 5 * interval)``).
@@ -365,6 +366,7 @@ class RedisStore:
             with self._lock:
                 found = self._breakers.setdefault(key, _Breaker(self, key, options))
             self._start()
+            self._wake_soon()  # its first view within a round trip, not an interval
         return found
 
     def budget(self, key: str, *, ratio: float, ttl: float, reserve: float) -> _Budget:
@@ -376,6 +378,7 @@ class RedisStore:
                     key, _Budget(self, key, ratio=ratio, ttl=ttl, reserve=reserve)
                 )
             self._start()
+            self._wake_soon()
         return found
 
     def latency(self, key: str, *, window: float) -> _Latency:
@@ -444,13 +447,14 @@ class RedisStore:
         self._wake = asyncio.Event()
         self._client = redis.asyncio.Redis.from_url(
             self.url,
-            socket_timeout=self.timeout,
+            # The refresh's bound; calls' round trips have their own (wait_for, timeout).
+            socket_timeout=max(self.timeout, self.stale_after),
             socket_connect_timeout=self.timeout,
             retry=Retry(NoBackoff(), 0),  # this task retries, on its own schedule
         )
         # No call waits for a refresh: it may take longer than a call's round trip (a busy
         # process, a big batch) before it counts as an outage, within the staleness bound.
-        refresh_timeout = max(self.timeout, self.stale_after / 2)
+        refresh_timeout = max(self.timeout, self.stale_after)
         listener = asyncio.ensure_future(self._listen())
         delay = 0.0
         try:
