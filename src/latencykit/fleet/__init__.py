@@ -60,8 +60,9 @@ class BreakerView(NamedTuple):
             :class:`~latencykit.policies.breaker.BreakerState` value).
         epoch: counts the fleet breaker's state changes; an outcome is counted only in the
             epoch its permit was taken in.
-        until: ``time.monotonic()`` at which an ``"open"`` state ends (the fleet then hands
-            out probe permits); ``0.0`` in the other states.
+        opens_in: seconds, from when the view was read, until an ``"open"`` state ends (the
+            fleet then hands out probe permits); ``0.0`` when it is over and in the other
+            states. (The store keeps time on its own clock; a policy never reads it.)
         free_probes: probe permits left while ``"half_open"``.
         calls: calls in the fleet's window.
         failures: failed calls among them.
@@ -70,7 +71,7 @@ class BreakerView(NamedTuple):
 
     state: str
     epoch: int
-    until: float
+    opens_in: float
     free_probes: int
     calls: int
     failures: int

@@ -56,7 +56,16 @@ class _Breaker:
     """One breaker's state in a :class:`RedisStore` (a
     :class:`~latencykit.fleet.SharedBreaker`)."""
 
-    __slots__ = ("_args", "_fresh_until", "_keys", "_ops", "_outcomes", "_store", "_view")
+    __slots__ = (
+        "_args",
+        "_fresh_until",
+        "_keys",
+        "_ops",
+        "_outcomes",
+        "_store",
+        "_until",
+        "_view",
+    )
 
     def __init__(self, store: RedisStore, key: str, options: BreakerOptions) -> None:
         self._store = store
@@ -80,11 +89,18 @@ class _Breaker:
         self._outcomes: deque[tuple[int, int]] = deque(maxlen=_MAX_QUEUED)
         self._ops: deque[tuple[str, int, str]] = deque()
         self._view: BreakerView | None = None
+        self._until = 0.0  # time.monotonic() at which an open state ends
         self._fresh_until = 0.0
 
     def view(self) -> BreakerView | None:
         """See :meth:`~latencykit.fleet.SharedBreaker.view`."""
-        return self._view if time.monotonic() <= self._fresh_until else None
+        now = time.monotonic()
+        view = self._view
+        if now > self._fresh_until or view is None:
+            return None
+        if view.state == "open":  # rare: the time left, as of now
+            return view._replace(opens_in=max(0.0, self._until - now))
+        return view
 
     def outcome(self, epoch: int, code: int) -> None:
         """See :meth:`~latencykit.fleet.SharedBreaker.outcome`."""
@@ -132,10 +148,11 @@ class _Breaker:
         if state not in _STATES or not all(type(n) is int for n in numbers):
             raise _Garbage("breaker script returned an unknown state or a non-integer")
         epoch, remaining, free, calls, failures, slow, _ = numbers
+        self._until = now + remaining / 1000
         view = BreakerView(
             state=state,
             epoch=epoch,
-            until=now + remaining / 1000 if state == "open" else 0.0,
+            opens_in=remaining / 1000 if state == "open" else 0.0,
             free_probes=free,
             calls=calls,
             failures=failures,

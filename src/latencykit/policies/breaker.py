@@ -31,7 +31,6 @@ import enum
 import functools
 import math
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -603,8 +602,8 @@ class Breaker(PolicyDecorator):
             event = None
             if snap.state is not to:
                 event = self._move(snap, to, self.clock())
-            if to is _OPEN:
-                snap.open_for = max(0.0, view.until - time.monotonic())
+            if to is _OPEN:  # open for what the fleet has left, from now
+                snap.since, snap.open_for = self.clock(), view.opens_in
             self.store.put(self.key, snap)
             self._mirrored = view.epoch
         self._emit(event)
@@ -692,7 +691,7 @@ class Breaker(PolicyDecorator):
             if state == "closed":
                 return True
             if state == "open":
-                return view.until <= time.monotonic()  # the fleet would hand out probes
+                return view.opens_in <= 0.0  # the fleet would hand out probes
             return state == "half_open" and view.free_probes > 0
         with self._lock:
             snap = self._load()
@@ -716,8 +715,8 @@ class Breaker(PolicyDecorator):
             return BreakerPermit(self._period(), False, view.epoch)
         if state == "forced_open":
             return self._refused(_FORCED_OPEN, None)
-        if state == "open" and (wait := view.until - time.monotonic()) > 0:
-            return self._refused(_OPEN, wait)
+        if state == "open" and view.opens_in > 0:
+            return self._refused(_OPEN, view.opens_in)
         return handle  # half-open, or open and over: only the fleet hands out probes
 
     def _refused(self, state: BreakerState, wait: float | None) -> CircuitOpen:
