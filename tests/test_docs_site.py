@@ -1,5 +1,6 @@
-"""The documentation site: it builds with ``mkdocs build --strict``, its defaults tables come
-from the code, and the cookbook's python blocks run, offline, like those of tests/test_docs.py.
+"""The documentation site: it builds with ``mkdocs build --strict`` and its defaults tables
+come from the code. (tests/test_docs.py runs the python blocks of every page, the cookbook's
+included.)
 
 The site needs the ``docs`` extra (``make docs`` installs it). Without mkdocs the build test is
 skipped, except under ``CI=true``, where a missing tool must fail rather than pass unseen.
@@ -17,20 +18,9 @@ from types import ModuleType
 
 import pytest
 
-import latencykit as lk
-from latencykit.testing import FakeProvider
-from test_docs import PYTHON, ROOT, Block, read_blocks, run_program
-from test_docs import provider as provider  # the shared fake provider fixture
+from test_docs import ROOT
 
 HOOK = ROOT / "docs" / "hooks" / "defaults.py"
-# Pages in folders under docs/ (the cookbook), which tests/test_docs.py (docs/*.md) does not run.
-RUN_THERE = {block.id for block in PYTHON}
-NESTED = [
-    block
-    for path in sorted((ROOT / "docs").glob("*/**/*.md"))
-    for block in read_blocks(path)
-    if block.lang == "python" and block.id not in RUN_THERE
-]
 
 
 def load_hook() -> ModuleType:
@@ -121,22 +111,3 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     assert "<!-- defaults" not in breaker and "minimum_calls" in breaker
     assert (site / "reference" / "llm" / "index.html").is_file()
     assert "Unreleased" in (site / "changelog" / "index.html").read_text(encoding="utf-8")
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("block", NESTED, ids=lambda block: block.id)
-def test_nested_page_block_runs(
-    block: Block, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The cookbook's blocks, run exactly as tests/test_docs.py runs those of docs/*.md."""
-    if block.marker and block.marker.startswith("skip: "):
-        pytest.skip(block.marker)
-    monkeypatch.setenv("OPENAI_BASE_URL", provider.base_url)
-    monkeypatch.setenv("OPENAI_API_KEY", "fake-key")
-    monkeypatch.setenv("ANTHROPIC_BASE_URL", provider.base_url)
-    monkeypatch.setenv("ANTHROPIC_API_KEY", "fake-key")
-    lk.policies.breaker.reset_breakers()
-    try:
-        run_program(block)
-    finally:
-        lk.policies.breaker.reset_breakers()
