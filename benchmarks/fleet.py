@@ -55,7 +55,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-from overhead import _ci, _load, _version, bootstrap_ci, percentile, verdict
+from overhead import _load, _version, percentile, print_overheads, verdict
 
 import latencykit as lk
 from latencykit.testing import RedisServer
@@ -115,22 +115,7 @@ async def overhead(url: str, rounds: int, batch: int, seed: int) -> dict[str, li
 def report(times: dict[str, list[float]], seed: int) -> float:
     base = times["in memory"]
     print(f"\n1. per call, {len(base)} rounds (baseline median {statistics.median(base):.2f} us)")
-    print(f"  {'variant':<18} {'overhead us':>12} {'95% CI':>16} {'p99':>8}")
-    result = 0.0
-    for name, values in times.items():
-        if name == "in memory":
-            continue
-        diffs = [v - b for v, b in zip(values, base, strict=True)]
-        median = statistics.median(diffs)
-
-        def median_of(indices: Sequence[int], d: list[float] = diffs) -> float:
-            return statistics.median([d[i] for i in indices])
-
-        ci = bootstrap_ci(len(diffs), median_of, seed)
-        print(f"  {name:<18} {median:>12.2f} {_ci(ci, '.2f'):>16} {percentile(diffs, 99):>8.2f}")
-        if name == "RedisStore":
-            result = median
-    return result
+    return print_overheads(times, "in memory", seed, width=18)["RedisStore"]
 
 
 async def time_to_open(url: str, trials: int, interval: float) -> list[float]:

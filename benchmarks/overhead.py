@@ -683,6 +683,30 @@ def _ci(ci: tuple[float, float] | None, fmt: str) -> str:
     return "" if ci is None else f"[{ci[0]:{fmt}}, {ci[1]:{fmt}}]"
 
 
+def print_overheads(
+    times: Mapping[str, Sequence[float]], baseline: str, seed: int, *, width: int = 24
+) -> dict[str, float]:
+    """Print each variant's per-round overhead over ``baseline`` (median [95 % bootstrap
+    interval], p99), measured side by side; return the medians by variant."""
+    base = times[baseline]
+    print(f"  {'variant':<{width}} {'overhead us':>12} {'95% CI':>16} {'p99':>8}")
+    medians: dict[str, float] = {}
+    for name, values in times.items():
+        if name == baseline:
+            continue
+        diffs = [v - b for v, b in zip(values, base, strict=True)]
+        median = medians[name] = statistics.median(diffs)
+
+        def median_of(indices: Sequence[int], d: list[float] = diffs) -> float:
+            return statistics.median([d[i] for i in indices])
+
+        ci = bootstrap_ci(len(diffs), median_of, seed)
+        print(
+            f"  {name:<{width}} {median:>12.2f} {_ci(ci, '.2f'):>16} {percentile(diffs, 99):>8.2f}"
+        )
+    return medians
+
+
 def targets(
     policies: Sequence[PolicyResult], llms: Sequence[LLMResult], imports: ImportResult
 ) -> list[dict[str, Any]]:

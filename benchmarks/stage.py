@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 import anyio.lowlevel
-from overhead import _ci, _load, _version, bootstrap_ci, percentile, verdict
+from overhead import _load, _version, print_overheads, verdict
 
 import latencykit as lk
 
@@ -133,22 +133,7 @@ def report(backend: str, times: dict[str, list[float]], seed: int) -> float:
     print(
         f"\n{backend}: per block, {len(base)} rounds (bare median {statistics.median(base):.2f} us)"
     )
-    print(f"  {'variant':<24} {'overhead us':>12} {'95% CI':>16} {'p99':>8}")
-    result = 0.0
-    for name, values in times.items():
-        if name == "bare":
-            continue
-        diffs = [v - b for v, b in zip(values, base, strict=True)]
-        median = statistics.median(diffs)
-
-        def median_of(indices: Sequence[int], d: list[float] = diffs) -> float:
-            return statistics.median([d[i] for i in indices])
-
-        ci = bootstrap_ci(len(diffs), median_of, seed)
-        print(f"  {name:<24} {median:>12.2f} {_ci(ci, '.2f'):>16} {percentile(diffs, 99):>8.2f}")
-        if name == "lk.stage":
-            result = median
-    return result
+    return print_overheads(times, "bare", seed)["lk.stage"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
