@@ -2,20 +2,25 @@
 
 Run it from the repository root::
 
-    .venv/bin/python benchmarks/fast_lane_throughput.py            # about three minutes
+    .venv/bin/python benchmarks/fast_lane_throughput.py            # about five minutes
     .venv/bin/python benchmarks/fast_lane_throughput.py --quick    # smoke run, under 30 seconds
 
 A minimal OpenAI-compatible server runs in a child process (so that its work does not share this
 process's CPU or GIL): a streaming request gets 1,000 one-word chunks back to back (the whole
 SSE body written at once; different words, as litellm fails a stream that repeats one chunk),
-a non-streaming one a short completion. Then, in this process, on
-asyncio:
+a non-streaming one a short completion. The chunks are sent two ways: each SSE event in an HTTP
+chunk of its own, as servers stream (each event is flushed as it is made), and all of them in
+one HTTP chunk ("coalesced"), where a client's work is its parsing alone. Then, in this process,
+on asyncio:
 
-1. **chunks/s** with 1, 10 and 50 concurrent streams (each of 1,000 chunks), for
+1. **chunks/s** with 1, 10 and 50 concurrent streams (each of 1,000 chunks; each of the
+   concurrent workers streams one answer after another for 0.5 s, 0.1 s with ``--quick``), for
    ``litellm.acompletion(stream=True)``, the openai SDK's ``AsyncOpenAI``, ``lk.LLM(...,
    transport="openai")`` (the fast lane, every policy's machinery included: a deadline, the
    stream guard, the statistics recorder) and raw httpx reading the SSE lines without parsing
-   them (the ceiling); the variants take turns, ``--rounds`` times, and the median is reported;
+   them (the ceiling); every client but the ceiling reads each chunk's text
+   (``chunk.choices[0].delta.content``), as a consumer does; the variants take turns,
+   three times (once with ``--quick``), and the median is reported;
 2. **client CPU per non-streaming call** (``time.process_time`` over ``--calls`` calls, the
    server's CPU excluded), litellm against the fast lane;
 3. **inter-chunk gap p99** of 50 concurrent streams sending 60 chunks/s each (the server paces
@@ -61,8 +66,8 @@ def chunk(i, content, finish=None):
                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
 # Different words: litellm fails a stream that repeats one chunk many times.
-BURST = b"".join(chunk(i, f" w{i}") for i in range(CHUNKS))
-BURST += chunk(CHUNKS, None, "stop") + b"data: [DONE]\n\n"
+EVENTS = [chunk(i, f" w{i}") for i in range(CHUNKS)]
+EVENTS += [chunk(CHUNKS, None, "stop"), b"data: [DONE]\n\n"]
 COMPLETION = json.dumps({"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris."},
                  "finish_reason": "stop"}],
@@ -103,7 +108,10 @@ async def handle(reader, writer):
                     await asyncio.sleep(1 / 60)
                 writer.write(piece(chunk(60, None, "stop") + b"data: [DONE]\n\n") + b"0\r\n\r\n")
             else:
-                writer.write(head() + piece(BURST) + b"0\r\n\r\n")
+                if body["model"].endswith("coalesced"):  # the whole body in one HTTP chunk
+                    writer.write(head() + piece(b"".join(EVENTS)) + b"0\r\n\r\n")
+                else:  # an HTTP chunk per event
+                    writer.write(head() + b"".join(map(piece, EVENTS)) + b"0\r\n\r\n")
             await writer.drain()
     except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
         pass  # the client went, or the server is stopping
@@ -125,6 +133,12 @@ KEY = "sk-bench-not-a-real-key"
 Streamer = Callable[[str], Awaitable[int]]
 
 
+def read(chunk: Any) -> Any:
+    """What a consumer reads of every chunk: its text (as every client but the ceiling does)."""
+    choices = chunk.choices
+    return choices[0].delta.content if choices else None
+
+
 def clients(base: str) -> dict[str, Callable[[str], Awaitable[int]]]:
     """Each client's "stream one answer to model ``m``, return the chunks read"."""
     import httpx
@@ -143,8 +157,9 @@ def clients(base: str) -> dict[str, Callable[[str], Awaitable[int]]]:
             model=f"openai/{model}", api_base=base, api_key=KEY, messages=MESSAGES, stream=True
         )
         n = 0
-        async for _ in stream:
+        async for chunk in stream:
             n += 1
+            read(chunk)
         return n
 
     async def via_sdk(model: str) -> int:
@@ -154,16 +169,18 @@ def clients(base: str) -> dict[str, Callable[[str], Awaitable[int]]]:
             stream=True,
         )
         n = 0
-        async for _ in stream:
+        async for chunk in stream:
             n += 1
+            read(chunk)
         return n
 
     async def via_fast_lane(model: str) -> int:
         stream = await fast.acompletion(model=f"openai/{model}", messages=MESSAGES, stream=True)
         n = 0
         async with stream:
-            async for _ in stream:
+            async for chunk in stream:
                 n += 1
+                read(chunk)
         return n
 
     async def via_httpx(model: str) -> int:
@@ -183,16 +200,19 @@ def clients(base: str) -> dict[str, Callable[[str], Awaitable[int]]]:
     }
 
 
-async def throughput(stream: Streamer, concurrency: int) -> float:
-    """Chunks per second with ``concurrency`` streams at once."""
+async def throughput(stream: Streamer, concurrency: int, model: str, window: float) -> float:
+    """Chunks per second with ``concurrency`` streams at once, each worker streaming answers
+    of ``model`` one after another until ``window`` seconds have passed (a steady rate, not
+    the first milliseconds after another client ran)."""
     total = 0
+    started = time.perf_counter()
 
     async def one() -> None:
         nonlocal total
-        chunks = await stream("m")  # not `total += await ...`: that reads total before awaiting
-        total += chunks
+        while time.perf_counter() - started < window:
+            chunks = await stream(model)  # not `total += await ...`: reads total before
+            total += chunks
 
-    started = time.perf_counter()
     async with anyio.create_task_group() as group:
         for _ in range(concurrency):
             group.start_soon(one)
@@ -283,7 +303,7 @@ async def gaps(stream_of: Callable[[], Awaitable[Any]], streams: int) -> float:
     return percentile(seen, 99) * 1000
 
 
-async def on_trio(base: str, rounds: int) -> None:
+async def on_trio(base: str, rounds: int, window: float) -> None:
     """4. chunks/s on trio: ``lk.LLM`` through litellm (which runs on an asyncio loop in a
     thread, the chunks handed over by the bridge), on the fast lane (native), and raw httpx."""
     import httpx
@@ -294,11 +314,12 @@ async def on_trio(base: str, rounds: int) -> None:
 
     def via(llm: lk.LLM) -> Streamer:
         async def stream(model: str) -> int:
-            answer = await llm.acompletion(messages=MESSAGES, stream=True)
+            answer = await llm.acompletion(model=f"openai/{model}", messages=MESSAGES, stream=True)
             n = 0
             async with answer:
-                async for _ in answer:
+                async for chunk in answer:
                     n += 1
+                    read(chunk)
             return n
 
         return stream
@@ -318,13 +339,22 @@ async def on_trio(base: str, rounds: int) -> None:
     }
     for stream in variants.values():
         await stream("m")
-    print("\n4. on trio: chunks/s per process, 10 streams at once (median of rounds)")
-    for name, stream in variants.items():
-        rate = statistics.median([await throughput(stream, 10) for _ in range(rounds)])
-        print(f"   {name:<34} {rate:>10,.0f}  ({1e6 / rate:.1f} us per chunk)")
+    for regime, model in REGIMES:
+        print(f"\n4. on trio: chunks/s per process, 10 streams at once, {regime}")
+        for name, stream in variants.items():
+            rate = statistics.median(
+                [await throughput(stream, 10, model, window) for _ in range(rounds)]
+            )
+            print(f"   {name:<34} {rate:>10,.0f}  ({1e6 / rate:.1f} us per chunk)")
 
 
-async def main(quick: bool, rounds: int, calls: int) -> None:
+REGIMES = (
+    ("an HTTP chunk per event (as servers stream)", "m"),
+    ("all events in one HTTP chunk (coalesced: parsing only)", "m-coalesced"),
+)
+
+
+async def main(quick: bool, rounds: int, calls: int, window: float) -> None:
     import litellm
 
     litellm.suppress_debug_info = True
@@ -333,28 +363,29 @@ async def main(quick: bool, rounds: int, calls: int) -> None:
         for stream in variants.values():  # warm up every client and its connections
             await stream("m")
         levels = (1, 10) if quick else (1, 10, 50)
-        print("\n1. chunks/s per process (median of rounds; 1,000 chunks per stream)")
-        print(f"   {'client':<30}" + "".join(f"{f'{c} stream(s)':>16}" for c in levels))
-        measured: dict[str, dict[int, float]] = {name: {} for name in variants}
-        for level in levels:
-            samples: dict[str, list[float]] = {name: [] for name in variants}
-            for _ in range(rounds):
-                for name, stream in variants.items():
-                    samples[name].append(await throughput(stream, level))
+        for number, (regime, model) in enumerate(REGIMES):
+            print(f"\n1{'ab'[number]}. chunks/s per process, {regime} (median of rounds)")
+            print(f"   {'client':<30}" + "".join(f"{f'{c} stream(s)':>16}" for c in levels))
+            measured: dict[str, dict[int, float]] = {name: {} for name in variants}
+            for level in levels:
+                samples: dict[str, list[float]] = {name: [] for name in variants}
+                for _ in range(rounds):
+                    for name, stream in variants.items():
+                        samples[name].append(await throughput(stream, level, model, window))
+                for name in variants:
+                    measured[name][level] = statistics.median(samples[name])
             for name in variants:
-                measured[name][level] = statistics.median(samples[name])
-        for name in variants:
-            print(f"   {name:<30}" + "".join(f"{measured[name][c]:>16,.0f}" for c in levels))
-        lite = measured["litellm"]
-        lane = measured["latencykit fast lane"]
-        ceiling = measured["httpx, lines only (ceiling)"]
-        for level in levels:
-            ratio, of_ceiling = lane[level] / lite[level], ceiling[level] / lane[level]
-            print(
-                f"   {level} stream(s): fast lane {ratio:.1f}x litellm "
-                f"{verdict(ratio >= 10)}; the ceiling is {of_ceiling:.2f}x the fast lane "
-                f"{verdict(of_ceiling <= 2)}"
-            )
+                print(f"   {name:<30}" + "".join(f"{measured[name][c]:>16,.0f}" for c in levels))
+            lite = measured["litellm"]
+            lane = measured["latencykit fast lane"]
+            ceiling = measured["httpx, lines only (ceiling)"]
+            for level in levels:
+                ratio, of_ceiling = lane[level] / lite[level], ceiling[level] / lane[level]
+                print(
+                    f"   {level} stream(s): fast lane {ratio:.1f}x litellm "
+                    f"{verdict(ratio >= 10)}; the ceiling is {of_ceiling:.2f}x the fast lane "
+                    f"{verdict(of_ceiling <= 2)}"
+                )
 
         print("\n2. client CPU per non-streaming call (each client in a process of its own, x3)")
         cpu = cpu_per_call(base, calls)
@@ -389,12 +420,12 @@ if __name__ == "__main__":
         name, base, count = args.cpu_of
         print(anyio.run(cpu_of, name, base, int(count)))
         raise SystemExit(0)
-    rounds, calls = (1, 50) if args.quick else (3, 300)
+    rounds, calls, window = (1, 50, 0.1) if args.quick else (3, 300, 0.5)
     print(
         f"latencykit {lk.__version__}, litellm {_version('litellm')}, openai "
         f"{_version('openai')}, httpx {_version('httpx')}, python {sys.version.split()[0]}, "
         f"load {_load()}"
     )
-    anyio.run(main, args.quick, rounds, calls)
+    anyio.run(main, args.quick, rounds, calls, window)
     with provider_process(SERVER) as base:
-        anyio.run(on_trio, base, rounds, backend="trio")
+        anyio.run(on_trio, base, rounds, window, backend="trio")

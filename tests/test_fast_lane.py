@@ -3,16 +3,18 @@ is tested by the fault matrix (tests/test_faults.py, tests/test_stream.py run on
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
 import anyio.abc
 import litellm
+import msgspec
 import pytest
 
 import latencykit as lk
-from latencykit._openai import Node
+from latencykit._openai_chunks import Chunk, Node
 from latencykit.testing import Behavior, FakeProvider, Fault, RequestInfo
 
 pytestmark = pytest.mark.anyio
@@ -62,8 +64,8 @@ async def test_chunks_read_like_litellms_and_build_a_response(fake: FakeProvider
     )
     async with stream:
         chunks = [chunk async for chunk in stream]
-    first = chunks[0]
-    assert isinstance(first, Node) and first.choices[0].delta.content == "one"
+    first: Any = chunks[0]
+    assert isinstance(chunks[0], Chunk) and first.choices[0].delta.content == "one"
     assert first.id and first.model == "primary"
     assert chunks[-1].usage.completion_tokens == 3
     assert first.choices[0].delta.tool_calls is None  # an absent field reads as None
@@ -193,48 +195,113 @@ def test_sse_events_are_read_the_same_however_the_body_is_split() -> None:
     assert read_events([TRICKY[i : i + 1] for i in range(len(TRICKY))]) == (expected, 2, True)
 
 
-def test_chunks_become_nodes_however_they_are_read() -> None:
-    from latencykit._openai import _decode
+TOOL_EVENT = (
+    b'{"id":"c1","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"t1",'
+    b'"type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":null}]}'
+)
 
-    raw = (
-        b'{"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"t1",'
-        b'"function":{"name":"f","arguments":"{}"}}]},"finish_reason":null}],"x_extra":[[{"k":1}]]}'
-    )
-    readers: list[Callable[[Node], Any]] = [
+
+def both_kinds(raw: bytes) -> list[Any]:
+    """The event as a typed Chunk and as a Node (the form for events the schema does not fit)."""
+    from latencykit._openai_chunks import decode_chunk, decode_node
+
+    return [decode_chunk(raw), Node(decode_node(raw))]
+
+
+def without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
+
+
+def test_typed_chunks_and_nodes_read_the_same() -> None:
+    typed, node = both_kinds(TOOL_EVENT)
+    assert isinstance(typed, Chunk) and isinstance(node, Node)
+    readers: list[Callable[[Any], Any]] = [
         lambda c: c.choices[0].delta.tool_calls[0].function.name,
-        lambda c: c["choices"][0].delta["tool_calls"][0].function.name,
-        lambda c: c.get("choices")[0].get("delta").tool_calls[0]["function"].name,
+        lambda c: c["choices"][0]["delta"]["tool_calls"][0]["function"]["name"],
+        lambda c: c.get("choices")[0].get("delta").tool_calls[0].get("function").name,
     ]
-    for read in readers:
-        chunk = Node(_decode(raw))
-        assert read(chunk) == "f"
-        assert chunk.choices is chunk["choices"]  # made once, kept
-        assert chunk.x_extra[0][0].k == 1 and chunk.missing is None
-        assert chunk == _decode(raw)  # still the same dict
-    with pytest.raises(AttributeError):
-        Node()._private  # noqa: B018
+    chunk: Any
+    for chunk in (typed, node):
+        assert [read(chunk) for read in readers] == ["f", "f", "f"]
+        assert chunk.missing is None and chunk.choices[0].delta.content is None
+        assert chunk.get("usage") is None and chunk.get("usage", 0) == 0
+        assert "choices" in chunk and "usage" not in chunk
+        with pytest.raises(KeyError):
+            chunk["not_a_field"]
+        with pytest.raises(AttributeError):
+            chunk._private  # noqa: B018
+        assert without_nulls(chunk.model_dump()) == without_nulls(msgspec.json.decode(TOOL_EVENT))
+    assert node.choices is node["choices"]  # a Node's nested objects: made once, kept
 
 
-async def test_a_raw_sse_body_in_pieces_with_crlf_and_no_final_blank_line() -> None:
-    """Over real HTTP: a server that writes its SSE body in small pieces with CRLF line ends,
-    a keep-alive and an unparsable event, and ends the body (closing the connection) right
-    after the last event's data line."""
+def test_a_node_keeps_what_the_typed_schema_does_not_name() -> None:
+    raw = TOOL_EVENT.replace(b'"model":"m"', b'"model":"m","x_extra":[[{"k":1}]]')
+    from latencykit._openai_chunks import decode_chunk, decode_node
 
-    def event(delta: str, finish: str = "null") -> bytes:
-        return b'data: {"id":"c1","model":"m","choices":[{"delta":%s,"finish_reason":%s}]}' % (
-            delta.encode(),
-            finish.encode(),
+    node = Node(decode_node(raw))
+    assert node.x_extra[0][0].k == 1 and node == msgspec.json.decode(raw)
+    with pytest.raises(msgspec.ValidationError):
+        decode_chunk(raw)
+
+
+def test_a_stream_switches_to_nodes_at_the_first_event_the_schema_does_not_fit() -> None:
+    from latencykit._openai import OpenAIChunks
+
+    def event(text: str, extra: str = "") -> bytes:
+        return (
+            sse_event(f'{{"content":"{text}"}}').replace(b'"c1"', b'"c1"' + extra.encode())
+            + b"\n\n"
         )
 
+    source: Any = object.__new__(OpenAIChunks)
+    OpenAIChunks.__init__(source, None, None, ())  # type: ignore[arg-type]
+    source._split(event("a") + event("b", ',"vendor":{"queue":1}') + event("c"))
+    kinds = []
+    while (got := source.read_nowait()) is not _nothing():
+        kinds.append((type(got[0]).__name__, got[1]))
+        if got[1] == "b":
+            assert got[0].vendor.queue == 1  # kept, with attribute access
+    assert kinds == [("Chunk", "a"), ("Node", "b"), ("Node", "c")]
+
+
+def test_stream_chunk_builder_builds_the_same_response_from_either_kind() -> None:
     events = [
-        event('{"content":"Hel"}'),
-        b": ping",
-        b"data: {broken",
-        event('{"content":"lo"}'),
-        event("{}", '"stop"'),
+        b'{"id":"c1","model":"m","created":1,"choices":[{"index":0,"delta":{"role":"assistant",'
+        b'"reasoning_content":"think"},"finish_reason":null}]}',
+        b'{"id":"c1","model":"m","created":1,"choices":[{"index":0,"delta":{"content":"Hi"},'
+        b'"finish_reason":null}]}',
+        TOOL_EVENT.replace(b'"model":"m"', b'"model":"m","created":1'),
+        b'{"id":"c1","model":"m","created":1,"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,'
+        b'"function":{"arguments":"x"}}]},"finish_reason":"tool_calls"}]}',
+        b'{"id":"c1","model":"m","created":1,"choices":[],"usage":{"prompt_tokens":3,'
+        b'"completion_tokens":4,"total_tokens":7}}',
     ]
-    body = b"\r\n\r\n".join(events) + b"\r\n"
-    pieces = [body[i : i + 7] for i in range(0, len(body), 7)]
+    built = []
+    for kind in (0, 1):
+        chunks = [both_kinds(raw)[kind] for raw in events]
+        response: Any = litellm.stream_chunk_builder(chunks)
+        message = response.choices[0].message
+        built.append(
+            (
+                message.content,
+                message.tool_calls[0].function.name,
+                message.tool_calls[0].function.arguments,
+                response.choices[0].finish_reason,
+                response.usage.completion_tokens,
+            )
+        )
+    assert built[0] == built[1] == ("Hi", "f", "{}x", "tool_calls", 4)
+
+
+@contextlib.asynccontextmanager
+async def raw_sse_server(writes: list[tuple[bytes, float]]) -> AsyncIterator[str]:
+    """A server (raw sockets) that answers one request with an SSE body written as
+    ``(bytes, pause after)`` pieces, its end marked by closing the connection; yields its
+    ``api_base``."""
 
     async def handle(client: anyio.abc.SocketStream) -> None:
         async with client:
@@ -252,21 +319,69 @@ async def test_a_raw_sse_body_in_pieces_with_crlf_and_no_final_blank_line() -> N
             await client.send(
                 b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
             )
-            for piece in pieces:
+            for piece, pause in writes:
                 await client.send(piece)
-                await anyio.sleep(0.001)
+                await anyio.sleep(pause)
 
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
     async with listener, anyio.create_task_group() as group:
         group.start_soon(listener.serve, handle)
-        llm = lk.LLM(
-            "openai/m", api_base=f"http://127.0.0.1:{port}/v1", api_key=SECRET, transport="openai"
-        )
+        yield f"http://127.0.0.1:{port}/v1"
+        group.cancel_scope.cancel()
+
+
+def sse_event(delta: str, finish: str = "null") -> bytes:
+    return b'data: {"id":"c1","model":"m","choices":[{"delta":%s,"finish_reason":%s}]}' % (
+        delta.encode(),
+        finish.encode(),
+    )
+
+
+async def test_a_raw_sse_body_in_pieces_with_crlf_and_no_final_blank_line() -> None:
+    """Over real HTTP: a server that writes its SSE body in small pieces with CRLF line ends,
+    a keep-alive and an unparsable event, and ends the body (closing the connection) right
+    after the last event's data line."""
+    events = [
+        sse_event('{"content":"Hel"}'),
+        b": ping",
+        b"data: {broken",
+        sse_event('{"content":"lo"}'),
+        sse_event("{}", '"stop"'),
+    ]
+    body = b"\r\n\r\n".join(events) + b"\r\n"
+    async with raw_sse_server([(body[i : i + 7], 0.001) for i in range(0, len(body), 7)]) as base:
+        llm = lk.LLM("openai/m", api_base=base, api_key=SECRET, transport="openai")
         stream = await llm.acompletion(messages=MESSAGES, stream=True)
         async with stream:
             texts = [chunk.choices[0].delta.content async for chunk in stream]
-        group.cancel_scope.cancel()
     assert texts == ["Hel", "lo", None]
     assert stream.partial_text == "Hello" and stream.finish_reason == "stop"
     assert stream.outcome == "ok" and stream.skipped == 1
+
+
+async def test_a_slow_consumer_of_events_read_at_once_is_not_taken_for_a_stall() -> None:
+    """Six events arrive in one write, the rest 0.1 s later (within the stall limit); the
+    consumer spends twice the limit on the six. The events carry the time of the read that
+    brought them, but that time is the consumer's, not the provider's: no stall."""
+    burst = b"".join(sse_event(f'{{"content":"t{i}"}}') + b"\n\n" for i in range(6))
+    rest = b"".join(sse_event(f'{{"content":"t{i}"}}') + b"\n\n" for i in range(6, 9))
+    rest += sse_event("{}", '"stop"') + b"\n\ndata: [DONE]\n\n"
+    async with raw_sse_server([(burst, 0.1), (rest, 0.0)]) as base:
+        llm = lk.LLM(
+            "openai/m",
+            api_base=base,
+            api_key=SECRET,
+            transport="openai",
+            stream_guard=lk.StreamGuard(stall=0.3),
+        )
+        stream = await llm.acompletion(messages=MESSAGES, stream=True)
+        texts = []
+        async with stream:
+            async for chunk in stream:
+                texts.append(chunk.choices[0].delta.content)
+                if len(texts) <= 6:
+                    await anyio.sleep(0.1)
+    assert texts == [f"t{i}" for i in range(9)] + [None]
+    assert stream.outcome == "ok"
+    assert max(stream.gaps[:5]) < 0.05  # the six arrived together: gaps of the provider's

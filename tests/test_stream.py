@@ -539,6 +539,26 @@ async def test_keepalives_and_empty_deltas_do_not_hide_a_stall(fake: FakeProvide
     assert info.value.partial_text == "tok0 tok1 tok2"
 
 
+async def test_a_slow_consumer_is_not_taken_for_a_stall(fake: FakeProvider) -> None:
+    """The consumer spends twice the stall limit on the first six tokens, while the provider
+    sends the rest after a pause shorter than the limit. That time is the consumer's, not
+    the provider's: no stall (tests/test_fast_lane.py has the case of events read at
+    once)."""
+    fake.script(
+        "burst", Behavior(fault=Fault.STALL, stall_after=6, stall_for=0.15, output_tokens=12)
+    )
+    llm = make_llm(fake, "burst", stream_guard=lk.StreamGuard(stall=0.3))
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    chunks = []
+    async with stream:
+        async for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) <= 6:
+                await anyio.sleep(0.1)
+    assert text_of(chunks) == " ".join(f"tok{i}" for i in range(12))
+    assert stream.outcome == "ok" and stream.chunks == 12
+
+
 @pytest.mark.parametrize("error", ["overloaded", "server_error", "rate_limit"])
 async def test_a_transient_error_event_before_content_fails_over(
     fake: FakeProvider, error: str

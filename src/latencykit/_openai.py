@@ -5,9 +5,9 @@ then its own), which caps one process near 1,750 chunks/s. For providers that sp
 chat-completions protocol (``Target(transport="openai")``), an attempt here is one HTTP request
 on a shared ``httpx.AsyncClient`` (per event loop, keep-alive pool): the JSON body out, and back
 either the response (a litellm ``ModelResponse``, as litellm returns) or the SSE events, split
-from the body's bytes and each decoded once (msgspec, from bytes) into a :class:`Node` (a ``dict``
-with attribute access: ``chunk.choices[0].delta.content``, and what
-``litellm.stream_chunk_builder`` reads). It runs natively on asyncio and trio (no bridge).
+from the body's bytes and each decoded once (msgspec, from bytes) into a typed chunk with
+attribute access (``chunk.choices[0].delta.content``, and what ``litellm.stream_chunk_builder``
+reads; see :mod:`latencykit._openai_chunks`). It runs natively on asyncio and trio (no bridge).
 Errors become the same typed :class:`~latencykit.ProviderError` s, classified from the status,
 the error's ``code``/``type`` and ``Retry-After``; keys are never shown.
 """
@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import msgspec
 
+from ._openai_chunks import OPENAI_CHUNKS, Node, decode_chunk, decode_node
 from .errors import ProviderUnavailable, StreamBroken, is_transient, provider_error, scrub
 from .stream import _NOTHING
 
 if TYPE_CHECKING:
     from .target import Target
 
-__all__ = ["OPENAI_CHUNKS", "HTTPError", "Node", "OpenAIChunks", "Request", "client", "complete"]
+__all__ = ["HTTPError", "OpenAIChunks", "Request", "client", "complete"]
 
 DEFAULT_BASE = "https://api.openai.com/v1"
 # litellm arguments that are not part of the request body.
@@ -50,129 +51,6 @@ _NOT_SENT = frozenset(
         "litellm_metadata",
     }
 )
-_NOT_CONTENT: tuple[str | None, str | None] = (None, None)
-
-
-_dict_get = dict.get
-_dict_getitem = dict.__getitem__
-_dict_setitem = dict.__setitem__
-_ABSENT: Any = object()
-
-
-def _nodes_in(items: list[Any]) -> None:
-    """Turn the plain dicts in ``items`` (and in its nested lists) into :class:`Node` s, in
-    place."""
-    for i, item in enumerate(items):
-        kind = type(item)
-        if kind is dict:
-            items[i] = Node(item)
-        elif kind is list:
-            _nodes_in(item)
-
-
-class Node(dict[str, Any]):
-    """A decoded JSON object with attribute access: ``node.choices`` is ``node["choices"]``.
-
-    An absent field reads as ``None`` (as the OpenAI SDK's and litellm's optional fields do);
-    private and special names are never looked up. Setting an attribute sets the key.
-
-    Nested objects are made :class:`Node` s when first read (by attribute, ``node[key]`` or
-    ``node.get(key)``, also inside lists), not when the chunk is decoded: a chunk nobody reads
-    costs no wrapping. ``dict`` views (``values()``, ``items()``) show them as stored.
-    """
-
-    __slots__ = ()
-
-    def __getattr__(self, name: str) -> Any:
-        value = _dict_get(self, name, _ABSENT)
-        if value is _ABSENT:
-            if name.startswith("_"):
-                raise AttributeError(name)
-            return None
-        kind = type(value)
-        if kind is dict:
-            value = Node(value)
-            _dict_setitem(self, name, value)
-        elif kind is list:
-            _nodes_in(value)
-        return value
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self[name] = value
-
-    def __getitem__(self, key: str) -> Any:
-        value = _dict_getitem(self, key)
-        kind = type(value)
-        if kind is dict:
-            value = Node(value)
-            _dict_setitem(self, key, value)
-        elif kind is list:
-            _nodes_in(value)
-        return value
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """``node[key]`` if present, else ``default`` (``None``)."""
-        value = _dict_get(self, key, _ABSENT)
-        if value is _ABSENT:
-            return default
-        kind = type(value)
-        if kind is dict:
-            value = Node(value)
-            _dict_setitem(self, key, value)
-        elif kind is list:
-            _nodes_in(value)
-        return value
-
-
-# One decoder, built once, reading the event's bytes (no str in between): plain dicts and lists.
-_decode = msgspec.json.Decoder().decode
-
-
-class _OpenAIChunkReader:
-    """Reads the fast lane's :class:`Node` chunks for a :class:`~latencykit.Stream` (the same
-    rules as litellm's chunks: text, tool-call or reasoning deltas are content)."""
-
-    requires_finish = True
-
-    # The nested objects are read as stored (plain dicts until the consumer reads them as
-    # Nodes): this runs on every chunk, before anyone else looks at it.
-    def read(self, chunk: Node) -> tuple[str | None, str | None]:
-        choices = _dict_get(chunk, "choices")
-        if not choices:
-            return _NOT_CONTENT
-        choice = choices[0]
-        try:  # the common chunk, with subscripts (cheaper than get() calls)
-            text = choice["delta"]["content"]
-            finish = choice["finish_reason"]
-        except (KeyError, TypeError):
-            pass
-        else:
-            if text:
-                return text, finish
-        delta = choice.get("delta")
-        finish = choice.get("finish_reason")
-        if delta is None:
-            return None, finish
-        text = delta.get("content")
-        if not text:
-            text = (
-                ""
-                if delta.get("tool_calls")
-                or delta.get("function_call")
-                or delta.get("reasoning_content")
-                else None
-            )
-        return text, finish
-
-    def output_tokens(self, chunk: Node) -> int | None:
-        usage = _dict_get(chunk, "usage")
-        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        return tokens if isinstance(tokens, int) else None
-
-
-OPENAI_CHUNKS = _OpenAIChunkReader()
-
-
 # --- the shared client ----------------------------------------------------------------------
 
 _clients: weakref.WeakKeyDictionary[object, httpx.AsyncClient] = weakref.WeakKeyDictionary()
@@ -280,7 +158,9 @@ async def complete(target: Target, timeout: float, kwargs: Mapping[str, Any]) ->
 
 
 class OpenAIChunks:
-    """One streaming attempt on the fast lane, as an async iterator of :class:`Node` chunks.
+    """One streaming attempt on the fast lane, as an async iterator of chunks
+    (:mod:`latencykit._openai_chunks`: typed :class:`~latencykit._openai_chunks.Chunk` s, or
+    :class:`~latencykit._openai_chunks.Node` s for events the typed schema does not fit).
 
     Opened on the first ``__anext__``. The body is read as bytes and split into SSE events
     here; each event is decoded once; keep-alive comments, other fields and empty events are
@@ -304,6 +184,7 @@ class OpenAIChunks:
         "_run_soon",
         "_secrets",
         "_target",
+        "_typed",
         "malformed",
     )
 
@@ -318,6 +199,7 @@ class OpenAIChunks:
         self._done = False  # [DONE] seen
         self._closed = False
         self._run_soon: Any = None  # schedules a close on the stream's loop, from any thread
+        self._typed = True  # events decode as typed Chunks until one does not fit
         self.malformed = 0
 
     def __aiter__(self) -> OpenAIChunks:
@@ -334,42 +216,57 @@ class OpenAIChunks:
     def read_nowait(self) -> Any:
         """The next chunk among the events already received, decoded and read as the
         :class:`~latencykit.Stream` reads it: ``(chunk, text, finish_reason)`` (see
-        :data:`OPENAI_CHUNKS`); else the stream module's ``_NOTHING`` (then :meth:`pull`
-        reads on). Raises an error event's error."""
+        :data:`~latencykit._openai_chunks.OPENAI_CHUNKS`); else the stream module's
+        ``_NOTHING`` (then :meth:`pull` reads on). Raises an error event's error."""
         events = self._events
         while events:
             data = events.popleft()
-            try:
-                chunk = _decode(data)
-            except msgspec.DecodeError:
-                if data.lstrip() == b"[DONE]":
-                    events.clear()
-                    self._done = True
-                    return _NOTHING
-                self.malformed += 1
-                continue
-            if type(chunk) is not dict:
-                self.malformed += 1
-                continue
-            if (
-                "error" in chunk
-                and (error := chunk["error"]) is not None
-                and not chunk.get("choices")
-            ):
-                message = error.get("message") if isinstance(error, Mapping) else None
-                raise HTTPError(str(message or "error event"), None, Node(chunk), None)
-            node = Node(chunk)
-            # The common chunk (text), read here from the plain dicts: what
-            # OPENAI_CHUNKS.read would say, without its call.
-            try:
-                choice = chunk["choices"][0]
-                text = choice["delta"]["content"]
-                if text:
-                    return node, text, choice["finish_reason"]
-            except (KeyError, TypeError, IndexError):
-                pass
-            return (node, *OPENAI_CHUNKS.read(node))
+            if self._typed:
+                try:
+                    chunk = decode_chunk(data)
+                except msgspec.ValidationError:
+                    # A field the schema does not name (or an error event): this event, and
+                    # the rest of the stream, are decoded as Nodes, which keep everything.
+                    self._typed = False
+                except msgspec.DecodeError:
+                    pass  # not JSON: [DONE], or malformed (read below)
+                else:
+                    # The common chunk (text), read here: what OPENAI_CHUNKS.read would say,
+                    # without its call.
+                    choices = chunk.choices
+                    if choices:
+                        choice = choices[0]
+                        delta = choice.delta
+                        if delta is not None and (text := delta.content):
+                            return chunk, text, choice.finish_reason
+                    return (chunk, *OPENAI_CHUNKS.read(chunk))
+            node = self._node(data)
+            if node is not None:
+                return (node, *OPENAI_CHUNKS.read(node))
         return _NOTHING
+
+    def _node(self, data: bytes) -> Node | None:
+        """An event's data decoded as a :class:`Node`; ``None`` for ``[DONE]`` (then the
+        stream ends) and for an event that is not a JSON object (counted in
+        :attr:`malformed`). Raises an error event's error."""
+        try:
+            decoded = decode_node(data)
+        except msgspec.DecodeError:
+            if data.lstrip() == b"[DONE]":
+                self._events.clear()
+                self._done = True
+            else:
+                self.malformed += 1
+            return None
+        if type(decoded) is not dict:
+            self.malformed += 1
+            return None
+        node = Node(decoded)
+        error = node.get("error")
+        if error is not None and not node.get("choices"):
+            message = error.get("message") if isinstance(error, Mapping) else None
+            raise HTTPError(str(message or "error event"), None, node, None)
+        return node
 
     async def pull(self) -> Any:
         """The next chunk (errors unwrapped)."""

@@ -154,6 +154,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         "_pieces",
         "_pull_next",
         "_read",
+        "_read_at",
         "_read_nowait",
         "_reader",
         "_scope",
@@ -220,6 +221,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         self._first_item: Any = None  # what summary() reads the model and id from
         self._usage_item: Any = None  # and the token counts
         self._last_at = self._started  # the last content chunk (or the start, or a resume)
+        self._read_at = self._started  # when the last item was read (after an await)
         self._gaps: list[float] = []
         self._pieces: list[str] = []
         self.chunks = 0
@@ -289,7 +291,10 @@ class Stream(_ClosedOnExit, Generic[T]):
 
     @property
     def gaps(self) -> tuple[float, ...]:
-        """The gaps between consecutive content chunks, in seconds."""
+        """The gaps between consecutive content chunks' arrivals, in seconds. A chunk arrives
+        when the read that brought it returns, so on the fast lane chunks of one network read
+        arrive together and the consumer's own time between chunks is not in the gaps;
+        through litellm, a chunk arrives when the consumer takes it from the bridge."""
         return tuple(self._gaps)
 
     @property
@@ -454,9 +459,9 @@ class Stream(_ClosedOnExit, Generic[T]):
             return await self._pull_next()
         raise _Expired
 
-    def _observe(self, item: T, text: str | None, finish: str | None) -> bool:
-        """Take the measurements of one item, read as ``(text, finish)``; whether it is
-        content."""
+    def _observe(self, item: T, text: str | None, finish: str | None, now: float) -> bool:
+        """Take the measurements of one item, read as ``(text, finish)``, that arrived at
+        ``now``; whether it is content."""
         if finish is not None:
             if self._check_finish is not None:
                 self._check_finish(item)
@@ -467,7 +472,6 @@ class Stream(_ClosedOnExit, Generic[T]):
                 self.output_tokens = tokens
                 self._usage_item = item
             return False
-        now = self._now()
         if self._first_at is None:
             self._first_at = now
             self._first_item = item
@@ -482,14 +486,16 @@ class Stream(_ClosedOnExit, Generic[T]):
     def _moved(self, now: float) -> None:
         """Content arrived (or a continuation started) at ``now``: the stall limit counts
         from there."""
-        self._last_at = now
+        self._last_at = self._read_at = now
 
     def _limit(self) -> float:
-        """The next wait's limit after commit: the stall limit from the last content chunk,
-        or the deadline if that is earlier. Computed when a wait needs it, not per chunk."""
+        """The next wait's limit after commit: the stall limit from the last content chunk's
+        arrival, or the deadline if that is earlier. Computed when a wait needs it, not per
+        chunk. The time the consumer held the stream since the last read (over chunks
+        already received) is not the provider's: the limit moves by it."""
         stall = self.stall
         if stall is not None:
-            limit = self._last_at + stall
+            limit = self._last_at + stall + (self._now() - self._read_at)
             if limit < self._deadline:
                 return limit
         return self._deadline
@@ -518,7 +524,8 @@ class Stream(_ClosedOnExit, Generic[T]):
                     raise
                 except Exception as exc:
                     raise self._wrapped(exc)  # noqa: B904 (the cause is set when wrapped)
-                content = self._observe(item, *self._read(item))
+                now = self._read_at = self._now()
+                content = self._observe(item, *self._read(item), now)
                 self._buffer.append(item)
                 if content:
                     break
@@ -573,11 +580,14 @@ class Stream(_ClosedOnExit, Generic[T]):
             return await self.__anext__()
         read_nowait = self._read_nowait
         try:
-            # An item the source already holds (the rest of a network read, a bridge's
-            # buffer) is taken without a timer or an await: it has arrived.
+            # An item the source already holds (the rest of a network read) is taken without
+            # a timer or an await: it arrived with that read, so it carries the read's time.
             read = _NOTHING if read_nowait is None else read_nowait()
-            if read is _NOTHING:
-                nowait = self._nowait
+            if read is not _NOTHING:
+                item, text, finish = read
+                now = self._read_at
+            else:
+                nowait = self._nowait  # a bridge's buffer: items that arrived one by one
                 item = _NOTHING if nowait is None else nowait()
                 if item is _NOTHING:
                     limit = self._limit()
@@ -596,6 +606,8 @@ class Stream(_ClosedOnExit, Generic[T]):
                         item = await self._pull_next()
                     else:
                         item = await self._wait(limit)
+                now = self._read_at = self._now()
+                text, finish = self._read(item)
         except StopAsyncIteration:
             try:
                 self._check_complete()
@@ -612,20 +624,15 @@ class Stream(_ClosedOnExit, Generic[T]):
         except BaseException as exc:
             await self._end("cancelled", exc)
             raise
-        if read is _NOTHING:
-            text, finish = self._read(item)
-        else:
-            item, text, finish = read
         if text and finish is None and self._first_at is not None:
             # The common chunk (text, no finish, after the first): _observe's work, inline.
-            now = self._now()
             self._gaps.append(now - self._last_at)
             self._last_at = now
             self.chunks += 1
             self._pieces.append(text)
             return item  # type: ignore[no-any-return]
         try:
-            self._observe(item, text, finish)
+            self._observe(item, text, finish, now)
         except Exception as exc:  # a finish the provider never sent
             return await self._broken(exc)
         return item  # type: ignore[no-any-return]

@@ -1,0 +1,329 @@
+"""What the fast lane's stream events decode into, and how a :class:`~latencykit.Stream` reads
+them.
+
+Each SSE event is decoded once, from its bytes, by msgspec:
+
+- into **typed chunks** (:class:`Chunk`, :class:`ChunkChoice`, :class:`ChunkDelta`,
+  :class:`ToolCallDelta`, :class:`FunctionDelta`, :class:`Usage`): the
+  ``chat.completion.chunk`` schema and the fields OpenAI-compatible providers commonly add.
+  Decoding into them is faster than into dicts, and reading ``chunk.choices[0].delta.content``
+  is a few C-level attribute reads (a user reads that on every chunk);
+- an event with a field the schema does not name, or a value of another JSON type, is decoded
+  into a :class:`Node` instead (a ``dict`` with attribute access), so nothing a provider sends
+  is dropped; the rest of that stream is then decoded that way.
+
+Both kinds read the same: attributes (an absent field reads as ``None``), ``chunk[key]``,
+``chunk.get(key)``, ``key in chunk``, ``chunk.model_dump()``; and
+``litellm.stream_chunk_builder`` accepts both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "OPENAI_CHUNKS",
+    "Chunk",
+    "ChunkChoice",
+    "ChunkDelta",
+    "FunctionDelta",
+    "Node",
+    "ToolCallDelta",
+    "Usage",
+    "decode_chunk",
+    "decode_node",
+]
+
+
+class _ReadsLikeAMapping:
+    """What the typed chunks share with :class:`Node` (and litellm's chunk objects): they are
+    read-only mappings of their fields that are set (not ``None``), with ``model_dump``, and
+    ``None`` for an attribute the type does not name. (``litellm.stream_chunk_builder`` reads
+    a delta as a mapping.)"""
+
+    __slots__ = ()
+    __struct_fields__: tuple[str, ...]
+
+    def __getattr__(self, name: str) -> Any:  # only called for names the type lacks
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return None
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.__struct_fields__:
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The field ``key``, or ``default`` (``None``) if it is absent or null."""
+        value = getattr(self, key) if key in self.__struct_fields__ else None
+        return default if value is None else value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.__struct_fields__ and getattr(self, key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in self.__struct_fields__ if getattr(self, name) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def keys(self) -> KeysView[str]:
+        """The names of the fields that are set."""
+        return KeysView(self)
+
+    def items(self) -> ItemsView[str, Any]:
+        """The fields that are set, with their values."""
+        return ItemsView(self)
+
+    def values(self) -> ValuesView[Any]:
+        """The values of the fields that are set."""
+        return ValuesView(self)
+
+    def model_dump(self) -> dict[str, Any]:
+        """The chunk as plain JSON values (null fields left out)."""
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+
+# forbid_unknown_fields: an event with a field not named here is decoded as a Node (nothing is
+# dropped). gc=False: these hold only decoded JSON (no cycles), so the collector skips them.
+_TYPED = {
+    "forbid_unknown_fields": True,
+    "gc": False,
+    "omit_defaults": True,
+    "repr_omit_defaults": True,
+}
+
+
+class FunctionDelta(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
+    """A piece of a function call: its ``name`` (first piece) and ``arguments`` (text to
+    concatenate). Both default to ``None``."""
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
+    """A piece of a tool call: ``index`` and, on its first piece, ``id`` and ``type``;
+    ``function`` its :class:`FunctionDelta`. Defaults ``None``."""
+
+    index: int | None = None
+    id: str | None = None
+    type: str | None = None
+    function: FunctionDelta | None = None
+
+
+class ChunkDelta(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
+    """What one chunk adds to a choice's message: ``content``, ``tool_calls``, and the
+    providers' reasoning fields (``reasoning_content``: DeepSeek, vLLM, SGLang; ``reasoning``:
+    OpenRouter, Groq). All default to ``None``."""
+
+    content: str | None = None
+    role: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+    function_call: FunctionDelta | None = None
+    refusal: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    reasoning_details: Any = None
+    audio: Any = None
+    annotations: Any = None
+
+
+class ChunkChoice(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
+    """One choice of a chunk: ``index``, ``delta`` (:class:`ChunkDelta`),
+    ``finish_reason`` (``None`` until the last), ``logprobs``, and providers' extras
+    (``stop_reason``: vLLM, ``matched_stop``: SGLang, ``native_finish_reason``: OpenRouter,
+    ``content_filter_results``: Azure). Defaults ``None``."""
+
+    index: int | None = None
+    delta: ChunkDelta | None = None
+    finish_reason: str | None = None
+    logprobs: Any = None
+    stop_reason: Any = None
+    matched_stop: Any = None
+    native_finish_reason: str | None = None
+    content_filter_results: Any = None
+
+
+class Usage(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
+    """Token counts (sent on the last chunk when asked with ``stream_options``):
+    ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and their details. Defaults
+    ``None``."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    prompt_tokens_details: Any = None
+    completion_tokens_details: Any = None
+
+
+class Chunk(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
+    """One ``chat.completion.chunk``: ``id``, ``model``, ``created``, ``choices`` (default
+    empty), ``usage`` (:class:`Usage`, on the last chunk if asked), ``system_fingerprint``,
+    ``service_tier``, and providers' extras (``obfuscation``: OpenAI, ``x_groq``: Groq,
+    ``provider``: OpenRouter, ``citations``: Perplexity, ``prompt_filter_results``: Azure).
+    Other fields default to ``None``."""
+
+    id: str | None = None
+    object: str | None = None
+    created: int | None = None
+    model: str | None = None
+    choices: list[ChunkChoice] = []
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+    service_tier: str | None = None
+    obfuscation: str | None = None
+    x_groq: Any = None
+    provider: str | None = None
+    citations: Any = None
+    prompt_filter_results: Any = None
+
+
+_TYPES = (FunctionDelta, ToolCallDelta, ChunkDelta, ChunkChoice, Usage, Chunk)
+for _typed in _TYPES:
+    Mapping.register(_typed)
+_SCHEMA_FIELDS = frozenset(name for typed in _TYPES for name in typed.__struct_fields__)
+
+decode_chunk = msgspec.json.Decoder(Chunk).decode
+"""An event's bytes as a :class:`Chunk`; raises ``msgspec.ValidationError`` for a field or
+type the schema does not have, ``msgspec.DecodeError`` for anything that is not JSON."""
+
+
+# --- the general form -------------------------------------------------------------------------
+
+_dict_get = dict.get
+_dict_getitem = dict.__getitem__
+_dict_setitem = dict.__setitem__
+_ABSENT: Any = object()
+
+
+def _nodes_in(items: list[Any]) -> None:
+    """Turn the plain dicts in ``items`` (and in its nested lists) into :class:`Node` s, in
+    place."""
+    for i, item in enumerate(items):
+        kind = type(item)
+        if kind is dict:
+            items[i] = Node(item)
+        elif kind is list:
+            _nodes_in(item)
+
+
+def _as_node(value: Any) -> Any:
+    kind = type(value)
+    if kind is dict:
+        return Node(value)
+    if kind is list:
+        _nodes_in(value)
+    return value
+
+
+class Node(dict[str, Any]):
+    """A decoded JSON object with attribute access: ``node.choices`` is ``node["choices"]``.
+    What an event the typed schema does not fit (:class:`Chunk`) decodes into.
+
+    An absent field reads as ``None`` (as the OpenAI SDK's and litellm's optional fields do),
+    also as ``node[key]`` for a field the typed schema names; private and special names are
+    never looked up. Setting an attribute sets the key.
+
+    Nested objects are made :class:`Node` s when first read (by attribute, ``node[key]`` or
+    ``node.get(key)``, also inside lists), not when the chunk is decoded. ``dict`` views
+    (``values()``, ``items()``) show them as stored.
+    """
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        value = _dict_get(self, name, _ABSENT)
+        if value is _ABSENT:
+            if name.startswith("_"):
+                raise AttributeError(name)
+            return None
+        if type(value) is dict:
+            value = Node(value)
+            _dict_setitem(self, name, value)
+            return value
+        return _as_node(value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value
+
+    def __missing__(self, key: str) -> Any:
+        # As on the typed chunks: a field the schema names reads as None when absent.
+        if key in _SCHEMA_FIELDS:
+            return None
+        raise KeyError(key)
+
+    def __getitem__(self, key: str) -> Any:
+        value = _dict_getitem(self, key)
+        if type(value) is dict:
+            value = Node(value)
+            _dict_setitem(self, key, value)
+            return value
+        return _as_node(value)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``node[key]`` if present, else ``default`` (``None``)."""
+        value = _dict_get(self, key, _ABSENT)
+        if value is _ABSENT:
+            return default
+        return self[key]
+
+    def model_dump(self) -> dict[str, Any]:
+        """The chunk as plain JSON values (a copy, null fields kept)."""
+        return msgspec.json.decode(msgspec.json.encode(self))  # type: ignore[no-any-return]
+
+
+decode_node = msgspec.json.Decoder().decode
+"""An event's bytes as plain JSON values (dicts and lists), made a :class:`Node` by the
+caller."""
+
+
+# --- how a Stream reads them ----------------------------------------------------------------------
+
+_NOT_CONTENT: tuple[str | None, str | None] = (None, None)
+
+
+class _OpenAIChunkReader:
+    """Reads the fast lane's chunks (either kind) for a :class:`~latencykit.Stream`: the same
+    rules as litellm's chunks (text, tool-call or reasoning deltas are content)."""
+
+    requires_finish = True
+
+    def read(self, chunk: Any) -> tuple[str | None, str | None]:
+        try:
+            choices = chunk.choices
+            if not choices:
+                return _NOT_CONTENT
+            choice = choices[0]
+            finish = choice.finish_reason
+            delta = choice.delta
+            if delta is None:
+                return None, finish
+            text = delta.content
+            if not text:
+                text = (
+                    ""
+                    if delta.tool_calls
+                    or delta.function_call
+                    or delta.reasoning_content
+                    or delta.reasoning
+                    else None
+                )
+        except (AttributeError, TypeError, IndexError):  # a Node of another shape
+            return _NOT_CONTENT
+        return text, finish
+
+    def output_tokens(self, chunk: Any) -> int | None:
+        try:
+            tokens = chunk.usage.completion_tokens
+        except AttributeError:  # no usage (None), or not an object
+            return None
+        return tokens if isinstance(tokens, int) else None
+
+
+OPENAI_CHUNKS = _OpenAIChunkReader()
+"""The reader of the fast lane's chunks."""
