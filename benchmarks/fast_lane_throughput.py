@@ -19,8 +19,9 @@ on asyncio:
    transport="openai")`` (the fast lane, every policy's machinery included: a deadline, the
    stream guard, the statistics recorder) and raw httpx reading the SSE lines without parsing
    them (the ceiling); every client but the ceiling reads each chunk's text
-   (``chunk.choices[0].delta.content``), as a consumer does; the variants take turns,
-   three times (once with ``--quick``), and the median is reported;
+   (``chunk.choices[0].delta.content``), as a consumer does; each client runs in a process
+   of its own (litellm's background work would otherwise run in the next client's turn),
+   the clients take turns, three times (once with ``--quick``), and the median is reported;
 2. **client CPU per non-streaming call** (``time.process_time`` over ``--calls`` calls, the
    server's CPU excluded), litellm against the fast lane;
 3. **inter-chunk gap p99** of 50 concurrent streams sending 60 chunks/s each (the server paces
@@ -303,9 +304,9 @@ async def gaps(stream_of: Callable[[], Awaitable[Any]], streams: int) -> float:
     return percentile(seen, 99) * 1000
 
 
-async def on_trio(base: str, rounds: int, window: float) -> None:
-    """4. chunks/s on trio: ``lk.LLM`` through litellm (which runs on an asyncio loop in a
-    thread, the chunks handed over by the bridge), on the fast lane (native), and raw httpx."""
+def trio_clients(base: str) -> dict[str, Streamer]:
+    """On trio: ``lk.LLM`` through litellm (which runs on an asyncio loop in a thread, the
+    chunks handed over by the bridge), on the fast lane (native), and raw httpx."""
     import httpx
 
     through = lk.LLM("openai/m", api_base=base, api_key=KEY, timeout=60)
@@ -332,20 +333,59 @@ async def on_trio(base: str, rounds: int, window: float) -> None:
                 n += line.startswith("data:")
         return n
 
-    variants: dict[str, Streamer] = {
+    return {
         "lk.LLM through litellm (bridge)": via(through),
         "latencykit fast lane": via(fast),
         "httpx, lines only (ceiling)": via_httpx,
     }
-    for stream in variants.values():
-        await stream("m")
-    for regime, model in REGIMES:
-        print(f"\n4. on trio: chunks/s per process, 10 streams at once, {regime}")
-        for name, stream in variants.items():
-            rate = statistics.median(
-                [await throughput(stream, 10, model, window) for _ in range(rounds)]
+
+
+async def throughput_of(
+    name: str, base: str, model: str, levels: list[int], window: float
+) -> dict[int, float]:
+    """One client's chunks/s at each level (run in a process of its own, as the CPU figures:
+    litellm's background logging work would otherwise run during the next client's turn)."""
+    import litellm
+    import sniffio
+
+    litellm.suppress_debug_info = True
+    on_trio = sniffio.current_async_library() == "trio"
+    stream = (trio_clients(base) if on_trio else clients(base))[name]
+    await stream(model)  # warm: imports, connection
+    return {level: await throughput(stream, level, model, window) for level in levels}
+
+
+def measure(
+    names: list[str],
+    base: str,
+    model: str,
+    levels: list[int],
+    window: float,
+    rounds: int,
+    backend: str = "asyncio",
+) -> dict[str, dict[int, float]]:
+    """Each client's chunks/s per level: a child process per client and round, the clients
+    taking turns; the median of the rounds."""
+    import json
+    import subprocess
+
+    samples: dict[str, dict[int, list[float]]] = {n: {c: [] for c in levels} for n in names}
+    for _ in range(rounds):
+        for name in names:
+            argv = [name, base, model, ",".join(map(str, levels)), str(window), backend]
+            done = subprocess.run(
+                [sys.executable, __file__, "--throughput-of", *argv],
+                capture_output=True,
+                text=True,
+                check=True,
             )
-            print(f"   {name:<34} {rate:>10,.0f}  ({1e6 / rate:.1f} us per chunk)")
+            rates = json.loads(done.stdout.strip().splitlines()[-1])
+            for level in levels:
+                samples[name][level].append(rates[str(level)])
+    return {
+        name: {level: statistics.median(values) for level, values in per.items()}
+        for name, per in samples.items()
+    }
 
 
 REGIMES = (
@@ -359,21 +399,12 @@ async def main(quick: bool, rounds: int, calls: int, window: float) -> None:
 
     litellm.suppress_debug_info = True
     with provider_process(SERVER) as base:
-        variants = clients(base)
-        for stream in variants.values():  # warm up every client and its connections
-            await stream("m")
-        levels = (1, 10) if quick else (1, 10, 50)
+        levels = [1, 10] if quick else [1, 10, 50]
         for number, (regime, model) in enumerate(REGIMES):
             print(f"\n1{'ab'[number]}. chunks/s per process, {regime} (median of rounds)")
             print(f"   {'client':<30}" + "".join(f"{f'{c} stream(s)':>16}" for c in levels))
-            measured: dict[str, dict[int, float]] = {name: {} for name in variants}
-            for level in levels:
-                samples: dict[str, list[float]] = {name: [] for name in variants}
-                for _ in range(rounds):
-                    for name, stream in variants.items():
-                        samples[name].append(await throughput(stream, level, model, window))
-                for name in variants:
-                    measured[name][level] = statistics.median(samples[name])
+            variants = list(clients(base))
+            measured = measure(variants, base, model, levels, window, rounds)
             for name in variants:
                 print(f"   {name:<30}" + "".join(f"{measured[name][c]:>16,.0f}" for c in levels))
             lite = measured["litellm"]
@@ -410,15 +441,39 @@ async def main(quick: bool, rounds: int, calls: int, window: float) -> None:
             p99 = await gaps(opener, streams)
             print(f"   {name:<30} {p99:>8.1f} ms (the server paces at {1000 / 60:.1f} ms)")
 
+        for regime, model in REGIMES:
+            print(f"\n4. on trio: chunks/s per process, 10 streams at once, {regime}")
+            names = list(trio_clients(base))
+            on_trio = measure(names, base, model, [10], window, rounds, backend="trio")
+            for name in names:
+                rate = on_trio[name][10]
+                print(f"   {name:<34} {rate:>10,.0f}  ({1e6 / rate:.1f} us per chunk)")
+
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small run, for smoke tests")
     parser.add_argument("--cpu-of", nargs=3, metavar=("CLIENT", "BASE", "CALLS"), help="internal")
+    parser.add_argument("--throughput-of", nargs=6, help="internal")
     args = parser.parse_args()
     if args.cpu_of:
         name, base, count = args.cpu_of
         print(anyio.run(cpu_of, name, base, int(count)))
+        raise SystemExit(0)
+    if args.throughput_of:
+        import json
+
+        name, base, model, levels, window, backend = args.throughput_of
+        rates = anyio.run(
+            throughput_of,
+            name,
+            base,
+            model,
+            [int(level) for level in levels.split(",")],
+            float(window),
+            backend=backend,
+        )
+        print(json.dumps(rates))
         raise SystemExit(0)
     rounds, calls, window = (1, 50, 0.1) if args.quick else (3, 300, 0.5)
     print(
@@ -427,5 +482,3 @@ if __name__ == "__main__":
         f"load {_load()}"
     )
     anyio.run(main, args.quick, rounds, calls, window)
-    with provider_process(SERVER) as base:
-        anyio.run(on_trio, base, rounds, window, backend="trio")
