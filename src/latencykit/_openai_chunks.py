@@ -195,10 +195,8 @@ type the schema does not have, ``msgspec.DecodeError`` for anything that is not 
 
 # --- the general form -------------------------------------------------------------------------
 
-_dict_get = dict.get
 _dict_getitem = dict.__getitem__
 _dict_setitem = dict.__setitem__
-_ABSENT: Any = object()
 
 
 def _nodes_in(items: list[Any]) -> None:
@@ -210,15 +208,6 @@ def _nodes_in(items: list[Any]) -> None:
             items[i] = Node(item)
         elif kind is list:
             _nodes_in(item)
-
-
-def _as_node(value: Any) -> Any:
-    kind = type(value)
-    if kind is dict:
-        return Node(value)
-    if kind is list:
-        _nodes_in(value)
-    return value
 
 
 class Node(dict[str, Any]):
@@ -237,16 +226,11 @@ class Node(dict[str, Any]):
     __slots__ = ()
 
     def __getattr__(self, name: str) -> Any:
-        value = _dict_get(self, name, _ABSENT)
-        if value is _ABSENT:
+        if name not in self:
             if name.startswith("_"):
                 raise AttributeError(name)
             return None
-        if type(value) is dict:
-            value = Node(value)
-            _dict_setitem(self, name, value)
-            return value
-        return _as_node(value)
+        return self[name]
 
     def __setattr__(self, name: str, value: Any) -> None:
         self[name] = value
@@ -258,19 +242,18 @@ class Node(dict[str, Any]):
         raise KeyError(key)
 
     def __getitem__(self, key: str) -> Any:
-        value = _dict_getitem(self, key)
-        if type(value) is dict:
+        value = _dict_getitem(self, key)  # an absent key: __missing__
+        kind = type(value)
+        if kind is dict:
             value = Node(value)
             _dict_setitem(self, key, value)
-            return value
-        return _as_node(value)
+        elif kind is list:
+            _nodes_in(value)
+        return value
 
     def get(self, key: str, default: Any = None) -> Any:
         """``node[key]`` if present, else ``default`` (``None``)."""
-        value = _dict_get(self, key, _ABSENT)
-        if value is _ABSENT:
-            return default
-        return self[key]
+        return self[key] if key in self else default  # noqa: SIM401 (self.get is this method)
 
     def model_dump(self) -> dict[str, Any]:
         """The chunk as plain JSON values (a copy, null fields kept)."""
