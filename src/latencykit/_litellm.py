@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from .errors import StreamBroken, provider_error
+from ._openai_chunks import delta_content
+from .errors import StreamBroken, malformed_answer, stream_error
 
 if TYPE_CHECKING:
     import asyncio
@@ -58,8 +59,8 @@ def litellm() -> Any:
 class _LitellmChunkReader:
     """Reads litellm's ``ModelResponseStream`` chunks for a :class:`~latencykit.Stream`.
 
-    Content is a non-empty ``delta.content``, a tool-call (or legacy function-call) delta, or
-    reasoning text; a role-only chunk, an empty delta, a finish chunk and a usage chunk are not.
+    Content is judged by the one content rule
+    (:func:`~latencykit._openai_chunks.delta_content`), read from pydantic's extra fields.
     """
 
     requires_finish = True
@@ -77,16 +78,9 @@ class _LitellmChunkReader:
         except (AttributeError, KeyError, TypeError):
             pass
         delta = _field(choice, "delta")
-        text = _field(delta, "content")
-        if not text:
-            text = (
-                ""
-                if _field(delta, "tool_calls")
-                or _field(delta, "function_call")
-                or getattr(delta, "reasoning_content", None)
-                else None
-            )
-        return text, _field(choice, "finish_reason")
+        return delta_content(delta, _field(delta, "content"), _field), _field(
+            choice, "finish_reason"
+        )
 
     def output_tokens(self, chunk: Any) -> int | None:
         usage = getattr(chunk, "usage", None)
@@ -94,13 +88,13 @@ class _LitellmChunkReader:
         return tokens if isinstance(tokens, int) else None
 
 
-def _field(model: Any, name: str) -> Any:
+def _field(model: Any, name: str, default: Any = None) -> Any:
     # litellm keeps a chunk's choice and delta fields in pydantic's __pydantic_extra__, where
     # attribute access costs ~1.3 us each (pydantic's __getattr__); a dict lookup costs 0.1.
     extra = getattr(model, "__pydantic_extra__", None)
     if extra is not None and name in extra:
         return extra[name]
-    return getattr(model, name, None)
+    return getattr(model, name, default)
 
 
 LITELLM_CHUNKS = _LitellmChunkReader()
@@ -163,7 +157,9 @@ class LitellmChunks:
 
     def wrap_error(self, error: Exception) -> Exception:
         """What ``error``, raised by :meth:`pull`, means to latencykit (keys scrubbed)."""
-        wrapped = provider_error(error, target=self._target.key, secrets=self._secrets)
+        wrapped = stream_error(
+            error, target=self._target.key, secrets=self._secrets, opened=self._wrapper is not None
+        )
         # litellm >= 1.110 raises this itself where older ones made up a finish reason
         # (check_finish): either way the provider's connection was cut.
         if isinstance(wrapped, StreamBroken) and _ENDED_EARLY in str(error):
@@ -181,11 +177,23 @@ class LitellmChunks:
             getattr(wrapper, "received_finish_reason", _UNKNOWN) is None
             and getattr(wrapper, "intermittent_finish_reason", _UNKNOWN) is None
         ):
-            raise StreamBroken(
+            raise self.end_error() or StreamBroken(
                 "the connection ended before the provider sent a finish_reason",
                 target=self._target.key,
                 reason="cut",
             )
+
+    def end_error(self) -> Exception | None:
+        """Why the stream ended without the provider's finish, when it is more than a cut: an
+        answer that is not an event stream (by its content type: the body is litellm's).
+        ``None``: a cut."""
+        response = getattr(getattr(self._wrapper, "completion_stream", None), "response", None)
+        kind = getattr(response, "headers", {}).get("content-type", "")
+        if not isinstance(kind, str) or not kind or "event-stream" in kind:
+            return None
+        return malformed_answer(
+            f"is not an event stream (content-type {kind!r})", "", target=self._target.key
+        )
 
     async def aclose(self) -> None:
         """Close the litellm stream and its HTTP response (idempotent)."""

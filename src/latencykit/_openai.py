@@ -26,7 +26,13 @@ import httpx
 import msgspec
 
 from ._openai_chunks import OPENAI_CHUNKS, Node, decode_chunk, decode_node
-from .errors import ProviderUnavailable, StreamBroken, is_transient, provider_error, scrub
+from .errors import (
+    HTTPError,
+    malformed_answer,
+    not_json_event,
+    scrub,
+    stream_error,
+)
 from .stream import _NOTHING
 
 if TYPE_CHECKING:
@@ -111,21 +117,6 @@ class Request:
         return http.send(request, stream=stream)
 
 
-class HTTPError(Exception):
-    """A provider's error answer (status >= 400, or an error event in a stream), as the error
-    classifier reads it: ``status_code``, ``body`` (the decoded error) and ``response`` (its
-    headers: ``Retry-After``)."""
-
-    def __init__(
-        self, message: str, status_code: int | None, body: Any, response: httpx.Response | None
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status_code = status_code
-        self.body = body
-        self.response = response
-
-
 def _error_of(response: httpx.Response, raw: bytes, secret: str | None) -> HTTPError:
     # Scrubbed before anything keeps it: a provider may echo the key it refused.
     text = scrub(raw.decode(errors="replace"), secret)
@@ -142,18 +133,33 @@ def _error_of(response: httpx.Response, raw: bytes, secret: str | None) -> HTTPE
 
 async def complete(target: Target, timeout: float, kwargs: Mapping[str, Any]) -> Any:
     """One non-streaming attempt: the provider's answer as a litellm ``ModelResponse``."""
-    from ._litellm import litellm
-
     request = Request(target, timeout, kwargs)
     response = await request.send(stream=False)
     if response.status_code >= 400:
         raise _error_of(response, response.content, target.api_key)
+    return _answer(response, target)
+
+
+def _answer(response: httpx.Response, target: Target) -> Any:
+    """A 200 answer's body as a litellm ``ModelResponse``, if it is one: an error object in its
+    place raises as that error; anything else (not JSON, not an object, no choices) is a
+    malformed answer, never a made-up success."""
+    from ._litellm import litellm
+
+    raw = response.content
     try:
-        data = json.loads(response.content)
-    except ValueError as exc:
-        raise ProviderUnavailable(
-            "the provider's answer is not JSON", target=target.key, status_code=200
-        ) from exc
+        data = json.loads(raw)
+    except ValueError:
+        raise malformed_answer("is not JSON", raw, target=target.key) from None
+    if not isinstance(data, dict):
+        raise malformed_answer("is not a JSON object", raw, target=target.key)
+    error = data.get("error")
+    if error:
+        message = error.get("message") if isinstance(error, Mapping) else error
+        raise HTTPError(str(message or "an error object"), None, data)
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise malformed_answer("has no choices", raw, target=target.key)
     return litellm().ModelResponse(**data)
 
 
@@ -182,6 +188,7 @@ class OpenAIChunks:
         "_request",
         "_response",
         "_run_soon",
+        "_sample",
         "_secrets",
         "_target",
         "_typed",
@@ -200,6 +207,7 @@ class OpenAIChunks:
         self._closed = False
         self._run_soon: Any = None  # schedules a close on the stream's loop, from any thread
         self._typed = True  # events decode as typed Chunks until one does not fit
+        self._sample: bytes | None = b""  # the body's start, until an event arrives
         self.malformed = 0
 
     def __aiter__(self) -> OpenAIChunks:
@@ -292,6 +300,8 @@ class OpenAIChunks:
                 self._split(pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + b"\n\n")
                 continue
             self._split(data)
+            if self._sample is not None:  # no event yet: keep what came, to say what it was
+                self._sample = None if self._events else (self._sample + data)[:200]
 
     def _split(self, data: bytes) -> None:
         """Queue the data of the events completed by ``data``, the body's next bytes."""
@@ -344,25 +354,25 @@ class OpenAIChunks:
         stream is open, a lost connection is a cut and a transient error event a break
         (:class:`~latencykit.StreamBroken`); other error events (a content filter, ...) keep
         their own type."""
-        if isinstance(error, StreamBroken):
-            return error
-        wrapped = provider_error(error, target=self._target.key, secrets=self._secrets)
-        if self._body is None:
-            return wrapped  # no answer yet: as any failed request
-        if isinstance(error, httpx.TransportError):
-            return StreamBroken(
-                f"the connection was lost mid-stream ({type(error).__name__})",
+        return stream_error(
+            error, target=self._target.key, secrets=self._secrets, opened=self._body is not None
+        )
+
+    def end_error(self) -> Exception | None:
+        """Why the body ended without the provider's finish, when it is more than a cut: an
+        answer that is not an event stream (no event in it: a proxy's HTML page), or events
+        that are not JSON. ``None``: a cut."""
+        if self._sample:
+            response = self._response
+            kind = "" if response is None else response.headers.get("content-type", "")
+            return malformed_answer(
+                f"is not an event stream (content-type {kind!r})",
+                self._sample,
                 target=self._target.key,
-                reason="cut",
             )
-        if is_transient(wrapped):
-            return StreamBroken(
-                wrapped.provider_message,
-                target=self._target.key,
-                status_code=wrapped.status_code,
-                retry_after=wrapped.retry_after,
-            )
-        return wrapped
+        if self.malformed:
+            return not_json_event(self.malformed, target=self._target.key)
+        return None
 
     async def aclose(self) -> None:
         """Close the HTTP response (idempotent): the connection is dropped unless read to the

@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "CONTENT_FIELDS",
     "OPENAI_CHUNKS",
     "Chunk",
     "ChunkChoice",
@@ -35,6 +36,7 @@ __all__ = [
     "Usage",
     "decode_chunk",
     "decode_node",
+    "delta_content",
 ]
 
 
@@ -270,9 +272,29 @@ caller."""
 _NOT_CONTENT: tuple[str | None, str | None] = (None, None)
 
 
+CONTENT_FIELDS = ("tool_calls", "function_call", "reasoning_content", "reasoning")
+"""The delta fields that make a chunk content when its text is empty: a tool call (or a
+legacy function call) and reasoning text (``reasoning_content``: DeepSeek, vLLM, SGLang,
+litellm; ``reasoning``: vLLM >= 0.9, Ollama, OpenRouter). The one content rule, whatever the
+lane or entry point: a chunk is content when its delta has text or one of these; a role-only
+chunk, an empty delta, a finish chunk and a usage chunk are not."""
+
+
+def delta_content(delta: Any, text: Any, field: Any = getattr) -> str | None:
+    """The content of a delta whose text is ``text``: the text, ``""`` for content without
+    text (:data:`CONTENT_FIELDS`), ``None`` when the delta is not content. ``field(delta,
+    name, None)`` reads a field (default ``getattr``)."""
+    if text:
+        return text  # type: ignore[no-any-return]
+    for name in CONTENT_FIELDS:
+        if field(delta, name, None):
+            return ""
+    return None
+
+
 class _OpenAIChunkReader:
-    """Reads the fast lane's chunks (either kind) for a :class:`~latencykit.Stream`: the same
-    rules as litellm's chunks (text, tool-call or reasoning deltas are content)."""
+    """Reads the fast lane's chunks (either kind) for a :class:`~latencykit.Stream`, by the one
+    content rule (:func:`delta_content`)."""
 
     requires_finish = True
 
@@ -286,19 +308,9 @@ class _OpenAIChunkReader:
             delta = choice.delta
             if delta is None:
                 return None, finish
-            text = delta.content
-            if not text:
-                text = (
-                    ""
-                    if delta.tool_calls
-                    or delta.function_call
-                    or delta.reasoning_content
-                    or delta.reasoning
-                    else None
-                )
+            return delta_content(delta, delta.content), finish
         except (AttributeError, TypeError, IndexError):  # a Node of another shape
             return _NOT_CONTENT
-        return text, finish
 
     def output_tokens(self, chunk: Any) -> int | None:
         try:

@@ -400,6 +400,23 @@ class ModelNotFound(BadRequest):
     kind = ErrorKind.NOT_FOUND
 
 
+class HTTPError(Exception):
+    """A provider's error as it arrived on the wire, before classification: an HTTP error
+    answer (``status_code`` >= 400), or an error object inside a 200 answer (a JSON body or a
+    stream's error event: ``status_code`` ``None``). ``body`` is the decoded error (or its
+    text), ``response`` the HTTP response (its headers: ``Retry-After``), if any. The fast
+    lane raises it; :func:`classify` reads it as it reads litellm's exceptions."""
+
+    def __init__(
+        self, message: str, status_code: int | None, body: Any, response: Any = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.body = body
+        self.response = response
+
+
 _ERROR_TYPES: dict[ErrorKind, type[ProviderError]] = {
     cls.kind: cls
     for cls in (
@@ -627,12 +644,20 @@ _TEXT_LIMIT = 4000  # characters of each message searched for wordings
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and its causes: the explicit ``__cause__``, else the implicit ``__context__``
+    (litellm often raises without ``from``), except a latencykit error there: one that was
+    being handled when a new attempt failed (a stream's earlier break, say) is not its cause."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         yield current
-        current = current.__cause__ or current.__context__
+        cause = current.__cause__
+        if cause is None:
+            cause = current.__context__
+            if isinstance(cause, LatencykitError):
+                return
+        current = cause
 
 
 def _status_code(exc: BaseException) -> int | None:
@@ -659,10 +684,42 @@ def _client_classes(exc: BaseException) -> tuple[str, ...]:
 def _http_status(exc: BaseException) -> int | None:
     """The status of the provider's answer: the first one in the cause chain that litellm did
     not set (litellm puts its own guess on its exceptions: 500 on a refused connection, 400 on
-    an error event in a stream)."""
+    an error event in a stream, 422 on an error object in a 200 answer)."""
     for link in _chain(exc):
-        if not _from_litellm(link) and (status := _status_code(link)) is not None:
+        if (
+            not _from_litellm(link)
+            and not _litellm_answer_error(link)
+            and (status := _status_code(link)) is not None
+        ):
             return status
+    return None
+
+
+def _litellm_answer_error(link: BaseException) -> bool:
+    """Whether ``link`` is litellm's stand-in for an error object inside a 200 answer: a bare
+    ``Exception`` carrying a ``status_code`` of its own making (422, or the error's code)."""
+    return type(link) is Exception and "status_code" in link.__dict__
+
+
+def _error_in_answer(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error object that came inside a 200 answer (a JSON body or a
+    stream's error event) rather than as an HTTP error, on either lane."""
+    return any(
+        (isinstance(link, HTTPError) and link.status_code is None) or _litellm_answer_error(link)
+        for link in _chain(exc)
+    )
+
+
+def _stated_status(exc: BaseException) -> int | None:
+    """The HTTP status an error body says of itself, for an error that came without one: an
+    error event inside a stream (vLLM's and others' ``{"error": {"code": 500, ...}}``) reads
+    as that status would, on every lane."""
+    for link in _chain(exc):
+        body = getattr(link, "body", None)
+        error = body.get("error", body) if isinstance(body, Mapping) else None
+        code = error.get("code") if isinstance(error, Mapping) else None
+        if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
+            return code
     return None
 
 
@@ -694,7 +751,9 @@ def _evidence(exc: BaseException, status: int | None) -> _Evidence:
     texts: list[str] = []
     for link in _chain(exc):
         _read_body(getattr(link, "body", None), codes, texts)
-        if not _from_litellm(link):  # litellm sets its own code/type ("throttling_error")
+        if _litellm_answer_error(link) and isinstance(link.__dict__["status_code"], str):
+            codes.add(link.__dict__["status_code"].lower())  # litellm put the error's code there
+        elif not _from_litellm(link):  # litellm sets its own code/type ("throttling_error")
             for attr in ("code", "type"):
                 value = link.__dict__.get(attr) if hasattr(link, "__dict__") else None
                 if isinstance(value, str):
@@ -816,7 +875,15 @@ def classify(exc: BaseException) -> ErrorKind:
     status = _http_status(exc)
     if status is None and _CLASS_NAMES.isdisjoint(classes):
         status = _status_code(exc)  # a class the table does not know: its own status, if any
-    kind = _kind_by_rules(_evidence(exc, status))
+    if status is None:
+        status = _stated_status(exc)
+    evidence = _evidence(exc, status)
+    if status is None and _error_in_answer(exc):
+        # An error object in place of an answer: what its code/type/wording says (a context
+        # length...), else a malformed answer, worth another attempt. The class litellm chose
+        # for it says nothing (a made-up 422).
+        return _kind_by_rules(evidence._replace(classes=())) or ErrorKind.SERVER_ERROR
+    kind = _kind_by_rules(evidence)
     if kind is not None:
         return kind
     if isinstance(exc, TimeoutError):
@@ -934,3 +1001,57 @@ def provider_error(
         retry_after=retry_after(exc),
     )
     return error
+
+
+def stream_error(
+    exc: BaseException, *, target: str, secrets: tuple[str, ...] = (), opened: bool = True
+) -> ProviderError:
+    """What an error raised while reading a stream means, the same on every lane.
+
+    Before the stream opened (no answer yet), it is what it would be for any request
+    (:func:`provider_error`). Once open: a lost connection is a cut
+    (:class:`StreamBroken`, ``reason="cut"``), another transient error (an overload or server
+    error event, an event that is not JSON) a break (``reason="error"``), and an error event
+    that is not transient (a content filter, context length) keeps its own type. A break
+    claims no HTTP status: the stream's answer was a 200.
+    """
+    error = provider_error(exc, target=target, secrets=secrets)
+    if not opened or not error.kind.transient or error.kind is ErrorKind.TIMEOUT:
+        return error
+    if isinstance(error, StreamBroken) and error.status_code is None:
+        return error  # latencykit's own (a cut judged from the chunks)
+    if any(type(link).__name__ == "JSONDecodeError" for link in _chain(exc)):
+        return not_json_event(1, target=target)
+    lost = error.kind is ErrorKind.CONNECTION or any(
+        type(link).__name__ in _CONNECTION_CAUSES or isinstance(link, ConnectionError)
+        for link in _chain(exc)
+    )
+    if lost:
+        return StreamBroken(
+            f"the connection was lost mid-stream: {error.provider_message}",
+            target=target,
+            reason="cut",
+        )
+    return StreamBroken(error.provider_message, target=target, retry_after=error.retry_after)
+
+
+def malformed_answer(what: str, sample: bytes | str, *, target: str) -> ProviderUnavailable:
+    """The error for a 200 answer that is not one (``what`` it is: "is not JSON", "has no
+    choices", "is not an event stream"...): a transient :class:`ProviderUnavailable` (another
+    attempt, or another target, may answer), counted by the breaker. The message shows the
+    start of what came back, scrubbed."""
+    text = sample.decode(errors="replace") if isinstance(sample, bytes) else sample
+    text = scrub(" ".join(text.split()))
+    shown = text if len(text) <= 120 else text[:117] + "..."
+    said = f": {shown!r}" if shown else ""
+    return ProviderUnavailable(
+        f"the provider's answer {what}{said}", target=target, status_code=200
+    )
+
+
+def not_json_event(count: int, *, target: str) -> StreamBroken:
+    """The break of a stream that ended without its finish after ``count`` events that are not
+    JSON (``reason="error"``): the same on every lane (through litellm, the first such event
+    ends the stream)."""
+    events = "an event" if count == 1 else f"{count} events"
+    return StreamBroken(f"{events} of the stream did not parse as JSON", target=target)

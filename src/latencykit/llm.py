@@ -43,6 +43,7 @@ from .errors import (
     OutputTruncated,
     classify,
     is_transient,
+    malformed_answer,
     provider_error,
 )
 from .fleet import SharedStore
@@ -750,6 +751,8 @@ class LLM:
                     response = await run_on_asyncio(coro)
         except Exception as exc:
             raise provider_error(exc, target=target.key, secrets=self._secrets) from exc
+        if not response.choices:  # litellm takes an answer with no choices for one
+            raise malformed_answer("has no choices", response.model_dump_json(), target=target.key)
         response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), target.key)
         if cap is not None:
             response._hidden_params[_CAP_KEY] = cap

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 from . import events
 from ._cancel import Expired as _Expired
 from ._cancel import Watchdog, backend, loop_clock
+from ._openai_chunks import OPENAI_CHUNKS, Node
 from ._response import Summary
 from ._response import summary as _summary
 
@@ -71,16 +72,34 @@ class ChunkReader(Protocol):
 
 
 class _AnyItem:
-    """Plain async iterators: every item is content; the end of iteration completes them."""
+    """Items of any async iterator, read by their shape: a chat-completion chunk (an object or
+    a mapping with ``choices``: litellm's, the OpenAI SDK's, the fast lane's, a dict) by the
+    one content rule (:func:`~latencykit._openai_chunks.delta_content`: a role-only chunk or
+    an empty delta is not content), a string when it is not empty, anything else always. The
+    end of iteration completes them (no finish is required)."""
 
     requires_finish = False
     _READ: tuple[str | None, str | None] = ("", None)
 
     def read(self, item: Any) -> tuple[str | None, str | None]:
-        return self._READ
+        if isinstance(item, str):
+            return (item or None), None
+        chunk = _chat_chunk(item)
+        return self._READ if chunk is None else OPENAI_CHUNKS.read(chunk)
 
     def output_tokens(self, item: Any) -> int | None:
-        return None
+        chunk = _chat_chunk(item)
+        return None if chunk is None else OPENAI_CHUNKS.output_tokens(chunk)
+
+
+def _chat_chunk(item: Any) -> Any:
+    """``item`` as a chat-completion chunk with attribute access, or ``None`` if it is not
+    one (a dict is read through a :class:`~latencykit._openai_chunks.Node`)."""
+    if getattr(item, "choices", None) is not None:
+        return item
+    if isinstance(item, dict) and "choices" in item:
+        return Node(item)
+    return None
 
 
 ANY_ITEM: ChunkReader = _AnyItem()
@@ -563,6 +582,9 @@ class Stream(_ClosedOnExit, Generic[T]):
         if self._reader.requires_finish and self.finish_reason is None:
             from .errors import StreamBroken
 
+            end_error = getattr(self._source, "end_error", None)
+            if end_error is not None and (error := end_error()) is not None:
+                raise error
             raise StreamBroken(
                 "the stream ended without a finish_reason: the connection was cut",
                 target=self.target,

@@ -1,0 +1,101 @@
+"""Servers this project did not script: exact bytes on a raw socket, for tests of what arrives
+on the wire (a provider's quirks, a proxy's HTML page, a cut in the middle of a chunk).
+
+``async with raw_server(answer) as api_base:`` serves every request (on 127.0.0.1) with the
+bytes ``answer`` returns, written in order, then closes the connection. :func:`http` builds an
+answer: a status, headers and body pieces, the body close-delimited or chunked (optionally cut
+before the chunked body's end).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import anyio
+import anyio.abc
+
+Answer = Sequence[bytes]
+
+
+def http(
+    status: int,
+    body: Sequence[bytes] | bytes,
+    *,
+    content_type: str = "application/json",
+    headers: Sequence[tuple[str, str]] = (),
+    chunked: bool = False,
+    cut: bool = False,
+) -> Answer:
+    """An HTTP/1.1 answer as the pieces written: with ``chunked``, each body piece is one HTTP
+    chunk and ``cut`` leaves out the last (zero-length) chunk; otherwise the body ends when the
+    connection closes (as many SSE servers do)."""
+    pieces = [body] if isinstance(body, bytes) else list(body)
+    head = [f"HTTP/1.1 {status} X", f"content-type: {content_type}", "connection: close"]
+    head += [f"{name}: {value}" for name, value in headers]
+    if chunked:
+        head.append("transfer-encoding: chunked")
+    out = ["\r\n".join(head).encode() + b"\r\n\r\n"]
+    if not chunked:
+        return [*out, *pieces]
+    out += [b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces if piece]
+    if not cut:
+        out.append(b"0\r\n\r\n")
+    return out
+
+
+def sse(*events: bytes) -> list[bytes]:
+    """Each event as one body piece (``data: ...`` lines, as given), with its blank line."""
+    return [event + b"\n\n" for event in events]
+
+
+def chunk(content: str | None = None, finish: str | None = None, **delta: str) -> bytes:
+    """One ``data:`` event of a chat-completion chunk (the content and other delta fields)."""
+    import json
+
+    fields = dict(delta)
+    if content is not None:
+        fields["content"] = content
+    payload = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": fields, "finish_reason": finish}],
+    }
+    return b"data: " + json.dumps(payload).encode()
+
+
+@contextlib.asynccontextmanager
+async def raw_server(answer: Callable[[bytes], Answer] | Answer) -> AsyncIterator[str]:
+    """Serve every request with ``answer`` (or ``answer(request_bytes)``); yields the
+    ``api_base`` (``http://127.0.0.1:PORT/v1``). The server reads the whole request first."""
+
+    async def handle(client: anyio.abc.SocketStream) -> None:
+        async with client:
+            received = b""
+            while b"\r\n\r\n" not in received:
+                received += await client.receive()
+            head, _, rest = received.partition(b"\r\n\r\n")
+            length = next(
+                (
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ),
+                0,
+            )
+            while len(rest) < length:
+                rest += await client.receive()
+            pieces = answer(head + b"\r\n\r\n" + rest) if callable(answer) else answer
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                for piece in pieces:
+                    await client.send(piece)
+                    await anyio.sleep(0.001)
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as group:
+        group.start_soon(listener.serve, handle)
+        yield f"http://127.0.0.1:{port}/v1"
+        group.cancel_scope.cancel()
