@@ -478,8 +478,73 @@ async def test_a_stall_is_recovered_on_the_next_target_within_the_stall_limit(
     assert text_of(await read_all(stream)) == TEXT
     assert time.monotonic() - started < 0.3 + 1.0
     assert lk.report(stream).target == "openai/backup"
-    assert [a.model for a in fake.attempts] == ["stalls", "stalls", "backup"]
+    assert [a.model for a in fake.attempts] == ["stalls", "backup"]  # the stalled one is left
     await disconnected(fake, "stalls")
+
+
+async def test_a_target_that_keeps_cutting_is_left_for_the_failover_target(
+    fake: FakeProvider,
+) -> None:
+    """Every stream of the primary is cut at the same point: the continuation goes to the
+    failover target, which completes the answer exactly once (no word lost or repeated)."""
+    fake.script("cuts", Behavior(fault=Fault.CUT, stall_after=3, output_tokens=8))
+    fake.script("backup", Behavior(output_tokens=8))
+    llm = make_llm(fake, "cuts", failover=[target(fake, "backup")], stream_guard=resuming())
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    chunks = await read_all(stream)
+    assert text_of(chunks) == TEXT == stream.partial_text
+    assert stream.outcome == "ok" and stream.resumes == 1
+    assert [a.model for a in fake.attempts] == ["cuts", "backup"]
+    assert lk.report(stream).target == "openai/backup"
+    assert [(a.target, a.reason, a.outcome) for a in lk.report(stream).attempts] == [
+        ("openai/cuts", "primary", "error"),
+        ("openai/backup", "resume", "ok"),
+    ]
+
+
+async def test_a_stream_that_cannot_be_completed_is_stream_broken_with_every_attempt(
+    fake: FakeProvider,
+) -> None:
+    cut = Behavior(fault=Fault.CUT, stall_after=3, output_tokens=8)
+    fake.script("cuts", cut)
+    fake.script("backup", cut)
+    llm = make_llm(fake, "cuts", failover=[target(fake, "backup")], stream_guard=resuming())
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    with pytest.raises(lk.StreamBroken) as info:
+        await read_all(stream)
+    error = info.value
+    assert type(error) is lk.StreamBroken and error.reason == "cut"
+    assert lk.errors.classify(error) is lk.ErrorKind.STREAM_BROKEN
+    assert error.partial_text == "tok0 tok1 tok2" and stream.resumes == 2
+    assert [(a.target, a.reason) for a in error.attempts] == [
+        ("openai/cuts", "primary"),
+        ("openai/backup", "resume"),
+        ("openai/cuts", "resume"),
+    ]
+    assert all(a.outcome == "error" for a in error.attempts)
+
+
+async def test_a_continuation_that_stalls_is_an_error_its_breaker_counts(
+    fake: FakeProvider,
+) -> None:
+    fake.script("cuts", Behavior(fault=Fault.CUT, stall_after=3, output_tokens=8))
+    fake.script("stalls", Behavior(fault=Fault.STALL, stall_after=4, output_tokens=8))
+    llm = make_llm(
+        fake,
+        "cuts",
+        failover=[target(fake, "stalls")],
+        stream_guard=resuming(stall=0.3, max_resumes=1),
+        breaker={"minimum_calls": 5},
+    )
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    with pytest.raises(lk.StreamStalled) as info:
+        await read_all(stream)
+    assert info.value.partial_text == "tok0 tok1 tok2 tok3"
+    resumed = info.value.attempts[-1]
+    assert (resumed.target, resumed.outcome) == ("openai/stalls", "error")
+    assert resumed.error_type == "StreamStalled"
+    assert lk.policies.breaker.breakers()["openai/stalls"].metrics().failures == 1
+    assert llm.stats()["openai/stalls"].errors == 1
 
 
 async def test_recovery_gives_up_after_max_resumes(fake: FakeProvider) -> None:

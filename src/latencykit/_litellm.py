@@ -230,6 +230,7 @@ class SkipPrefix:
     """
 
     __slots__ = ("_rest", "_stream", "attempt", "target")
+    guards_itself = True  # the regenerated stream does
 
     def __init__(self, stream: Any, prefix: str) -> None:
         self._stream = stream

@@ -34,7 +34,6 @@ from ._context import (
     deadline_var,
     remaining,
     task_var,
-    trace_var,
 )
 from ._litellm import LitellmChunks, SkipPrefix, litellm
 from .errors import (
@@ -666,7 +665,7 @@ class LLM:
             if self.max_output_tokens is not None and self.on_truncated == "raise":
                 result.on_finished = _raise_if_truncated
             if self.stream_guard.on_break == "continue":
-                result.recover = functools.partial(self._continue, call, trace)
+                result.recover = functools.partial(self._continue, call, trace, set())
             return result
         hidden = result._hidden_params
         # The report is built on demand by report(): most callers never ask for it.
@@ -763,18 +762,31 @@ class LLM:
         return response
 
     async def _continue(
-        self, call: Call, trace: Trace, broken: Stream[Any], error: Exception
+        self,
+        call: Call,
+        trace: Trace,
+        broke: set[str],
+        broken: Stream[Any],
+        error: Exception,
     ) -> AsyncIterator[Any] | None:
         """A source continuing ``broken`` (see ``StreamGuard(on_break="continue")``), or
-        ``None`` when no target could within the budget and ``max_resumes``."""
+        ``None`` when no target could within the budget and ``max_resumes``.
+
+        The targets are asked in failover order, those that broke this stream (``broke``: the
+        keys, kept across the stream's resumes) last: a target that cut or stalled once is
+        likely to do it again (the same overloaded replica, the same fault at the same point),
+        while regenerating elsewhere costs the same as on it. Each is asked through its own
+        breaker and retry policies, within the call's trace (its attempts join the call's)."""
         loop = backend()
+        broke.add(broken.target)
         if broken.resumes >= self.stream_guard.max_resumes or loop.now() >= broken.deadline:
             return None
         delivered = broken.partial_text
         messages = list(call.kwargs.get("messages") or ())
-        targets = [t for t in self.targets if t.key == broken.target] or [call.target]
-        targets += [t for t in self.targets if t.key != targets[0].key]
-        trace_token = trace_var.set(trace)
+        targets = (
+            self.targets if any(t.key == call.target.key for t in self.targets) else (call.target,)
+        )
+        targets = sorted(targets, key=lambda t: t.key in broke)  # stable: failover order kept
         deadline_token = deadline_var.set(broken.deadline)
         try:
             with loop.scope(deadline=broken.deadline):
@@ -791,8 +803,8 @@ class LLM:
                             fn=self._attempt_on(target, True), kwargs=kwargs, target=target
                         )
                         try:
-                            continued, _ = await self._per_target.run_traced(
-                                attempt, reason="resume"
+                            continued = await self._per_target.run_within(
+                                attempt, trace, reason="resume"
                             )
                         except Exception as exc:
                             if mode == "prefill" and classify(exc) is ErrorKind.BAD_REQUEST:
@@ -815,7 +827,6 @@ class LLM:
                         return SkipPrefix(continued, delivered)
         finally:
             deadline_var.reset(deadline_token)
-            trace_var.reset(trace_token)
         return None
 
     async def _degraded_path(self, reason: FallbackReason, call: Call, next: Next) -> Any:

@@ -247,6 +247,18 @@ class Pipeline:
             _call_ended(trace, call, "ok", None, result)
         return result, trace
 
+    async def run_within(self, call: Call, trace: Trace, *, reason: AttemptReason) -> Any:
+        """Run ``call`` through the policies as part of an enclosing call's ``trace`` (its
+        attempts join that call's history, made for ``reason``): what continues a broken
+        stream. No call events of its own are emitted."""
+        token = trace_var.set(trace)
+        reason_token = reason_var.set(reason)
+        try:
+            return await self._entry(call)
+        finally:
+            reason_var.reset(reason_token)
+            trace_var.reset(token)
+
     @overload
     def __call__(self, fn: Callable[P, AsyncIterator[T]]) -> Callable[P, LazyStream[T]]: ...
     @overload
@@ -568,6 +580,18 @@ class PolicyDecorator:
     """Mixin: a policy object is also a decorator (``@lk.deadline(3.0)``)."""
 
     __slots__ = ()
+
+    async def run_within(self, call: Call, trace: Trace, *, reason: AttemptReason) -> Any:
+        """Run ``call`` through the policies as part of an enclosing call's ``trace`` (its
+        attempts join that call's history, made for ``reason``): what continues a broken
+        stream. No call events of its own are emitted."""
+        token = trace_var.set(trace)
+        reason_token = reason_var.set(reason)
+        try:
+            return await self._entry(call)
+        finally:
+            reason_var.reset(reason_token)
+            trace_var.reset(token)
 
     @overload
     def __call__(self, fn: Callable[P, AsyncIterator[T]]) -> Callable[P, LazyStream[T]]: ...

@@ -155,6 +155,9 @@ class Stream(_ClosedOnExit, Generic[T]):
         output_tokens: output tokens the provider reported (``None`` until a usage chunk).
     """
 
+    guards_itself = True
+    """A stream enforces its own limits (what a stream reading it needs to know)."""
+
     __slots__ = (
         "__weakref__",
         "_budget",
@@ -166,6 +169,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         "_first_at",
         "_first_item",
         "_gaps",
+        "_guarded",
         "_last_at",
         "_live",
         "_now",
@@ -265,6 +269,9 @@ class Stream(_ClosedOnExit, Generic[T]):
         ``_NOTHING``) for a source fed by another thread.
         """
         self._source = source
+        # A continuation is itself a guarded Stream (stall, deadline): it ends itself, with
+        # its attempt's outcome, and this stream must not race it with a timer of its own.
+        self._guarded = getattr(source, "guards_itself", False)
         self._pull_next: Callable[[], Awaitable[T]] = getattr(source, "pull", source.__anext__)
         self._wrap_error: Callable[[Exception], Exception] | None = getattr(
             source, "wrap_error", None
@@ -512,6 +519,8 @@ class Stream(_ClosedOnExit, Generic[T]):
         arrival, or the deadline if that is earlier. Computed when a wait needs it, not per
         chunk. The time the consumer held the stream since the last read (over chunks
         already received) is not the provider's: the limit moves by it."""
+        if self._guarded:
+            return math.inf
         stall = self.stall
         if stall is not None:
             limit = self._last_at + stall + (self._now() - self._read_at)
