@@ -783,10 +783,9 @@ class LLM:
             return None
         delivered = broken.partial_text
         messages = list(call.kwargs.get("messages") or ())
-        targets = (
-            self.targets if any(t.key == call.target.key for t in self.targets) else (call.target,)
-        )
-        targets = sorted(targets, key=lambda t: t.key in broke)  # stable: failover order kept
+        known = any(t.key == call.target.key for t in self.targets)
+        # Stable: the failover order is kept among those that did not break it, and those that did.
+        targets = sorted(self.targets if known else [call.target], key=lambda t: t.key in broke)
         deadline_token = deadline_var.set(broken.deadline)
         try:
             with loop.scope(deadline=broken.deadline):

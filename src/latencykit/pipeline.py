@@ -581,18 +581,6 @@ class PolicyDecorator:
 
     __slots__ = ()
 
-    async def run_within(self, call: Call, trace: Trace, *, reason: AttemptReason) -> Any:
-        """Run ``call`` through the policies as part of an enclosing call's ``trace`` (its
-        attempts join that call's history, made for ``reason``): what continues a broken
-        stream. No call events of its own are emitted."""
-        token = trace_var.set(trace)
-        reason_token = reason_var.set(reason)
-        try:
-            return await self._entry(call)
-        finally:
-            reason_var.reset(reason_token)
-            trace_var.reset(token)
-
     @overload
     def __call__(self, fn: Callable[P, AsyncIterator[T]]) -> Callable[P, LazyStream[T]]: ...
     @overload
