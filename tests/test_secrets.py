@@ -34,18 +34,14 @@ def fake(fake_provider: FakeProvider) -> Iterator[FakeProvider]:
 
 def printed(error: BaseException) -> str:
     """Everything a user may see of ``error``: what ``logging.exception`` prints, and more."""
-    return "\n".join(
-        ["".join(traceback.format_exception(error)), str(error), repr(error)]
-        + [str(getattr(error, "provider_message", ""))]
-    )
+    shown = ("".join(traceback.format_exception(error)), str(error), repr(error))
+    return "\n".join((*shown, str(getattr(error, "provider_message", ""))))
 
 
 async def fail(llm: lk.LLM, stream: bool) -> lk.ProviderError:
+    call = read(llm) if stream else llm.acompletion(messages=MESSAGES)
     with pytest.raises(lk.ProviderError) as info:
-        if stream:
-            await read(llm)
-        else:
-            await llm.acompletion(messages=MESSAGES)
+        await call
     return info.value
 
 

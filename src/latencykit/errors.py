@@ -1008,8 +1008,10 @@ def _scrub_value(value: object, secrets: re.Pattern[str] | None) -> object:
         return _scrub(value, secrets)
     if isinstance(value, Mapping):
         return {k: _scrub_value(v, secrets) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_scrub_value(v, secrets) for v in value)
+    if isinstance(value, list):
+        return [_scrub_value(v, secrets) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_scrub_value(v, secrets) for v in value)
     return value
 
 
@@ -1031,14 +1033,11 @@ def _scrub_chain(exc: BaseException, secrets: re.Pattern[str] | None) -> None:
         if id(link) in seen:
             continue
         seen.add(id(link))
-        with contextlib.suppress(AttributeError, TypeError):  # read-only attributes: left
-            link.args = tuple(_scrub_value(a, secrets) for a in link.args)
-            for attr in ("message", "body"):
-                if attr in getattr(link, "__dict__", ()):
+        link.args = tuple(_scrub_value(a, secrets) for a in link.args)
+        for attr in ("message", "body", "__notes__"):
+            if attr in getattr(link, "__dict__", ()):
+                with contextlib.suppress(AttributeError, TypeError):  # read-only: left as is
                     setattr(link, attr, _scrub_value(getattr(link, attr), secrets))
-            notes = getattr(link, "__notes__", None)
-            if isinstance(notes, list):
-                notes[:] = [_scrub_value(n, secrets) for n in notes]
         pending.extend(e for e in (link.__cause__, link.__context__) if e is not None)
         group = getattr(link, "exceptions", None)  # an exception group's members
         if isinstance(group, (tuple, list)):
