@@ -68,6 +68,8 @@ def test_a_key_of_any_shape_is_scrubbed_before_a_period() -> None:
 def test_url_credentials_are_scrubbed() -> None:
     text = scrub(f"POST https://user:{PASSWORD}@proxy.example/v1 failed")
     assert PASSWORD not in text and "user" not in text and "proxy.example/v1" in text
+    # A password with an "@" in it: the URL's credentials end at the last one.
+    assert scrub("http://u:p@ss@host/v1?to=me@x") == "http://***@host/v1?to=me@x"
 
 
 @pytest.mark.parametrize("lane", ["litellm", "openai"])

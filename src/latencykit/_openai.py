@@ -88,10 +88,10 @@ def client() -> httpx.AsyncClient:
 class Request:
     """One chat-completions request to a target: URL, headers and body, built once.
 
-    Its auth is litellm's: ``Authorization: Bearer`` with the target's ``api_key`` (default
-    ``OPENAI_API_KEY``); credentials in ``api_base`` are left out of the URL, as in
-    :meth:`~latencykit.Target.litellm_arguments` (httpx would send them as Basic auth in
-    place of the key).
+    Its auth is the litellm lane's: ``Authorization: Bearer`` with the target's ``api_key``
+    (default ``OPENAI_API_KEY``). Credentials in ``api_base`` are left out of the URL, as
+    :meth:`~latencykit.Target.litellm_arguments` leaves them out of litellm's (httpx would
+    send them as Basic auth in place of the key).
     """
 
     __slots__ = ("body", "headers", "timeout", "url")

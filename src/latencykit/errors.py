@@ -955,7 +955,7 @@ _SECRET_PATTERNS = re.compile(
     # is the sentence's)
     r"(?i:api[_ -]?key(?:\s+provided)?)[\"']?\s*[:=]\s*[\"']?[^\s\"',}*]*[^\s\"',}.*]|"
     # credentials in a URL: "https://user:password@host" keeps only "https://***@host"
-    r"(?<=://)[^/\s@]+(?=@))"
+    r"(?<=://)[^/?#\s]+(?=@))"
 )
 # Environment variables whose values are credentials: litellm and the fast lane take a key
 # from there when a target has none (OPENAI_API_KEY, AZURE_API_KEY, HF_TOKEN, ...).
