@@ -34,6 +34,7 @@ from .errors import (
     stream_error,
 )
 from .stream import _NOTHING
+from .target import without_credentials
 
 if TYPE_CHECKING:
     from .target import Target
@@ -85,13 +86,19 @@ def client() -> httpx.AsyncClient:
 
 
 class Request:
-    """One chat-completions request to a target: URL, headers and body, built once."""
+    """One chat-completions request to a target: URL, headers and body, built once.
+
+    Its auth is the litellm lane's: ``Authorization: Bearer`` with the target's ``api_key``
+    (default ``OPENAI_API_KEY``). Credentials in ``api_base`` are left out of the URL, as
+    :meth:`~latencykit.Target.litellm_arguments` leaves them out of litellm's (httpx would
+    send them as Basic auth in place of the key).
+    """
 
     __slots__ = ("body", "headers", "timeout", "url")
 
     def __init__(self, target: Target, timeout: float, kwargs: Mapping[str, Any]) -> None:
-        base = (target.api_base or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE).rstrip("/")
-        self.url = f"{base}/chat/completions"
+        base = target.api_base or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE
+        self.url = f"{without_credentials(base).rstrip('/')}/chat/completions"
         key = target.api_key or os.environ.get("OPENAI_API_KEY")
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if key:

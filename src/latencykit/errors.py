@@ -951,21 +951,97 @@ def retry_after(exc: BaseException) -> float | None:
 
 _SECRET_PATTERNS = re.compile(
     r"(sk-[A-Za-z0-9_\-]{6,}|(?i:bearer)\s+[A-Za-z0-9._\-]+|"
-    r"(?i:api[_-]?key)[\"']?\s*[:=]\s*[\"']?[^\s\"',}]+)"
+    # a value after "api_key=", "API key:" or OpenAI's "API key provided:" (a final period
+    # is the sentence's)
+    r"(?i:api[_ -]?key(?:\s+provided)?)[\"']?\s*[:=]\s*[\"']?[^\s\"',}*]*[^\s\"',}.*]|"
+    # credentials in a URL: "https://user:password@host" keeps only "https://***@host"
+    r"(?<=://)[^/?#\s]+(?=@))"
 )
+# Environment variables whose values are credentials: litellm and the fast lane take a key
+# from there when a target has none (OPENAI_API_KEY, AZURE_API_KEY, HF_TOKEN, ...).
+_SECRET_VARIABLE = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|CREDENTIALS?)$")
+_MIN_ENV_SECRET = 8  # shorter values of such variables are flags, not keys
 _MESSAGE_LIMIT = 500
 
 
-def scrub(text: str, *secrets: str | None) -> str:
-    """Remove API-key-looking strings, and the given secrets, from ``text``.
+def _environment_secrets() -> list[str]:
+    import os
 
-    A secret is replaced only where it stands as a whole token (not inside a longer word), so
-    that a short key does not mangle ordinary text.
+    return [
+        value
+        for name, value in os.environ.items()
+        if len(value) >= _MIN_ENV_SECRET and _SECRET_VARIABLE.search(name)
+    ]
+
+
+def scrub(text: str, *secrets: str | None) -> str:
+    """Remove the given secrets, the credentials in the environment, and API-key-looking
+    strings from ``text``.
+
+    A secret is any string, whatever its shape (an Azure hex key, a proxy token); it is
+    replaced where it stands as a whole token (not inside a longer word, nor before
+    ``.word``; a sentence's final period is fine), so that a short key does not mangle
+    ordinary text. The environment's credentials are the values of its ``*KEY``, ``*TOKEN``,
+    ``*SECRET``, ``*PASSWORD``, ``*CREDENTIALS`` variables (8 characters or more), read now.
+    The patterns catch ``sk-...`` keys, ``Bearer`` tokens, ``api_key=...`` / ``API key
+    provided: ...`` values and the ``user:password@`` of URLs.
     """
-    for secret in secrets:
-        if secret:
-            text = re.sub(rf"(?<![\w\-.]){re.escape(secret)}(?![\w\-.])", "***", text)
+    return _scrub(text, _secrets_pattern(secrets))
+
+
+def _secrets_pattern(secrets: tuple[str | None, ...]) -> re.Pattern[str] | None:
+    known = {s for s in (*secrets, *_environment_secrets()) if s}
+    if not known:
+        return None
+    alternatives = "|".join(re.escape(s) for s in sorted(known, key=len, reverse=True))
+    return re.compile(rf"(?<![\w\-.])(?:{alternatives})(?![\w\-]|\.[\w\-])")
+
+
+def _scrub(text: str, secrets: re.Pattern[str] | None) -> str:
+    if secrets is not None:
+        text = secrets.sub("***", text)
     return _SECRET_PATTERNS.sub("***", text)
+
+
+def _scrub_value(value: object, secrets: re.Pattern[str] | None) -> object:
+    if isinstance(value, str):
+        return _scrub(value, secrets)
+    if isinstance(value, Mapping):
+        return {k: _scrub_value(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub_value(v, secrets) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_scrub_value(v, secrets) for v in value)
+    return value
+
+
+def _scrub_chain(exc: BaseException, secrets: re.Pattern[str] | None) -> None:
+    """Scrub, in place, the exceptions a printed traceback of ``exc`` shows.
+
+    ``traceback.format_exception`` (so ``logging.exception``) prints every exception of the
+    ``__cause__``/``__context__`` chain and of exception groups, with its ``str()``: litellm's
+    and the OpenAI SDK's exceptions keep the provider's text (which may echo the key) in their
+    ``args``, ``message`` and ``body``, which their ``str()`` reads. Scrubbing those where
+    latencykit wraps such an exception (:func:`provider_error`) keeps the key out of every
+    traceback of an error latencykit raises, while litellm's exception stays reachable as the
+    ``__cause__``. They are the exceptions of the failed attempt: nothing else holds them.
+    """
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        link = pending.pop()
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        link.args = tuple(_scrub_value(a, secrets) for a in link.args)
+        for attr in ("message", "body", "__notes__"):
+            if attr in getattr(link, "__dict__", ()):
+                with contextlib.suppress(AttributeError, TypeError):  # read-only: left as is
+                    setattr(link, attr, _scrub_value(getattr(link, attr), secrets))
+        pending.extend(e for e in (link.__cause__, link.__context__) if e is not None)
+        group = getattr(link, "exceptions", None)  # an exception group's members
+        if isinstance(group, (tuple, list)):
+            pending.extend(e for e in group if isinstance(e, BaseException))
 
 
 def _describe(exc: BaseException) -> str:
@@ -986,11 +1062,18 @@ def _provider_message(exc: BaseException) -> str:
 def provider_error(
     exc: BaseException, *, target: str, secrets: tuple[str, ...] = ()
 ) -> ProviderError:
-    """Wrap a client exception (litellm, httpx, ...) in the matching :class:`ProviderError`."""
+    """Wrap a client exception (litellm, httpx, ...) in the matching :class:`ProviderError`.
+
+    ``secrets`` (the configured keys) are scrubbed, with the environment's credentials and
+    key-looking strings (:func:`scrub`), from its message and from ``exc`` and its chain in
+    place (see ``_scrub_chain``): raised ``from exc``, it prints no key in any traceback.
+    """
     if isinstance(exc, ProviderError):
         return exc
-    kind = classify(exc)
-    message = scrub(_provider_message(exc), *secrets)
+    kind = classify(exc)  # before scrubbing: it reads the provider's own text
+    known = _secrets_pattern(secrets)
+    _scrub_chain(exc, known)
+    message = _scrub(_provider_message(exc), known)
     if len(message) > _MESSAGE_LIMIT:
         message = message[: _MESSAGE_LIMIT - 3] + "..."
     status = _http_status(exc)

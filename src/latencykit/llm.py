@@ -44,6 +44,7 @@ from .errors import (
     is_transient,
     malformed_answer,
     provider_error,
+    scrub,
 )
 from .fleet import SharedStore
 from .pipeline import Call, Next, Pipeline, Policy, Stage
@@ -131,6 +132,8 @@ class Degrade:
 
     def __repr__(self) -> str:
         overrides = {k: ("***" if k == "api_key" else v) for k, v in self.overrides.items()}
+        if isinstance(overrides.get("api_base"), str):
+            overrides["api_base"] = scrub(overrides["api_base"])  # its user:password@
         return (
             f"Degrade(model={self.model!r}, max_tokens={self.max_tokens!r}, "
             f"after={self.after!r}, overrides={overrides!r})"

@@ -14,12 +14,14 @@ arguments plus latencykit's own keys (``name``, ``context_window``, ``capabiliti
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from . import _validation
+from .errors import scrub
 
 __all__ = ["Endpoint", "Target", "as_target"]
 
@@ -46,6 +48,11 @@ class Target:
         name: the target's identity in attempts, events, breakers and latency windows
             (default: ``model``). Two targets with the same name share that state.
         api_base: the endpoint (default ``None``: litellm's default for the provider).
+            Credentials in it (``https://user:password@host/v1``) are shown as ``***`` and
+            never sent, on either lane: litellm's HTTP transports disagree on them (aiohttp,
+            its default, refuses the request; httpx sends them as Basic auth in place of the
+            key). Give the key as ``api_key`` (sent as ``Authorization: Bearer``), or a proxy's
+            own header in ``extra_headers``.
         api_key: the key for ``api_base`` (default ``None``: litellm's environment lookup);
             never shown in reprs, events or errors, never sent to another host.
         timeout: per-attempt timeout handed to litellm, constant per target so that litellm
@@ -60,7 +67,9 @@ class Target:
             lane, straight to an OpenAI-compatible chat-completions endpoint (``api_base``,
             default OpenAI's) over httpx, without litellm's per-chunk work; only for providers
             that speak that protocol (OpenAI, vLLM, SGLang, TGI, Ollama, Together, Groq,
-            Fireworks, DeepSeek, OpenRouter, Mistral, ...).
+            Fireworks, DeepSeek, OpenRouter, Mistral, ...). Without an ``api_base`` it goes to
+            OpenAI (or ``OPENAI_BASE_URL``), so only an OpenAI model may leave it out; Azure
+            (its own URL scheme and key header) is refused either way (``ValueError``).
     """
 
     model: str = ""
@@ -90,6 +99,8 @@ class Target:
             raise ValueError(f"target.api_base must be a non-empty URL, got {self.api_base!r}")
         if self.api_key is not None and not isinstance(self.api_key, str):
             raise TypeError("target.api_key must be a string")
+        if self.transport == "openai":
+            _check_fast_lane(self.model, self.api_base)
         if self.timeout is not None:
             object.__setattr__(self, "timeout", _validation.seconds("target.timeout", self.timeout))
         window = self.context_window
@@ -111,6 +122,13 @@ class Target:
                 + ("latencykit owns it" if bad[0] in _FORBIDDEN else "it is a Target field")
             )
         object.__setattr__(self, "arguments", MappingProxyType(dict(self.arguments)))
+
+    def __repr__(self) -> str:
+        # The dataclass's repr (without api_key), with the credentials of api_base hidden.
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
+        if self.api_base is not None:
+            shown["api_base"] = scrub(self.api_base)
+        return "Target(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
     @property
     def key(self) -> str:
@@ -150,11 +168,48 @@ class Target:
         endpoint, key, timeout), which a call cannot change."""
         arguments = {**self.arguments, **call, "model": self.model}
         if self.api_base is not None:
-            arguments["api_base"] = self.api_base
+            arguments["api_base"] = without_credentials(self.api_base)
         if self.api_key is not None:
             arguments["api_key"] = self.api_key
         arguments["timeout"] = self.timeout if self.timeout is not None else default_timeout
         return arguments
+
+
+_CREDENTIALS = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://)[^/?#]*@")
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without its ``user:password@`` part, which is never sent (see
+    :attr:`Target.api_base`)."""
+    return _CREDENTIALS.sub(r"\1", url)
+
+
+def _check_fast_lane(model: str, api_base: str | None) -> None:
+    """Refuse ``transport="openai"`` where the fast lane would send the request to the wrong
+    place: an Azure model (its own URL scheme and key header), or, without an ``api_base``,
+    a model of another provider than OpenAI (the request would go to OpenAI's URL)."""
+    provider = model.split("/", 1)[0] if "/" in model else _provider_of(model)
+    if provider == "azure":
+        raise ValueError(
+            f"target.transport='openai' cannot call {model!r}: Azure has its own URL scheme "
+            "and key header; use transport='litellm'"
+        )
+    if api_base is None and provider != "openai":
+        raise ValueError(
+            f"target.transport='openai' without an api_base sends to OpenAI, which does not "
+            f"serve {model!r}: give the provider's OpenAI-compatible api_base, or use "
+            "transport='litellm'"
+        )
+
+
+def _provider_of(model: str) -> str | None:
+    """The provider litellm routes a model name without a prefix to (``None``: unknown)."""
+    from ._litellm import litellm  # a bare name: only litellm knows ("gpt-4o", "claude-3")
+
+    try:
+        return str(litellm().get_llm_provider(model=model)[1])
+    except Exception:  # litellm does not know it either
+        return None
 
 
 @dataclass(frozen=True, slots=True)
