@@ -757,7 +757,7 @@ def load(
         return model.model_validate(data)
     except ValidationError as error:
         # from None: this error says all the original did, plus where each value came from.
-        raise _located(error, model, title, lines, names, env_prefix) from None
+        raise _located(error, data, model, title, lines, names, env_prefix) from None
 
 
 def _from_config(
@@ -992,6 +992,7 @@ def _env(prefix: str) -> tuple[dict[str, Any], dict[Path_, str]]:
 
 def _located(
     error: ValidationError,
+    data: Mapping[str, Any],
     model: type[BaseModel],
     title: str,
     lines: Mapping[Path_, int],
@@ -999,10 +1000,18 @@ def _located(
     prefix: str | None,
 ) -> ValidationError:
     """``error``, each message followed by where its value came from (a file's line or an
-    environment variable) and, for an unknown name, the known one it is closest to."""
+    environment variable) and, for an unknown name, the known one it is closest to.
+
+    A value that matches no member of a union (``failover: [str | TargetConfig]``) gets one
+    error per member, each under the member's name (``failover.0.TargetConfig.timeout``): the
+    names go, and so does a member's error when another member's goes deeper (the value was a
+    ``TargetConfig``, so "should be a valid string" is noise)."""
+    found = [(_in_data(item["loc"], data), item) for item in error.errors()]
+    tagged = [loc for loc, item in found if loc != item["loc"]]
     details: list[Any] = []
-    for item in error.errors():
-        loc: Path_ = item["loc"]
+    for loc, item in found:
+        if loc != item["loc"] and any(len(o) > len(loc) and o[: len(loc)] == loc for o in tagged):
+            continue
         notes: list[str] = []
         variable = next((names[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in names), None)
         if variable is not None:
@@ -1026,6 +1035,27 @@ def _located(
             }
         )
     return ValidationError.from_exception_data(title, details)
+
+
+def _in_data(loc: Path_, data: object) -> Path_:
+    """``loc`` without the union members' names in it: only the keys and items of ``data``."""
+    kept: list[str | int] = []
+    for part in loc:
+        if isinstance(data, Mapping) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
+        elif part in _field_names():
+            data = None  # a missing field
+        else:
+            continue  # a union member's name: "float", "TargetConfig"
+        kept.append(part)
+    return tuple(kept)
+
+
+@functools.cache
+def _field_names() -> frozenset[str]:
+    return frozenset(name for model in _Model.__subclasses__() for name in model.model_fields)
 
 
 def _line(loc: Path_, lines: Mapping[Path_, int]) -> int | None:
