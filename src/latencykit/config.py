@@ -1041,10 +1041,9 @@ def _in_data(loc: Path_, data: object) -> Path_:
     """``loc`` without the union members' names in it: only the keys and items of ``data``."""
     kept: list[str | int] = []
     for part in loc:
-        if isinstance(data, Mapping) and part in data:
-            data = data[part]
-        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
-            data = data[part]
+        is_item = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
+        if is_item or (isinstance(data, Mapping) and part in data):
+            data = data[part]  # type: ignore[index]  # a list's item or a mapping's key
         elif part in _field_names():
             data = None  # a missing field
         else:
