@@ -70,7 +70,6 @@ def test_an_llm_built_in_code_has_the_same_config() -> None:
         hedge=lk.hedge(0.5),
         stream_guard=lk.StreamGuard(stall=2.0),
         breaker={"minimum_calls": 7},
-        api_key="sk-secret-in-code",
     )
     back = llm.to_config()
     assert back == {

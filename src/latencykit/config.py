@@ -7,28 +7,47 @@ type, so a default cannot drift between the code and the config. Models are froz
 models that reject unknown keys, naming the field's path (``hedge.max_extra_lod: Extra inputs
 are not permitted``); the constructors then check what they always check.
 
+A number field takes a number: not a boolean, not a string (``"5"``), not infinity or NaN; an
+integer field takes an integer. Files are read as YAML 1.2 (``1:30``, ``1_000``, ``yes`` and
+``off`` are strings there, not 90, 1000, true and false), and every error raised by :func:`load`
+names the file, the field's path and the line (or the environment variable) it came from.
+
 Options that are code (a predicate, a router function, a custom breaker factory, a cache
 key) have no config form. Error filters (``on``, ``counts``, ``failover_on``) are lists of
-:class:`~latencykit.ErrorKind` values (``["rate_limited", "timeout"]``). API keys are never
-written by :meth:`LLMConfig.of`: give ``api_key_env``, the name of the variable that holds
-the key, and it is read when the ``LLM`` is built.
+:class:`~latencykit.ErrorKind` values (``["rate_limited", "timeout"]``). A config never holds
+an API key: give ``api_key_env``, the name of the variable that holds the key, and it is read
+when the ``LLM`` is built (an inline ``api_key`` is refused).
 """
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import functools
 import inspect
 import json
+import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import Annotated, Any, Literal, NoReturn, TypeVar, overload
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+)
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
 
 from ._docstrings import arguments
+from ._litellm import GC_FREEZE_VARIABLE
 from .cache import ResponseCache
 from .errors import ErrorKind, classify
 from .fleet.redis import RedisStore
@@ -39,7 +58,7 @@ from .policies.hedge import hedge, quantile
 from .policies.limiter import Limiter, Quota
 from .policies.retry import Retry
 from .routing import Router, Rule
-from .target import Target
+from .target import Target, as_target
 
 __all__ = [
     "BreakerConfig",
@@ -62,6 +81,7 @@ __all__ = [
 
 ENV_PREFIX = "LATENCYKIT_"
 """Prefix of the environment variables :meth:`LLMConfig.from_env` reads."""
+_NOT_OPTIONS = frozenset({GC_FREEZE_VARIABLE})  # latencykit's own variables, not config options
 
 
 # --- defaults and descriptions from the constructors -------------------------------------------
@@ -104,7 +124,8 @@ class KindFilter:
         return f"KindFilter({sorted(kind.value for kind in self.kinds)!r})"
 
 
-Kinds = list[ErrorKind]
+# Not strict: a kind is written by its name ("timeout").
+Kinds = list[Annotated[ErrorKind, Strict(False)]]
 
 
 def _filter(kinds: Kinds | None) -> KindFilter | None:
@@ -123,7 +144,30 @@ def _kinds_of(value: object, where: str) -> Kinds | None:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: a number field takes a number, not a bool or "5" (as the constructors do).
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+
+_NO_KEY = (
+    "a config never holds an API key: put the key in an environment variable and give that "
+    "variable's name as api_key_env"
+)
+
+
+def _refuse_key(value: object) -> NoReturn:
+    raise PydanticCustomError("inline_secret", _NO_KEY)
+
+
+def _keyless(arguments: dict[str, Any]) -> dict[str, Any]:
+    if "api_key" in arguments:
+        raise PydanticCustomError("inline_secret", "api_key: " + _NO_KEY)
+    return arguments
+
+
+# An ``api_key`` in a config is refused with a message that says what to write instead (an
+# unknown key would only be "Extra inputs are not permitted"); the schema leaves it out.
+InlineKey = Annotated[SkipJsonSchema[None], BeforeValidator(_refuse_key)]
+Arguments = Annotated[dict[str, Any], AfterValidator(_keyless)]
 
 
 def _seconds(value: object) -> object:
@@ -144,6 +188,8 @@ def _fields_of(model: type[_Model], obj: object, **overrides: Any) -> dict[str, 
             continue
         if isinstance(value, (frozenset, set, tuple)):
             value = sorted(value) if isinstance(value, (frozenset, set)) else list(value)
+        elif isinstance(value, Mapping):
+            value = dict(value)  # a MappingProxyType, say
         if value is not None and value == info.default and not isinstance(value, bool):
             continue
         if value is None and info.default is None:
@@ -276,7 +322,7 @@ class DegradeConfig(_Model):
     max_tokens: int | None = _option(Degrade, "max_tokens")
     after: float | None = _option(Degrade, "after")
     on: Kinds | None = _option(Degrade, "on")
-    overrides: dict[str, Any] = Field(
+    overrides: Arguments = Field(
         default_factory=dict, description=_arg_docs(Degrade).get("overrides")
     )
 
@@ -286,7 +332,13 @@ class DegradeConfig(_Model):
 
     @classmethod
     def of(cls, degrade: Degrade) -> DegradeConfig:
-        """The config of a :class:`~latencykit.Degrade`."""
+        """The config of a :class:`~latencykit.Degrade` (``ValueError`` if its overrides hold
+        a secret: an ``api_key``, a password in ``api_base``)."""
+        if "api_key" in degrade.overrides:
+            raise ValueError(
+                "LLM.degrade.overrides.api_key is a secret, and a config never holds one"
+            )
+        _no_password(degrade.overrides.get("api_base"), "LLM.degrade.overrides.api_base")
         return cls(**_fields_of(cls, degrade, on=_kinds_of(degrade.on, "degrade.on")))
 
 
@@ -388,16 +440,17 @@ class TargetConfig(_Model):
     model: str = _option(Target, "model")
     name: str = _option(Target, "name")
     api_base: str | None = _option(Target, "api_base")
-    api_key: SecretStr | None = Field(default=None, description="The API key (prefer api_key_env).")
+    api_key: InlineKey = None
     api_key_env: str | None = Field(
-        default=None, description="The environment variable holding the API key."
+        default=None,
+        description="The environment variable holding the API key (a config never holds it).",
     )
     timeout: float | None = _option(Target, "timeout")
     context_window: int | None = _option(Target, "context_window")
     capabilities: list[str] = Field(
         default_factory=list, description=_arg_docs(Target).get("capabilities")
     )
-    arguments: dict[str, Any] = Field(
+    arguments: Arguments = Field(
         default_factory=dict, description=_arg_docs(Target).get("arguments")
     )
     transport: Literal["litellm", "openai"] = _option(Target, "transport")
@@ -408,7 +461,7 @@ class TargetConfig(_Model):
             self.model,
             name=self.name,
             api_base=self.api_base,
-            api_key=_key(self.api_key, self.api_key_env, "failover target"),
+            api_key=_key(self.api_key_env, f"failover target {self.name or self.model!r}"),
             timeout=self.timeout,
             context_window=self.context_window,
             capabilities=frozenset(self.capabilities),
@@ -468,31 +521,49 @@ class StoreConfig(_Model):
         return cls(**fields)
 
 
-def _target_config(target: object, index: int) -> str | TargetConfig:
+def _target_config(target: object, index: int, built_from: object) -> str | TargetConfig:
+    """The config of failover target ``index``; ``built_from``: the config it was built from,
+    if any (its ``api_key_env`` names the key)."""
     where = f"LLM.failover[{index}]"
     if isinstance(target, str):
         return target
     if isinstance(target, Mapping):
-        data = dict(target)
-        if isinstance(data.get("api_key"), str):
-            del data["api_key"]  # never written out
-        return TargetConfig(**data)
-    if isinstance(target, Target):
-        fields = _fields_of(TargetConfig, target)
-        fields.pop("api_key", None)
-        return TargetConfig(**fields)
-    raise ValueError(f"{where} has no config form: {target!r}")
+        target = as_target(target, where=where)
+    if not isinstance(target, Target):
+        raise ValueError(f"{where} has no config form: {target!r}")
+    fields = _fields_of(TargetConfig, target)
+    env = built_from.api_key_env if isinstance(built_from, TargetConfig) else None
+    fields["api_key_env"] = _key_env(fields.pop("api_key", None), env, f"{where}.api_key")
+    _no_password(target.api_base, f"{where}.api_base")
+    return TargetConfig(**fields)
 
 
-def _key(key: SecretStr | None, env: str | None, where: str) -> str | None:
-    if key is not None:
-        return key.get_secret_value()
+def _key(env: str | None, where: str) -> str | None:
     if env is None:
         return None
     found = os.environ.get(env)
     if found is None:
         raise ValueError(f"{where}: api_key_env names {env!r}, which is not set")
     return found
+
+
+def _key_env(key: object, env: str | None, where: str) -> str | None:
+    """How a config names ``key``: the environment variable it was read from (``env``). A key
+    with no such variable raises ``ValueError``: left out, it would be replaced by litellm's own
+    lookup in the environment, which may send another provider's key to this host."""
+    if key is None:
+        return None
+    if env is None:
+        raise ValueError(
+            f"{where} was given as a string, and a config never holds a secret: build the LLM "
+            "from a config with api_key_env for its config to name the key's variable"
+        )
+    return env
+
+
+def _no_password(url: object, where: str) -> None:
+    if isinstance(url, str) and urlsplit(url).password is not None:
+        raise ValueError(f"{where} holds a password, and a config never holds a secret")
 
 
 class LLMConfig(_Model):
@@ -515,14 +586,13 @@ class LLMConfig(_Model):
         default_factory=list, description=_arg_docs(LLM).get("capabilities")
     )
     api_base: str | None = _option(LLM, "api_base")
-    api_key: SecretStr | None = Field(default=None, description="The API key (prefer api_key_env).")
+    api_key: InlineKey = None
     api_key_env: str | None = Field(
-        default=None, description="The environment variable holding the API key."
+        default=None,
+        description="The environment variable holding the API key (a config never holds it).",
     )
     transport: Literal["litellm", "openai"] = _option(LLM, "transport")
-    defaults: dict[str, Any] = Field(
-        default_factory=dict, description=_arg_docs(LLM).get("defaults")
-    )
+    defaults: Arguments = Field(default_factory=dict, description=_arg_docs(LLM).get("defaults"))
     limiter: LimiterConfig | None = _option(LLM, "limiter")
     cache: CacheConfig | None = _option(LLM, "cache")
     router: RouterConfig | None = _option(LLM, "router")
@@ -548,7 +618,7 @@ class LLMConfig(_Model):
             context_window=self.context_window,
             capabilities=frozenset(self.capabilities),
             api_base=self.api_base,
-            api_key=_key(self.api_key, self.api_key_env, "LLM"),
+            api_key=_key(self.api_key_env, "LLM"),
             transport=self.transport,
             defaults=self.defaults or None,
             limiter=None if self.limiter is None else self.limiter.build(),
@@ -565,8 +635,12 @@ class LLMConfig(_Model):
         """The config of ``llm`` (what :meth:`LLM.to_config` returns, as a model).
 
         Raises ``ValueError`` naming the first option that is code (a predicate, a router
-        function, a custom policy object) and so has no config form. An API key given as a
-        string is left out: configs never hold secrets unless written by hand.
+        function, a custom policy object) and so has no config form, or that holds a secret. A
+        key read from an environment variable (``api_key_env``, for the ``LLM`` or a failover
+        target) is written as that variable's name; any other secret (a key given as a
+        string, a password in a URL, a key in ``Degrade`` overrides) raises rather than being
+        left out, because an ``LLM`` rebuilt without it would send no key, or litellm's lookup
+        in the environment would pick one meant for another provider.
         """
         given = llm._arguments
         found: dict[str, Any] = {"model": given["model"]}
@@ -585,8 +659,8 @@ class LLMConfig(_Model):
         found["capabilities"] = sorted(given["capabilities"])
         found["defaults"] = dict(given["defaults"] or {})
         found["failover_on"] = _kinds_of(given["failover_on"], "LLM.failover_on")
-        if given["api_key_env"] is not None:
-            found["api_key_env"] = given["api_key_env"]
+        found["api_key_env"] = _key_env(given["api_key"], given["api_key_env"], "LLM.api_key")
+        _no_password(given["api_base"], "LLM.api_base")
         if (degrade := given["degrade"]) is not None:
             found["degrade"] = DegradeConfig.of(degrade)
         if (policy := given["hedge"]) is not None:
@@ -602,7 +676,11 @@ class LLMConfig(_Model):
             )
         if (guard := given["stream_guard"]) is not None:
             found["stream_guard"] = StreamGuardConfig(**_fields_of(StreamGuardConfig, guard))
-        found["failover"] = [_target_config(t, i) for i, t in enumerate(given["failover"])]
+        built_from = llm._configs.get("failover") or [None] * len(given["failover"])
+        found["failover"] = [
+            _target_config(target, i, entry)
+            for i, (target, entry) in enumerate(zip(given["failover"], built_from, strict=True))
+        ]
         if given["shared"] is not None:
             found["shared"] = StoreConfig.of(given["shared"], llm._configs.get("store_url_env"))
         for name in ("limiter", "cache", "router"):
@@ -619,12 +697,15 @@ class LLMConfig(_Model):
         """The config in environment variables ``<prefix><FIELD>`` (``__`` between nested
         fields: ``LATENCYKIT_HEDGE__MAX_EXTRA_LOAD=0.05``), over ``base`` (default none).
 
-        Each value is read as YAML (``10`` a number, ``true`` a boolean, ``[a, b]`` a list).
+        Each value is read as YAML (``10`` a number, ``true`` a boolean, ``[a, b]`` a list). A
+        variable that names no option is an error naming it (``LATENCYKIT_DEDLINE``: did you
+        mean ``LATENCYKIT_DEADLINE``?), except latencykit's own ``LATENCYKIT_GC_FREEZE``.
         """
-        return cls.model_validate(_merge(dict(base or {}), _env(prefix)))
+        return load(dict(base or {}), env_prefix=prefix)
 
 
 M = TypeVar("M", bound=BaseModel)
+Path_ = tuple[str | int, ...]  # a field's path in a config: ("failover", 0, "api_base")
 
 
 @overload
@@ -652,63 +733,358 @@ def load(
     ``model`` is the config's model (default :class:`LLMConfig`; any policy's, such as
     :class:`RetryConfig`, whose ``build()`` then makes the policy:
     ``load("retry.yaml", model=RetryConfig).build()``).
+
+    A file that cannot be read as a config (not UTF-8, not YAML or JSON, a key given twice, not
+    a mapping) raises ``ValueError`` naming the file and the line. Wrong options raise
+    ``pydantic.ValidationError`` naming the file, each field's path and the line or the
+    environment variable it came from, with the close match of a misspelt name.
     """
+    lines: dict[Path_, int] = {}
+    title = model.__name__
     if isinstance(source, BaseModel):
         data: dict[str, Any] = source.model_dump(exclude_unset=True)
     elif isinstance(source, Mapping):
         data = dict(source)
     else:
         path = Path(source)
-        if path.suffix not in (".yaml", ".yml", ".json"):
-            raise ValueError(f"config file {path}: expected .yaml, .yml or .json")
-        text = path.read_text(encoding="utf-8")
-        loaded = json.loads(text) if path.suffix == ".json" else _yaml(text)
-        if not isinstance(loaded, Mapping):
-            raise ValueError(f"config file {path}: expected a mapping at the top level")
-        data = dict(loaded)
+        data, lines = _read(path)
+        title = f"{title} from {path}"
+    names: dict[Path_, str] = {}
     if env_prefix is not None:
-        data = _merge(data, _env(env_prefix))
-    return model.model_validate(data)
+        found, names = _env(env_prefix)
+        data = _merge(data, found)
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        # from None: this error says all the original did, plus where each value came from.
+        raise _located(error, data, model, title, lines, names, env_prefix) from None
+
+
+def _from_config(
+    source: str | os.PathLike[str] | Mapping[str, Any] | BaseModel,
+    *,
+    env_prefix: str | None = None,
+) -> LLM:
+    """What :meth:`LLM.from_config` does: :func:`load`, then the ``LLM``, which remembers the
+    parts of its config that :meth:`LLM.to_config` cannot read off it (variables' names, and
+    the limiter, cache and router configs). A constructor's ``ValueError`` names the file."""
+    config = load(source, env_prefix=env_prefix)
+    try:
+        llm = config.build()
+    except (ValueError, TypeError) as exc:
+        if not isinstance(source, (str, os.PathLike)):
+            raise
+        where = f"config file {Path(source)}"
+        if env_prefix is not None:
+            where += f" with the environment variables {env_prefix}*"
+        raise ValueError(f"{where}: {exc}") from None  # the message is the whole story
+    llm._arguments["api_key_env"] = config.api_key_env
+    llm._configs = {
+        "limiter": config.limiter,
+        "cache": config.cache,
+        "router": config.router,
+        "store_url_env": None if config.shared is None else config.shared.url_env,
+        "failover": config.failover,
+    }
+    return llm
+
+
+def _read(path: Path) -> tuple[dict[str, Any], dict[Path_, int]]:
+    """A config file's mapping and the line of each field in it (YAML only)."""
+    where = f"config file {path}"
+    if path.suffix not in (".yaml", ".yml", ".json"):
+        raise ValueError(f"{where}: expected .yaml, .yml or .json")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ValueError(
+            f"{where}, line {line}: not UTF-8 text (byte {raw[exc.start]:#04x})"
+        ) from None
+    import yaml
+
+    lines: dict[Path_, int] = {}
+    if path.suffix == ".json":
+        try:
+            loaded = json.loads(text, object_pairs_hook=_once_each)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}, line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        with contextlib.suppress(yaml.YAMLError):
+            lines = _yaml_with_lines(text)[1]  # JSON is YAML: read again for the lines only
+    else:
+        try:
+            loaded, lines = _yaml_with_lines(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{where}{_yaml_problem(exc, text)}") from None
+    if not isinstance(loaded, Mapping):
+        raise ValueError(f"{where}: expected a mapping at the top level")
+    return dict(loaded), lines
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, each key at most once (json.loads keeps the last one silently)."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise json.JSONDecodeError(f"the key {key!r} is given twice", "", 0)
+        found[key] = value
+    return found
+
+
+# YAML 1.2's scalars (its core schema). PyYAML reads YAML 1.1, where ``yes``, ``off`` and ``on``
+# are booleans (``on:`` is an option name here), ``1:30`` is 90 (base 60), ``1_000`` is 1000,
+# ``010`` is 8 and ``2024-05-13`` is a date: in YAML 1.2 these are strings (``010`` is 10).
+_BOOL = r"true|True|TRUE|false|False|FALSE"
+_INT = r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+"
+_FLOAT = (
+    r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
+)
+_TAG = "tag:yaml.org,2002:"
 
 
 @functools.cache
 def _yaml_loader() -> type[Any]:
-    """YAML 1.2's booleans: only ``true``/``false``. YAML 1.1 (PyYAML's default) also reads
-    ``on``, ``off``, ``yes`` and ``no`` as booleans, and ``on:`` is an option name here."""
+    """A safe YAML loader of YAML 1.2's booleans and numbers, refusing a key given twice."""
     import yaml
 
-    class Loader(yaml.SafeLoader):
-        pass
+    def scalar(loader: Any, node: Any, pattern: str, what: str) -> str:
+        text: str = loader.construct_scalar(node)
+        if re.fullmatch(pattern, text) is None:  # an explicit tag: !!int 1_000
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{text!r} is not {what} in YAML 1.2", node.start_mark
+            )
+        return text
 
+    def to_bool(loader: Any, node: Any) -> bool:
+        return scalar(loader, node, _BOOL, "a boolean").lower() == "true"
+
+    def to_int(loader: Any, node: Any) -> int:
+        text = scalar(loader, node, _INT, "an integer")
+        base = {"0o": 8, "0x": 16}.get(text[:2])
+        return int(text) if base is None else int(text[2:], base)
+
+    def to_float(loader: Any, node: Any) -> float:
+        text = scalar(loader, node, _FLOAT, "a number").lower()
+        if text.endswith(".inf"):
+            return -math.inf if text.startswith("-") else math.inf
+        return math.nan if text == ".nan" else float(text)
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: dict[object, int] = {}
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != _TAG + "merge":
+                    if key.value in seen:
+                        raise yaml.constructor.ConstructorError(
+                            f"while reading the mapping at line {node.start_mark.line + 1}",
+                            node.start_mark,
+                            f"the key {key.value!r} is given twice "
+                            f"(first at line {seen[key.value]})",
+                            key.start_mark,
+                        )
+                    seen[key.value] = key.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+    replaced = {_TAG + name for name in ("bool", "int", "float", "timestamp")}
     Loader.yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in replaced]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:bool",
-        re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-        list("tTfF"),
-    )
+    for name, pattern, first in (
+        ("bool", _BOOL, "tTfF"),
+        ("int", _INT, "-+0123456789"),
+        ("float", _FLOAT, "-+.0123456789"),
+    ):
+        Loader.add_implicit_resolver(_TAG + name, re.compile(f"^(?:{pattern})$"), list(first))
+    Loader.add_constructor(_TAG + "bool", to_bool)
+    Loader.add_constructor(_TAG + "int", to_int)
+    Loader.add_constructor(_TAG + "float", to_float)
     return Loader
 
 
 def _yaml(text: str) -> Any:
+    return _yaml_with_lines(text)[0]
+
+
+def _yaml_with_lines(text: str) -> tuple[Any, dict[Path_, int]]:
+    """The document in ``text`` and the line of each field in it."""
     import yaml
 
-    return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader: no arbitrary objects
+    loader = _yaml_loader()(text)  # a SafeLoader: no arbitrary objects
+    try:
+        node = loader.get_single_node()
+        data = None if node is None else loader.construct_document(node)
+    finally:
+        loader.dispose()
+    lines: dict[Path_, int] = {}
+    seen: set[int] = set()
+
+    def walk(node: Any, path: Path_) -> None:
+        if id(node) in seen:  # an alias: walked once, which also bounds an alias bomb
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            children = [(key.value, value, key) for key, value in node.value]
+        elif isinstance(node, yaml.SequenceNode):
+            children = [(index, item, item) for index, item in enumerate(node.value)]
+        else:
+            return
+        for name, child, marked in children:
+            if isinstance(name, (str, int)):
+                where = (*path, name)
+                lines[where] = marked.start_mark.line + 1
+                walk(child, where)
+
+    if node is not None:
+        walk(node, ())
+    return data, lines
 
 
-def _env(prefix: str) -> dict[str, Any]:
+def _yaml_problem(exc: Exception, text: str) -> str:
+    """``exc`` (a YAML error) as ``", line 3, column 5: what is wrong"``, without PyYAML's
+    ``"<unicode string>"``."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if mark is not None:
+        parts = (getattr(exc, "context", None), getattr(exc, "problem", None))
+        what = " ".join(part for part in parts if part)
+        if "'\\t'" in what:
+            what += " (indent with spaces: YAML does not allow tabs)"
+        return f", line {mark.line + 1}, column {mark.column + 1}: {what}"
+    position = getattr(exc, "position", None)
+    if isinstance(position, int):  # a ReaderError: a character YAML does not allow
+        line = text[:position].count("\n") + 1
+        character = getattr(exc, "character", 0)
+        return f", line {line}: the character #x{character:04x} is not allowed in YAML"
+    return f": {exc}"
+
+
+def _env(prefix: str) -> tuple[dict[str, Any], dict[Path_, str]]:
+    """The options set by environment variables starting with ``prefix``, and the variable
+    that set each."""
+    import yaml
+
     found: dict[str, Any] = {}
-    for name, text in os.environ.items():
-        if not name.startswith(prefix) or name == prefix:
+    names: dict[Path_, str] = {}
+    for name in sorted(os.environ):  # sorted: HEDGE before HEDGE__DELAY
+        if not name.startswith(prefix) or name == prefix or name in _NOT_OPTIONS:
             continue
-        path = name[len(prefix) :].lower().split("__")
-        node = found
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = _yaml(text) if text else ""
-    return found
+        path = tuple(name[len(prefix) :].lower().split("__"))
+        text = os.environ[name]
+        try:
+            value = _yaml(text) if text else ""
+        except yaml.YAMLError as exc:
+            raise ValueError(f"environment variable {name}{_yaml_problem(exc, text)}") from None
+        node: Any = found
+        for depth, part in enumerate(path, 1):
+            if not isinstance(node, dict) or (depth == len(path) and part in node):
+                other = next(v for k, v in names.items() if k == path[: len(k)])
+                raise ValueError(
+                    f"environment variables {other} and {name} both set {'.'.join(path)}"
+                )
+            if depth < len(path):
+                node = node.setdefault(part, {})
+        node[path[-1]] = value
+        names[path] = name
+    return found, names
+
+
+def _located(
+    error: ValidationError,
+    data: Mapping[str, Any],
+    model: type[BaseModel],
+    title: str,
+    lines: Mapping[Path_, int],
+    names: Mapping[Path_, str],
+    prefix: str | None,
+) -> ValidationError:
+    """``error``, each message followed by where its value came from (a file's line or an
+    environment variable) and, for an unknown name, the known one it is closest to.
+
+    A value that matches no member of a union (``failover: [str | TargetConfig]``) gets one
+    error per member, each under the member's name (``failover.0.TargetConfig.timeout``): the
+    names go, and so does a member's error when another member's goes deeper (the value was a
+    ``TargetConfig``, so "should be a valid string" is noise)."""
+    found = [(_in_data(item["loc"], data), item) for item in error.errors()]
+    tagged = [loc for loc, item in found if loc != item["loc"]]
+    details: list[Any] = []
+    for loc, item in found:
+        if loc != item["loc"] and any(len(o) > len(loc) and o[: len(loc)] == loc for o in tagged):
+            continue
+        notes: list[str] = []
+        variable = next((names[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in names), None)
+        if variable is not None:
+            notes.append(f"environment variable {variable}")
+        elif (line := _line(loc, lines)) is not None:
+            notes.append(f"line {line}")
+        if item["type"] == "extra_forbidden" and loc:
+            known = _model_at(model, loc[:-1])
+            close = difflib.get_close_matches(str(loc[-1]), list(known.model_fields), n=1)
+            if close and variable is not None and prefix is not None:
+                spelled = "__".join([*(str(p) for p in loc[:-1]), close[0]]).upper()
+                notes.append(f"did you mean {prefix}{spelled}?")
+            elif close:
+                notes.append(f"did you mean {close[0]!r}?")
+        message = item["msg"] + (f" ({'; '.join(notes)})" if notes else "")
+        details.append(
+            {
+                "type": PydanticCustomError(item["type"], message),
+                "loc": loc,
+                "input": item["input"],
+            }
+        )
+    return ValidationError.from_exception_data(title, details)
+
+
+def _in_data(loc: Path_, data: object) -> Path_:
+    """``loc`` without the union members' names in it: only the keys and items of ``data``."""
+    kept: list[str | int] = []
+    for part in loc:
+        is_item = isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data)
+        if is_item or (isinstance(data, Mapping) and part in data):
+            data = data[part]  # type: ignore[index]  # a list's item or a mapping's key
+        elif part in _field_names():
+            data = None  # a missing field
+        else:
+            continue  # a union member's name: "float", "TargetConfig"
+        kept.append(part)
+    return tuple(kept)
+
+
+@functools.cache
+def _field_names() -> frozenset[str]:
+    return frozenset(name for model in _Model.__subclasses__() for name in model.model_fields)
+
+
+def _line(loc: Path_, lines: Mapping[Path_, int]) -> int | None:
+    """The line of the deepest field of ``loc`` found in ``lines`` (``loc`` may hold a union
+    member's name, as in ``("hedge", "delay", "QuantileConfig", "q")``, which no file has)."""
+    path: Path_ = ()
+    line = None
+    for part in loc:
+        if (*path, part) in lines:
+            path = (*path, part)
+            line = lines[path]
+    return line
+
+
+def _model_at(model: type[BaseModel], loc: Path_) -> type[BaseModel]:
+    """The config model the field at ``loc`` belongs to (items, keys and union members'
+    names on the way are passed over)."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is not None:
+            model = next(_models_in(field.annotation), model)
+    return model
+
+
+def _models_in(annotation: object) -> Iterator[type[BaseModel]]:
+    """The config models in a type (``list[str | TargetConfig]``: ``TargetConfig``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    for argument in getattr(annotation, "__args__", ()):
+        yield from _models_in(argument)
 
 
 def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:

@@ -554,27 +554,22 @@ class LLM:
         ``env_prefix`` on top (default ``None``: none; ``"LATENCYKIT_"`` is the usual one,
         ``LATENCYKIT_HEDGE__MAX_EXTRA_LOAD=0.05``). See :mod:`latencykit.config`.
 
-        Unknown keys and wrong types raise ``pydantic.ValidationError`` naming the field's path.
+        Unknown keys and wrong types raise ``pydantic.ValidationError`` naming the file, the
+        field's path and its line (or environment variable); an unreadable file raises
+        ``ValueError`` naming the file and the line.
         """
-        from .config import load
+        from .config import _from_config
 
-        config = load(source, env_prefix=env_prefix)
-        llm = config.build()
-        llm._arguments["api_key_env"] = config.api_key_env
-        llm._configs = {
-            "limiter": config.limiter,
-            "cache": config.cache,
-            "router": config.router,
-            "store_url_env": None if config.shared is None else config.shared.url_env,
-        }
-        return llm
+        return _from_config(source, env_prefix=env_prefix)
 
     def to_config(self) -> dict[str, Any]:
         """This ``LLM``'s configuration, as plain data :meth:`from_config` takes back (options
-        left at their defaults are left out; API keys never appear: ``api_key_env`` does).
+        left at their defaults are left out). A secret never appears: a key read from a
+        variable is written as that variable's name (``api_key_env``).
 
         Raises ``ValueError`` naming the first option that is code (a predicate, a router
-        function, a policy object built in code) and so has no config form.
+        function, a policy object built in code) and so has no config form, or that holds a
+        secret with no variable to name (see :meth:`~latencykit.config.LLMConfig.of`).
         """
         from .config import LLMConfig
 
