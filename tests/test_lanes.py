@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 import latencykit as lk
@@ -212,3 +213,39 @@ async def test_reasoning_is_content_on_both_lanes() -> None:
             stream = await llm(base, transport).acompletion(messages=MESSAGES, stream=True)
             assert await read_all(stream) == "Hi"
         assert stream.chunks == 3, transport  # two reasoning deltas and the text
+
+
+def role_only_chunks() -> list[Any]:
+    """A role-only first chunk, as each kind of object a decorated generator may yield."""
+    from litellm.types.utils import Delta, ModelResponseStream, StreamingChoices
+
+    role = {"role": "assistant", "content": ""}
+    return [
+        {"choices": [{"index": 0, "delta": role, "finish_reason": None}]},
+        ModelResponseStream(choices=[StreamingChoices(delta=Delta(**role))]),
+        "",
+    ]
+
+
+@pytest.mark.parametrize("kind", ["dict", "litellm", "str"])
+async def test_the_decorator_forms_take_the_same_content_rule(kind: str) -> None:
+    """A role-only chunk (or an empty string) is not the first token for ``guard_stream`` and
+    ``@lk.stream_guard`` either: a slow start is a FirstTokenTimeout, not a stall."""
+    first = role_only_chunks()[["dict", "litellm", "str"].index(kind)]
+
+    async def slow_start() -> Any:
+        yield first
+        await anyio.sleep(30)
+        yield "late"
+
+    with pytest.raises(lk.FirstTokenTimeout):
+        guarded = lk.guard_stream(slow_start(), first_token=0.2, stall=0.1)
+        async with guarded:
+            async for _ in guarded:
+                pass
+
+    decorated = lk.stream_guard(first_token=0.2, stall=0.1)(slow_start)
+    with pytest.raises(lk.FirstTokenTimeout):
+        async with decorated() as stream:
+            async for _ in stream:
+                pass
