@@ -789,12 +789,20 @@ _RESOURCE_ERRORS = {
 }
 
 
-def _out_of_resources(exc: BaseException) -> str | None:
+def _out_of_resources(exc: BaseException, depth: int = 0) -> str | None:
     """What ran out, when the client itself could not open a socket (the cause chain holds an
     ``OSError`` with errno ``EMFILE``/``ENFILE``); ``None`` otherwise."""
     for link in _chain(exc):
         if isinstance(link, OSError) and link.errno in _RESOURCE_ERRORS:
             return _RESOURCE_ERRORS[link.errno]
+        # trio's "all attempts to connect ... failed" holds each attempt's error in a group.
+        group = getattr(link, "exceptions", None)
+        if depth < 2 and isinstance(group, tuple):
+            for inner in group[:8]:
+                if isinstance(inner, BaseException) and (
+                    found := _out_of_resources(inner, depth + 1)
+                ):
+                    return found
     return None
 
 
