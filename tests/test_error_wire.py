@@ -373,13 +373,14 @@ async def test_litellm_lane_claims_no_status_without_an_answer(
     fake_provider.script("reset", Behavior(fault=Fault.RESET_BEFORE_HEADERS))
     fake_provider.script("cut", Behavior(fault=Fault.CUT, stall_after=0))
     fake_provider.script("slow", Behavior(ttft=30))
-    model, options, arguments = {
+    cases: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         "refused": ("x", {"api_base": f"http://127.0.0.1:{refused_port()}/v1"}, {}),
         "reset": ("reset", {}, {}),
         "cut-stream": ("cut", {}, {"stream": True}),
         "timeout": ("slow", {"timeout": 0.5}, {}),
         "messages-none": ("m", {}, {"messages": None}),
-    }[case]
+    }
+    model, options, arguments = cases[case]
     options = {"api_base": fake_provider.base_url, "api_key": "sk-fake", **options}
     client = lk.LLM(f"openai/{model}", **options)
     with pytest.raises(lk.ProviderError) as info:
