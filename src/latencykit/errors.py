@@ -976,7 +976,7 @@ def _parse_time(value: str) -> float | None:
 
         try:
             when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
+        except (TypeError, ValueError, IndexError, OverflowError):
             return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=datetime.timezone.utc)
