@@ -5,6 +5,7 @@ the project's fake provider: they send what no script of ours would."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -222,7 +223,7 @@ def role_only_chunks() -> list[Any]:
     role = {"role": "assistant", "content": ""}
     return [
         {"choices": [{"index": 0, "delta": role, "finish_reason": None}]},
-        ModelResponseStream(choices=[StreamingChoices(delta=Delta(**role))]),
+        ModelResponseStream(choices=[StreamingChoices(delta=Delta(role="assistant", content=""))]),
         "",
     ]
 
@@ -233,19 +234,18 @@ async def test_the_decorator_forms_take_the_same_content_rule(kind: str) -> None
     ``@lk.stream_guard`` either: a slow start is a FirstTokenTimeout, not a stall."""
     first = role_only_chunks()[["dict", "litellm", "str"].index(kind)]
 
-    async def slow_start() -> Any:
+    async def slow_start() -> AsyncIterator[Any]:
         yield first
         await anyio.sleep(30)
         yield "late"
 
-    with pytest.raises(lk.FirstTokenTimeout):
-        guarded = lk.guard_stream(slow_start(), first_token=0.2, stall=0.1)
-        async with guarded:
-            async for _ in guarded:
-                pass
-
-    decorated = lk.stream_guard(first_token=0.2, stall=0.1)(slow_start)
-    with pytest.raises(lk.FirstTokenTimeout):
-        async with decorated() as stream:
+    async def read(stream: Any) -> None:
+        async with stream:
             async for _ in stream:
                 pass
+
+    with pytest.raises(lk.FirstTokenTimeout):
+        await read(lk.guard_stream(slow_start(), first_token=0.2, stall=0.1))
+    decorated = lk.stream_guard(first_token=0.2, stall=0.1)(slow_start)
+    with pytest.raises(lk.FirstTokenTimeout):
+        await read(decorated())

@@ -604,6 +604,17 @@ async def test_keepalives_and_empty_deltas_do_not_hide_a_stall(fake: FakeProvide
     assert info.value.partial_text == "tok0 tok1 tok2"
 
 
+async def test_the_stall_guard_fires_before_the_http_read_timeout(fake: FakeProvider) -> None:
+    """A stall limit equal to the attempt timeout: the stall is a StreamStalled every time
+    (the read timeout, which would say AttemptTimeout, waits a grace longer)."""
+    fake.script("stalls", Behavior(fault=Fault.STALL, stall_after=3, output_tokens=8))
+    llm = make_llm(fake, "stalls", timeout=0.4, stream_guard=lk.StreamGuard(stall=0.4))
+    for _ in range(3):
+        stream = await llm.acompletion(messages=MESSAGES, stream=True)
+        with pytest.raises(lk.StreamStalled):
+            await read_all(stream)
+
+
 async def test_a_slow_consumer_is_not_taken_for_a_stall(fake: FakeProvider) -> None:
     """The consumer spends twice the stall limit on the first six tokens, while the provider
     sends the rest after a pause shorter than the limit. That time is the consumer's, not

@@ -28,6 +28,7 @@ import msgspec
 from ._openai_chunks import OPENAI_CHUNKS, Node, decode_chunk, decode_node
 from .errors import (
     HTTPError,
+    body_message,
     malformed_answer,
     not_json_event,
     scrub,
@@ -131,10 +132,8 @@ def _error_of(response: httpx.Response, raw: bytes, secret: str | None) -> HTTPE
         body = json.loads(text)
     except ValueError:
         body = text[:2000]
-    error = body.get("error") if isinstance(body, Mapping) else None
-    message = error.get("message") if isinstance(error, Mapping) else None
-    if not isinstance(message, str):
-        message = f"HTTP {response.status_code}"
+    # The status is shown by the ProviderError already: without a message, its reason phrase.
+    message = body_message(body) or response.reason_phrase or "no error message"
     return HTTPError(message, response.status_code, body, response)
 
 

@@ -13,7 +13,10 @@ history (``.attempts``). Messages never contain API keys (they are scrubbed) nor
 from __future__ import annotations
 
 import contextlib
+import datetime
 import enum
+import errno
+import json
 import math
 import re
 import time
@@ -519,7 +522,9 @@ _CONTENT_CODES = frozenset(
 _NOT_FOUND_CODES = frozenset(
     {"model_not_found", "deploymentnotfound", "deployment_not_found", "not_found_error"}
 )
-_AUTH_CODES = frozenset({"invalid_api_key", "authentication_error", "permission_error"})
+_AUTH_CODES = frozenset(
+    {"invalid_api_key", "authentication_error", "permission_error", "api_key_invalid"}
+)
 
 # The providers' wordings, for errors that carry no telling code (lowercase, matched anywhere
 # in the messages of the error and its causes; compiled on first use, by re's own cache, to
@@ -641,6 +646,8 @@ del _K
 # The class names of the table: does a client library's class say what happened?
 _CLASS_NAMES = frozenset(name for rule in _RULES for name in rule.classes)
 _TEXT_LIMIT = 4000  # characters of each message searched for wordings
+_BODY_LIMIT = 100_000  # bytes of a response body decoded (a longer one is read as text)
+_LINE_LIMIT = 200  # characters of a text body's line taken as its message
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -715,7 +722,7 @@ def _stated_status(exc: BaseException) -> int | None:
     error event inside a stream (vLLM's and others' ``{"error": {"code": 500, ...}}``) reads
     as that status would, on every lane."""
     for link in _chain(exc):
-        body = getattr(link, "body", None)
+        body = _body_of(link)
         error = body.get("error", body) if isinstance(body, Mapping) else None
         code = error.get("code") if isinstance(error, Mapping) else None
         if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
@@ -723,7 +730,17 @@ def _stated_status(exc: BaseException) -> int | None:
     return None
 
 
-def _read_body(body: object, codes: set[str], texts: list[str], depth: int = 0) -> None:
+def _read_body(
+    body: object,
+    codes: set[str],
+    texts: list[str],
+    waits: list[float] | None = None,
+    depth: int = 0,
+) -> None:
+    """Read a decoded error body wherever the common providers put things: the ``code``,
+    ``type`` and Google's ``details[].reason`` into ``codes`` (lowercase); the ``message`` (or
+    FastAPI's ``detail``, TGI's ``error`` string, a text body) into ``texts``; Google's
+    ``RetryInfo.retryDelay`` (seconds) into ``waits``."""
     if isinstance(body, str):
         texts.append(body[:_TEXT_LIMIT])
         return
@@ -731,7 +748,7 @@ def _read_body(body: object, codes: set[str], texts: list[str], depth: int = 0) 
         return
     if isinstance(body, list):  # Gemini answers a list of error objects
         for item in body[:3]:
-            _read_body(item, codes, texts, depth + 1)
+            _read_body(item, codes, texts, waits, depth + 1)
         return
     if not isinstance(body, Mapping):
         return
@@ -739,18 +756,70 @@ def _read_body(body: object, codes: set[str], texts: list[str], depth: int = 0) 
         value = body.get(key)
         if isinstance(value, str):
             codes.add(value.lower())
-    message = body.get("message")
-    if isinstance(message, str):
-        texts.append(message[:_TEXT_LIMIT])
+    for key in ("message", "detail"):
+        message = body.get(key)
+        if isinstance(message, str):
+            texts.append(message[:_TEXT_LIMIT])
+    details = body.get("details")
+    for detail in details[:8] if isinstance(details, list) else ():
+        if not isinstance(detail, Mapping):
+            continue
+        reason = detail.get("reason")  # google.rpc.ErrorInfo: "API_KEY_INVALID"
+        if isinstance(reason, str):
+            codes.add(reason.lower())
+        delay = detail.get("retryDelay")  # google.rpc.RetryInfo: "2s"
+        if (
+            waits is not None
+            and isinstance(delay, str)
+            and (wait := _parse_wait(delay)) is not None
+        ):
+            waits.append(wait)
     for key in ("error", "innererror"):
-        _read_body(body.get(key), codes, texts, depth + 1)
+        _read_body(body.get(key), codes, texts, waits, depth + 1)
+
+
+def _body_of(link: BaseException) -> object:
+    """The error body an exception carries, decoded: its ``body`` (the OpenAI SDK's, the fast
+    lane's), else the read body of its httpx ``response`` (litellm's own HTTP handlers, for
+    Gemini or Anthropic, keep it only there); ``None`` if neither."""
+    body = getattr(link, "body", None)
+    if body is not None:
+        return body
+    try:
+        content = getattr(link, "response", None).content  # type: ignore[union-attr]
+    except Exception:  # no response, or a stream's that was not read
+        return None
+    if not isinstance(content, bytes) or not content:
+        return None
+    text = content[:_BODY_LIMIT].decode(errors="replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def body_message(body: object) -> str | None:
+    """The provider's own message in a decoded error body (see ``_read_body``), or for a text
+    or HTML body its first line of text, short; ``None`` if there is none."""
+    texts: list[str] = []
+    _read_body(body, set(), texts)
+    if not texts:
+        return None
+    if not isinstance(body, str):
+        return texts[0]
+    title = re.search(r"<title[^>]*>([^<]*)</title>", texts[0], re.IGNORECASE)
+    text = title.group(1) if title else re.sub(r"<[^>]*>", "\n", texts[0])
+    line = next((line.strip() for line in text.splitlines() if line.strip()), None)
+    if line is None:
+        return None
+    return line if len(line) <= _LINE_LIMIT else line[: _LINE_LIMIT - 3] + "..."
 
 
 def _evidence(exc: BaseException, status: int | None) -> _Evidence:
     codes: set[str] = set()
     texts: list[str] = []
     for link in _chain(exc):
-        _read_body(getattr(link, "body", None), codes, texts)
+        _read_body(_body_of(link), codes, texts)
         if _litellm_answer_error(link) and isinstance(link.__dict__["status_code"], str):
             codes.add(link.__dict__["status_code"].lower())  # litellm put the error's code there
         elif not _from_litellm(link):  # litellm sets its own code/type ("throttling_error")
@@ -771,6 +840,29 @@ def _kind_by_rules(evidence: _Evidence) -> ErrorKind | None:
 
 
 _NETWORK_CAUSES = (_CONNECTION_CAUSES - {"APIConnectionError"}) | _TIMEOUT_CAUSES
+
+# The client's own resources that ran out, by errno, as the message says it.
+_RESOURCE_ERRORS = {
+    errno.EMFILE: "too many open files (EMFILE): this process is out of file descriptors",
+    errno.ENFILE: "too many open files in the system (ENFILE)",
+}
+
+
+def _out_of_resources(exc: BaseException, depth: int = 0) -> str | None:
+    """What ran out, when the client itself could not open a socket (the cause chain holds an
+    ``OSError`` with errno ``EMFILE``/``ENFILE``); ``None`` otherwise."""
+    for link in _chain(exc):
+        if isinstance(link, OSError) and link.errno in _RESOURCE_ERRORS:
+            return _RESOURCE_ERRORS[link.errno]
+        # trio's "all attempts to connect ... failed" holds each attempt's error in a group.
+        group = getattr(link, "exceptions", None)
+        if depth < 2 and isinstance(group, tuple):
+            for inner in group[:8]:
+                if isinstance(inner, BaseException) and (
+                    found := _out_of_resources(inner, depth + 1)
+                ):
+                    return found
+    return None
 
 
 def _caller_bug(exc: BaseException) -> bool:
@@ -869,6 +961,8 @@ def classify(exc: BaseException) -> ErrorKind:
     """
     if isinstance(exc, LatencykitError) and exc.kind is not None:
         return exc.kind
+    if _out_of_resources(exc) is not None:
+        return ErrorKind.UNKNOWN  # the client's fault, not the provider's: another try fails too
     classes = _client_classes(exc)
     if (without := _without_answer(exc, classes)) is not None:
         return without
@@ -898,52 +992,133 @@ def is_transient(exc: BaseException) -> bool:
     return classify(exc).transient
 
 
-def _parse_retry_after(value: str) -> float | None:
+# Go durations, as OpenAI's ``x-ratelimit-reset-*`` headers ("1s", "6m0s", "20ms") and
+# Google's ``RetryInfo.retryDelay`` ("2s", "0.5s") write them.
+_DURATION_PART = r"(\d+(?:\.\d*)?|\.\d+)(h|ms|us|µs|ns|m|s)"
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+# The limits a provider reports as (remaining, reset) headers: OpenAI and compatible hosts
+# (resets as Go durations), Anthropic (resets as RFC 3339 times).
+_LIMIT_HEADERS = (
+    ("x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"),
+    ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
+    *(
+        (f"anthropic-ratelimit-{limit}-remaining", f"anthropic-ratelimit-{limit}-reset")
+        for limit in ("requests", "tokens", "input-tokens", "output-tokens")
+    ),
+)
+
+
+def _parse_wait(value: str) -> float | None:
+    """Seconds to wait, from a number of seconds, a Go duration ("6m0s"), an RFC 3339 time or
+    an HTTP date (the time until then, at least 0); ``None`` if ``value`` is none of them."""
     value = value.strip()
     try:
         seconds = float(value)
     except ValueError:
-        import email.utils  # lazily: it imports socket, 15 ms off `import latencykit`
-
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        if parsed is None:
+        if re.fullmatch(f"(?:{_DURATION_PART})+", value):
+            seconds = sum(
+                float(number) * _DURATION_UNITS[unit]
+                for number, unit in re.findall(_DURATION_PART, value)
+            )
+        elif (when := _parse_time(value)) is not None:
+            seconds = when - time.time()
+        else:
             return None
-        seconds = parsed.timestamp() - time.time()
     if math.isnan(seconds) or math.isinf(seconds):
         return None
     return max(0.0, seconds)
+
+
+def _parse_time(value: str) -> float | None:
+    """The POSIX time of an RFC 3339 time or an HTTP date (UTC unless it says otherwise)."""
+    if not value:
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(
+            value[:-1] + "+00:00" if value[-1] in "Zz" else value
+        )
+    except ValueError:
+        import email.utils  # lazily: it imports socket, 15 ms off `import latencykit`
+
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when.timestamp()
 
 
 def _headers_of(exc: BaseException) -> Iterator[Mapping[str, Any]]:
     for attr in ("litellm_response_headers", "headers"):
         headers = getattr(exc, attr, None)
         if headers is not None and hasattr(headers, "get"):
-            yield headers
+            yield _lowercase(headers)
     response = getattr(exc, "response", None)
     headers = getattr(response, "headers", None)
     if headers is not None and hasattr(headers, "get"):
-        yield headers
+        yield _lowercase(headers)
+
+
+def _lowercase(headers: Mapping[str, Any]) -> Mapping[str, Any]:
+    # httpx's headers ignore case already; a plain dict keeps the sender's.
+    if isinstance(headers, dict):
+        return {str(name).lower(): value for name, value in headers.items()}
+    return headers
+
+
+def _asked_wait(headers: Mapping[str, Any]) -> float | None:
+    """The wait ``retry-after-ms`` (Azure, OpenAI) or ``retry-after`` asks for."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None and (value := _parse_wait(str(millis))) is not None:
+        return value / 1000.0
+    seconds = headers.get("retry-after")
+    if seconds is not None:
+        return _parse_wait(str(seconds))
+    return None
+
+
+def _reset_wait(headers: Mapping[str, Any]) -> float | None:
+    """The time until the exhausted limits (remaining 0) reset, the latest of them."""
+    waits = []
+    for remaining, reset in _LIMIT_HEADERS:
+        left, at = headers.get(remaining), headers.get(reset)
+        if left is None or at is None:
+            continue
+        try:
+            exhausted = float(str(left)) <= 0
+        except ValueError:
+            continue
+        if exhausted and (wait := _parse_wait(str(at))) is not None:
+            waits.append(wait)
+    return max(waits, default=None)
 
 
 def retry_after(exc: BaseException) -> float | None:
-    """Seconds the provider asked to wait before retrying, from ``Retry-After``, or ``None``.
+    """Seconds the provider asked to wait before another attempt, or ``None``.
 
-    Reads ``retry-after-ms`` and ``retry-after`` (seconds or an HTTP date) from litellm's
-    ``litellm_response_headers``, or from ``exc.response.headers``, along the cause chain.
+    Along the cause chain, the first of: ``retry-after-ms`` and ``retry-after`` (seconds or an
+    HTTP date) from litellm's ``litellm_response_headers`` or ``exc.response.headers``;
+    Google's ``RetryInfo.retryDelay`` in the error body. Failing those, the time until the
+    exhausted limit resets: the ``x-ratelimit-reset-requests``/``-tokens`` (OpenAI and
+    compatible hosts) or ``anthropic-ratelimit-*-reset`` header of a limit whose
+    ``remaining`` header is 0 (the latest, if several are).
     """
     for link in _chain(exc):
         if isinstance(link, ProviderError) and link.retry_after is not None:
             return link.retry_after
         for headers in _headers_of(link):
-            try:
-                millis = headers.get("retry-after-ms") or headers.get("Retry-After-Ms")
-                if millis is not None and (value := _parse_retry_after(str(millis))) is not None:
-                    return value / 1000.0
-                seconds = headers.get("retry-after") or headers.get("Retry-After")
-                if seconds is not None and (value := _parse_retry_after(str(seconds))) is not None:
-                    return value
-            except (TypeError, ValueError, OverflowError):
-                continue
+            if (wait := _asked_wait(headers)) is not None:
+                return wait
+        waits: list[float] = []
+        _read_body(_body_of(link), set(), [], waits)
+        if waits:
+            return waits[0]
+    for link in _chain(exc):
+        for headers in _headers_of(link):
+            if (wait := _reset_wait(headers)) is not None:
+                return wait
     return None
 
 
@@ -1076,11 +1251,14 @@ def provider_error(
     message = _scrub(_provider_message(exc), known)
     if len(message) > _MESSAGE_LIMIT:
         message = message[: _MESSAGE_LIMIT - 3] + "..."
-    status = _http_status(exc)
+    if (resource := _out_of_resources(exc)) is not None:
+        message = resource  # rather than "All connection attempts failed"
     error = _ERROR_TYPES[kind](
         message,
         target=target,
-        status_code=status if status is not None else _status_code(exc),
+        # The answer's status only: litellm's own (500 for a refused connection, a cut
+        # stream or a bad argument, 408 for a timeout) are made up.
+        status_code=_http_status(exc),
         retry_after=retry_after(exc),
     )
     return error
@@ -1095,13 +1273,16 @@ def stream_error(
     (:func:`provider_error`). Once open: a lost connection is a cut
     (:class:`StreamBroken`, ``reason="cut"``), another transient error (an overload or server
     error event, an event that is not JSON) a break (``reason="error"``), and an error event
-    that is not transient (a content filter, context length) keeps its own type. A break
-    claims no HTTP status: the stream's answer was a 200.
+    that is not transient (a content filter, context length) keeps its own type. An HTTP error
+    answer (a status: litellm may open a stream before its request is sent) is what it is for
+    any request. A break claims no HTTP status: the stream's answer was a 200.
     """
     error = provider_error(exc, target=target, secrets=secrets)
     if not opened or not error.kind.transient or error.kind is ErrorKind.TIMEOUT:
         return error
-    if isinstance(error, StreamBroken) and error.status_code is None:
+    if error.status_code is not None:
+        return error  # an HTTP error answer (a lazily opened stream's first read): no stream
+    if error is exc and isinstance(exc, StreamBroken):
         return error  # latencykit's own (a cut judged from the chunks)
     if any(type(link).__name__ == "JSONDecodeError" for link in _chain(exc)):
         return not_json_event(1, target=target)

@@ -716,13 +716,16 @@ class LLM:
         trio, in the asyncio bridge, whose pump hands the chunks over)."""
         if self.max_output_tokens is not None:
             self._cap(target, kwargs, streaming=True)
+        # The stream's own limits (first token, stall: at most the attempt timeout) judge a
+        # silent provider, with typed errors; the HTTP read timeout is only a backstop, a grace
+        # later, so that the two never race.
+        timeout = (self.timeout if target.timeout is None else target.timeout) + _READ_GRACE
         if target.transport == "openai":
-            timeout = self.timeout if target.timeout is None else target.timeout
             request = _openai.Request(target, timeout, {**kwargs, "stream": True})
             return _openai.OpenAIChunks(request, target, self._secrets)
-        chunks = LitellmChunks(
-            target.litellm_arguments(self.timeout, kwargs), target, self._secrets
-        )
+        arguments = target.litellm_arguments(self.timeout, kwargs)
+        arguments["timeout"] = timeout
+        chunks = LitellmChunks(arguments, target, self._secrets)
         if sniffio.current_async_library() == "asyncio":
             return chunks
         from ._asyncio_bridge import BridgedStream
@@ -836,6 +839,9 @@ class LLM:
                 target=target,
             )
         )
+
+
+_READ_GRACE = 1.0  # seconds the HTTP read timeout of a stream waits past its own limits
 
 
 def _raise_if_truncated(stream: Stream[Any]) -> None:
