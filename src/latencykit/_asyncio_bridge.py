@@ -5,7 +5,8 @@ directly. On trio we run it on one shared asyncio event loop in a daemon thread 
 without blocking trio; cancelling the trio side cancels the asyncio task, and we wait (shielded)
 until that task has really finished, so its HTTP connection is closed before the cancellation
 propagates, just as on asyncio; but only briefly (``_CANCEL_WAIT``): a task busy parsing a large
-body cannot stop before it is done, and the caller's deadline does not wait for it.
+body, or a loop busy with other streams, cannot stop at once, and the caller's deadline does not
+wait for it (the task ends, and closes its connection, on its own).
 
 A stream crosses over as a :class:`BridgedStream`: a pump task on the asyncio loop reads it into
 a buffer the trio side takes from without a thread hop while chunks are waiting; closing either
@@ -31,7 +32,6 @@ __all__ = ["BridgedStream", "run_on_asyncio", "run_on_shared_loop", "shared_loop
 
 T = TypeVar("T")
 
-_CANCEL_GRACE = 5.0  # seconds a close waits for the asyncio side to finish closing
 # Seconds a cancelled call waits for its asyncio task to finish cancelling. A task awaiting I/O
 # closes its connection within a millisecond or two; one busy in synchronous work (litellm
 # parsing a multi-megabyte body) cannot be interrupted before it finishes, and the caller's
@@ -272,11 +272,15 @@ class BridgedStream:
                 self._wakeup = None
 
     async def aclose(self) -> None:
-        """Stop the pump and close the source; wait (shielded, bounded) until it is closed."""
+        """Stop the pump and close the source; wait (shielded) until it is closed, but only
+        briefly (``_CANCEL_WAIT``): on an idle loop the close takes a millisecond or two, and
+        on a busy one (litellm parsing other streams' chunks) the caller, whose deadline may be
+        what closes the stream, must not wait for the loop's backlog. The pump closes the
+        source (and its HTTP response) on its own as soon as the loop gets to it."""
         if not self._closed:
             self._closed = True
             self._loop.call_soon_threadsafe(self._cancel)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_GRACE):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_WAIT):
             await self._pumped.wait()
 
     def close_nowait(self) -> None:
