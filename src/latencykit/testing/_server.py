@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 Predicate = Callable[[list[RecordedAttempt]], bool]
 """A condition on the attempts recorded so far, for :meth:`FakeProvider.wait_for`."""
 
-_REDACTED = frozenset({"authorization", "api-key"})
+_REDACTED = frozenset({"authorization", "api-key", "x-api-key", "x-goog-api-key"})
 
 
 def _describe(a: RecordedAttempt) -> str:
@@ -192,6 +192,18 @@ class FakeProvider:
         """The OpenAI base URL to give clients, e.g. ``"http://127.0.0.1:54321/v1"``."""
         host = f"[{self._host}]" if ":" in self._host else self._host
         return f"http://{host}:{self.port}/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """The Anthropic base URL, the server's root, e.g. ``"http://127.0.0.1:54321"``:
+        litellm's ``anthropic/<model>`` posts to ``{api_base}/v1/messages``."""
+        return self.base_url.removesuffix("/v1")
+
+    @property
+    def gemini_base_url(self) -> str:
+        """The Gemini base URL, e.g. ``"http://127.0.0.1:54321/v1beta"``: litellm's
+        ``gemini/<model>`` posts to ``{api_base}/models/<model>:generateContent``."""
+        return self.base_url.removesuffix("/v1") + "/v1beta"
 
     def __repr__(self) -> str:
         where = self.base_url if self._port is not None else "not started"
@@ -361,6 +373,7 @@ class FakeProvider:
         connection_id: int,
         arrived_at: float,
         body: Mapping[str, object],
+        wire: str = "openai",
     ) -> tuple[AttemptState, RequestInfo, Resolver]:
         """Record a new attempt; return it, its RequestInfo and the resolver to use."""
         redacted = {k: ("***" if k in _REDACTED else v) for k, v in headers.items()}
@@ -376,6 +389,7 @@ class FakeProvider:
                 request_headers=redacted,
                 prompt_tokens=prompt_tokens,
                 prefill_chars=prefill_chars,
+                wire=wire,
             )
             self._records.append(attempt)
             resolver = self._scripts.get(model, self._default)
@@ -390,6 +404,7 @@ class FakeProvider:
             headers=redacted,
             body=body,
             rng=self._rng,
+            wire=wire,
         )
         return attempt, info, resolver
 
