@@ -222,7 +222,8 @@ class _Exchange:
             )
             if status == 200 and self.stream:  # a refusal answered in one event
                 return await self._respond_stream(plan, only=wire.stream_error(body))
-            if fault in (Fault.HTTP_429, Fault.HTTP_503) and behavior.retry_after is not None:
+            waits = fault in (Fault.HTTP_429, Fault.HTTP_503) and wire.retry_after_header
+            if waits and behavior.retry_after is not None:
                 extra.append(("Retry-After", seconds_header(behavior.retry_after)))
             return await self.send_json(status, body, extra)
         if fault is Fault.ERROR_EVENT and not self.stream:

@@ -87,10 +87,12 @@ class GeminiWire(Wire):
     """
 
     name = "gemini"
+    retry_after_header = False  # the wait is the body's RetryInfo.retryDelay
     endpoints = "POST /v1beta/models/{model}:generateContent and :streamGenerateContent"
 
     def __init__(self, url_model: str, query: str) -> None:
         super().__init__(url_model, query)
+        self.thoughts = 0  # reasoning pieces streamed, for usageMetadata
         model, _, method = url_model.rpartition(":")
         self.model_name = model
         self.streaming = method == "streamGenerateContent"
@@ -273,6 +275,7 @@ class GeminiWire(Wire):
         return sse(dumps(self._response([{"text": ""}], None, None)))
 
     def piece(self, piece: Piece) -> bytes:
+        self.thoughts += piece[0] == "reasoning"
         return sse(dumps(self._response([self._part(piece)], None, None)))
 
     def beat(self, k: int) -> bytes:
@@ -283,7 +286,8 @@ class GeminiWire(Wire):
         return []  # the body just ends: Gemini has no end marker
 
     def end(self, finish: str, n_tokens: int, *, terminator: bool) -> list[bytes]:
-        return [sse(dumps(self._response([{"text": ""}], finish, self._usage(n_tokens))))]
+        usage = self._usage(n_tokens, self.thoughts)
+        return [sse(dumps(self._response([{"text": ""}], finish, usage)))]
 
 
 _BLOCKED_RATINGS = [

@@ -143,6 +143,9 @@ class Wire:
     """The URLs served, for the 404 message."""
     id_prefix = "fake"
     """The start of response ids."""
+    retry_after_header = True
+    """Whether a 429 or 503 says how long to wait in a ``Retry-After`` header (``False``:
+    the format says it in the body)."""
 
     def __init__(self, url_model: str, query: str) -> None:
         self.url_model = url_model
