@@ -339,6 +339,72 @@ async def test_llm_error_event_mid_stream_is_a_transient_break(
     assert fake.attempts[0].completed  # an error event ends the body properly
 
 
+@pytest.mark.parametrize("wire", FORMATS)
+async def test_llm_stall_with_keepalives_is_detected(fake: FakeProvider, wire: str) -> None:
+    # Keep-alives (comments, Anthropic pings, empty parts) are not content: a stall.
+    fake.script(
+        "stalls",
+        Behavior(fault=Fault.STALL, stall_after=2, stall_keepalive=True, keepalive_every=0.1),
+    )
+    llm = lk.LLM(
+        f"{wire}/stalls",
+        api_base=api_base(fake, wire),
+        api_key=KEY,
+        stream_guard=lk.StreamGuard(stall=0.6),
+    )
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    with pytest.raises(lk.StreamStalled) as info:
+        async with stream:
+            await read_stream(stream)
+    assert info.value.reason == "stall" and info.value.partial_text == words(2)
+    [attempt] = await fake.wait_for_async(lambda seen: seen[0].disconnected, 5.0)
+    assert attempt.tokens_sent == 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("wire", FORMATS)
+async def test_llm_keepalives_before_the_answer(
+    fake: FakeProvider, wire: str, stream: bool
+) -> None:
+    fake.script(
+        "slow",
+        Behavior(fault=Fault.KEEPALIVE_THEN_TOKENS, ttft=0.4, keepalive_every=0.1, output_tokens=3),
+    )
+    assert await llm_text(make_llm(fake, wire, "slow"), stream) == words(3)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("wire", FORMATS)
+async def test_llm_prefill_is_continued(fake: FakeProvider, wire: str, stream: bool) -> None:
+    fake.script("m", Behavior(text="The answer is 42."))
+    prefilled = [*MESSAGES, {"role": "assistant", "content": "The answer"}]
+    llm = make_llm(fake, wire, "m")
+    response = await llm.acompletion(messages=prefilled, stream=stream)
+    if stream:
+        async with response:
+            text, _, _ = await read_stream(response)
+    else:
+        text = response.choices[0].message.content
+    assert text == " is 42."
+    assert fake.attempts[0].prefill_chars == len("The answer")
+
+
+@pytest.mark.parametrize("wire", FORMATS)
+async def test_llm_header_selects_the_behavior_in_each_format(
+    fake: FakeProvider, wire: str
+) -> None:
+    fake.script("m", Behavior(text="never sent"))
+    llm = lk.LLM(
+        f"{wire}/m",
+        api_base=api_base(fake, wire),
+        api_key=KEY,
+        defaults={"extra_headers": {"x-fake-behavior": '{"fault": "context_length"}'}},
+    )
+    with pytest.raises(lk.ContextLengthExceeded):
+        await llm.acompletion(messages=MESSAGES)
+    assert fake.attempts[0].fault is Fault.CONTEXT_LENGTH
+
+
 # --------------------------------------------------------------------------- the wire itself
 
 
@@ -576,3 +642,15 @@ async def test_unknown_urls_get_a_404_naming_every_format(fake: FakeProvider) ->
     assert "/v1/chat/completions" in message and "/v1/messages" in message
     assert ":streamGenerateContent" in message
     assert fake.attempts == []
+
+
+def test_the_new_behavior_fields_are_validated() -> None:
+    with pytest.raises(ValueError, match=r"Behavior\.flavor"):
+        Behavior(flavor="tgi")
+    with pytest.raises(ValueError, match=r"Behavior\.tool_arguments"):
+        Behavior(tool_arguments={"city": "Paris"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"Behavior\.reasoning"):
+        Behavior(reasoning=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"Behavior\.tool_call"):
+        Behavior(tool_call=True)  # type: ignore[arg-type]
+    assert Behavior.from_json({"tool_call": "f", "flavor": "ollama"}).flavor == "ollama"

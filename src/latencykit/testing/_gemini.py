@@ -279,8 +279,9 @@ class GeminiWire(Wire):
         return sse(dumps(self._response([self._part(piece)], None, None)))
 
     def beat(self, k: int) -> bytes:
-        # Alternately a comment and an empty text part: neither is content to a client.
-        return b": keep-alive\n\n" if k % 2 == 0 else self.opening()
+        # An empty text part, no SSE comment: Google's API sends none, and litellm's Gemini
+        # parser loses the rest of a stream after a line that is not JSON.
+        return self.opening()
 
     def end_without_finish(self) -> list[bytes]:
         return []  # the body just ends: Gemini has no end marker
