@@ -17,16 +17,22 @@ class Fault(str, enum.Enum):
     """A failure the fake provider injects into a response.
 
     The values are lowercase strings, usable in the ``x-fake-behavior`` header
-    (``{"fault": "http_503"}``).
+    (``{"fault": "http_503"}``). Each fault applies to every wire format, in that format's
+    words (described here for OpenAI's; see ``docs/testing.md`` for Anthropic and Gemini):
+    e.g. ``HTTP_503`` is Anthropic's 529 ``overloaded_error``, ``CUT_WITH_DONE`` a Gemini
+    stream that ends without ``finishReason``.
     """
 
     HTTP_429 = "http_429"
-    """429 ``rate_limit_exceeded``, with ``Retry-After`` if ``Behavior.retry_after`` is set."""
+    """429 ``rate_limit_exceeded``, with ``Retry-After`` if ``Behavior.retry_after`` is set
+    (Anthropic: also ``anthropic-ratelimit-*`` headers; Gemini: the wait as
+    ``RetryInfo.retryDelay`` in the body, no header)."""
     HTTP_500 = "http_500"
     """500 ``server_error``."""
     HTTP_503 = "http_503"
     """503 ``service_unavailable`` ("The server is overloaded"), with ``Retry-After`` if
-    ``Behavior.retry_after`` is set."""
+    ``Behavior.retry_after`` is set (Anthropic: 529 ``overloaded_error``; Gemini: 503
+    ``UNAVAILABLE``)."""
     HTTP_ERROR = "http_error"
     """Any HTTP error, after ``ttft``: status ``Behavior.status``, an OpenAI error body built
     from ``error_type``/``error_code``/``error_message`` (or the raw ``Behavior.body``), plus
@@ -67,7 +73,8 @@ class Fault(str, enum.Enum):
     CONTEXT_LENGTH = "context_length"
     """400 ``context_length_exceeded`` (also produced by ``Behavior.context_window``)."""
     CONTENT_POLICY = "content_policy"
-    """400 ``content_policy_violation`` whose message carries the reason ``flagged: violence``."""
+    """400 ``content_policy_violation`` whose message carries the reason ``flagged: violence``
+    (Gemini: a 200 whose ``promptFeedback.blockReason`` is ``SAFETY``, no candidates)."""
 
     def __str__(self) -> str:
         return self.value
@@ -127,7 +134,7 @@ def header_pairs(value: object) -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class Behavior:
-    """How the fake provider answers one chat-completion request.
+    """How the fake provider answers one chat request, in any of its wire formats.
 
     All fields are keyword-only and validated on construction (``ValueError`` naming the
     field). ``Behavior()`` is a fast, successful answer: no delay, 16 tokens.

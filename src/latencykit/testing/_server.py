@@ -68,14 +68,17 @@ def _running_event_loop() -> str | None:
 
 
 class FakeProvider:
-    """A fake OpenAI-compatible LLM server on a real local socket, for tests and demos.
+    """A fake LLM server on a real local socket, for tests and demos.
 
-    It serves ``POST /v1/chat/completions`` (JSON, or SSE with ``"stream": true``) and
-    ``GET /v1/models`` over HTTP/1.1 with keep-alive, from an asyncio loop on a background
-    daemon thread. What each request gets is chosen per model with :meth:`script`
-    (default: :attr:`default`, a fast 16-token answer), or per request with an
-    ``x-fake-behavior: {json}`` header. Every chat request is recorded as a
-    :class:`RecordedAttempt`, including when the client disconnected.
+    It serves, over HTTP/1.1 with keep-alive, from an asyncio loop on a background daemon
+    thread, three wire formats: OpenAI's ``POST /v1/chat/completions`` (JSON, or SSE with
+    ``"stream": true``) and ``GET /v1/models`` (:attr:`base_url`); Anthropic's
+    ``POST /v1/messages`` (:attr:`anthropic_base_url`); Gemini's
+    ``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent``
+    (:attr:`gemini_base_url`). Every behaviour and fault applies to each format. What each
+    request gets is chosen per model with :meth:`script` (default: :attr:`default`, a fast
+    16-token answer), or per request with an ``x-fake-behavior: {json}`` header. Every chat
+    request is recorded as a :class:`RecordedAttempt`, including when the client disconnected.
 
     Args:
         port: TCP port to listen on; ``0`` (default) picks a free one.
@@ -215,7 +218,7 @@ class FakeProvider:
         """Choose what requests for ``model`` get, replacing any previous script.
 
         ``model`` is the name the server receives (litellm's ``"openai/slow"`` sends
-        ``"slow"``). ``script`` is one of:
+        ``"slow"``; for Gemini it is the model named in the URL). ``script`` is one of:
 
         - a :class:`Behavior`: used for every request;
         - a sequence of Behavior: one per request, in order; the last one repeats forever;
@@ -261,7 +264,7 @@ class FakeProvider:
 
     @property
     def attempts(self) -> list[RecordedAttempt]:
-        """A snapshot of all recorded chat-completion requests, in arrival order."""
+        """A snapshot of all recorded chat requests (any format), in arrival order."""
         with self._cond:
             return [a.snapshot() for a in self._records]
 
