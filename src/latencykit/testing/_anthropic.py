@@ -93,8 +93,8 @@ class AnthropicWire(Wire):
     endpoints = "POST /v1/messages"
     id_prefix = "msg_fake"
 
-    def __init__(self, url_model: str, query: str) -> None:
-        super().__init__(url_model, query)
+    def __init__(self, url_model: str) -> None:
+        super().__init__(url_model)
         self.started = False  # message_start sent
         self.block: PieceKind | None = None  # the open content block's kind
         self.index = -1  # the open content block's index

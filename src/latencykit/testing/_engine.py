@@ -353,12 +353,10 @@ class _Exchange:
         deadline = self.arrived_at + plan.ttft
         if fault is Fault.KEEPALIVE_THEN_TOKENS:
             tick = time.monotonic() + behavior.keepalive_every
-            k = 0
             while tick < deadline:
                 await _sleep_until(tick)
-                await self.send(chunked(wire.beat(2 * k)))  # comments only
+                await self.send(chunked(wire.keepalive()))
                 tick += behavior.keepalive_every
-                k += 1
 
         n = len(plan.pieces)
         fault_at = min(behavior.stall_after, n) if fault in _FAULT_POINT else -1
@@ -506,8 +504,7 @@ class Engine:
         for wire_type in _WIRES:
             url_model = wire_type.route(request.method, path)
             if url_model is not None:
-                query = request.target.partition("?")[2]
-                return await self._chat(conn, request, wire_type(url_model, query))
+                return await self._chat(conn, request, wire_type(url_model))
         if path in oa.MODELS_PATHS and request.method == "GET":
             status, body = 200, oa.models_list(self.provider._model_names())
         else:

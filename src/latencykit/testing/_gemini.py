@@ -90,8 +90,8 @@ class GeminiWire(Wire):
     retry_after_header = False  # the wait is the body's RetryInfo.retryDelay
     endpoints = "POST /v1beta/models/{model}:generateContent and :streamGenerateContent"
 
-    def __init__(self, url_model: str, query: str) -> None:
-        super().__init__(url_model, query)
+    def __init__(self, url_model: str) -> None:
+        super().__init__(url_model)
         self.thoughts = 0  # reasoning pieces streamed, for usageMetadata
         model, _, method = url_model.rpartition(":")
         self.model_name = model

@@ -159,8 +159,8 @@ class OpenAIWire(Wire):
     endpoints = "POST /v1/chat/completions, GET /v1/models"
     id_prefix = "chatcmpl-fake"
 
-    def __init__(self, url_model: str, query: str) -> None:
-        super().__init__(url_model, query)
+    def __init__(self, url_model: str) -> None:
+        super().__init__(url_model)
         self.role_sent = False
 
     @classmethod

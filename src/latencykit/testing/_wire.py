@@ -147,9 +147,8 @@ class Wire:
     """Whether a 429 or 503 says how long to wait in a ``Retry-After`` header (``False``:
     the format says it in the body)."""
 
-    def __init__(self, url_model: str, query: str) -> None:
+    def __init__(self, url_model: str) -> None:
         self.url_model = url_model
-        self.query = query
         self.meta = Meta("", 0, url_model, 1, False, None, "")
 
     @classmethod
@@ -224,8 +223,13 @@ class Wire:
         raise NotImplementedError
 
     def beat(self, k: int) -> bytes:
-        """The ``k``-th keep-alive (0-based): nothing a client should count as content."""
+        """The ``k``-th keep-alive (0-based) of ``Behavior.stall_keepalive``: nothing a client
+        should count as content."""
         raise NotImplementedError
+
+    def keepalive(self) -> bytes:
+        """The keep-alive of ``Fault.KEEPALIVE_THEN_TOKENS`` while the first token is due."""
+        return self.beat(0)
 
     def malformed(self) -> bytes:
         """An event whose data is not JSON."""
