@@ -635,6 +635,23 @@ async def test_vllm_and_ollama_flavors(fake: FakeProvider) -> None:
     assert deltas[2]["content"] == "tok0"  # the answer after the reasoning
 
 
+async def test_requests_that_cannot_be_served_get_the_formats_error(fake: FakeProvider) -> None:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{fake.port}") as client:
+        bad_body = await client.post("/v1/messages", content=b"[1, 2")
+        bad_header = await client.post(
+            "/v1beta/models/g:generateContent",
+            json=gemini_body(),
+            headers={"x-fake-behavior": '{"bogus": 1}'},
+        )
+    assert bad_body.status_code == 400
+    assert bad_body.json()["type"] == "error"
+    assert bad_body.json()["error"]["type"] == "invalid_request_error"
+    assert bad_header.status_code == 400
+    assert bad_header.json()["error"]["status"] == "INVALID_ARGUMENT"
+    assert "x-fake-behavior" in bad_header.json()["error"]["message"]
+    assert [(a.wire, a.status) for a in fake.attempts] == [("anthropic", 400), ("gemini", 400)]
+
+
 async def test_unknown_urls_get_a_404_naming_every_format(fake: FakeProvider) -> None:
     response = await post(fake, "/v1beta/models/g:countTokens", gemini_body())
     assert response.status_code == 404
