@@ -1,4 +1,8 @@
-"""A fake OpenAI-compatible LLM provider on a real local socket, for tests, demos and CI.
+"""A fake LLM provider on a real local socket, for tests, demos and CI.
+
+It speaks OpenAI's chat completions (``fake.base_url``), Anthropic's Messages
+(``fake.anthropic_base_url``) and Gemini's ``generateContent`` (``fake.gemini_base_url``),
+with the same scripted behaviours and faults in each.
 
 >>> from latencykit.testing import FakeProvider, Behavior, Fault
 >>> with FakeProvider() as fake:                      # doctest: +SKIP

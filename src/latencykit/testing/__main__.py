@@ -1,6 +1,7 @@
 """``python -m latencykit.testing``: run the fake provider in the foreground.
 
-Prints the base URL, then one line per finished request; Ctrl-C stops it.
+Prints the base URLs (OpenAI, Anthropic, Gemini), then one line per finished request;
+Ctrl-C stops it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def _line(a: RecordedAttempt) -> str:
     ttfb = f"{a.first_byte_at - a.arrived_at:7.3f}s" if a.first_byte_at is not None else "       -"
     kind = "stream" if a.stream else "json  "
     return (
-        f"#{a.index:<5} {a.model:<20} {kind} first byte {ttfb} end {took} "
+        f"#{a.index:<5} {a.wire:<9} {a.model:<20} {kind} first byte {ttfb} end {took} "
         f"tokens {a.tokens_sent:<5} conn {a.connection_id:<4} {outcome}"
     )
 
@@ -37,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     parser = argparse.ArgumentParser(
         prog="python -m latencykit.testing",
-        description="Run latencykit's fake OpenAI-compatible LLM server in the foreground.",
+        description="Run latencykit's fake LLM server (OpenAI, Anthropic and Gemini formats) "
+        "in the foreground.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any)")
@@ -73,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
-    print(f"fake provider listening: base_url={fake.base_url}", flush=True)
+    print(
+        f"fake provider listening: base_url={fake.base_url} "
+        f"anthropic_base_url={fake.anthropic_base_url} gemini_base_url={fake.gemini_base_url}",
+        flush=True,
+    )
     print(f"default behaviour: {what}; Ctrl-C to stop", flush=True)
     printed: set[int] = set()
     done = threading.Event()

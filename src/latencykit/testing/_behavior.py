@@ -17,16 +17,22 @@ class Fault(str, enum.Enum):
     """A failure the fake provider injects into a response.
 
     The values are lowercase strings, usable in the ``x-fake-behavior`` header
-    (``{"fault": "http_503"}``).
+    (``{"fault": "http_503"}``). Each fault applies to every wire format, in that format's
+    words (described here for OpenAI's; see ``docs/testing.md`` for Anthropic and Gemini):
+    e.g. ``HTTP_503`` is Anthropic's 529 ``overloaded_error``, ``CUT_WITH_DONE`` a Gemini
+    stream that ends without ``finishReason``.
     """
 
     HTTP_429 = "http_429"
-    """429 ``rate_limit_exceeded``, with ``Retry-After`` if ``Behavior.retry_after`` is set."""
+    """429 ``rate_limit_exceeded``, with ``Retry-After`` if ``Behavior.retry_after`` is set
+    (Anthropic: also ``anthropic-ratelimit-*`` headers; Gemini: the wait as
+    ``RetryInfo.retryDelay`` in the body, no header)."""
     HTTP_500 = "http_500"
     """500 ``server_error``."""
     HTTP_503 = "http_503"
     """503 ``service_unavailable`` ("The server is overloaded"), with ``Retry-After`` if
-    ``Behavior.retry_after`` is set."""
+    ``Behavior.retry_after`` is set (Anthropic: 529 ``overloaded_error``; Gemini: 503
+    ``UNAVAILABLE``)."""
     HTTP_ERROR = "http_error"
     """Any HTTP error, after ``ttft``: status ``Behavior.status``, an OpenAI error body built
     from ``error_type``/``error_code``/``error_message`` (or the raw ``Behavior.body``), plus
@@ -67,7 +73,8 @@ class Fault(str, enum.Enum):
     CONTEXT_LENGTH = "context_length"
     """400 ``context_length_exceeded`` (also produced by ``Behavior.context_window``)."""
     CONTENT_POLICY = "content_policy"
-    """400 ``content_policy_violation`` whose message carries the reason ``flagged: violence``."""
+    """400 ``content_policy_violation`` whose message carries the reason ``flagged: violence``
+    (Gemini: a 200 whose ``promptFeedback.blockReason`` is ``SAFETY``, no candidates)."""
 
     def __str__(self) -> str:
         return self.value
@@ -75,6 +82,9 @@ class Fault(str, enum.Enum):
 
 ERROR_KINDS = ("server_error", "overloaded", "rate_limit", "content_filter", "context_length")
 """The values of ``Behavior.error``, the errors ``Fault.ERROR_EVENT`` can send."""
+
+FLAVORS = ("vllm", "ollama", "gemini_list_errors")
+"""The values of ``Behavior.flavor``, variants of a wire format."""
 
 
 def _number(name: str, value: object, *, allow_none: bool = False, positive: bool = False) -> None:
@@ -124,7 +134,7 @@ def header_pairs(value: object) -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class Behavior:
-    """How the fake provider answers one chat-completion request.
+    """How the fake provider answers one chat request, in any of its wire formats.
 
     All fields are keyword-only and validated on construction (``ValueError`` naming the
     field). ``Behavior()`` is a fast, successful answer: no delay, 16 tokens.
@@ -210,6 +220,33 @@ class Behavior:
     headers: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
     """Extra response headers of ``Fault.HTTP_ERROR`` (e.g. ``{"retry-after-ms": "250"}``);
     stored as a tuple of ``(name, value)`` pairs. Default none."""
+    reasoning: str | None = None
+    """Thinking text streamed before the answer, split into word tokens like ``text``
+    (one per chunk, counted in ``tokens_sent`` and ``stall_after``). Default ``None``: none.
+
+    OpenAI format: ``reasoning_content`` deltas (``reasoning`` with ``flavor="ollama"``);
+    Anthropic: a ``thinking`` block (``thinking_delta`` events, then a ``signature_delta``);
+    Gemini: parts with ``"thought": true``."""
+    tool_call: str | None = None
+    """Name of a function the answer calls, with ``tool_arguments``. Default ``None``.
+
+    The answer is then the tool call alone (``output_tokens`` is ignored), after ``text``
+    if that is set; the finish reason is ``tool_calls`` (Anthropic ``tool_use``, Gemini
+    ``STOP``). The call is one piece: one chunk (OpenAI ``tool_calls`` delta, Anthropic
+    ``tool_use`` block with one ``input_json_delta``, Gemini ``functionCall`` part)."""
+    tool_arguments: str = '{"city": "Paris"}'
+    """The JSON text of the tool call's arguments. Default ``'{"city": "Paris"}'``."""
+    flavor: str | None = None
+    """A variant of the wire format, one of :data:`FLAVORS`. Default ``None``: the
+    provider's own format.
+
+    - ``"vllm"`` (OpenAI format): vLLM's error objects, ``{"object": "error", "message",
+      "type": "BadRequestError", "param", "code": 400}`` as an HTTP error body and
+      ``{"error": {"object": "error", "type": "InternalServerError", "message",
+      "code": 500}}`` as a stream's error event;
+    - ``"ollama"`` (OpenAI format): reasoning streamed as ``reasoning`` deltas;
+    - ``"gemini_list_errors"`` (Gemini format): HTTP error bodies wrapped in a list,
+      ``[{"error": {...}}]``, as Gemini's JSON-array stream endpoint sends them."""
     rejects_prefill: bool = False
     """Answer 400 ``invalid_request_error`` ("does not support assistant message prefill"),
     after ``ttft``, to a request whose last message has role ``assistant``; the fault, if
@@ -237,7 +274,7 @@ class Behavior:
             raise ValueError(
                 f"Behavior.status must be an HTTP error status (400-599), got {self.status!r}"
             )
-        for name in ("error_type", "error_message", "body"):
+        for name in ("error_type", "error_message", "body", "reasoning", "tool_call"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"Behavior.{name} must be a str or None, got {value!r}")
@@ -246,6 +283,12 @@ class Behavior:
         ):
             raise ValueError(
                 f"Behavior.error_code must be a str, an int or None, got {self.error_code!r}"
+            )
+        if not isinstance(self.tool_arguments, str):
+            raise ValueError(f"Behavior.tool_arguments must be a str, got {self.tool_arguments!r}")
+        if self.flavor is not None and self.flavor not in FLAVORS:
+            raise ValueError(
+                f"Behavior.flavor must be one of {', '.join(FLAVORS)} or None, got {self.flavor!r}"
             )
         object.__setattr__(self, "headers", header_pairs(self.headers))
         if not isinstance(self.error, str) or self.error not in ERROR_KINDS:

@@ -16,6 +16,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING
 
+from . import _anthropic, _gemini
 from . import _openai as oa
 from ._behavior import Behavior, Fault, header_pairs
 from ._http import (
@@ -28,6 +29,7 @@ from ._http import (
     response_head,
 )
 from ._latency import sample_seconds
+from ._wire import ERROR_FAULTS, Meta, Piece, Wire, seconds_header, words
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
@@ -39,15 +41,29 @@ _FAULT_POINT = frozenset(
     {Fault.STALL, Fault.CUT, Fault.CUT_WITH_DONE, Fault.ERROR_EVENT, Fault.MALFORMED_CHUNK}
 )
 _HEADERS_AT_ONCE = frozenset({Fault.KEEPALIVE_THEN_TOKENS, Fault.HEADERS_THEN_SILENCE})
-_CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
-_MODELS_PATHS = frozenset({"/v1/models", "/models"})
+_WIRES: tuple[type[Wire], ...] = (oa.OpenAIWire, _anthropic.AnthropicWire, _gemini.GeminiWire)
+"""The wire formats served, each routing its own URLs."""
 
 
-def _seconds_header(value: float) -> str:
-    """``2`` for whole seconds, else a short decimal such as ``0.25``."""
-    if float(value).is_integer():
-        return str(int(value))
-    return f"{value:.3f}".rstrip("0").rstrip(".")
+def _answer_tokens(text: str | None, output_tokens: int) -> list[str]:
+    """The answer's text pieces, one per token/chunk: ``text``'s words, else ``tok0 tok1...``."""
+    if text is None:
+        return [f" tok{i}" if i else "tok0" for i in range(output_tokens)]
+    return words(text)
+
+
+def _continuation(tokens: list[str], prefill: str | None) -> list[str]:
+    """The tokens left to emit once the client prefilled the answer with ``prefill``.
+
+    If the answer starts with the prefill, only the rest is emitted (re-split into words,
+    so a prefill ending mid-word is continued mid-word); otherwise the whole answer.
+    """
+    if not prefill:
+        return tokens
+    answer = "".join(tokens)
+    if not answer.startswith(prefill):
+        return tokens
+    return words(answer[len(prefill) :])
 
 
 def _consume(task: asyncio.Task[bool]) -> None:
@@ -59,7 +75,7 @@ def _consume(task: asyncio.Task[bool]) -> None:
 class _Plan:
     """Everything decided when a chat request arrives (latencies are sampled up front)."""
 
-    __slots__ = ("behavior", "fault", "finish_reason", "gaps", "rejects_prefill", "tokens", "ttft")
+    __slots__ = ("behavior", "fault", "finish_reason", "gaps", "pieces", "rejects_prefill", "ttft")
 
     def __init__(
         self,
@@ -79,19 +95,25 @@ class _Plan:
         if not self.rejects_prefill and window is not None and prompt_tokens > window:
             fault = Fault.CONTEXT_LENGTH
         self.fault = fault
-        answer = oa.tokens_for(behavior.text, behavior.output_tokens)
-        self.tokens = oa.continuation(answer, prefill)
-        self.finish_reason = "stop"
-        if max_tokens is not None and len(self.tokens) > max_tokens:
+        calls = behavior.tool_call is not None
+        text = "" if calls and behavior.text is None else behavior.text
+        tokens = _continuation(_answer_tokens(text, behavior.output_tokens), prefill)
+        self.finish_reason = "tool_calls" if calls else "stop"
+        if max_tokens is not None and len(tokens) > max_tokens:
             # As a real server does: the answer stops at the client's cap, "length".
-            self.tokens = self.tokens[: max(max_tokens, 0)]
+            tokens = tokens[: max(max_tokens, 0)]
             self.finish_reason = "length"
+        thinking = words(behavior.reasoning) if behavior.reasoning else []
+        self.pieces: list[Piece] = [("reasoning", t) for t in thinking]
+        self.pieces += [("text", t) for t in tokens]
+        if calls and self.finish_reason != "length":
+            self.pieces.append(("tool", behavior.tool_arguments))
         self.ttft = sample_seconds(behavior.ttft, rng)
-        self.gaps = [sample_seconds(behavior.itl, rng) for _ in self.tokens]
+        self.gaps = [sample_seconds(behavior.itl, rng) for _ in self.pieces]
 
 
 class _Exchange:
-    """One chat request being answered on one connection."""
+    """One chat request being answered on one connection, in the format of ``wire``."""
 
     def __init__(
         self,
@@ -99,23 +121,17 @@ class _Exchange:
         conn: Connection,
         attempt: AttemptState,
         request: Request,
+        wire: Wire,
         *,
-        model: str,
         stream: bool,
-        include_usage: bool,
-        prompt_tokens: int,
     ) -> None:
         self.provider = provider
         self.conn = conn
         self.attempt = attempt
         self.keep_alive = request.keep_alive
         self.arrived_at = request.arrived_at
-        self.model = model
+        self.wire = wire
         self.stream = stream
-        self.include_usage = include_usage
-        self.prompt_tokens = prompt_tokens
-        self.created = int(time.time())
-        self.completion_id = f"chatcmpl-fake{attempt.index:06d}c{conn.id}"
 
     # -- primitives
 
@@ -164,10 +180,12 @@ class _Exchange:
     async def respond(self, plan: _Plan) -> bool:
         """Answer according to ``plan``; return whether the connection may be reused."""
         fault = plan.fault
+        wire = self.wire
+        behavior = plan.behavior
         first_at = self.arrived_at + plan.ttft
         if plan.rejects_prefill:
             await _sleep_until(first_at)
-            return await self.send_json(*oa.prefill_rejected())
+            return await self.send_json(*wire.prefill_rejected())
         if fault is Fault.HANG:
             await asyncio.get_running_loop().create_future()  # until the client goes away
         if fault is Fault.CLOSE_BEFORE_HEADERS:
@@ -176,18 +194,19 @@ class _Exchange:
             return False
         if fault is Fault.HTTP_ERROR:
             await _sleep_until(first_at)
-            behavior = plan.behavior
-            status, body = oa.http_error(
-                behavior.status,
-                type_=behavior.error_type,
-                code=behavior.error_code,
-                message=behavior.error_message,
-                body=behavior.body,
-            )
+            if behavior.body is not None:
+                body = behavior.body.encode("utf-8")
+            else:
+                body = wire.http_error(
+                    behavior.status,
+                    type_=behavior.error_type,
+                    code=behavior.error_code,
+                    message=behavior.error_message,
+                )
             headers = list(header_pairs(behavior.headers))
             if behavior.retry_after is not None:
-                headers.append(("Retry-After", _seconds_header(behavior.retry_after)))
-            return await self.send_json(status, body, headers)
+                headers.append(("Retry-After", seconds_header(behavior.retry_after)))
+            return await self.send_json(behavior.status, body, headers)
         if fault is Fault.RESET_BEFORE_HEADERS:
             await _sleep_until(first_at)
             sock = self.conn.writer.get_extra_info("socket")
@@ -195,17 +214,17 @@ class _Exchange:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.conn.writer.transport.abort()
             return False
-        if fault in oa.HTTP_ERROR_FAULTS:
+        if fault in ERROR_FAULTS:
             assert fault is not None
             await _sleep_until(first_at)
-            status, body = oa.fault_error(
-                fault,
-                prompt_tokens=self.prompt_tokens,
-                context_window=plan.behavior.context_window,
+            status, body, extra = wire.fault_error(
+                fault, context_window=behavior.context_window, retry_after=behavior.retry_after
             )
-            extra: list[tuple[str, str]] = []
-            if fault in (Fault.HTTP_429, Fault.HTTP_503) and plan.behavior.retry_after is not None:
-                extra.append(("Retry-After", _seconds_header(plan.behavior.retry_after)))
+            if status == 200 and self.stream:  # a refusal answered in one event
+                return await self._respond_stream(plan, only=wire.stream_error(body))
+            waits = fault in (Fault.HTTP_429, Fault.HTTP_503) and wire.retry_after_header
+            if waits and behavior.retry_after is not None:
+                extra.append(("Retry-After", seconds_header(behavior.retry_after)))
             return await self.send_json(status, body, extra)
         if fault is Fault.ERROR_EVENT and not self.stream:
             await _sleep_until(first_at)
@@ -215,10 +234,8 @@ class _Exchange:
         return await self._respond_json(plan)
 
     def error_event(self, plan: _Plan) -> tuple[int, bytes]:
-        return oa.error_event(
-            plan.behavior.error,
-            prompt_tokens=self.prompt_tokens,
-            context_window=plan.behavior.context_window,
+        return self.wire.error_event(
+            plan.behavior.error, context_window=plan.behavior.context_window
         )
 
     async def _pause(
@@ -250,24 +267,16 @@ class _Exchange:
 
     async def _respond_json(self, plan: _Plan) -> bool:
         fault = plan.fault
-        tokens = plan.tokens
+        pieces = plan.pieces
         finish_reason: str | None = plan.finish_reason
         if fault is Fault.CUT_WITH_DONE:  # the answer stops early, without a reason
-            tokens = tokens[: plan.behavior.stall_after]
+            pieces = pieces[: plan.behavior.stall_after]
             finish_reason = None
-        n = len(tokens)
+        n = len(pieces)
         if fault is Fault.MALFORMED_CHUNK:
             body = b"{not json"
         else:
-            body = oa.completion(
-                self.completion_id,
-                self.created,
-                self.model,
-                "".join(tokens),
-                self.prompt_tokens,
-                n,
-                finish_reason,
-            )
+            body = self.wire.completion(pieces, finish_reason)
         headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
         head = response_head(200, headers + self.common_headers())
         if fault is Fault.HEADERS_THEN_SILENCE:
@@ -287,9 +296,11 @@ class _Exchange:
             await self.send(head + body, status=200, tokens=sent, final=True)
         return self.keep_alive
 
-    async def _respond_stream(self, plan: _Plan) -> bool:
+    async def _respond_stream(self, plan: _Plan, only: bytes | None = None) -> bool:
+        """Stream the answer, or the single event ``only`` (already after ``ttft``)."""
         fault = plan.fault
         behavior = plan.behavior
+        wire = self.wire
         missing_done = fault is Fault.MISSING_DONE
         head = response_head(
             200,
@@ -301,7 +312,7 @@ class _Exchange:
             ],
         )
         head_sent = False
-        role_sent = False
+        opened = False  # whether the first piece or the opening event was sent
 
         async def emit(event: bytes, tokens: int = 0) -> None:
             nonlocal head_sent
@@ -314,7 +325,7 @@ class _Exchange:
         async def finish(events: list[bytes]) -> bool:
             """Send the last events and end the body, in one write as a real server does."""
             nonlocal head_sent
-            tail = b"".join(chunked(e) for e in events) + LAST_CHUNK
+            tail = b"".join(chunked(e) for e in events if e) + LAST_CHUNK
             if head_sent:
                 await self.send(tail, final=True)
             else:
@@ -322,28 +333,19 @@ class _Exchange:
                 await self.send(head + tail, status=200, final=True)
             return self.keep_alive and not missing_done
 
-        def chunk(delta: dict[str, object], finish_reason: str | None = None) -> bytes:
-            return oa.chunk(self.completion_id, self.created, self.model, delta, finish_reason)
-
-        def delta(content: str) -> bytes:
-            nonlocal role_sent
-            if role_sent:
-                return chunk({"content": content})
-            role_sent = True
-            return chunk({"role": "assistant", "content": content, "refusal": None})
-
         async def beat(k: int) -> None:
-            # Alternately a comment and an empty delta: neither is content to a client.
-            await emit(oa.KEEPALIVE_EVENT if k % 2 == 0 else chunk({"content": ""}))
+            await emit(wire.beat(k))
 
         keepalive = beat if behavior.stall_keepalive else None
+        if only is not None:
+            return await finish([only])
 
         if behavior.role_chunk or fault in _HEADERS_AT_ONCE:
             head_sent = True
             first = head
             if behavior.role_chunk:
-                role_sent = True
-                first += chunked(chunk({"role": "assistant", "content": ""}))
+                opened = True
+                first += chunked(wire.opening())
             await self.send(first, status=200)
         if fault is Fault.HEADERS_THEN_SILENCE:
             await self._pause(None, keepalive, behavior.keepalive_every)
@@ -353,19 +355,20 @@ class _Exchange:
             tick = time.monotonic() + behavior.keepalive_every
             while tick < deadline:
                 await _sleep_until(tick)
-                await self.send(chunked(oa.KEEPALIVE_EVENT))
+                await self.send(chunked(wire.keepalive()))
                 tick += behavior.keepalive_every
 
-        n = len(plan.tokens)
+        n = len(plan.pieces)
         fault_at = min(behavior.stall_after, n) if fault in _FAULT_POINT else -1
         for i in range(n + 1):
             if i == fault_at:
                 await _sleep_until(deadline)  # fault before the first token: wait ttft
                 if fault is Fault.ERROR_EVENT:  # may be the very first event
                     _, error = self.error_event(plan)
-                    return await finish([oa.sse_event(error)])
-                if not role_sent:  # headers + role first
-                    await emit(delta(""))
+                    return await finish([wire.stream_error(error)])
+                if not opened:  # headers + opening first
+                    opened = True
+                    await emit(wire.opening())
                 if fault is Fault.STALL:
                     deadline += await self._pause(
                         behavior.stall_for, keepalive, behavior.keepalive_every
@@ -373,24 +376,18 @@ class _Exchange:
                 elif fault is Fault.CUT:
                     return False  # the connection handler closes the socket
                 elif fault is Fault.CUT_WITH_DONE:
-                    return await finish([oa.DONE_EVENT])
+                    return await finish(wire.end_without_finish())
                 else:
-                    await emit(oa.MALFORMED_EVENT)
+                    await emit(wire.malformed())
             if i > 0:
                 deadline += plan.gaps[i - 1]
             await _sleep_until(deadline)
             if i == n:
                 break
-            await emit(delta(plan.tokens[i]), tokens=1)
+            opened = True
+            await emit(wire.piece(plan.pieces[i]), tokens=1)
 
-        events = [delta("")] if not role_sent else []
-        events.append(chunk({}, plan.finish_reason))
-        if self.include_usage:
-            usage = oa.usage(self.prompt_tokens, n)
-            events.append(oa.chunk(self.completion_id, self.created, self.model, None, None, usage))
-        if not missing_done:
-            events.append(oa.DONE_EVENT)
-        return await finish(events)
+        return await finish(wire.end(plan.finish_reason, n, terminator=not missing_done))
 
 
 async def _sleep_until(deadline: float) -> None:
@@ -504,15 +501,18 @@ class Engine:
 
     async def _dispatch(self, conn: Connection, request: Request) -> bool:
         path = request.path.rstrip("/")
-        if path in _CHAT_PATHS and request.method == "POST":
-            return await self._chat(conn, request)
-        if path in _MODELS_PATHS and request.method == "GET":
+        for wire_type in _WIRES:
+            url_model = wire_type.route(request.method, path)
+            if url_model is not None:
+                return await self._chat(conn, request, wire_type(url_model))
+        if path in oa.MODELS_PATHS and request.method == "GET":
             status, body = 200, oa.models_list(self.provider._model_names())
         else:
             status = 404
+            served = "; ".join(w.endpoints for w in _WIRES)
             body = oa.error_body(
                 f"Unknown request URL: {request.method} {request.path}. "
-                "The fake provider serves POST /v1/chat/completions and GET /v1/models.",
+                f"The fake provider serves {served}.",
                 "invalid_request_error",
                 "unknown_url",
             )
@@ -525,7 +525,7 @@ class Engine:
         await conn.writer.drain()
         return request.keep_alive
 
-    async def _chat(self, conn: Connection, request: Request) -> bool:
+    async def _chat(self, conn: Connection, request: Request, wire: Wire) -> bool:
         error: tuple[int, bytes] | None = None
         body: dict[str, object] = {}
         try:
@@ -537,21 +537,16 @@ class Engine:
         else:
             error = (
                 400,
-                oa.error_body(
+                wire.error(
+                    400,
                     "We could not parse the JSON body of your request: expected a JSON object.",
-                    "invalid_request_error",
-                    None,
                 ),
             )
-        model = body.get("model")
-        model = model if isinstance(model, str) else ""
-        stream = body.get("stream") is True
-        options = body.get("stream_options")
-        include_usage = (
-            stream and isinstance(options, dict) and options.get("include_usage") is True
-        )
-        prompt_tokens = oa.estimate_prompt_tokens(body)
-        prefill = oa.prefill(body)
+        parsed_request = wire.parse(body)
+        model = parsed_request.model
+        stream = parsed_request.stream
+        prompt_tokens = parsed_request.prompt_tokens
+        prefill = parsed_request.prefill
         provider = self.provider
         attempt, info, resolver = provider._begin(
             model=model,
@@ -562,6 +557,7 @@ class Engine:
             connection_id=conn.id,
             arrived_at=request.arrived_at,
             body=body,
+            wire=wire.name,
         )
         behavior = Behavior()
         if error is None:
@@ -573,12 +569,7 @@ class Engine:
                         raise ValueError("expected a JSON object")
                     behavior = Behavior.from_json(data)
                 except (ValueError, TypeError) as exc:
-                    error = (
-                        400,
-                        oa.error_body(
-                            f"Invalid x-fake-behavior header: {exc}", "invalid_request_error", None
-                        ),
-                    )
+                    error = (400, wire.error(400, f"Invalid x-fake-behavior header: {exc}"))
             else:
                 try:
                     behavior = resolver.next(info)
@@ -590,22 +581,24 @@ class Engine:
                     traceback.print_exc()
                     error = (
                         500,
-                        oa.error_body(
+                        wire.error(
+                            500,
                             f"The fake provider's script for model {model!r} raised {exc!r}",
-                            "server_error",
                             "fake_script_error",
                         ),
                     )
-        exchange = _Exchange(
-            provider,
-            conn,
-            attempt,
-            request,
-            model=model,
-            stream=stream,
-            include_usage=include_usage,
-            prompt_tokens=prompt_tokens,
+        wire.start(
+            Meta(
+                response_id=f"{wire.id_prefix}{attempt.index:06d}c{conn.id}",
+                created=int(time.time()),
+                model=model,
+                prompt_tokens=prompt_tokens,
+                include_usage=parsed_request.include_usage,
+                flavor=behavior.flavor,
+                tool_name=behavior.tool_call or "",
+            )
         )
+        exchange = _Exchange(provider, conn, attempt, request, wire, stream=stream)
         if error is not None:
             return await self._watch(conn, attempt, exchange.send_json(*error))
         plan = _Plan(
@@ -613,7 +606,7 @@ class Engine:
             provider,
             prompt_tokens=prompt_tokens,
             prefill=prefill,
-            max_tokens=oa.max_tokens(body),
+            max_tokens=parsed_request.max_tokens,
         )
         provider._update(attempt, fault=plan.fault)
         return await self._watch(conn, attempt, exchange.respond(plan))

@@ -1,12 +1,27 @@
-"""OpenAI-shaped JSON payloads: completions, stream chunks, errors, model lists."""
+"""OpenAI's chat-completions wire format (and the vLLM/Ollama variants of it).
+
+``POST /v1/chat/completions``: a ``chat.completion`` JSON answer, or SSE ``data:`` chunks
+ending with ``data: [DONE]``. ``Behavior.flavor`` ``"vllm"`` gives vLLM's error objects
+(``{"object": "error", ..., "code": 500}``); ``"ollama"`` streams reasoning as ``reasoning``
+instead of ``reasoning_content``.
+"""
 
 from __future__ import annotations
 
-import json
-import re
-
 from ._behavior import Fault
 from ._http import REASONS
+from ._wire import (
+    Parsed,
+    Piece,
+    Reply,
+    Wire,
+    content_text,
+    context_length_numbers,
+    dicts,
+    dumps,
+    integer,
+    sse,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -15,79 +30,11 @@ if TYPE_CHECKING:
 CONTENT_POLICY_REASON = "flagged: violence"
 """The reason carried by ``Fault.CONTENT_POLICY`` errors."""
 
-DEFAULT_CONTEXT_WINDOW = 4096
-"""Context length reported by ``Fault.CONTEXT_LENGTH`` when ``context_window`` is unset."""
+CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
+MODELS_PATHS = frozenset({"/v1/models", "/models"})
 
-_WORD = re.compile(r"\s*\S+|\s+")
-
-
-def dumps(obj: object) -> bytes:
-    """Compact JSON bytes."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
-def tokens_for(text: str | None, output_tokens: int) -> list[str]:
-    """The content pieces to emit, one per token/chunk."""
-    if text is None:
-        return [f" tok{i}" if i else "tok0" for i in range(output_tokens)]
-    return _WORD.findall(text)
-
-
-def continuation(tokens: list[str], prefill: str | None) -> list[str]:
-    """The tokens left to emit once the client prefilled the answer with ``prefill``.
-
-    If the answer starts with the prefill, only the rest is emitted (re-split into words,
-    so a prefill ending mid-word is continued mid-word); otherwise the whole answer.
-    """
-    if not prefill:
-        return tokens
-    answer = "".join(tokens)
-    if not answer.startswith(prefill):
-        return tokens
-    return _WORD.findall(answer[len(prefill) :])
-
-
-def _content_text(content: object) -> str:
-    """The text of a message's content: a string or a list of ``{"text": ...}`` parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
-        )
-    return ""
-
-
-def _messages(body: Mapping[str, object]) -> list[dict[str, object]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return []
-    return [m for m in messages if isinstance(m, dict)]
-
-
-def estimate_prompt_tokens(body: Mapping[str, object]) -> int:
-    """Characters of all message contents // 4, at least 1."""
-    chars = sum(len(_content_text(m.get("content"))) for m in _messages(body))
-    return max(chars // 4, 1)
-
-
-def max_tokens(body: Mapping[str, object]) -> int | None:
-    """The client's output cap (``max_completion_tokens`` or ``max_tokens``), if any."""
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
-
-
-def prefill(body: Mapping[str, object]) -> str | None:
-    """The text of a trailing ``assistant`` message (the start of the answer), else ``None``."""
-    messages = _messages(body)
-    if not messages or messages[-1].get("role") != "assistant":
-        return None
-    return _content_text(messages[-1].get("content"))
+DONE_EVENT = b"data: [DONE]\n\n"
+KEEPALIVE_EVENT = b": keep-alive\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -99,126 +46,63 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def completion(
-    completion_id: str,
-    created: int,
-    model: str,
-    content: str,
-    prompt_tokens: int,
-    n_tokens: int,
-    finish_reason: str | None = "stop",
-) -> bytes:
-    """A non-streaming ``chat.completion`` body."""
-    return dumps(
-        {
-            "id": completion_id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "system_fingerprint": "fp_latencykit_fake",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content, "refusal": None},
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                }
-            ],
-            "usage": usage(prompt_tokens, n_tokens),
-        }
-    )
-
-
-def sse_event(data: bytes) -> bytes:
-    """An SSE ``data:`` event carrying ``data``."""
-    return b"data: " + data + b"\n\n"
-
-
-def chunk(
-    completion_id: str,
-    created: int,
-    model: str,
-    delta: Mapping[str, object] | None,
-    finish_reason: str | None = None,
-    usage_obj: Mapping[str, int] | None = None,
-) -> bytes:
-    """One SSE ``data:`` event carrying a ``chat.completion.chunk``.
-
-    ``delta=None`` gives the usage-only chunk with empty ``choices``.
-    """
-    obj: dict[str, object] = {
-        "id": completion_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "system_fingerprint": "fp_latencykit_fake",
-        "choices": []
-        if delta is None
-        else [{"index": 0, "delta": dict(delta), "logprobs": None, "finish_reason": finish_reason}],
-    }
-    if usage_obj is not None:
-        obj["usage"] = dict(usage_obj)
-    return sse_event(dumps(obj))
-
-
-DONE_EVENT = b"data: [DONE]\n\n"
-KEEPALIVE_EVENT = b": keep-alive\n\n"
-MALFORMED_EVENT = b"data: {not json\n\n"
-
-
 def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
     """An OpenAI error body ``{"error": {"message", "type", "param", "code"}}``."""
     return dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
-def fault_error(
-    fault: Fault, *, prompt_tokens: int, context_window: int | None
-) -> tuple[int, bytes]:
-    """Status and body for the faults that answer with an HTTP error."""
-    if fault is Fault.HTTP_429:
-        return 429, error_body(
-            "Rate limit reached for requests. Please try again later.",
-            "requests",
-            "rate_limit_exceeded",
-        )
-    if fault is Fault.HTTP_500:
-        return 500, error_body(
-            "The server had an error processing your request. Sorry about that!",
-            "server_error",
-            "server_error",
-        )
-    if fault is Fault.HTTP_503:
-        return 503, error_body(
-            "The server is overloaded or not ready yet.",
-            "server_error",
-            "service_unavailable",
-        )
-    if fault is Fault.CONTEXT_LENGTH:
-        return 400, error_body(
-            _context_length_message(prompt_tokens, context_window),
-            "invalid_request_error",
-            "context_length_exceeded",
-            "messages",
-        )
-    if fault is Fault.CONTENT_POLICY:
-        return 400, error_body(
-            "Your request was rejected as a result of our safety system. "
-            f"Your prompt may contain text that is not allowed by our safety system "
-            f"({CONTENT_POLICY_REASON}).",
-            "invalid_request_error",
-            "content_policy_violation",
-        )
-    raise ValueError(f"{fault} is not an HTTP error fault")
+def reason(status: int) -> str:
+    """The reason phrase of an HTTP status (``"Error"`` when unknown)."""
+    return REASONS.get(status, "Error")
 
 
 def _context_length_message(prompt_tokens: int, context_window: int | None) -> str:
-    limit = context_window if context_window is not None else DEFAULT_CONTEXT_WINDOW
-    used = max(prompt_tokens, limit + 1)
+    limit, used = context_length_numbers(prompt_tokens, context_window)
     return (
         f"This model's maximum context length is {limit} tokens. However, your messages "
         f"resulted in {used} tokens. Please reduce the length of the messages."
     )
 
+
+# Fault -> (HTTP status, type, code, message, param); CONTEXT_LENGTH builds its message.
+_FAULT_ERRORS: dict[Fault, tuple[int, str, str | None, str, str | None]] = {
+    Fault.HTTP_429: (
+        429,
+        "requests",
+        "rate_limit_exceeded",
+        "Rate limit reached for requests. Please try again later.",
+        None,
+    ),
+    Fault.HTTP_500: (
+        500,
+        "server_error",
+        "server_error",
+        "The server had an error processing your request. Sorry about that!",
+        None,
+    ),
+    Fault.HTTP_503: (
+        503,
+        "server_error",
+        "service_unavailable",
+        "The server is overloaded or not ready yet.",
+        None,
+    ),
+    Fault.CONTEXT_LENGTH: (
+        400,
+        "invalid_request_error",
+        "context_length_exceeded",
+        "",
+        "messages",
+    ),
+    Fault.CONTENT_POLICY: (
+        400,
+        "invalid_request_error",
+        "content_policy_violation",
+        "Your request was rejected as a result of our safety system. Your prompt may contain "
+        f"text that is not allowed by our safety system ({CONTENT_POLICY_REASON}).",
+        None,
+    ),
+}
 
 # Behavior.error -> (HTTP status, type, code, message); "context_length" builds its message.
 _ERROR_EVENTS: dict[str, tuple[int, str, str | None, str]] = {
@@ -245,18 +129,6 @@ _ERROR_EVENTS: dict[str, tuple[int, str, str | None, str]] = {
     "context_length": (400, "invalid_request_error", "context_length_exceeded", ""),
 }
 
-
-def error_event(kind: str, *, prompt_tokens: int, context_window: int | None) -> tuple[int, bytes]:
-    """``Fault.ERROR_EVENT``: the HTTP status and the ``{"error": ...}`` object for ``kind``.
-
-    A stream sends the object as one SSE ``data:`` event, a JSON answer as its body.
-    """
-    status, type_, code, message = _ERROR_EVENTS[kind]
-    if kind == "context_length":
-        message = _context_length_message(prompt_tokens, context_window)
-    return status, error_body(message, type_, code)
-
-
 _DEFAULT_TYPES = {
     401: "authentication_error",
     403: "permission_error",
@@ -265,45 +137,233 @@ _DEFAULT_TYPES = {
     529: "overloaded_error",
 }
 
+# vLLM names its error types after the HTTP status (vllm/entrypoints/openai/protocol.py).
+_VLLM_TYPES = {
+    400: "BadRequestError",
+    401: "UnauthorizedError",
+    404: "NotFoundError",
+    429: "TooManyRequestsError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
 
-def reason(status: int) -> str:
-    """The reason phrase of an HTTP status (``"Error"`` when unknown)."""
-    return REASONS.get(status, "Error")
+
+def _vllm_type(status: int) -> str:
+    return _VLLM_TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
 
 
-def http_error(
-    status: int,
-    *,
-    type_: str | None,
-    code: str | int | None,
-    message: str | None,
-    body: str | None,
-) -> tuple[int, bytes]:
-    """``Fault.HTTP_ERROR``: the status and body (the raw ``body``, else an OpenAI error)."""
-    if body is not None:
-        return status, body.encode("utf-8")
-    if type_ is None:
-        type_ = _DEFAULT_TYPES.get(
-            status, "server_error" if status >= 500 else "invalid_request_error"
+class OpenAIWire(Wire):
+    """OpenAI chat completions: ``POST /v1/chat/completions`` (also ``/chat/completions``)."""
+
+    name = "openai"
+    endpoints = "POST /v1/chat/completions, GET /v1/models"
+    id_prefix = "chatcmpl-fake"
+
+    def __init__(self, url_model: str) -> None:
+        super().__init__(url_model)
+        self.role_sent = False
+
+    @classmethod
+    def route(cls, method: str, path: str) -> str | None:
+        return "" if method == "POST" and path in CHAT_PATHS else None
+
+    def parse(self, body: Mapping[str, object]) -> Parsed:
+        model = body.get("model")
+        stream = body.get("stream") is True
+        options = body.get("stream_options")
+        messages = dicts(body.get("messages"))
+        chars = sum(len(content_text(m.get("content"))) for m in messages)
+        prefill = None
+        if messages and messages[-1].get("role") == "assistant":
+            prefill = content_text(messages[-1].get("content"))
+        cap = integer(body.get("max_completion_tokens"))
+        return Parsed(
+            model=model if isinstance(model, str) else "",
+            stream=stream,
+            prompt_tokens=max(chars // 4, 1),
+            prefill=prefill,
+            max_tokens=cap if cap is not None else integer(body.get("max_tokens")),
+            include_usage=stream
+            and isinstance(options, dict)
+            and options.get("include_usage") is True,
         )
-    text = message if message is not None else reason(status)
-    return status, dumps({"error": {"message": text, "type": type_, "param": None, "code": code}})
 
+    # -- errors
 
-def prefill_rejected() -> tuple[int, bytes]:
-    """Status and body for ``Behavior.rejects_prefill``."""
-    return 400, error_body(
-        "This model does not support assistant message prefill: "
-        "the last message must have role 'user'.",
-        "invalid_request_error",
-        None,
-        "messages",
-    )
+    def _error(self, status: int, message: str, type_: str, code: str | int | None) -> bytes:
+        if self.meta.flavor == "vllm":  # vLLM's ErrorResponse: flat, with an int code
+            return dumps(
+                {
+                    "object": "error",
+                    "message": message,
+                    "type": _vllm_type(status),
+                    "param": None,
+                    "code": status,
+                }
+            )
+        return dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
 
+    def error(self, status: int, message: str, code: str | None = None) -> bytes:
+        type_ = "server_error" if status >= 500 else "invalid_request_error"
+        return self._error(status, message, type_, code)
 
-HTTP_ERROR_FAULTS = frozenset(
-    {Fault.HTTP_429, Fault.HTTP_500, Fault.HTTP_503, Fault.CONTEXT_LENGTH, Fault.CONTENT_POLICY}
-)
+    def fault_error(
+        self, fault: Fault, *, context_window: int | None, retry_after: float | None
+    ) -> Reply:
+        status, type_, code, message, param = _FAULT_ERRORS[fault]
+        if fault is Fault.CONTEXT_LENGTH:
+            message = _context_length_message(self.meta.prompt_tokens, context_window)
+        if self.meta.flavor == "vllm":
+            return status, self._error(status, message, type_, code), []
+        return status, error_body(message, type_, code, param), []
+
+    def error_event(self, kind: str, *, context_window: int | None) -> tuple[int, bytes]:
+        status, type_, code, message = _ERROR_EVENTS[kind]
+        if kind == "context_length":
+            message = _context_length_message(self.meta.prompt_tokens, context_window)
+        if self.meta.flavor == "vllm":  # vLLM wraps its error object in "error" in a stream
+            error = {"object": "error", "type": _vllm_type(status), "message": message}
+            return status, dumps({"error": {**error, "code": status}})
+        return status, error_body(message, type_, code)
+
+    def http_error(
+        self,
+        status: int,
+        *,
+        type_: str | None,
+        code: str | int | None,
+        message: str | None,
+    ) -> bytes:
+        if type_ is None:
+            type_ = _DEFAULT_TYPES.get(
+                status, "server_error" if status >= 500 else "invalid_request_error"
+            )
+        text = message if message is not None else reason(status)
+        return self._error(status, text, type_, code)
+
+    def prefill_rejected(self) -> tuple[int, bytes]:
+        return 400, error_body(
+            "This model does not support assistant message prefill: "
+            "the last message must have role 'user'.",
+            "invalid_request_error",
+            None,
+            "messages",
+        )
+
+    # -- answers
+
+    def _reasoning_key(self) -> str:
+        return "reasoning" if self.meta.flavor == "ollama" else "reasoning_content"
+
+    def _tool_call(self, arguments: str) -> dict[str, object]:
+        return {
+            "id": f"call_fake{self.meta.response_id[-8:]}",
+            "type": "function",
+            "function": {"name": self.meta.tool_name, "arguments": arguments},
+        }
+
+    def completion(self, pieces: list[Piece], finish: str | None) -> bytes:
+        meta = self.meta
+        message: dict[str, object] = {
+            "role": "assistant",
+            "content": "".join(t for k, t in pieces if k == "text"),
+            "refusal": None,
+        }
+        reasoning = "".join(t for k, t in pieces if k == "reasoning")
+        if reasoning:
+            message[self._reasoning_key()] = reasoning
+        tools = [self._tool_call(t) for k, t in pieces if k == "tool"]
+        if tools:
+            message["tool_calls"] = tools
+            if not message["content"]:
+                message["content"] = None
+        return dumps(
+            {
+                "id": meta.response_id,
+                "object": "chat.completion",
+                "created": meta.created,
+                "model": meta.model,
+                "system_fingerprint": "fp_latencykit_fake",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "logprobs": None,
+                        "finish_reason": finish,
+                    }
+                ],
+                "usage": usage(meta.prompt_tokens, len(pieces)),
+            }
+        )
+
+    def chunk(
+        self,
+        delta: Mapping[str, object] | None,
+        finish_reason: str | None = None,
+        usage_obj: Mapping[str, int] | None = None,
+    ) -> bytes:
+        """One SSE ``data:`` event carrying a ``chat.completion.chunk``.
+
+        ``delta=None`` gives the usage-only chunk with empty ``choices``.
+        """
+        meta = self.meta
+        obj: dict[str, object] = {
+            "id": meta.response_id,
+            "object": "chat.completion.chunk",
+            "created": meta.created,
+            "model": meta.model,
+            "system_fingerprint": "fp_latencykit_fake",
+            "choices": []
+            if delta is None
+            else [
+                {
+                    "index": 0,
+                    "delta": dict(delta),
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+        }
+        if usage_obj is not None:
+            obj["usage"] = dict(usage_obj)
+        return sse(dumps(obj))
+
+    def opening(self) -> bytes:
+        self.role_sent = True
+        return self.chunk({"role": "assistant", "content": ""})
+
+    def piece(self, piece: Piece) -> bytes:
+        kind, text = piece
+        delta: dict[str, object]
+        if kind == "text":
+            delta = {"content": text}
+        elif kind == "reasoning":
+            delta = {self._reasoning_key(): text}
+        else:
+            call = {"index": 0, **self._tool_call(text)}
+            delta = {"content": None, "tool_calls": [call]}
+        if not self.role_sent:
+            self.role_sent = True
+            delta = {"role": "assistant", **delta}
+            if kind == "text":
+                delta["refusal"] = None
+        return self.chunk(delta)
+
+    def beat(self, k: int) -> bytes:
+        # Alternately a comment and an empty delta: neither is content to a client.
+        return KEEPALIVE_EVENT if k % 2 == 0 else self.chunk({"content": ""})
+
+    def end_without_finish(self) -> list[bytes]:
+        return [DONE_EVENT]
+
+    def end(self, finish: str, n_tokens: int, *, terminator: bool) -> list[bytes]:
+        events = [] if self.role_sent else [self.piece(("text", ""))]
+        events.append(self.chunk({}, finish))
+        if self.meta.include_usage:
+            events.append(self.chunk(None, None, usage(self.meta.prompt_tokens, n_tokens)))
+        if terminator:
+            events.append(DONE_EVENT)
+        return events
 
 
 def models_list(names: Iterable[str]) -> bytes:

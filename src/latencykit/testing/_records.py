@@ -48,12 +48,15 @@ class RecordedAttempt:
     connection_id: int
     """Id of the TCP connection (equal ids mean keep-alive reuse)."""
     request_headers: Mapping[str, str]
-    """Request headers with lowercase keys; ``authorization`` and ``api-key`` are ``***``."""
+    """Request headers with lowercase keys; ``authorization``, ``api-key``, ``x-api-key`` and
+    ``x-goog-api-key`` are ``***``."""
     prompt_tokens: int
     """Estimated prompt tokens (characters of message contents // 4, at least 1)."""
     prefill_chars: int = 0
     """Characters of the trailing ``assistant`` message (the answer's prefill) of the
     request; ``0`` when there is none (or it is empty)."""
+    wire: str = "openai"
+    """The request's wire format: ``"openai"`` (default), ``"anthropic"`` or ``"gemini"``."""
 
     @property
     def completed(self) -> bool:
@@ -87,6 +90,7 @@ class AttemptState:
         "status",
         "stream",
         "tokens_sent",
+        "wire",
     )
 
     def __init__(
@@ -100,6 +104,7 @@ class AttemptState:
         request_headers: Mapping[str, str],
         prompt_tokens: int,
         prefill_chars: int,
+        wire: str = "openai",
     ) -> None:
         self.index = index
         self.model = model
@@ -115,6 +120,7 @@ class AttemptState:
         self.request_headers = request_headers
         self.prompt_tokens = prompt_tokens
         self.prefill_chars = prefill_chars
+        self.wire = wire
 
     def snapshot(self) -> RecordedAttempt:
         """A frozen copy."""
@@ -133,4 +139,5 @@ class AttemptState:
             request_headers=self.request_headers,
             prompt_tokens=self.prompt_tokens,
             prefill_chars=self.prefill_chars,
+            wire=self.wire,
         )

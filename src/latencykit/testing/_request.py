@@ -29,8 +29,11 @@ class RequestInfo:
     nth: int
     """0-based count of earlier requests for this model (since the last ``reset()``)."""
     headers: Mapping[str, str]
-    """Request headers, lowercase keys; ``authorization`` and ``api-key`` redacted to ``***``."""
+    """Request headers, lowercase keys; ``authorization``, ``api-key``, ``x-api-key`` and
+    ``x-goog-api-key`` redacted to ``***``."""
     body: Mapping[str, object] = field(default_factory=dict, repr=False)
     """The parsed JSON request body."""
     rng: random.Random = field(default_factory=random.Random, repr=False, compare=False)
     """The provider's seeded RNG: sample from it to keep runs reproducible."""
+    wire: str = "openai"
+    """The request's wire format: ``"openai"`` (default), ``"anthropic"`` or ``"gemini"``."""

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 Predicate = Callable[[list[RecordedAttempt]], bool]
 """A condition on the attempts recorded so far, for :meth:`FakeProvider.wait_for`."""
 
-_REDACTED = frozenset({"authorization", "api-key"})
+_REDACTED = frozenset({"authorization", "api-key", "x-api-key", "x-goog-api-key"})
 
 
 def _describe(a: RecordedAttempt) -> str:
@@ -68,14 +68,17 @@ def _running_event_loop() -> str | None:
 
 
 class FakeProvider:
-    """A fake OpenAI-compatible LLM server on a real local socket, for tests and demos.
+    """A fake LLM server on a real local socket, for tests and demos.
 
-    It serves ``POST /v1/chat/completions`` (JSON, or SSE with ``"stream": true``) and
-    ``GET /v1/models`` over HTTP/1.1 with keep-alive, from an asyncio loop on a background
-    daemon thread. What each request gets is chosen per model with :meth:`script`
-    (default: :attr:`default`, a fast 16-token answer), or per request with an
-    ``x-fake-behavior: {json}`` header. Every chat request is recorded as a
-    :class:`RecordedAttempt`, including when the client disconnected.
+    It serves, over HTTP/1.1 with keep-alive, from an asyncio loop on a background daemon
+    thread, three wire formats: OpenAI's ``POST /v1/chat/completions`` (JSON, or SSE with
+    ``"stream": true``) and ``GET /v1/models`` (:attr:`base_url`); Anthropic's
+    ``POST /v1/messages`` (:attr:`anthropic_base_url`); Gemini's
+    ``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent``
+    (:attr:`gemini_base_url`). Every behaviour and fault applies to each format. What each
+    request gets is chosen per model with :meth:`script` (default: :attr:`default`, a fast
+    16-token answer), or per request with an ``x-fake-behavior: {json}`` header. Every chat
+    request is recorded as a :class:`RecordedAttempt`, including when the client disconnected.
 
     Args:
         port: TCP port to listen on; ``0`` (default) picks a free one.
@@ -193,6 +196,18 @@ class FakeProvider:
         host = f"[{self._host}]" if ":" in self._host else self._host
         return f"http://{host}:{self.port}/v1"
 
+    @property
+    def anthropic_base_url(self) -> str:
+        """The Anthropic base URL, the server's root, e.g. ``"http://127.0.0.1:54321"``:
+        litellm's ``anthropic/<model>`` posts to ``{api_base}/v1/messages``."""
+        return self.base_url.removesuffix("/v1")
+
+    @property
+    def gemini_base_url(self) -> str:
+        """The Gemini base URL, e.g. ``"http://127.0.0.1:54321/v1beta"``: litellm's
+        ``gemini/<model>`` posts to ``{api_base}/models/<model>:generateContent``."""
+        return self.base_url.removesuffix("/v1") + "/v1beta"
+
     def __repr__(self) -> str:
         where = self.base_url if self._port is not None else "not started"
         return f"<FakeProvider {where}>"
@@ -203,7 +218,7 @@ class FakeProvider:
         """Choose what requests for ``model`` get, replacing any previous script.
 
         ``model`` is the name the server receives (litellm's ``"openai/slow"`` sends
-        ``"slow"``). ``script`` is one of:
+        ``"slow"``; for Gemini it is the model named in the URL). ``script`` is one of:
 
         - a :class:`Behavior`: used for every request;
         - a sequence of Behavior: one per request, in order; the last one repeats forever;
@@ -249,7 +264,7 @@ class FakeProvider:
 
     @property
     def attempts(self) -> list[RecordedAttempt]:
-        """A snapshot of all recorded chat-completion requests, in arrival order."""
+        """A snapshot of all recorded chat requests (any format), in arrival order."""
         with self._cond:
             return [a.snapshot() for a in self._records]
 
@@ -361,6 +376,7 @@ class FakeProvider:
         connection_id: int,
         arrived_at: float,
         body: Mapping[str, object],
+        wire: str = "openai",
     ) -> tuple[AttemptState, RequestInfo, Resolver]:
         """Record a new attempt; return it, its RequestInfo and the resolver to use."""
         redacted = {k: ("***" if k in _REDACTED else v) for k, v in headers.items()}
@@ -376,6 +392,7 @@ class FakeProvider:
                 request_headers=redacted,
                 prompt_tokens=prompt_tokens,
                 prefill_chars=prefill_chars,
+                wire=wire,
             )
             self._records.append(attempt)
             resolver = self._scripts.get(model, self._default)
@@ -390,6 +407,7 @@ class FakeProvider:
             headers=redacted,
             body=body,
             rng=self._rng,
+            wire=wire,
         )
         return attempt, info, resolver
 
