@@ -209,6 +209,96 @@ async def test_a_failover_shows_each_target(fake: FakeProvider, exported: Export
     assert outcomes == [("error", 1), ("ok", 1)]
 
 
+@pytest.fixture
+def elsewhere() -> Iterator[FakeProvider]:
+    """A second fake provider, on another loopback address than ``fake``."""
+    with FakeProvider(host="127.0.0.2") as provider:
+        yield provider
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["response", "stream"])
+async def test_a_failover_bills_the_target_that_answered(
+    fake: FakeProvider, elsewhere: FakeProvider, exported: Exported, stream: bool
+) -> None:
+    fake.script("primary", Behavior(fault=Fault.HTTP_503))
+    elsewhere.script("backup", Behavior(output_tokens=4))
+    backup = {"model": "hosted_vllm/backup", "api_base": elsewhere.base_url, "api_key": SECRET}
+    llm = make_llm(fake, "primary", failover=[backup])
+    if stream:
+        async with await llm.acompletion(
+            messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+        ) as answer:
+            await drain(answer)
+    else:
+        await llm.acompletion(messages=MESSAGES)
+    answered = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "hosted_vllm",
+        "gen_ai.request.model": "primary",  # what the call asked for
+        "server.address": "127.0.0.2",
+        "server.port": elsewhere.port,
+        "gen_ai.response.model": "backup",
+    }
+    call = exported.call_span()
+    assert call.name == "chat primary"
+    assert {name: attrs(call).get(name) for name in answered} == answered
+    assert attrs(call)["gen_ai.usage.output_tokens"] == 4
+    tokens = exported.points("gen_ai.client.token.usage")
+    assert sorted(p.attributes["gen_ai.token.type"] for p in tokens) == ["input", "output"]
+    for point in tokens:
+        assert dict(point.attributes) == {
+            **answered,
+            "gen_ai.token.type": point.attributes["gen_ai.token.type"],
+        }
+    [duration] = exported.points("gen_ai.client.operation.duration")
+    assert dict(duration.attributes) == answered
+    if stream:
+        [first] = exported.points("gen_ai.client.operation.time_to_first_chunk")
+        assert dict(first.attributes) == answered
+        [per_chunk] = exported.points("gen_ai.client.operation.time_per_output_chunk")
+        assert per_chunk.count == 3  # four content chunks, all from the backup
+        assert per_chunk.attributes["gen_ai.provider.name"] == "hosted_vllm"
+        assert per_chunk.attributes["server.address"] == "127.0.0.2"
+
+
+async def test_an_answer_from_a_default_endpoint_has_no_server_address(
+    fake: FakeProvider, elsewhere: FakeProvider, exported: Exported, monkeypatch: Any
+) -> None:
+    # The backup has no api_base of its own: litellm sends it to the provider's default,
+    # which the environment points at the second fake.
+    monkeypatch.setenv("OPENAI_API_BASE", elsewhere.base_url)
+    fake.script("primary", Behavior(fault=Fault.HTTP_503))
+    elsewhere.script("backup", Behavior(output_tokens=2))
+    llm = make_llm(fake, "primary", failover=[{"model": "openai/backup", "api_key": SECRET}])
+    await llm.acompletion(messages=MESSAGES)
+    assert [a.model for a in elsewhere.attempts] == ["backup"]
+    call = exported.call_span()
+    assert attrs(call)["latencykit.answered_by"] == "openai/backup"
+    assert "server.address" not in attrs(call) and "server.port" not in attrs(call)
+    for point in exported.points("gen_ai.client.token.usage"):
+        assert "server.address" not in point.attributes
+        assert "server.port" not in point.attributes
+
+
+async def test_a_failed_call_is_measured_on_its_first_target(
+    fake: FakeProvider, elsewhere: FakeProvider, exported: Exported
+) -> None:
+    fake.script("primary", Behavior(fault=Fault.HTTP_503))
+    elsewhere.script("backup", Behavior(fault=Fault.HTTP_503))
+    backup = {"model": "hosted_vllm/backup", "api_base": elsewhere.base_url, "api_key": SECRET}
+    with pytest.raises(lk.ProviderError):
+        await make_llm(fake, "primary", failover=[backup]).acompletion(messages=MESSAGES)
+    call = exported.call_span()
+    assert attrs(call)["gen_ai.provider.name"] == "openai"
+    assert attrs(call)["server.address"] == "127.0.0.1"
+    assert attrs(call)["server.port"] == fake.port
+    [duration] = exported.points("gen_ai.client.operation.duration")
+    assert duration.attributes["gen_ai.provider.name"] == "openai"
+    assert duration.attributes["server.port"] == fake.port
+    assert duration.attributes["error.type"] == attrs(call)["error.type"]
+    assert not exported.points("gen_ai.client.token.usage")
+
+
 async def test_a_degraded_answer_is_marked(fake: FakeProvider, exported: Exported) -> None:
     fake.script("slow", Behavior(ttft=30.0))
     fake.script("cheap", Behavior(output_tokens=3))
@@ -247,6 +337,33 @@ async def test_a_stream_reports_time_to_first_chunk_and_per_chunk(
     [attempt] = exported.attempt_spans()
     assert [e.name for e in attempt.events] == ["latencykit.first_chunk"]
     assert attrs(attempt)["latencykit.attempt.chunks"] == 6
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the litellm lane reports litellm's estimate as the provider's usage: the fix "
+    "belongs to _litellm.py and stream.py (issue 23, section 7)",
+)
+@pytest.mark.filterwarnings("ignore:Items .*ReadOnly:UserWarning")  # litellm's Mistral module
+async def test_a_litellm_estimate_is_not_reported_as_usage(
+    fake: FakeProvider, exported: Exported
+) -> None:
+    # litellm does not pass stream_options on to Mistral: the provider sends no usage, and
+    # litellm ends the stream with a usage chunk of its own estimate.
+    fake.script("quiet", Behavior(output_tokens=6))
+    llm = lk.LLM("mistral/quiet", api_base=fake.base_url, api_key=SECRET)
+    async with await llm.acompletion(
+        messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+    ) as stream:
+        chunks = [chunk async for chunk in stream]
+    assert chunks[-1].usage.completion_tokens != 6  # litellm's tokenizer, not the provider
+    call = exported.call_span()
+    assert attrs(call)["gen_ai.provider.name"] == "mistral_ai"
+    assert "gen_ai.usage.output_tokens" not in attrs(call)
+    assert "gen_ai.usage.input_tokens" not in attrs(call)
+    assert not exported.points("gen_ai.client.token.usage")
+    [attempt] = exported.attempt_spans()
+    assert "gen_ai.usage.output_tokens" not in attrs(attempt)
 
 
 async def test_a_broken_stream_is_an_error_span(fake: FakeProvider, exported: Exported) -> None:

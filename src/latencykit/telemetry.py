@@ -172,11 +172,22 @@ class _Call:
     """What telemetry keeps of a call in flight."""
 
     span: trace.Span
-    attributes: dict[str, Any]  # the metric attributes of the call
+    attributes: dict[str, Any]  # the metric attributes of the call, as made to its first target
     genai: bool
-    endpoint: Endpoint
+    endpoint: Endpoint  # the call's first target's
     attempts: dict[int, trace.Span] = field(default_factory=dict)
     answered: bool = False  # an attempt succeeded: attempts cancelled after it lost a race
+    # Where the attempts to other targets went (failover, degrade, hedge, resume), by target
+    # key: what the answer is attributed to when one of them answers.
+    elsewhere: dict[str, Endpoint] = field(default_factory=dict)
+
+    def measured(self, target: str) -> dict[str, Any]:
+        """The metric attributes of what ``target`` (a key) answered for the call: that
+        target's provider and host, the model the call asked for."""
+        answering = self.elsewhere.get(target)
+        if answering is None:
+            return self.attributes
+        return {**_endpoint_attributes(answering), _REQUEST_MODEL: self.endpoint.model}
 
 
 _NO_ENDPOINT = Endpoint("")
@@ -397,6 +408,10 @@ class Instrumentation(Handle):
         if genai:
             metric_attributes = _endpoint_attributes(endpoint)
             attributes = {**metric_attributes, "latencykit.target": event.target}
+            # The answering target's host: set when the call ends (a span attribute cannot be
+            # taken back, should another target without an api_base of its own answer).
+            attributes.pop(_SERVER_ADDRESS, None)
+            attributes.pop(_SERVER_PORT, None)
             attributes[_STREAM] = event.stream
             for name, value in event.parameters.items():
                 attributes[_REQUEST_PARAMETERS.get(name, f"gen_ai.request.{name}")] = value
@@ -425,6 +440,7 @@ class Instrumentation(Handle):
         if call.genai and endpoint is not None and endpoint.model and endpoint != call.endpoint:
             attributes.update(_endpoint_attributes(endpoint))  # another model or host
             del attributes[_OPERATION]
+            call.elsewhere[event.target] = endpoint
         call.attempts[event.attempt] = self._tracer.start_span(
             f"attempt {event.target}",
             context=trace.set_span_in_context(call.span),
@@ -449,8 +465,9 @@ class Instrumentation(Handle):
             return
         if event.gaps and call.genai:
             record_gap = self._per_chunk.record
+            measured = call.measured(record.target)  # the chunks of the attempt's target
             for gap in event.gaps:
-                record_gap(gap, call.attributes)
+                record_gap(gap, measured)
         span = call.attempts.pop(record.number, None)
         if span is None:
             return
@@ -478,7 +495,9 @@ class Instrumentation(Handle):
         for span in call.attempts.values():  # attempts that never reported their end
             span.end()
         span = call.span
-        measured = call.attributes  # the metrics' attributes
+        # The answer's provider and host (the first target's when none answered); the model
+        # asked for stays the call's.
+        measured = call.measured(event.target)  # the metrics' attributes
         error = "cancelled" if event.outcome == "cancelled" else event.error_type
         shown: dict[str, Any] = {  # the span's
             "latencykit.outcome": event.outcome,
@@ -498,6 +517,9 @@ class Instrumentation(Handle):
             span.end()
             self._call_duration.record(event.duration, measured)
             return
+        for name in (_PROVIDER, _SERVER_ADDRESS, _SERVER_PORT):
+            if name in measured:
+                shown[name] = measured[name]
         if event.response_model is not None:
             measured = {**measured, _RESPONSE_MODEL: event.response_model}
             shown[_RESPONSE_MODEL] = event.response_model
