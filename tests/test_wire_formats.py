@@ -209,15 +209,7 @@ async def test_llm_answers_in_each_format(fake: FakeProvider, wire: str, stream:
     [
         "openai",
         "anthropic",
-        pytest.param(
-            "gemini",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="Gemini sends its wait only in the 429 body "
-                "(error.details[RetryInfo].retryDelay: '2s'), no Retry-After header; "
-                "latencykit.errors.retry_after reads headers only, so retry_after is None",
-            ),
-        ),
+        "gemini",
     ],
 )
 async def test_llm_rate_limited_with_its_wait(fake: FakeProvider, wire: str, stream: bool) -> None:
@@ -267,13 +259,6 @@ async def test_llm_cut_stream_is_broken(fake: FakeProvider, wire: str) -> None:
     assert lk.errors.is_transient(error)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a connection closed mid-stream (Fault.CUT) comes out of litellm 1.110 as "
-    "MidStreamFallbackError(APIConnectionError: 'Connection error.' / 'Response payload is "
-    "not completed'); latencykit._litellm sets reason='cut' only for 'Stream ended before a "
-    "finish_reason was received', so it is reason='error' though no finish was received",
-)
 @pytest.mark.parametrize("wire", FORMATS)
 async def test_llm_cut_stream_reason_is_cut(fake: FakeProvider, wire: str) -> None:
     fake.script("cut", Behavior(fault=Fault.CUT, stall_after=2, output_tokens=8))
