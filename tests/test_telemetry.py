@@ -339,11 +339,6 @@ async def test_a_stream_reports_time_to_first_chunk_and_per_chunk(
     assert attrs(attempt)["latencykit.attempt.chunks"] == 6
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the litellm lane reports litellm's estimate as the provider's usage: the fix "
-    "belongs to _litellm.py and stream.py (issue 23, section 7)",
-)
 @pytest.mark.filterwarnings("ignore:Items .*ReadOnly:UserWarning")  # litellm's Mistral module
 async def test_a_litellm_estimate_is_not_reported_as_usage(
     fake: FakeProvider, exported: Exported

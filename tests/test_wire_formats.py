@@ -266,17 +266,7 @@ async def test_llm_cut_stream_reason_is_cut(fake: FakeProvider, wire: str) -> No
     assert error.reason == "cut"
 
 
-GEMINI_NO_FINISH = pytest.mark.xfail(
-    strict=True,
-    reason="litellm's Gemini stream parser gives every chunk finish_reason='stop' and keeps "
-    "received_finish_reason None, so a Gemini stream whose body ends without finishReason "
-    "looks complete to latencykit (which needs the provider's own finish)",
-)
-
-
-@pytest.mark.parametrize(
-    "wire", ["openai", "anthropic", pytest.param("gemini", marks=GEMINI_NO_FINISH)]
-)
+@pytest.mark.parametrize("wire", ["openai", "anthropic", "gemini"])
 async def test_llm_stream_ended_without_finish_is_cut(fake: FakeProvider, wire: str) -> None:
     # The body ends properly ([DONE], message_stop, or just the end) but no finish was sent.
     fake.script("early", Behavior(fault=Fault.CUT_WITH_DONE, stall_after=2, output_tokens=8))
@@ -290,15 +280,7 @@ async def test_llm_stream_ended_without_finish_is_cut(fake: FakeProvider, wire: 
     [
         "openai",
         "anthropic",
-        pytest.param(
-            "gemini",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="litellm's Gemini stream parser ends the iteration at an SSE event that "
-                "is not JSON, with finish_reason 'stop' on every chunk: the answer stops at "
-                "the malformed event and latencykit returns the part before it as complete",
-            ),
-        ),
+        "gemini",
     ],
 )
 async def test_llm_malformed_event_breaks_the_stream(fake: FakeProvider, wire: str) -> None:

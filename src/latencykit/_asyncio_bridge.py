@@ -148,12 +148,15 @@ class BridgedStream:
         "_wakeup",
         "_woken",
         "chunk_reader",
+        "end_error",
     )
 
     def __init__(self, source: AsyncIterator[Any]) -> None:
         import trio
 
         self.chunk_reader = getattr(source, "chunk_reader", None)
+        # Asked once the stream ended (the pump is done with the source): why it ended short.
+        self.end_error = getattr(source, "end_error", None)
         self._token = trio.lowlevel.current_trio_token()
         self._loop = loop = _shared_loop()
         self._items: deque[Any] = deque()

@@ -46,6 +46,7 @@ def litellm() -> Any:
     global _frozen
     if not _frozen:
         _frozen = True
+        _record_gemini_finish()
         import os
 
         if os.environ.get(GC_FREEZE_VARIABLE, "1").strip().lower() not in ("0", "false", "no"):
@@ -56,14 +57,53 @@ def litellm() -> Any:
     return litellm
 
 
+_GEMINI_FINISH = "latencykit_finish"
+_gemini_parser: Any = None  # litellm's Gemini stream parser, once it records the finish
+
+
+def _record_gemini_finish() -> None:
+    """Make litellm's Gemini stream parser keep the provider's own ``finishReason`` (it puts
+    ``"stop"`` on every chunk, so a Gemini stream cut cleanly looks complete): each raw event
+    it parses records the finish on the parser (``latencykit_finish``), what
+    :meth:`LitellmChunks.finished` reads. Nothing else about litellm's parsing changes. Without
+    that parser (another litellm), Gemini streams are judged as litellm says."""
+    global _gemini_parser
+    try:
+        from litellm.llms.vertex_ai.gemini import vertex_and_google_ai_studio_gemini as gemini
+    except ImportError:
+        return
+    iterator = getattr(gemini, "ModelResponseIterator", None)
+    parse = getattr(iterator, "chunk_parser", None)
+    if iterator is None or parse is None:
+        return
+
+    def chunk_parser(self: Any, chunk: Any) -> Any:
+        candidates = chunk.get("candidates") if isinstance(chunk, dict) else None
+        for candidate in candidates if isinstance(candidates, list) else ():
+            if isinstance(candidate, dict) and candidate.get("finishReason"):
+                setattr(self, _GEMINI_FINISH, candidate["finishReason"])
+        return parse(self, chunk)
+
+    iterator.chunk_parser = _gemini_parser = chunk_parser
+
+
 class _LitellmChunkReader:
     """Reads litellm's ``ModelResponseStream`` chunks for a :class:`~latencykit.Stream`.
 
     Content is judged by the one content rule
-    (:func:`~latencykit._openai_chunks.delta_content`), read from pydantic's extra fields.
+    (:func:`~latencykit._openai_chunks.delta_content`), read from pydantic's extra fields. A
+    reader bound to its stream's :class:`LitellmChunks` (``source``) also keeps litellm's own
+    inventions out: a finish reason litellm made up (for a cut connection, or on every chunk of
+    a Gemini stream) is no finish, and a usage chunk litellm estimated with its tokenizer (the
+    provider sent none) reports no tokens. Unbound (:data:`LITELLM_CHUNKS`), it takes the
+    chunks at their word.
     """
 
     requires_finish = True
+    __slots__ = ("_source",)
+
+    def __init__(self, source: LitellmChunks | None = None) -> None:
+        self._source = source
 
     def read(self, chunk: Any) -> tuple[str | None, str | None]:
         choices = chunk.choices
@@ -73,19 +113,26 @@ class _LitellmChunkReader:
         try:  # the common text chunk, straight from pydantic's extra dicts (see _field)
             extra = choice.__pydantic_extra__
             text = extra["delta"].__pydantic_extra__["content"]
-            if text:
-                return text, extra["finish_reason"]
+            finish = extra["finish_reason"]
+            if text and finish is None:
+                return text, None
         except (AttributeError, KeyError, TypeError):
             pass
         delta = _field(choice, "delta")
-        return delta_content(delta, _field(delta, "content"), _field), _field(
-            choice, "finish_reason"
-        )
+        text = delta_content(delta, _field(delta, "content"), _field)
+        finish = _field(choice, "finish_reason")
+        if finish is not None and self._source is not None and not self._source.finished():
+            finish = None
+        return text, finish
 
     def output_tokens(self, chunk: Any) -> int | None:
         usage = getattr(chunk, "usage", None)
         tokens = getattr(usage, "completion_tokens", None)
-        return tokens if isinstance(tokens, int) else None
+        if not isinstance(tokens, int):
+            return None
+        if self._source is not None and not self._source.reported_usage():
+            return None
+        return tokens
 
 
 def _field(model: Any, name: str, default: Any = None) -> Any:
@@ -109,12 +156,21 @@ class LitellmChunks:
     :class:`~latencykit.StreamBroken` instead. Runs on asyncio (on trio, inside the bridge).
 
     A :class:`~latencykit.Stream` reading it directly takes the three steps of ``__anext__``
-    apart (the source hooks ``pull``, ``wrap_error``, ``check_finish``) so that a chunk reaches
+    apart (the source hooks ``pull`` and ``wrap_error``; its ``chunk_reader`` is bound to it)
+    so that a chunk reaches
     it without a coroutine frame of ours in between.
     """
 
-    chunk_reader = LITELLM_CHUNKS
-    __slots__ = ("_arguments", "_closed", "_loop", "_secrets", "_target", "_wrapper")
+    __slots__ = (
+        "_arguments",
+        "_closed",
+        "_content_type",
+        "_loop",
+        "_secrets",
+        "_target",
+        "_wrapper",
+        "chunk_reader",
+    )
 
     def __init__(self, arguments: dict[str, Any], target: Target, secrets: tuple[str, ...]) -> None:
         self._arguments = arguments
@@ -123,19 +179,19 @@ class LitellmChunks:
         self._wrapper: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._content_type = ""  # the answer's, once open
+        self.chunk_reader = _LitellmChunkReader(self)
 
     def __aiter__(self) -> LitellmChunks:
         return self
 
     async def __anext__(self) -> Any:
         try:
-            chunk = await self.pull()
+            return await self.pull()
         except StopAsyncIteration:
             raise
         except Exception as exc:
             raise self.wrap_error(exc) from exc
-        self.check_finish(chunk)
-        return chunk
 
     def pull(self) -> Awaitable[Any]:
         """litellm's next chunk, as litellm gives it (errors unwrapped, finish unchecked)."""
@@ -153,7 +209,12 @@ class LitellmChunks:
         wrapper = self._wrapper = await litellm().acompletion(
             **self._arguments, stream=True, max_retries=0
         )
-        return await wrapper.__anext__()
+        try:
+            return await wrapper.__anext__()
+        finally:  # litellm drops its response at the stream's end: what it was is kept
+            response = getattr(wrapper.completion_stream, "response", None)
+            kind = getattr(response, "headers", {}).get("content-type", "")
+            self._content_type = kind if isinstance(kind, str) else ""
 
     def wrap_error(self, error: Exception) -> Exception:
         """What ``error``, raised by :meth:`pull`, means to latencykit (keys scrubbed)."""
@@ -161,35 +222,39 @@ class LitellmChunks:
             error, target=self._target.key, secrets=self._secrets, opened=self._wrapper is not None
         )
         # litellm >= 1.110 raises this itself where older ones made up a finish reason
-        # (check_finish): either way the provider's connection was cut.
+        # (see finished()): either way the provider's connection was cut.
         if isinstance(wrapped, StreamBroken) and _ENDED_EARLY in str(error):
             wrapped.reason = "cut"
         return wrapped
 
-    def check_finish(self, chunk: Any) -> None:
-        """Raise :class:`~latencykit.StreamBroken` if ``chunk`` carries a finish reason that
-        litellm made up for a cut connection (the provider sent none)."""
-        choices = chunk.choices
-        if not choices or _field(choices[0], "finish_reason") is None:
-            return
+    def finished(self) -> bool:
+        """Whether the provider itself finished the stream (sent its finish reason): litellm
+        makes one up for a cut connection (its ``received_finish_reason`` stays ``None``), and
+        its Gemini parser puts ``"stop"`` on every chunk (the provider's own ``finishReason``
+        is recorded by :func:`_record_gemini_finish`)."""
         wrapper = self._wrapper
-        if (
-            getattr(wrapper, "received_finish_reason", _UNKNOWN) is None
-            and getattr(wrapper, "intermittent_finish_reason", _UNKNOWN) is None
-        ):
-            raise self.end_error() or StreamBroken(
-                "the connection ended before the provider sent a finish_reason",
-                target=self._target.key,
-                reason="cut",
-            )
+        parser = getattr(wrapper, "completion_stream", None)
+        if getattr(type(parser), "chunk_parser", None) is _gemini_parser:
+            return getattr(parser, _GEMINI_FINISH, None) is not None
+        return (
+            getattr(wrapper, "received_finish_reason", _UNKNOWN) is not None
+            or getattr(wrapper, "intermittent_finish_reason", _UNKNOWN) is not None
+        )
+
+    def reported_usage(self) -> bool:
+        """Whether the provider sent usage: litellm ends a stream with a usage chunk of its own,
+        its tokenizer's estimate, when the provider sent none."""
+        chunks = getattr(self._wrapper, "chunks", None)
+        if not isinstance(chunks, list):
+            return True  # a litellm that keeps no chunks: take its word
+        return any(getattr(kept, "usage", None) is not None for kept in chunks)
 
     def end_error(self) -> Exception | None:
         """Why the stream ended without the provider's finish, when it is more than a cut: an
         answer that is not an event stream (by its content type: the body is litellm's).
         ``None``: a cut."""
-        response = getattr(getattr(self._wrapper, "completion_stream", None), "response", None)
-        kind = getattr(response, "headers", {}).get("content-type", "")
-        if not isinstance(kind, str) or not kind or "event-stream" in kind:
+        kind = self._content_type
+        if not kind or "event-stream" in kind:
             return None
         return malformed_answer(
             f"is not an event stream (content-type {kind!r})", "", target=self._target.key
@@ -237,6 +302,11 @@ class SkipPrefix:
         self._rest = prefix
         self.target: str = stream.target
         self.attempt: int = stream.attempt
+
+    @property
+    def chunk_reader(self) -> Any:
+        """The regenerated stream's reader."""
+        return self._stream.chunk_reader
 
     def __aiter__(self) -> SkipPrefix:
         return self

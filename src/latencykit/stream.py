@@ -163,7 +163,6 @@ class Stream(_ClosedOnExit, Generic[T]):
         "_budget",
         "_buffer",
         "_callbacks",
-        "_check_finish",
         "_committed",
         "_deadline",
         "_first_at",
@@ -263,12 +262,16 @@ class Stream(_ClosedOnExit, Generic[T]):
         """Read from ``source`` (at the start, and when a recovery continues the stream).
 
         A source may offer hooks that let the stream read it without a coroutine frame of its
-        own per item: ``pull()`` (an awaitable of the next raw item), ``wrap_error(error)``
-        (what an error ``pull`` raised means) and ``check_finish(item)`` (raises if a finish
-        item is not genuine); and ``receive_nowait()`` (an item already buffered, or
-        ``_NOTHING``) for a source fed by another thread.
+        own per item: ``pull()`` (an awaitable of the next raw item) and ``wrap_error(error)``
+        (what an error ``pull`` raised means); ``receive_nowait()`` (an item already buffered,
+        or ``_NOTHING``) for a source fed by another thread; and its ``chunk_reader``, which a
+        continuation's items are read with (at the start, the constructor's ``reader``).
         """
         self._source = source
+        reader = getattr(source, "chunk_reader", None)
+        if reader is not None:
+            self._reader = reader
+            self._read = reader.read
         # A continuation is itself a guarded Stream (stall, deadline): it ends itself, with
         # its attempt's outcome, and this stream must not race it with a timer of its own.
         self._guarded = getattr(source, "guards_itself", False)
@@ -276,7 +279,6 @@ class Stream(_ClosedOnExit, Generic[T]):
         self._wrap_error: Callable[[Exception], Exception] | None = getattr(
             source, "wrap_error", None
         )
-        self._check_finish: Callable[[T], None] | None = getattr(source, "check_finish", None)
         self._nowait: Callable[[], Any] | None = getattr(source, "receive_nowait", None)
         self._read_nowait: Callable[[], Any] | None = getattr(source, "read_nowait", None)
 
@@ -291,6 +293,12 @@ class Stream(_ClosedOnExit, Generic[T]):
 
     def __repr__(self) -> str:
         return f"<latencykit.Stream {self.target!r} {self.outcome}, {self.chunks} chunks>"
+
+    @property
+    def chunk_reader(self) -> ChunkReader:
+        """How this stream's items are read (a stream reading this one reads them the same
+        way: a continuation)."""
+        return self._reader
 
     @property
     def skipped(self) -> int:
@@ -489,8 +497,6 @@ class Stream(_ClosedOnExit, Generic[T]):
         """Take the measurements of one item, read as ``(text, finish)``, that arrived at
         ``now``; whether it is content."""
         if finish is not None:
-            if self._check_finish is not None:
-                self._check_finish(item)
             self.finish_reason = finish
         if text is None:
             tokens = self._reader.output_tokens(item)
