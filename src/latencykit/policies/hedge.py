@@ -595,11 +595,13 @@ class Hedge(PolicyDecorator):
             return None  # nothing completed recently: no delay to go by
         delay, fastest = found
         # A hedge sent at `delay` wins only if the primary outlasts `delay` plus the backup's
-        # own time. If no recent call took longer than delay + the fastest call, none would
-        # have won: the hedge would be pure extra load (light tails), so don't send it.
+        # own time. If no recent call took longer than delay + the fastest call (a light
+        # tail), none would have won: a hedge at `delay` would be pure extra load. The rule
+        # holds only until the primary itself runs past delay + fastest: then it is the slow
+        # call that makes the tail heavy (a hang is), and the hedge goes at that moment.
         slowest = window.longest()
         if slowest is None or slowest <= delay + fastest:
-            return None
+            return delay + fastest
         return delay
 
     def _delay_for(self, target: str, ttft: bool) -> float | None:
