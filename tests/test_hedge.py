@@ -1,5 +1,5 @@
 """The hedging policy on plain async functions (real time, generous margins; the adaptive
-delay's convergence on virtual time)."""
+delay's convergence on virtual time), and once through ``lk.LLM`` against the fake provider."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 import trio.testing
 
 import latencykit as lk
+from latencykit.testing import Behavior, FakeProvider, Fault, Latency
 
 pytestmark = pytest.mark.anyio
 
@@ -401,6 +402,41 @@ async def test_an_adaptive_hedge_covers_the_first_hang_after_a_light_tail() -> N
     # 45-73 ms later; before, the call waited the hour out.
     assert took < 0.3
     assert attempt.attempts == 32
+
+
+async def test_llm_adaptive_hedge_answers_a_hang_after_a_light_tail(
+    fake_provider: FakeProvider,
+) -> None:
+    # Through real litellm and HTTP: calls of 0.2-0.22 s (a light tail unless the machine
+    # stalls for ~0.2 s), then a primary that hangs until the client lets go.
+    fake = fake_provider
+    fake.script("m", Behavior(ttft=Latency.uniform(0.2, 0.22)))
+    messages = [{"role": "user", "content": "hello"}]
+    # litellm's first call in a process is slow (imports, clients): not in m's window.
+    await lk.LLM("openai/warm-up", api_base=fake.base_url, api_key="sk-test").acompletion(
+        messages=messages
+    )
+    llm = lk.LLM(
+        "openai/m",
+        api_base=fake.base_url,
+        api_key="sk-test",
+        deadline=15,
+        hedge=lk.Hedge(lk.quantile(0.9, min_samples=10), max_extra_load=0.1),
+    )
+    for _ in range(10):
+        await llm.acompletion(messages=messages)
+    fake.script("m", [Behavior(fault=Fault.HANG), Behavior(ttft=0.2)])
+    started = time.monotonic()
+    response = await llm.acompletion(messages=messages)
+    took = time.monotonic() - started
+    report = lk.report(response)
+    assert report.answered_by == 2
+    assert sorted((a.number, a.outcome) for a in report.attempts) == [(1, "cancelled"), (2, "ok")]
+    assert took < 10  # ~0.7 s: the hedge went after p90 + fastest, not after the deadline
+    # The hung attempt never answered, and its connection was closed when the backup won.
+    attempts = await fake.wait_for_async(lambda a: any(x.disconnected for x in a), 5.0)
+    [hung] = [a for a in attempts if not a.completed]
+    assert hung.disconnected and hung.ended_at is None
 
 
 # --- the lazy race --------------------------------------------------------------------------
