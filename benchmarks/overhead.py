@@ -24,8 +24,9 @@ resampled, so pairs stay paired) shows how precisely the median is known.
    same stack with an event subscriber attached (``lk.subscribe(lambda e: None)``, attached just
    before its batch and closed right after, both outside the timed region), ``@lk.hedge(30)`` (a
    hedge armed on every call that never fires) and ``@lk.hedge(lk.quantile(0.9))`` (its window holds
-   only ~1 ms samples, a light tail: no timer is armed). ``--hedge-baseline PATH`` adds the same two
-   hedges built from another ``hedge.py`` (e.g. an older commit's), measured in the same rounds. In
+   only ~1 ms samples, a light tail: the timer is armed at the p90 plus the fastest call).
+   ``--hedge-baseline PATH`` adds the same two hedges built from another ``hedge.py`` (e.g. an
+   older commit's), measured in the same rounds. In
    each of ``rounds`` rounds, a batch of ``batch`` calls of every variant is timed with
    ``time.perf_counter_ns`` in a shuffled order; the per-call time of a batch is its time divided by
    ``batch``; the overhead of a variant in a round is its per-call time minus the raw variant's
@@ -273,7 +274,8 @@ def _baseline_hedge_variants() -> list[Variant]:
 
 def _warm_adaptive_hedge() -> AsyncFn:
     """``@hedge(quantile(0.9))`` on ``noop``: its window fills with ~1 ms samples (every call
-    is clamped to 1 ms), a light tail, so no hedge can win and none is armed: the inline path."""
+    is clamped to 1 ms), a light tail: the timer is armed at the p90 plus the fastest call, and
+    never fires."""
     return lk.hedge(lk.quantile(0.9))(noop)
 
 

@@ -1,5 +1,5 @@
 """The hedging policy on plain async functions (real time, generous margins; the adaptive
-delay's convergence on virtual time)."""
+delay's convergence on virtual time), and once through ``lk.LLM`` against the fake provider."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 import trio.testing
 
 import latencykit as lk
+from latencykit.testing import Behavior, FakeProvider, Fault, Latency
 
 pytestmark = pytest.mark.anyio
 
@@ -176,12 +177,13 @@ async def test_adaptive_delay_follows_the_recent_latencies() -> None:
     assert policy.current_delay("t") == pytest.approx(0.9)
 
 
-async def test_no_hedging_while_the_tail_is_too_light_to_win() -> None:
+async def test_on_a_light_tail_the_hedge_waits_for_the_primary_to_be_slow() -> None:
     policy = lk.hedge(lk.quantile(0.9, min_samples=3), max_extra_load=1.0)
     window = policy.window("t")
     for step in range(20):
         window.record(0.20 + step / 100)  # slowest 0.39 <= p90 0.37 + fastest 0.20: no hedge wins
-    assert policy.current_delay("t") is None
+    # Not at the p90, but once the primary outlasts p90 + fastest (slower than every call seen).
+    assert policy.current_delay("t") == pytest.approx(0.57)
     window.record(3.0)  # one slow call: a hedge at p90 would have won it
     assert policy.current_delay("t") == pytest.approx(0.38)
 
@@ -360,6 +362,81 @@ async def test_a_hang_that_outlives_every_attempt_cannot_raise_the_delay_for_goo
     hang = False
     for _ in range(5):
         assert await call() == "ok"  # answers at once when the provider is back
+
+
+class HangsOnce:
+    """Attempt number ``hang_on`` (from 1) hangs for an hour; the others take 45-73 ms."""
+
+    def __init__(self, hang_on: int) -> None:
+        self.rng = random.Random(7)
+        self.hang_on = hang_on
+        self.attempts = 0
+
+    async def __call__(self) -> int:
+        self.attempts += 1
+        number = self.attempts
+        await anyio.sleep(3600.0 if number == self.hang_on else self.rng.uniform(0.045, 0.073))
+        return number
+
+
+@on_virtual_time()
+async def test_an_adaptive_hedge_covers_the_first_hang_after_a_light_tail() -> None:
+    # 30 calls of 45-73 ms: a light tail (no call took longer than the p90 plus the fastest),
+    # so no hedge is due at call start; the 31st call's primary hangs. While it runs, it
+    # becomes the slow call that makes the tail heavy: the hedge goes then, not after the hang.
+    attempt = HangsOnce(hang_on=31)
+    policy = lk.hedge(lk.quantile(0.9), max_extra_load=0.1)
+
+    @policy
+    async def call() -> int:
+        return await attempt()
+
+    for number in range(1, 31):
+        assert await call() == number  # one attempt per call: a light tail sends no hedge
+    started = anyio.current_time()
+    assert await call() == 32  # the backup answered
+    took = anyio.current_time() - started
+    p90 = policy.window(call.__qualname__).quantile(0.9)
+    assert p90 is not None and 0.065 <= p90 <= 0.073
+    # Fired once the primary outlasted the p90 plus the fastest call (~0.12 s), answered
+    # 45-73 ms later; before, the call waited the hour out.
+    assert took < 0.3
+    assert attempt.attempts == 32
+
+
+async def test_llm_adaptive_hedge_answers_a_hang_after_a_light_tail(
+    fake_provider: FakeProvider,
+) -> None:
+    # Through real litellm and HTTP: calls of 0.2-0.22 s (a light tail unless the machine
+    # stalls for ~0.2 s), then a primary that hangs until the client lets go.
+    fake = fake_provider
+    fake.script("m", Behavior(ttft=Latency.uniform(0.2, 0.22)))
+    messages = [{"role": "user", "content": "hello"}]
+    # litellm's first call in a process is slow (imports, clients): not in m's window.
+    await lk.LLM("openai/warm-up", api_base=fake.base_url, api_key="sk-test").acompletion(
+        messages=messages
+    )
+    llm = lk.LLM(
+        "openai/m",
+        api_base=fake.base_url,
+        api_key="sk-test",
+        deadline=15,
+        hedge=lk.Hedge(lk.quantile(0.9, min_samples=10), max_extra_load=0.1),
+    )
+    for _ in range(10):
+        await llm.acompletion(messages=messages)
+    fake.script("m", [Behavior(fault=Fault.HANG), Behavior(ttft=0.2)])
+    started = time.monotonic()
+    response = await llm.acompletion(messages=messages)
+    took = time.monotonic() - started
+    report = lk.report(response)
+    assert report.answered_by == 2
+    assert sorted((a.number, a.outcome) for a in report.attempts) == [(1, "cancelled"), (2, "ok")]
+    assert took < 10  # ~0.7 s: the hedge went after p90 + fastest, not after the deadline
+    # The hung attempt never answered, and its connection was closed when the backup won.
+    attempts = await fake.wait_for_async(lambda a: any(x.disconnected for x in a), 5.0)
+    [hung] = [a for a in attempts if not a.completed]
+    assert hung.disconnected and hung.ended_at is None
 
 
 # --- the lazy race --------------------------------------------------------------------------

@@ -271,3 +271,29 @@ def test_abandoned_attempts_count_their_tokens(tmp_path: Path) -> None:
     assert bare.wasted_tokens == 0.0
     assert hedged.wasted_tokens > 0.0 and hedged.p99 < bare.p99
     assert records[0].tokens_by(0.05) == 0 and records[0].tokens_by(100.0) == 100
+
+
+def light_tail_with_hangs(path: Path, n: int = 200) -> Path:
+    """Requests of 1.0-1.2 s, one every 0.5 s, but 3 of them, after the warm-up and before
+    the first one ends, hang 100 s: bare p99 is a hang, and no call before them was slow."""
+    rng = random.Random(3)
+    rows: list[dict[str, object]] = []
+    for i in range(n):
+        e2e = 100.0 if i in (40, 70, 100) else rng.uniform(1.0, 1.2)
+        rows.append({"target": "m", "ttft_s": 0.5, "e2e_s": e2e, "at_s": i * 0.5})
+    return write_trace(path, rows)
+
+
+def test_the_tuner_shows_hedging_cut_a_hang_on_a_light_tail(tmp_path: Path) -> None:
+    trace = light_tail_with_hangs(tmp_path / "hangs.csv")
+    policy = {"model": "m", "hedge": {"delay": {"q": 0.9}, "max_extra_load": 0.1}}
+    result = tune(trace, "hedge.delay.q", [0.5, 0.9, 0.99], policy=policy, p99=5.0)
+    assert result.bare is not None and result.bare.p99 == pytest.approx(100.0)
+    for row in result.rows:
+        # Each hang is hedged once it outlasts the quantile plus the fastest request
+        # (<= 2.4 s), and the backup answers 1.0-1.2 s later.
+        assert row.p99 < 4.0, row
+    assert result.rows[-1].extra < 0.05  # q=0.99: hardly more than the hangs' backups
+    assert result.recommended is not None
+    report = result.report().splitlines()
+    assert report[2].startswith("bare") and "100.000" in report[2]

@@ -2,7 +2,8 @@
 meets a p99 target.
 
 Each value of the parameter replays the same trace with the same seed (:mod:`.replay`), so
-rows differ only by the parameter. The cost of a setting is its extra attempts per request
+rows differ only by the parameter; the trace replayed with no policy (``bare``) is shown above
+them, for reference. The cost of a setting is its extra attempts per request
 (hedges, retries, failovers), then the output tokens of the attempts it abandoned (from the
 trace's token counts), then their seconds. A row is on the frontier
 when no other row has both a lower p99 and a lower cost. The recommendation is the cheapest
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config import LLMConfig
 from .replay import ReplayRow, default_policy, load_trace, replay
 
 __all__ = ["TuneResult", "tune", "with_value"]
@@ -49,6 +51,8 @@ class TuneResult:
         rows: one per value, in the order given.
         frontier: the names of the rows no other row beats on both p99 and cost.
         recommended: the cheapest row meeting ``p99_target`` (``None`` if none does).
+        bare: the trace replayed on the same target with no policy, for reference (never on
+            the frontier nor recommended; default ``None``: not replayed).
     """
 
     trace: str
@@ -57,6 +61,7 @@ class TuneResult:
     rows: tuple[ReplayRow, ...]
     frontier: tuple[str, ...]
     recommended: ReplayRow | None
+    bare: ReplayRow | None = None
 
     def report(self) -> str:
         """The sweep as a text table, then the recommendation."""
@@ -68,7 +73,8 @@ class TuneResult:
             + (f" {'ttft p99':>8}" if streams else "")
             + f" {'extra':>7} {'wasted tok':>10} {'errors':>6}  frontier",
         ]
-        for row in self.rows:
+        shown = self.rows if self.bare is None else (self.bare, *self.rows)
+        for row in shown:
             mark = "*" if row.name in self.frontier else ""
             ttft = f" {row.ttft_p99 or 0.0:>8.3f}" if streams else ""
             lines.append(
@@ -106,13 +112,16 @@ def tune(
     default policy on ``target``, else the trace's first target), and recommend the cheapest
     value meeting ``p99`` seconds (default ``None``: no recommendation). ``seed``, ``rate``
     and ``stream`` are :func:`~latencykit.lab.replay.replay`'s (stream to tune the stream
-    guard's ``first_token`` limit or hedging on the first chunk)."""
+    guard's ``first_token`` limit or hedging on the first chunk). The result carries the
+    trace replayed bare too."""
     if not values:
         raise ValueError("tune needs at least one value")
     records = load_trace(trace)
     if not records:
         raise ValueError(f"{trace}: the trace is empty")
     base = dict(policy) if policy is not None else default_policy(target or records[0].target)
+    model = LLMConfig.model_validate(base).model
+    bare = replay(records, {"model": model}, name="bare", seed=seed, rate=rate, stream=stream)
     rows = tuple(
         replay(
             records,
@@ -143,4 +152,5 @@ def tune(
         rows=rows,
         frontier=frontier,
         recommended=recommended,
+        bare=bare,
     )

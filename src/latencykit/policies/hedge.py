@@ -10,7 +10,9 @@ the p99 for a few percent more requests. Semantics (Polly v8, Finagle, gRPC):
   is raised at once; when every attempt fails, the primary's error is raised with the others
   attached;
 * the delay is fixed, or a quantile of the target's recent latencies (:func:`quantile`), with
-  no hedging until enough samples arrived;
+  no hedging until enough samples arrived; while the tail is too light for a hedge at the
+  quantile to win, the hedge waits until the primary itself is slow (so a hang is always
+  covered);
 * extra attempts draw from a :class:`~latencykit.RetryBudget` (``max_extra_load``), and none
   starts that the deadline cannot fit.
 
@@ -103,9 +105,16 @@ def quantile(
     estimate that counts it so (:class:`~latencykit.LatencyWindow`). So hedging does not hide
     the slow attempts it cuts short, and the delay finds the slow group of a bimodal latency
     from the first hedges on. The delay is always a latency some recent attempt completed in:
-    attempts that never finish (a hang, an outage) cannot push it higher. While no recent
-    attempt took longer than the delay plus the fastest recent attempt, a hedge could not have
-    won (a light tail), and none is sent; the first slow call turns hedging back on.
+    attempts that never finish (a hang, an outage) cannot push it higher.
+
+    Light tails: while no recent attempt took longer than the quantile plus the fastest recent
+    attempt, a hedge sent at the quantile could not have won, and would only add load. Then the
+    hedge waits for the primary itself to run past the quantile plus the fastest attempt: by
+    then it is slower than every recent attempt, the slow call that makes the tail heavy, and a
+    backup can win (a hang is the extreme case: the first one is covered, with no slow call
+    seen before it). Attempts that finish within the window's range are never hedged, so a
+    light tail costs no extra load; once a slow attempt is in the window, the hedge goes at the
+    quantile again. ``max_extra_load`` bounds the extra load either way.
     """
     return Quantile(q, min_samples=min_samples, window=window, max_samples=max_samples)
 
@@ -579,8 +588,10 @@ class Hedge(PolicyDecorator):
 
     def current_delay(self, target: str, *, ttft: bool = False) -> float | None:
         """The hedging delay for ``target`` now (with ``ttft``: for a streaming call, from its
-        times to first content chunk); ``None`` (no hedging) while warming up, or while the
-        target's tail is too light for a hedge to win (adaptive delays only)."""
+        times to first content chunk): for an adaptive delay, the quantile, or while the
+        target's tail is too light for a hedge at the quantile to win, the quantile plus the
+        fastest recent attempt (:func:`quantile`); ``None`` (no hedging) while warming up or
+        with no completed attempt in the window."""
         if not isinstance(self.delay, Quantile):
             return self.delay
         window = self.window(target, ttft=ttft)
@@ -595,11 +606,13 @@ class Hedge(PolicyDecorator):
             return None  # nothing completed recently: no delay to go by
         delay, fastest = found
         # A hedge sent at `delay` wins only if the primary outlasts `delay` plus the backup's
-        # own time. If no recent call took longer than delay + the fastest call, none would
-        # have won: the hedge would be pure extra load (light tails), so don't send it.
+        # own time. If no recent call took longer than delay + the fastest call (a light
+        # tail), none would have won: a hedge at `delay` would be pure extra load. The rule
+        # holds only until the primary itself runs past delay + fastest: then it is the slow
+        # call that makes the tail heavy (a hang is), and the hedge goes at that moment.
         slowest = window.longest()
         if slowest is None or slowest <= delay + fastest:
-            return None
+            return delay + fastest
         return delay
 
     def _delay_for(self, target: str, ttft: bool) -> float | None:
@@ -641,8 +654,8 @@ class Hedge(PolicyDecorator):
         delay = self._delay_for(primary.target.key, ttft)
         if delay is not None:
             return await _Race(self, call, next, ttft, delay).run(primary)
-        # No hedge can fall due: run the primary inline, without even a task group (the common
-        # case for light tails and warm-up). Only a handled failure starts a race.
+        # No hedge can fall due: run the primary inline, without even a task group or a timer
+        # (warm-up). Only a handled failure starts a race.
         started = backend().now()
         try:
             return await self._send(primary, next)
