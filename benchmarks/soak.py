@@ -65,9 +65,7 @@ def _serve(conn: Any) -> None:
     def script() -> None:
         itl = 0.002
         fake.script("ok", Behavior(output_tokens=TOKENS, itl=itl))
-        fake.script(
-            "cut", Behavior(fault=Fault.CUT, stall_after=5, output_tokens=TOKENS, itl=itl)
-        )
+        fake.script("cut", Behavior(fault=Fault.CUT, stall_after=5, output_tokens=TOKENS, itl=itl))
         fake.script("stall", Behavior(fault=Fault.STALL, stall_after=5, output_tokens=TOKENS))
         fake.script("slow", Behavior(output_tokens=TOKENS, itl=0.05))
         fake.script("hang", Behavior(fault=Fault.HANG))
