@@ -1,9 +1,11 @@
 """Fan-out inside the budget: :func:`gather` (all, or enough, of several calls) and
 :func:`first` (the first acceptable answer of several sources).
 
-Both run their awaitables concurrently in one anyio task group, each in a copy of the caller's
-context: the branches see the enclosing deadline (``lk.remaining()``, the budget policies read)
-and record their attempts in the enclosing trace. ``within=`` bounds the fan-out itself, never
+``gather`` runs its awaitables concurrently in one anyio task group, each in a copy of the
+caller's context; ``first`` is a race (:mod:`latencykit._race`, hedging's): its first source
+runs in the caller's task, the others in tasks of their own with a copy of its context. So the
+branches see the enclosing deadline (``lk.remaining()``, the budget policies read) and record
+their attempts in the enclosing trace. ``within=`` bounds the fan-out itself, never
 beyond the enclosing deadline: the branches see the earlier of the two as their deadline.
 
 Nothing is silently dropped. ``gather`` returns one slot per awaitable, in input order: the
@@ -22,18 +24,16 @@ from __future__ import annotations
 
 import datetime
 import inspect
-import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import anyio
-import anyio.abc
-import anyio.lowlevel
 
 from . import _validation, events
 from ._cancel import backend
 from ._context import deadline_var, trace_var
+from ._race import Race, close, settle
 from .errors import LatencykitError, _describe
 
 __all__ = [
@@ -50,9 +50,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-logger = logging.getLogger("latencykit")
-
-_CLOSE_GRACE = 5.0  # seconds closing an unwanted result may take before we move on
 
 
 class _Pending:
@@ -231,28 +228,6 @@ def _checked(name: str, awaitables: tuple[object, ...], within: object) -> float
         raise
 
 
-async def _close(values: Iterable[object]) -> None:
-    """``aclose()`` every closable value (a stream that will not be handed out), shielded from
-    cancellation but not for ever; a failure to close is logged, not raised."""
-    for value in values:
-        aclose = getattr(value, "aclose", None)
-        if aclose is None:
-            continue
-        loop = backend()
-        with loop.scope(shield=True, deadline=loop.now() + _CLOSE_GRACE):
-            try:
-                await aclose()
-            except Exception:
-                logger.debug("latencykit: closing an unwanted result failed", exc_info=True)
-
-
-async def _settle() -> None:
-    # One more loop turn, shielded: a cancelled HTTP request closes its socket in a loop
-    # callback, so the branches' connections are closed before the call returns.
-    with backend().scope(shield=True):
-        await anyio.lowlevel.checkpoint()
-
-
 # --- gather ----------------------------------------------------------------------------------
 
 
@@ -374,7 +349,7 @@ async def gather(
         # Cancelled from outside (the enclosing deadline) or interrupted: nothing is returned,
         # so every value we hold is unwanted.
         _close_unstarted(awaitables)
-        await _close([*filter(_is_value, state.slots), *(state.late or ())])
+        await close([*filter(_is_value, state.slots), *(state.late or ())])
         raise
     slots = state.slots
     if state.ok + state.failed < count:  # some branches were cut short
@@ -385,8 +360,8 @@ async def gather(
             if slot is _PENDING:
                 slots[index] = marker(elapsed=elapsed)
         if state.late:
-            await _close(state.late)
-        await _settle()
+            await close(state.late)
+        await settle()
     results: Gathered[T] = Gathered(slots)
     if events.listening():
         _ended("gather", state.now() - state.start, results)
@@ -404,104 +379,14 @@ def _is_value(slot: object) -> bool:
 # --- first -----------------------------------------------------------------------------------
 
 
-class _First:
-    """The state of one :func:`first`: who started when, outcomes, the winner."""
+class _Sources(Race):
+    """The race of one :func:`first`: source ``i`` is contender ``i``."""
 
-    __slots__ = (
-        "accept",
-        "answered",
-        "awaitables",
-        "cancel",
-        "crashed",
-        "credits",
-        "entered",
-        "kick",
-        "late",
-        "now",
-        "outcomes",
-        "starts",
-        "winner",
-        "won",
-    )
+    __slots__ = ("awaitables",)
+    awaitables: tuple[Awaitable[Any], ...]
 
-    def __init__(
-        self, awaitables: tuple[Awaitable[Any], ...], accept: Callable[[Any], object] | None
-    ) -> None:
-        self.awaitables = awaitables
-        self.accept = accept
-        self.now = backend().now
-        self.outcomes: list[Any] = [_PENDING] * len(awaitables)
-        self.starts: list[float] = []  # by source index, for the sources started so far
-        self.entered = self.answered = 0  # sources that began running; that answered
-        self.won = -1  # the winner's index, once there is one
-        self.winner: Any = None
-        self.crashed: Exception | None = None  # raised by ``accept``
-        self.late: list[Any] = []  # values that arrived after the decision
-        self.cancel: Callable[[], None] | None = None
-        self.credits = 0  # failures not yet answered by starting the next source
-        self.kick: anyio.Event | None = None  # set on a failure while the stagger waits
-
-    def decided(self) -> bool:
-        return self.won >= 0 or self.crashed is not None
-
-    def _stop(self) -> None:
-        assert self.cancel is not None
-        self.cancel()
-
-    def _next(self) -> None:
-        """A source failed or was rejected: the next one may start at once."""
-        self.credits += 1
-        if self.kick is not None:
-            self.kick.set()
-
-    def start(self, group: anyio.abc.TaskGroup, index: int) -> None:
-        self.starts.append(self.now())
-        group.start_soon(self.source, index, self.awaitables[index], name="latencykit.first")
-
-    async def source(self, index: int, awaitable: Awaitable[Any]) -> None:
-        self.entered += 1
-        try:
-            value = await awaitable
-        except Exception as exc:
-            self.answered += 1
-            self.outcomes[index] = Failed(error=exc, elapsed=self.now() - self.starts[index])
-            self._next()
-            return
-        self.answered += 1
-        if self.decided():
-            self.late.append(value)  # too late to win: closed after the race
-            return
-        accept = self.accept
-        if accept is not None:
-            try:
-                acceptable = accept(value)
-            except Exception as exc:  # a bug in the predicate: stop everything, raise it
-                self.crashed = exc
-                self.late.append(value)
-                self._stop()
-                return
-            if not acceptable:
-                elapsed = self.now() - self.starts[index]
-                self.outcomes[index] = Rejected(value=value, elapsed=elapsed)
-                self._next()
-                await _close((value,))
-                return
-        self.won, self.winner = index, value
-        self._stop()
-
-    async def stagger(self, group: anyio.abc.TaskGroup, delay: float) -> None:
-        """Start the sources after the first: each ``delay`` after the previous one, or at once
-        when a started source failed or was rejected."""
-        scope = backend().scope
-        for index in range(1, len(self.awaitables)):
-            if not self.credits:
-                self.kick = anyio.Event()
-                with scope(deadline=self.starts[-1] + delay):
-                    await self.kick.wait()
-                self.kick = None
-            if self.credits:
-                self.credits -= 1
-            self.start(group, index)
+    def contender(self, index: int, reason: Literal["delay", "failure"]) -> Awaitable[Any]:
+        return self.awaitables[index]
 
 
 async def first(
@@ -513,8 +398,9 @@ async def first(
     """The first acceptable answer of several sources; the others are cancelled and closed.
 
     Args:
-        *awaitables: the sources, e.g. calls to different providers or models (at least one),
-            each run in its own task in a copy of the caller's context.
+        *awaitables: the sources, e.g. calls to different providers or models (at least one):
+            the first runs in the caller's task, the others each in a task of their own, in a
+            copy of the caller's context.
         accept: ``accept(result)`` tells whether a result is good enough to win (default
             ``None``: any result that did not raise). A rejected result is closed if closable
             (a stream) and the race goes on. An exception raised by ``accept`` stops the race
@@ -538,7 +424,7 @@ async def first(
         ValueError: no awaitables, or ``within``/``stagger`` is out of range.
     """
     limit = _checked("first", awaitables, within)
-    delay: float | None = None
+    delay = 0.0  # all at once
     try:
         if not awaitables:
             raise ValueError("first needs at least one awaitable")
@@ -551,55 +437,45 @@ async def first(
     except BaseException:
         _close_unstarted(awaitables)
         raise
-    state = _First(awaitables, accept)
+    race = _Sources(delay, limit=len(awaitables), accept=accept)
+    race.awaitables = awaitables
+    token = None
+    if limit is not None:
+        race.deadline = race.now() + limit
+        token = deadline_var.set(min(race.deadline, deadline_var.get()))  # the sources' too
     try:
-        async with anyio.create_task_group() as group:
-            state.cancel = group.cancel_scope.cancel
-            token = None
-            if limit is not None:
-                expires = group.cancel_scope.deadline = state.now() + limit
-                token = deadline_var.set(min(expires, deadline_var.get()))  # the sources' copy
-            try:
-                if delay is None:
-                    state.starts = [state.now()] * len(awaitables)
-                    for index, awaitable in enumerate(awaitables):
-                        group.start_soon(state.source, index, awaitable, name="latencykit.first")
-                else:
-                    state.start(group, 0)
-                    if len(awaitables) > 1:
-                        group.start_soon(state.stagger, group, delay, name="latencykit.stagger")
-            finally:
-                if token is not None:
-                    deadline_var.reset(token)
+        await race.run(awaitables[0])
     except BaseException:
         _close_unstarted(awaitables)
-        await _close([*state.late, *([state.winner] if state.won >= 0 else [])])
         raise
-    started = len(state.starts)
-    if state.entered < len(awaitables):  # not all sources started (stagger, or cut short)
+    finally:
+        if token is not None:
+            deadline_var.reset(token)
+    started = len(race.starts)
+    if started < len(awaitables):  # a stagger, or ``within``, left sources unstarted
         _close_unstarted(awaitables)
-    if state.crashed is not None:
-        await _close([*state.late, *([state.winner] if state.won >= 0 else [])])
-        raise state.crashed
-    if state.late:
-        await _close(state.late)
-    if state.answered < started:  # sources were cancelled
-        await _settle()  # let the cancelled requests' connections close before we return
-    if state.won >= 0:
+    outcomes: list[Any] = [_PENDING] * len(awaitables)
+    for lost in race.lost:
+        outcomes[lost.index] = (
+            Rejected(value=lost.value, elapsed=lost.elapsed)
+            if lost.error is None
+            else Failed(error=lost.error, elapsed=lost.elapsed)
+        )
+    if race.won >= 0:
         if events.listening():
-            shown = [state.winner if i == state.won else o for i, o in enumerate(state.outcomes)]
-            _ended("first", state.now() - state.starts[0], shown)
-        return state.winner  # type: ignore[no-any-return]
+            outcomes[race.won] = race.winner
+            _ended("first", race.now() - race.starts[0], outcomes)
+        return race.winner  # type: ignore[no-any-return]
     # No winner: every source failed or was rejected, or ``within`` ran out.
-    ended = state.now()
-    outcomes: list[Missing] = [
-        TimedOut(elapsed=ended - state.starts[i] if i < started else 0.0)
+    ended = race.now()
+    outcomes = [
+        TimedOut(elapsed=ended - race.starts[i] if i < started else 0.0)
         if outcome is _PENDING
         else outcome
-        for i, outcome in enumerate(state.outcomes)
+        for i, outcome in enumerate(outcomes)
     ]
     if events.listening():
-        _ended("first", ended - state.starts[0] if state.starts else 0.0, outcomes)
+        _ended("first", ended - race.starts[0], outcomes)
     failures = _failures(outcomes)
     raise NoAcceptableResult(outcomes) from (failures[0] if failures else None)
 

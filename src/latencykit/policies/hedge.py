@@ -16,40 +16,29 @@ the p99 for a few percent more requests. Semantics (Polly v8, Finagle, gRPC):
 * extra attempts draw from a :class:`~latencykit.RetryBudget` (``max_extra_load``), and none
   starts that the deadline cannot fit.
 
-The race is lazy: the primary runs in the caller's task, in a cancel scope, with a loop timer
-armed at the delay (asyncio's ``call_at``; on trio, one timer task per run serves every hedge).
-No task group is entered: only when the timer fires, or the primary fails with a handled error,
-does another attempt start, in a task of its own (an asyncio task, or a trio system task) that
-the caller cancels and awaits before it returns. The primary keeps running where it is and
-joins the race. A call that is never hedged pays for a cancel scope and a timer, not for a task
-group, a task and the wake-ups of a race (docs/benchmarks.md, "Hedging against real tails").
+The race is :mod:`latencykit._race`'s, shared with ``lk.first``: the primary runs in the
+caller's task with a loop timer armed at the delay, and only when the timer fires, or the
+primary fails with a handled error, does another attempt start, in a task of its own; the
+primary keeps running where it is and joins the race. A call that is never hedged pays for a
+cancel scope and a timer, not for a task group.
 """
 
 from __future__ import annotations
 
-import contextvars
 import datetime
-import heapq
-import itertools
-import logging
 import math
-import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, dataclass
-from typing import Any, Literal, Protocol
-
-import anyio
-import anyio.lowlevel
-import sniffio
+from typing import Any, Literal
 
 from .. import _validation, events
 from .._cancel import backend
 from .._context import deadline_var, reason_var, trace_var
+from .._race import Race
 from ..budget import RetryBudget
 from ..errors import ErrorFilter, attach_others, error_predicate
 from ..pipeline import Call, Next, PolicyDecorator, Stage
 from ..stats import LatencyWindow, Recorder, StatsTable
-from ..stream import Stream
 
 __all__ = ["Hedge", "Quantile", "hedge", "quantile"]
 
@@ -119,322 +108,33 @@ def quantile(
     return Quantile(q, min_samples=min_samples, window=window, max_samples=max_samples)
 
 
-@dataclass(frozen=True, slots=True)
-class _Outcome:
-    index: int
-    result: Any = None
-    error: Exception | None = None
+class _Attempts(Race):
+    """The attempts of one hedged call, raced by :class:`~latencykit._race.Race`: the hedge
+    decides where each backup goes, whether the budget and the deadline allow it, which errors
+    stop the race, and what is raised when every attempt fails."""
 
-
-def _errors(outcomes: list[_Outcome]) -> list[tuple[int, Exception]]:
-    return sorted((o.index, o.error) for o in outcomes if o.error is not None)
-
-
-# --- timers ---------------------------------------------------------------------------------
-
-logger = logging.getLogger("latencykit")
-
-
-class _Timer(Protocol):
-    def cancel(self) -> None: ...
-
-
-class _TrioTimer:
-    __slots__ = ("callback", "context", "owner")
-
-    def __init__(self, callback: Callable[[], None], owner: _TrioTimers) -> None:
-        self.callback: Callable[[], None] | None = callback
-        self.context = contextvars.copy_context()  # as asyncio's call_at: the caller's context
-        self.owner = owner
-
-    def cancel(self) -> None:
-        if self.callback is not None:
-            self.callback = None
-            self.owner.cancelled += 1
-
-
-class _TrioTimers:
-    """``call_at`` for trio, which has none: a heap of callbacks served by one system task per
-    run, sleeping in a cancel scope whose deadline is the earliest callback (moving a deadline
-    is cheap; spawning a task per timer, and reaping it, is not). Cancelled timers stay in the
-    heap until due, as in asyncio's loop, and are swept when they are the majority."""
-
-    __slots__ = ("cancelled", "heap", "order", "scope")
-
-    def __init__(self) -> None:
-        self.heap: list[tuple[float, int, _TrioTimer]] = []
-        self.order = itertools.count()
-        self.scope: Any = None
-        self.cancelled = 0
-
-    def call_at(self, when: float, callback: Callable[[], None]) -> _TrioTimer:
-        timer = _TrioTimer(callback, self)
-        heapq.heappush(self.heap, (when, next(self.order), timer))
-        if self.scope is not None and when < self.scope.deadline:
-            self.scope.deadline = when
-        if self.cancelled > 64 and self.cancelled * 2 > len(self.heap):
-            self.heap = [entry for entry in self.heap if entry[2].callback is not None]
-            heapq.heapify(self.heap)
-            self.cancelled = 0
-        return timer
-
-    async def serve(self) -> None:
-        import trio
-
-        while True:
-            heap = self.heap
-            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as self.scope:
-                await trio.sleep_forever()
-            self.scope = None
-            now = trio.current_time()
-            while self.heap and self.heap[0][0] <= now:
-                timer = heapq.heappop(self.heap)[2]
-                callback = timer.callback
-                if callback is None:
-                    self.cancelled -= 1
-                    continue
-                timer.callback = None
-                try:
-                    timer.context.run(callback)
-                except Exception:  # a timer must not take the run down with it
-                    logger.exception("latencykit hedge timer callback failed")
-
-
-def _as_asyncio(callback: Callable[[], None]) -> None:
-    # A loop callback runs outside any task, where sniffio (so anyio, spawning a task) cannot
-    # tell which library runs; say it, for the callback only (its context is a copy).
-    token = sniffio.current_async_library_cvar.set("asyncio")
-    try:
-        callback()
-    finally:
-        sniffio.current_async_library_cvar.reset(token)
-
-
-_trio_timers: Any = None  # a trio.lowlevel.RunVar, made on first use (trio is imported lazily)
-
-
-def _call_at(when: float, callback: Callable[[], None]) -> _Timer:
-    """Run ``callback()`` on the event loop at ``when`` (its clock), in the caller's context."""
-    asyncio = sys.modules.get("asyncio")
-    loop = None if asyncio is None else asyncio._get_running_loop()
-    if loop is not None:
-        handle: _Timer = loop.call_at(when, _as_asyncio, callback)
-        return handle
-    global _trio_timers
-    import trio
-
-    if _trio_timers is None:
-        _trio_timers = trio.lowlevel.RunVar("latencykit_hedge_timers")
-    try:
-        timers: _TrioTimers = _trio_timers.get()
-    except LookupError:
-        timers = _TrioTimers()
-        _trio_timers.set(timers)
-        trio.lowlevel.spawn_system_task(timers.serve, name="latencykit hedge timers")
-    return timers.call_at(when, callback)
-
-
-# --- the race -------------------------------------------------------------------------------
-
-
-class _Race:
-    """The attempts of one hedged call, raced without a task group until one is needed.
-
-    The primary runs in the caller's task, inside a cancel scope (:meth:`run`). Every other
-    attempt, launched by the delay timer or at once after a handled failure, runs in a task of
-    its own with its own cancel scope (an asyncio task, or a trio system task), in the caller's
-    context; the caller cancels and awaits all of them before it returns or raises, so the race
-    stays structured without entering a task group on every call (anyio's costs a scheduler
-    round trip on exit). Outcomes are handled as they arrive (:meth:`_finished`), by whichever
-    task or timer produced them: the first success wins and cancels the rest, an unhandled error
-    cancels everything, a handled one launches the next attempt.
-    """
-
-    __slots__ = (
-        "backups",
-        "call",
-        "call_id",
-        "crashed",
-        "delay",
-        "drained",
-        "fatal",
-        "hedging",
-        "host",
-        "next",
-        "now",
-        "outcomes",
-        "policy",
-        "settled",
-        "starts",
-        "tasks",
-        "timer",
-        "ttft",
-        "winner",
-    )
+    __slots__ = ("call", "call_id", "next", "policy", "ttft")
 
     def __init__(
         self, policy: Hedge, call: Call, next: Next, ttft: bool, delay: float | None
     ) -> None:
+        super().__init__(delay, limit=policy.max_attempts)
         self.policy = policy
         self.call = call
         self.next = next
         self.ttft = ttft
-        self.delay = delay
-        self.now = backend().now
         trace = trace_var.get()
         self.call_id = 0 if trace is None else trace.call_id
-        self.outcomes: list[_Outcome] = []
-        self.starts: list[float] = []
-        self.winner: _Outcome | None = None
-        self.fatal = False
-        self.crashed: BaseException | None = None  # raised by a launch inside the timer
-        self.hedging = True  # False once the budget or the deadline refused an attempt
-        self.host: Any = None  # the primary's cancel scope while it runs in the caller's task
-        self.backups: dict[int, Any] = {}  # attempt index -> cancel scope, while running
-        self.tasks: list[Any] = []  # asyncio tasks (the loop keeps only weak references)
-        self.timer: _Timer | None = None
-        self.settled: anyio.Event | None = None  # made only if the caller has to wait
-        self.drained: anyio.Event | None = None
 
-    def _done(self) -> bool:
-        return (
-            self.winner is not None
-            or self.fatal
-            or len(self.starts) == len(self.outcomes)  # nothing running, nothing launched
-        )
-
-    async def run(self, primary: Call | None, first: _Outcome | None = None) -> Any:
-        """Run ``primary`` here and the race around it; or, with ``first`` (the primary's
-        handled failure, already on record), the race that follows it. The call's outcome."""
-        scope = backend().scope
-        try:
-            if primary is None:
-                assert first is not None
-                self._finished(first)
-            else:
-                self.starts.append(self.now())
-                self._arm()
-                with scope() as self.host:  # cancelled if another attempt wins first
-                    await self._attempt(0, primary)
-            if not self._done():
-                self.settled = anyio.Event()
-                await self.settled.wait()
-        finally:
-            self._disarm()
-            if len(self.starts) > 1:  # a race: losers, or the call is cancelled or failing
-                for backup in self.backups.values():
-                    backup.cancel()
-                with scope(shield=True):
-                    while self.backups:
-                        self.drained = anyio.Event()
-                        await self.drained.wait()
-                    # One more loop turn: a cancelled HTTP request closes its socket in a loop
-                    # callback (asyncio transports close on the next iteration); the losers'
-                    # connections are closed before the call returns, not just after.
-                    await anyio.lowlevel.checkpoint()
-        for outcome in self.outcomes:
-            # A stream that committed too late to win is closed now (its HTTP response too).
-            if isinstance(outcome.result, Stream) and outcome is not self.winner:
-                await outcome.result.aclose()
-        if self.crashed is not None:
-            raise self.crashed
-        won = self.winner
-        if won is not None:
-            if won.index and events.listening():
-                events.emit(
-                    events.HedgeWon(self.call_id, attempt=won.index + 1, attempts=len(self.starts))
-                )
-            return won.result
-        failures = _errors(self.outcomes)
-        fatal = [error for _, error in failures if not self.policy._handles(error)]
-        raised = (fatal or [error for _, error in failures])[0]
-        attach_others(raised, [error for _, error in failures if error is not raised])
-        raise raised
-
-    async def _attempt(self, index: int, this: Call) -> None:
-        reason = reason_var.set("hedge") if index else None  # a backup: in a task of its own
-        try:
-            result = await self.policy._send(this, self.next)
-        except Exception as exc:
-            outcome = _Outcome(index, error=exc)
-        else:
-            outcome = _Outcome(index, result=result)
-        finally:
-            if reason is not None:
-                reason_var.reset(reason)
-        if index == 0:
-            self.host = None  # the primary is over: nothing left to cancel in the caller's task
-        self._finished(outcome)
-
-    async def _backup(self, index: int, this: Call, scope: Any) -> None:
-        try:
-            with scope:
-                await self._attempt(index, this)
-        finally:
-            del self.backups[index]
-            if not self.backups and self.drained is not None:
-                self.drained.set()
-            if self.settled is not None and self._done():
-                self.settled.set()
-
-    def _finished(self, outcome: _Outcome) -> None:
-        self.outcomes.append(outcome)
-        if self.winner is not None or self.fatal:
-            pass  # decided already; a late stream is closed after the race
-        elif outcome.error is None:
-            self.winner = outcome
-            self._stop(outcome.index)
-        elif not self.policy._handles(outcome.error):
-            self.fatal = True  # not worth another attempt: stop them all
-            self._stop(outcome.index)
-        elif self.hedging and len(self.starts) < self.policy.max_attempts:
-            # A failure: the next attempt goes now, not after the delay.
-            self.hedging = self._launch("failure")
-        if self.settled is not None and self._done():
-            self.settled.set()
-
-    def _stop(self, decided_by: int | None) -> None:
-        self._disarm()
-        if self.host is not None and decided_by != 0:
-            self.host.cancel()  # the primary, still running in the caller's task
-        for index, scope in self.backups.items():
-            if index != decided_by:
-                scope.cancel()
-
-    def _arm(self) -> None:
-        self._disarm()
-        if self.delay is not None and self.hedging and len(self.starts) < self.policy.max_attempts:
-            self.timer = _call_at(self.starts[-1] + self.delay, self._on_delay)
-
-    def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _on_delay(self) -> None:
-        self.timer = None
-        if self.winner is not None or self.fatal:
-            return
-        try:
-            self.hedging = self._launch("delay")
-        except BaseException as exc:  # raised in the caller's task, as if launched there
-            self.crashed = exc
-            self.fatal = True
-            self._stop(None)
-            if self.settled is not None:
-                self.settled.set()
-
-    def _launch(self, reason: Literal["delay", "failure"]) -> bool:
+    def contender(self, index: int, reason: Literal["delay", "failure"]) -> Awaitable[Any] | None:
         policy = self.policy
-        call = self.call
-        index = len(self.starts)
-        this = call if policy.rewrite is None else policy.rewrite(call, index)
+        this = self.call if policy.rewrite is None else policy.rewrite(self.call, index)
         if not policy._fits_deadline(this.target.key, self.ttft):
             policy._skipped(self.call_id, index, "deadline")
-            return False
+            return None
         if not policy.budget.try_withdraw():
             policy._skipped(self.call_id, index, "budget")
-            return False
+            return None
         if events.listening():
             events.emit(
                 events.HedgeFired(
@@ -445,25 +145,30 @@ class _Race:
                     delay=self.delay,
                 )
             )
-        self.starts.append(self.now())
-        scope = self.backups[index] = backend().scope()
-        asyncio = sys.modules.get("asyncio")
-        loop = None if asyncio is None else asyncio._get_running_loop()
-        if loop is not None:
-            self.tasks.append(loop.create_task(self._backup(index, this, scope)))
-        else:
-            import trio
+        return self._attempt(this)
 
-            trio.lowlevel.spawn_system_task(
-                self._backup,
-                index,
-                this,
-                scope,
-                name=f"latencykit hedge attempt {index + 1}",
-                context=contextvars.copy_context(),
-            )
-        self._arm()  # the next delay counts from this attempt's start
-        return True
+    async def _attempt(self, call: Call) -> Any:
+        reason_var.set("hedge")  # in the backup's own task, whose context is a copy
+        return await self.policy._send(call, self.next)
+
+    def handled(self, error: Exception) -> bool:
+        return self.policy._handles(error)
+
+    def outcome(self) -> Any:
+        """The winner's result; or, when every attempt failed, the primary's error (the first
+        unhandled one, if any) raised with the others attached."""
+        if self.won >= 0:
+            if self.won and events.listening():
+                events.emit(
+                    events.HedgeWon(self.call_id, attempt=self.won + 1, attempts=len(self.starts))
+                )
+            return self.winner
+        failures = sorted((lost.index, lost.error) for lost in self.lost if lost.error is not None)
+        errors = [error for _, error in failures]
+        fatal = [error for error in errors if not self.policy._handles(error)]
+        raised = (fatal or errors)[0]
+        attach_others(raised, [error for error in errors if error is not raised])
+        raise raised
 
 
 class Hedge(PolicyDecorator):
@@ -653,18 +358,21 @@ class Hedge(PolicyDecorator):
             return await self._send(primary, next)
         delay = self._delay_for(primary.target.key, ttft)
         if delay is not None:
-            return await _Race(self, call, next, ttft, delay).run(primary)
-        # No hedge can fall due: run the primary inline, without even a task group or a timer
-        # (warm-up). Only a handled failure starts a race.
+            race = _Attempts(self, call, next, ttft, delay)
+            await race.run(self._send(primary, next))
+            return race.outcome()
+        # No hedge can fall due: run the primary inline, without even a cancel scope or a
+        # timer (warm-up). Only a handled failure starts a race.
         started = backend().now()
         try:
             return await self._send(primary, next)
         except Exception as exc:
             if not self._handles(exc):
                 raise
-            race = _Race(self, call, next, ttft, None)
-            race.starts.append(started)
-            return await race.run(None, _Outcome(0, error=exc))
+            race = _Attempts(self, call, next, ttft, None)
+            race.first_failed(started, exc)
+            await race.run(None)
+            return race.outcome()
 
     async def _send(self, call: Call, next: Next) -> Any:
         # The attempts a hedge makes report to its own recorder, unless the call carries one
