@@ -296,7 +296,10 @@ class Race:
     def _launch(self, reason: Reason) -> bool:
         """Start the next contender if one may start; whether one did."""
         index = len(self.starts)
-        if self.stopped or not self.launching or index >= self.limit or self.now() >= self.deadline:
+        if self.stopped or not self.launching or index >= self.limit:
+            return False
+        now = self.now()
+        if now >= self.deadline:
             return False
         try:
             awaitable = self.contender(index, reason)
@@ -308,7 +311,7 @@ class Race:
         except BaseException as exc:  # raised by the caller, as if it had launched it
             self._crash(exc)
             return False
-        self.starts.append(self.now())
+        self.starts.append(now)
         self.running += 1
         self.backups[index] = scope
         self._arm()  # the next delay counts from this start
