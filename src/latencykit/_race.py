@@ -98,7 +98,6 @@ class Race:
     __slots__ = (
         "accept",
         "answered",
-        "backups",
         "crashed",
         "deadline",
         "delay",
@@ -111,6 +110,7 @@ class Race:
         "running",
         "scope",
         "settled",
+        "spawned",
         "starts",
         "stopped",
         "tasks",
@@ -143,7 +143,7 @@ class Race:
         self.launching = True  # False once contender() gave None
         self.running = self.answered = 0  # contenders running; that returned or raised
         self.host: Any = None  # contender 0's cancel scope, while it runs in the caller's task
-        self.backups: dict[int, Any] = {}  # index -> cancel scope of a contender in a task
+        self.spawned: dict[int, Any] = {}  # index -> cancel scope, of contenders in tasks
         self.tasks: list[Any] = []  # asyncio tasks (the loop keeps only weak references)
         self.timer: _Timer | None = None
         self.settled: anyio.Event | None = None  # made only if the caller has to wait
@@ -193,9 +193,9 @@ class Race:
         finally:
             if not self.stopped:
                 self._stop(None)
-            if self.backups or self.answered < len(self.starts):  # contenders were cut short
+            if self.spawned or self.answered < len(self.starts):  # contenders were cut short
                 with self.scope(shield=True):
-                    while self.backups:
+                    while self.spawned:
                         self.drained = anyio.Event()
                         await self.drained.wait()
                     await anyio.lowlevel.checkpoint()  # as settle(): their sockets close
@@ -211,7 +211,7 @@ class Race:
         if not self._take(index, result):
             await close((result,))
 
-    async def _backup(self, index: int, awaitable: Awaitable[Any], scope: Any) -> None:
+    async def _in_task(self, index: int, awaitable: Awaitable[Any], scope: Any) -> None:
         try:
             with scope:
                 await self._contend(index, awaitable)
@@ -221,8 +221,8 @@ class Race:
             self._crash(exc)  # raised by the caller: a trio system task must not raise
         finally:
             self.running -= 1
-            del self.backups[index]
-            if not self.backups and self.drained is not None:
+            del self.spawned[index]
+            if not self.spawned and self.drained is not None:
                 self.drained.set()
             self._wake()
 
@@ -269,7 +269,7 @@ class Race:
         self._disarm()
         if self.host is not None and decided_by != 0:
             self.host.cancel()  # contender 0, still running in the caller's task
-        for index, scope in self.backups.items():
+        for index, scope in self.spawned.items():
             if index != decided_by:
                 scope.cancel()
         self._wake()
@@ -307,13 +307,13 @@ class Race:
                 self.launching = False
                 return False
             scope = self.scope(deadline=self.deadline)
-            _spawn(self._backup, index, awaitable, scope, self.tasks)
+            _spawn(self._in_task, index, awaitable, scope, self.tasks)
         except BaseException as exc:  # raised by the caller, as if it had launched it
             self._crash(exc)
             return False
         self.starts.append(now)
         self.running += 1
-        self.backups[index] = scope
+        self.spawned[index] = scope
         self._arm()  # the next delay counts from this start
         return True
 

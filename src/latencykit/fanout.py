@@ -33,7 +33,7 @@ import anyio
 from . import _validation, events
 from ._cancel import backend
 from ._context import deadline_var, trace_var
-from ._race import Race, close, settle
+from ._race import Race, Reason, close, settle
 from .errors import LatencykitError, _describe
 
 __all__ = [
@@ -385,7 +385,7 @@ class _Sources(Race):
     __slots__ = ("awaitables",)
     awaitables: tuple[Awaitable[Any], ...]
 
-    def contender(self, index: int, reason: Literal["delay", "failure"]) -> Awaitable[Any]:
+    def contender(self, index: int, reason: Reason) -> Awaitable[Any]:
         return self.awaitables[index]
 
 

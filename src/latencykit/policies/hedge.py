@@ -34,7 +34,7 @@ from typing import Any, Literal
 from .. import _validation, events
 from .._cancel import backend
 from .._context import deadline_var, reason_var, trace_var
-from .._race import Race
+from .._race import Race, Reason
 from ..budget import RetryBudget
 from ..errors import ErrorFilter, attach_others, error_predicate
 from ..pipeline import Call, Next, PolicyDecorator, Stage
@@ -126,7 +126,7 @@ class _Attempts(Race):
         trace = trace_var.get()
         self.call_id = 0 if trace is None else trace.call_id
 
-    def contender(self, index: int, reason: Literal["delay", "failure"]) -> Awaitable[Any] | None:
+    def contender(self, index: int, reason: Reason) -> Awaitable[Any] | None:
         policy = self.policy
         this = self.call if policy.rewrite is None else policy.rewrite(self.call, index)
         if not policy._fits_deadline(this.target.key, self.ttft):
