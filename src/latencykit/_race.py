@@ -1,15 +1,11 @@
-"""The race behind hedging and ``lk.first``: contenders started on a timer or after a failure,
-the first acceptable result wins, every loser is cancelled, awaited and closed.
+"""The race behind hedging and ``lk.first``: the next contender starts on a timer, or at once
+after a failure; the first acceptable result wins; every loser is cancelled, awaited and
+closed. Its users decide the rest (hedge: targets, budget, events; first: stagger, within).
 
-A :class:`Race` holds the mechanism; its user decides the rest (:mod:`.policies.hedge`: where
-each backup goes, the budget, the events; :mod:`.fanout`: the sources, ``stagger``, ``within``).
-
-The race is lazy: contender 0 runs in the caller's task, in a cancel scope, with a loop timer
-armed at the delay (asyncio's ``call_at``; on trio, one timer task per run serves every race).
-No task group is entered: every other contender runs in a task of its own (an asyncio task, or
-a trio system task) that the caller cancels and awaits before it returns. A race that contender
-0 decides before the timer fires pays for a cancel scope and a timer, not for a task group, a
-task and the wake-ups of a race (docs/benchmarks.md, "Hedging against real tails").
+Lazy: contender 0 runs in the caller's task, with a loop timer armed at the delay, and no task
+group is entered; the others run in tasks of their own that the caller cancels and awaits. A
+race decided before the timer fires costs a cancel scope and a timer (docs/benchmarks.md,
+"Hedging against real tails").
 """
 
 from __future__ import annotations
@@ -80,19 +76,17 @@ class Lost:
 class Race:
     """One race of up to ``limit`` contenders for one result.
 
-    Contender 0 runs in the caller's task (:meth:`run`). Contender ``i`` starts ``delay``
-    seconds after contender ``i - 1`` (``0``: all start at once; ``None``: only after a
-    failure), and at once when a contender fails or is rejected; :meth:`contender` gives it, or
-    ``None`` to start no more. Each runs in its own task, in a copy of the context, inside a
-    cancel scope that ends at ``deadline`` (default: none).
+    Contender 0 runs in the caller's task (:meth:`run`); contender ``i`` starts ``delay``
+    seconds after contender ``i - 1`` (``0``: all at once; ``None``: only after a failure), or
+    at once when one fails or is rejected, in a task of its own (an asyncio task, or a trio
+    system task) with a copy of the context. :meth:`contender` gives it (``None``: no more).
+    Every contender runs in a cancel scope ending at ``deadline`` (default: none).
 
-    The first result that ``accept(result)`` takes (default ``None``: any) wins and the others
-    are cancelled; an error that :meth:`handled` refuses cancels everything. Every contender is
-    awaited before :meth:`run` returns, and a result that does not win is closed (``aclose()``,
-    if it has one). Then :attr:`won` is the winner's index (``-1``: none), :attr:`winner` its
-    result, :attr:`lost` the failures and rejections, :attr:`starts` when each contender
-    started. An exception raised by ``accept`` or :meth:`contender` ends the race and is
-    raised by :meth:`run`.
+    The first result ``accept`` takes (default ``None``: any) wins; an error :meth:`handled`
+    refuses stops the race. Losers are cancelled and awaited, and a result that does not win is
+    closed, before :meth:`run` returns; then :attr:`won` (``-1``: none), :attr:`winner`,
+    :attr:`lost` and :attr:`starts` tell how it went. An exception raised by ``accept`` or
+    :meth:`contender` stops the race and is raised by :meth:`run`.
     """
 
     __slots__ = (
@@ -101,20 +95,18 @@ class Race:
         "crashed",
         "deadline",
         "delay",
-        "drained",
         "host",
-        "launching",
         "limit",
         "lost",
         "now",
         "running",
         "scope",
-        "settled",
         "spawned",
         "starts",
         "stopped",
         "tasks",
         "timer",
+        "waiter",
         "winner",
         "won",
     )
@@ -140,14 +132,12 @@ class Race:
         self.winner: Any = None
         self.crashed: BaseException | None = None
         self.stopped = False  # decided, failed for good, or over: nothing more starts
-        self.launching = True  # False once contender() gave None
         self.running = self.answered = 0  # contenders running; that returned or raised
         self.host: Any = None  # contender 0's cancel scope, while it runs in the caller's task
         self.spawned: dict[int, Any] = {}  # index -> cancel scope, of contenders in tasks
         self.tasks: list[Any] = []  # asyncio tasks (the loop keeps only weak references)
         self.timer: _Timer | None = None
-        self.settled: anyio.Event | None = None  # made only if the caller has to wait
-        self.drained: anyio.Event | None = None
+        self.waiter: anyio.Event | None = None  # made only if the caller has to wait
 
     def contender(self, index: int, reason: Reason) -> Awaitable[Any] | None:
         """The awaitable of contender ``index``, or ``None``: start no more."""
@@ -163,7 +153,7 @@ class Race:
         delay is known)."""
         self.starts.append(started)
         self.answered = 1
-        self._failed(0, error)
+        self._lose(0, error)
 
     async def run(self, first: Awaitable[Any] | None) -> None:
         """Run ``first`` (contender 0) here and the race around it, until it is decided or
@@ -181,9 +171,8 @@ class Race:
                     await self._contend(0, first)
                 self.host = None
                 self.running -= 1
-            if self.running and not self.stopped:
-                self.settled = anyio.Event()
-                await self.settled.wait()
+            while self.running and not self.stopped:
+                await self._changed()
             if self.crashed is not None:
                 raise self.crashed
         except BaseException:
@@ -196,19 +185,21 @@ class Race:
             if self.spawned or self.answered < len(self.starts):  # contenders were cut short
                 with self.scope(shield=True):
                     while self.spawned:
-                        self.drained = anyio.Event()
-                        await self.drained.wait()
-                    await anyio.lowlevel.checkpoint()  # as settle(): their sockets close
+                        await self._changed()
+                await settle()
 
     async def _contend(self, index: int, awaitable: Awaitable[Any]) -> None:
+        error: Exception | None = None
         try:
             result = await awaitable
         except Exception as exc:
-            self._answered(index)
-            self._failed(index, exc)
-            return
-        self._answered(index)
-        if not self._take(index, result):
+            result, error = None, exc
+        self.answered += 1
+        if index == 0:
+            self.host = None  # contender 0 is over: nothing left to cancel in the caller's task
+        if error is not None:
+            self._lose(index, error)
+        elif not self._take(index, result):
             await close((result,))
 
     async def _in_task(self, index: int, awaitable: Awaitable[Any], scope: Any) -> None:
@@ -222,14 +213,7 @@ class Race:
         finally:
             self.running -= 1
             del self.spawned[index]
-            if not self.spawned and self.drained is not None:
-                self.drained.set()
             self._wake()
-
-    def _answered(self, index: int) -> None:
-        self.answered += 1
-        if index == 0:
-            self.host = None  # contender 0 is over: nothing left to cancel in the caller's task
 
     def _take(self, index: int, result: Any) -> bool:
         """Whether ``result`` wins; otherwise it is to be closed."""
@@ -243,21 +227,20 @@ class Race:
                 self._crash(exc)
                 return False
             if not acceptable:
-                self.lost.append(Lost(index, self.now() - self.starts[index], None, result))
-                self._launch("failure")
+                self._lose(index, None, result)
                 return False
         self.won, self.winner = index, result
         self._stop(index)
         return True
 
-    def _failed(self, index: int, error: Exception) -> None:
-        self.lost.append(Lost(index, self.now() - self.starts[index], error))
+    def _lose(self, index: int, error: Exception | None, rejected: Any = None) -> None:
+        self.lost.append(Lost(index, self.now() - self.starts[index], error, rejected))
         if self.stopped:
-            pass
-        elif not self.handled(error):
-            self._stop(index)  # not worth another contender: stop them all
-        else:
+            return
+        if error is None or self.handled(error):
             self._launch("failure")  # the next one goes now, not after the delay
+        else:
+            self._stop(index)  # not worth another contender: stop them all
 
     def _crash(self, error: BaseException) -> None:
         if self.crashed is None:
@@ -274,13 +257,18 @@ class Race:
                 scope.cancel()
         self._wake()
 
+    async def _changed(self) -> None:
+        """Wait until a contender ends or the race stops."""
+        self.waiter = anyio.Event()
+        await self.waiter.wait()
+
     def _wake(self) -> None:
-        if self.settled is not None and (self.stopped or not self.running):
-            self.settled.set()
+        if self.waiter is not None:
+            self.waiter.set()
 
     def _arm(self) -> None:
         self._disarm()
-        if self.delay and self.launching and len(self.starts) < self.limit:
+        if self.delay and len(self.starts) < self.limit:
             self.timer = _call_at(self.starts[-1] + self.delay, self._on_delay)
 
     def _disarm(self) -> None:
@@ -296,18 +284,15 @@ class Race:
     def _launch(self, reason: Reason) -> bool:
         """Start the next contender if one may start; whether one did."""
         index = len(self.starts)
-        if self.stopped or not self.launching or index >= self.limit:
-            return False
-        now = self.now()
-        if now >= self.deadline:
+        if self.stopped or index >= self.limit or (now := self.now()) >= self.deadline:
             return False
         try:
             awaitable = self.contender(index, reason)
             if awaitable is None:
-                self.launching = False
+                self.limit = index  # start no more
                 return False
             scope = self.scope(deadline=self.deadline)
-            _spawn(self._in_task, index, awaitable, scope, self.tasks)
+            _spawn(self._in_task, index, awaitable, scope, tasks=self.tasks)
         except BaseException as exc:  # raised by the caller, as if it had launched it
             self._crash(exc)
             return False
@@ -318,29 +303,17 @@ class Race:
         return True
 
 
-def _spawn(
-    run: Callable[[int, Awaitable[Any], Any], Coroutine[Any, Any, None]],
-    index: int,
-    awaitable: Awaitable[Any],
-    scope: Any,
-    tasks: list[Any],
-) -> None:
-    """Start ``run(index, awaitable, scope)`` in a task of its own, in a copy of the context."""
+def _spawn(run: Callable[..., Coroutine[Any, Any, None]], *args: Any, tasks: list[Any]) -> None:
+    """Start ``run(*args)`` in a task of its own, in a copy of the context."""
     asyncio = sys.modules.get("asyncio")
     loop = None if asyncio is None else asyncio._get_running_loop()
     if loop is not None:
-        tasks.append(loop.create_task(run(index, awaitable, scope)))
+        tasks.append(loop.create_task(run(*args)))
         return
     import trio
 
-    trio.lowlevel.spawn_system_task(
-        run,
-        index,
-        awaitable,
-        scope,
-        name=f"latencykit race contender {index}",
-        context=contextvars.copy_context(),
-    )
+    context = contextvars.copy_context()
+    trio.lowlevel.spawn_system_task(run, *args, name="latencykit race", context=context)
 
 
 # --- timers ---------------------------------------------------------------------------------

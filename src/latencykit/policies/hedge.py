@@ -16,10 +16,8 @@ the p99 for a few percent more requests. Semantics (Polly v8, Finagle, gRPC):
 * extra attempts draw from a :class:`~latencykit.RetryBudget` (``max_extra_load``), and none
   starts that the deadline cannot fit.
 
-The race is :mod:`latencykit._race`'s, shared with ``lk.first``: the primary runs in the
-caller's task with a loop timer armed at the delay, and only when the timer fires, or the
-primary fails with a handled error, does another attempt start, in a task of its own; the
-primary keeps running where it is and joins the race. A call that is never hedged pays for a
+The race is :mod:`latencykit._race`'s (``lk.first``'s too): the primary runs in the caller's
+task and keeps running there when a backup starts; a call that is never hedged pays for a
 cancel scope and a timer, not for a task group.
 """
 
@@ -163,8 +161,8 @@ class _Attempts(Race):
                     events.HedgeWon(self.call_id, attempt=self.won + 1, attempts=len(self.starts))
                 )
             return self.winner
-        failures = sorted((lost.index, lost.error) for lost in self.lost if lost.error is not None)
-        errors = [error for _, error in failures]
+        by_attempt = sorted(self.lost, key=lambda lost: lost.index)
+        errors = [lost.error for lost in by_attempt if lost.error is not None]
         fatal = [error for error in errors if not self.policy._handles(error)]
         raised = (fatal or errors)[0]
         attach_others(raised, [error for error in errors if error is not raised])
