@@ -32,8 +32,7 @@ logger = logging.getLogger("latencykit")
 
 _CLOSE_GRACE = 5.0  # seconds closing an unwanted result may take before we move on
 
-Reason = Literal["delay", "failure"]
-"""Why a contender starts: its delay ran out, or a contender failed (or was rejected)."""
+Reason = Literal["delay", "failure"]  # why a contender starts: a delay ran out, or one failed
 
 
 async def close(values: Iterable[object]) -> None:
@@ -148,9 +147,8 @@ class Race:
         return True
 
     def first_failed(self, started: float, error: Exception) -> None:
-        """Contender 0 already ran, from ``started``, and raised ``error``: start the next, and
-        then ``run(None)`` races the rest (a hedge runs its primary without a race until a
-        delay is known)."""
+        """Contender 0 already ran, from ``started``, and raised ``error``: ``run(None)`` races
+        the rest (a hedge runs its primary without a race while no delay is known)."""
         self.starts.append(started)
         self.answered = 1
         self._lose(0, error)
@@ -162,11 +160,9 @@ class Race:
             if first is not None:
                 self.starts.append(self.now())
                 self.running = 1
-                if self.delay == 0:
-                    while self._launch("delay"):
-                        pass
-                else:
-                    self._arm()
+                while self.delay == 0 and self._launch("delay"):
+                    pass  # all at once
+                self._arm()
                 with self.scope(deadline=self.deadline) as self.host:
                     await self._contend(0, first)
                 self.host = None

@@ -454,36 +454,31 @@ async def first(
     started = len(race.starts)
     if started < len(awaitables):  # a stagger, or ``within``, left sources unstarted
         _close_unstarted(awaitables)
-    if race.won >= 0:
-        if events.listening():
-            shown = _outcomes(race, len(awaitables))
-            shown[race.won] = race.winner
-            _ended("first", race.now() - race.starts[0], shown)
+    if race.won >= 0 and not events.listening():
         return race.winner  # type: ignore[no-any-return]
-    # No winner: every source failed or was rejected, or ``within`` ran out.
     ended = race.now()
-    outcomes: list[Missing] = [
-        TimedOut(elapsed=ended - race.starts[i] if i < started else 0.0)
-        if outcome is _PENDING
-        else outcome
-        for i, outcome in enumerate(_outcomes(race, len(awaitables)))
-    ]
-    if events.listening():
-        _ended("first", ended - race.starts[0], outcomes)
-    failures = _failures(outcomes)
-    raise NoAcceptableResult(outcomes) from (failures[0] if failures else None)
-
-
-def _outcomes(race: Race, count: int) -> list[Any]:
-    """A marker per source that failed or was rejected; ``_PENDING`` for the others."""
-    outcomes: list[Any] = [_PENDING] * count
+    outcomes: list[Any] = [_PENDING] * len(awaitables)
     for lost in race.lost:
         outcomes[lost.index] = (
             Rejected(value=lost.value, elapsed=lost.elapsed)
             if lost.error is None
             else Failed(error=lost.error, elapsed=lost.elapsed)
         )
-    return outcomes
+    if race.won >= 0:
+        outcomes[race.won] = race.winner
+        _ended("first", ended - race.starts[0], outcomes)
+        return race.winner  # type: ignore[no-any-return]
+    # No winner: every source failed or was rejected, or ``within`` ran out.
+    outcomes = [
+        TimedOut(elapsed=ended - race.starts[i] if i < started else 0.0)
+        if outcome is _PENDING
+        else outcome
+        for i, outcome in enumerate(outcomes)
+    ]
+    if events.listening():
+        _ended("first", ended - race.starts[0], outcomes)
+    failures = _failures(outcomes)
+    raise NoAcceptableResult(outcomes) from (failures[0] if failures else None)
 
 
 def _ended(kind: Literal["gather", "first"], elapsed: float, slots: Sequence[object]) -> None:

@@ -107,9 +107,8 @@ def quantile(
 
 
 class _Attempts(Race):
-    """The attempts of one hedged call, raced by :class:`~latencykit._race.Race`: the hedge
-    decides where each backup goes, whether the budget and the deadline allow it, which errors
-    stop the race, and what is raised when every attempt fails."""
+    """The attempts of one hedged call as a :class:`~latencykit._race.Race`: where each backup
+    goes, whether budget and deadline allow it, what stops the race, what is raised at the end."""
 
     __slots__ = ("call", "call_id", "next", "policy", "ttft")
 
