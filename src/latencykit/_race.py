@@ -212,9 +212,9 @@ class Race:
             self._wake()
 
     def _take(self, index: int, result: Any) -> bool:
-        """Whether ``result`` wins; otherwise it is to be closed."""
+        """Whether ``result`` wins (or is the winner's own object); otherwise it is closed."""
         if self.stopped:
-            return False  # too late: decided already
+            return result is self.winner  # too late: decided already
         accept = self.accept
         if accept is not None:
             try:
