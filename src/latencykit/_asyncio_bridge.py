@@ -148,12 +148,14 @@ class BridgedStream:
         "_wakeup",
         "_woken",
         "chunk_reader",
+        "ready_at",
     )
 
     def __init__(self, source: AsyncIterator[Any]) -> None:
         import trio
 
         self.chunk_reader = getattr(source, "chunk_reader", None)
+        self.ready_at: float | None = getattr(source, "ready_at", None)  # as the source's
         self._token = trio.lowlevel.current_trio_token()
         self._loop = loop = _shared_loop()
         self._items: deque[Any] = deque()
