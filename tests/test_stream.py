@@ -604,9 +604,11 @@ async def test_keepalives_and_empty_deltas_do_not_hide_a_stall(fake: FakeProvide
     assert info.value.partial_text == "tok0 tok1 tok2"
 
 
-async def test_the_stall_guard_fires_before_the_http_read_timeout(fake: FakeProvider) -> None:
-    """A stall limit equal to the attempt timeout: the stall is a StreamStalled every time
-    (the read timeout, which would say AttemptTimeout, waits a grace longer)."""
+async def test_a_stall_is_stream_stalled_whether_the_guard_or_the_read_timeout_fires(
+    fake: FakeProvider,
+) -> None:
+    """A stall limit equal to the attempt timeout: the two race, and the stall is a
+    StreamStalled every time (a stream's read timeout is the silence the guard watches for)."""
     fake.script("stalls", Behavior(fault=Fault.STALL, stall_after=3, output_tokens=8))
     llm = make_llm(fake, "stalls", timeout=0.4, stream_guard=lk.StreamGuard(stall=0.4))
     for _ in range(3):

@@ -40,7 +40,15 @@ from .target import without_credentials
 if TYPE_CHECKING:
     from .target import Target
 
-__all__ = ["HTTPError", "OpenAIChunks", "Request", "client", "complete"]
+__all__ = [
+    "HTTPError",
+    "OpenAIChunks",
+    "Request",
+    "client",
+    "complete",
+    "has_client",
+    "open_connection",
+]
 
 DEFAULT_BASE = "https://api.openai.com/v1"
 # litellm arguments that are not part of the request body.
@@ -84,6 +92,23 @@ def client() -> httpx.AsyncClient:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
         found = _clients[key] = httpx.AsyncClient(limits=limits, timeout=None)
     return found
+
+
+def has_client() -> bool:
+    """Whether this event loop's shared client exists (building the first one imports
+    httpcore and makes an SSL context: ~0.1 s)."""
+    return _loop_key() in _clients
+
+
+async def open_connection(target: Target, timeout: float) -> None:
+    """Open a keep-alive connection to ``target``'s host in the shared client, without a
+    completion (it would cost tokens): ``GET {api_base}/models`` with its key, whatever its
+    status, read to the end so that the connection goes back to the pool. Raises what
+    connecting raised (refused, timed out after ``timeout`` seconds, ...)."""
+    request = Request(target, timeout, {})
+    url = request.url.removesuffix("/chat/completions") + "/models"
+    headers = {k: v for k, v in request.headers.items() if k != "Content-Type"}
+    await client().get(url, headers=headers, timeout=request.timeout)
 
 
 class Request:
@@ -199,6 +224,7 @@ class OpenAIChunks:
         "_target",
         "_typed",
         "malformed",
+        "ready_at",
     )
 
     def __init__(self, request: Request, target: Target, secrets: tuple[str, ...]) -> None:
@@ -215,6 +241,9 @@ class OpenAIChunks:
         self._typed = True  # events decode as typed Chunks until one does not fit
         self._sample: bytes | None = b""  # the body's start, until an event arrives
         self.malformed = 0
+        # When the source was ready to send its request, if set-up came first (LLM: the loop's
+        # first client); the attempt's first-token clock starts there.
+        self.ready_at: float | None = None
 
     def __aiter__(self) -> OpenAIChunks:
         return self

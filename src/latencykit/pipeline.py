@@ -420,13 +420,17 @@ async def _open_stream(
             f"a streaming call must produce an async iterator; {call.target.key} gave {source!r}"
         )
     first_token, stall = guard.limits(call.target)
+    # A source that did set-up of its own before its request (LLM's: litellm's first call of a
+    # model, the loop's first HTTP client) says when it was ready (``ready_at``): the client's
+    # set-up is not the provider's first-token time. The attempt's own start stays where it was.
+    ready_at = getattr(source, "ready_at", None)
     stream: Stream[Any] = Stream(
         source,
         reader=getattr(source, "chunk_reader", ANY_ITEM),
         first_token=first_token,
         stall=stall,
         deadline=deadline_var.get(),
-        started=started,
+        started=started if ready_at is None else ready_at,
         target=call.target.key,
         trace=trace,
         attempt=number,

@@ -284,12 +284,28 @@ class Stream(_ClosedOnExit, Generic[T]):
 
     def _wrapped(self, error: Exception) -> Exception:
         wrap = self._wrap_error
-        if wrap is None:
-            return error
-        wrapped = wrap(error)
+        wrapped = error if wrap is None else wrap(error)
+        if type(wrapped) is _attempt_timeout():
+            # The HTTP read timeout of a stream is the silence the guards watch for, whichever
+            # fires first: before the first content chunk a first-token timeout, after it a stall.
+            wrapped = self._silence(wrapped)
         if wrapped is not error:
             wrapped.__cause__ = error
         return wrapped
+
+    def _silence(self, timeout: Exception) -> Exception:
+        from .errors import FirstTokenTimeout, StreamStalled
+
+        quiet = self._now() - self._last_at
+        if not self._committed:
+            return FirstTokenTimeout(
+                f"no content chunk within {quiet:.3g}s (the read timeout)", target=self.target
+            )
+        return StreamStalled(
+            f"no content chunk for {quiet:.3g}s after {self.chunks} chunks (the read timeout)",
+            target=self.target,
+            reason="stall",
+        )
 
     def __repr__(self) -> str:
         return f"<latencykit.Stream {self.target!r} {self.outcome}, {self.chunks} chunks>"
@@ -727,6 +743,12 @@ class Stream(_ClosedOnExit, Generic[T]):
         _attach_partial(error, self)
         await self._end("error", error)
         raise error
+
+
+def _attempt_timeout() -> type[Exception]:
+    from .errors import AttemptTimeout
+
+    return AttemptTimeout
 
 
 def _recoverable(error: Exception) -> bool:
