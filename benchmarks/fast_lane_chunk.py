@@ -43,7 +43,7 @@ async def body() -> AsyncIterator[bytes]:
 
 def source() -> Any:
     """An ``OpenAIChunks`` reading the body from memory (as if its response had opened)."""
-    request = _openai.Request(TARGET, 60, {"messages": [], "stream": True})
+    request = _openai.Request(TARGET, 60, {"messages": [], "stream": True}, _openai.Clients())
     chunks = _openai.OpenAIChunks(request, TARGET, ())
     chunks._body = body()
     return chunks

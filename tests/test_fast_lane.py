@@ -385,3 +385,15 @@ async def test_a_slow_consumer_of_events_read_at_once_is_not_taken_for_a_stall()
     assert texts == [f"t{i}" for i in range(9)] + [None]
     assert stream.outcome == "ok"
     assert max(stream.gaps[:5]) < 0.05  # the six arrived together: gaps of the provider's
+
+
+async def test_an_llm_closes_the_connections_it_opened(fake: FakeProvider) -> None:
+    """``async with lk.LLM(...)`` (``aclose()``) closes its pooled connections: the server
+    sees them go. A later call opens a new one."""
+    async with fast(fake) as llm:
+        await llm.acompletion(messages=MESSAGES)
+        assert fake.open_connections == 1
+    await fake.wait_for_async(lambda _: fake.open_connections == 0, 3.0)
+    await llm.acompletion(messages=MESSAGES)
+    assert fake.connections_opened == 2
+    await llm.aclose()

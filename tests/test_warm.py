@@ -126,10 +126,10 @@ async def main():
         llm = lk.LLM("openai/m", api_base=fake.base_url, api_key="sk-x", transport=transport)
         if warm == "warm":
             await llm.warm()
-            from latencykit import _litellm, _openai
+            from latencykit import _litellm
 
             # What the first call would otherwise set up first.
-            assert _openai.has_client() if transport == "openai" else _litellm.is_set_up("openai/m")
+            assert llm._http.ready() if transport == "openai" else _litellm.is_set_up("openai/m")
         stream = await llm.acompletion(messages=[{"role": "user", "content": "hi"}], stream=True)
         async with stream:
             async for _ in stream:

@@ -40,15 +40,7 @@ from .target import without_credentials
 if TYPE_CHECKING:
     from .target import Target
 
-__all__ = [
-    "HTTPError",
-    "OpenAIChunks",
-    "Request",
-    "client",
-    "complete",
-    "has_client",
-    "open_connection",
-]
+__all__ = ["Clients", "HTTPError", "OpenAIChunks", "Request", "complete", "open_connection"]
 
 DEFAULT_BASE = "https://api.openai.com/v1"
 # litellm arguments that are not part of the request body.
@@ -67,9 +59,7 @@ _NOT_SENT = frozenset(
         "litellm_metadata",
     }
 )
-# --- the shared client ----------------------------------------------------------------------
-
-_clients: weakref.WeakKeyDictionary[object, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+# --- the clients --------------------------------------------------------------------------------
 
 
 def _loop_key() -> object:
@@ -84,31 +74,49 @@ def _loop_key() -> object:
     return asyncio.get_running_loop()
 
 
-def client() -> httpx.AsyncClient:
-    """The event loop's shared client: one connection pool per loop (HTTP/1.1 keep-alive)."""
-    key = _loop_key()
-    found = _clients.get(key)
-    if found is None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        found = _clients[key] = httpx.AsyncClient(limits=limits, timeout=None)
-    return found
+class Clients:
+    """The fast lane's HTTP clients of one owner (an :class:`~latencykit.LLM`): a connection
+    pool (HTTP/1.1 keep-alive) per event loop, built on the first request made on that loop,
+    closed by :meth:`aclose`."""
+
+    __slots__ = ("_by_loop",)
+
+    def __init__(self) -> None:
+        self._by_loop: weakref.WeakKeyDictionary[object, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self) -> httpx.AsyncClient:
+        """This event loop's client (building the first one imports httpcore and makes an SSL
+        context: ~0.1 s)."""
+        key = _loop_key()
+        found = self._by_loop.get(key)
+        if found is None:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+            found = self._by_loop[key] = httpx.AsyncClient(limits=limits, timeout=None)
+        return found
+
+    def ready(self) -> bool:
+        """Whether this event loop's client exists."""
+        return _loop_key() in self._by_loop
+
+    async def aclose(self) -> None:
+        """Close this event loop's client and its connections (a client of another loop
+        closes with its loop). A later request builds a new one."""
+        found = self._by_loop.pop(_loop_key(), None)
+        if found is not None:
+            await found.aclose()
 
 
-def has_client() -> bool:
-    """Whether this event loop's shared client exists (building the first one imports
-    httpcore and makes an SSL context: ~0.1 s)."""
-    return _loop_key() in _clients
-
-
-async def open_connection(target: Target, timeout: float) -> None:
-    """Open a keep-alive connection to ``target``'s host in the shared client, without a
+async def open_connection(target: Target, timeout: float, clients: Clients) -> None:
+    """Open a keep-alive connection to ``target``'s host in ``clients``' client, without a
     completion (it would cost tokens): ``GET {api_base}/models`` with its key, whatever its
     status, read to the end so that the connection goes back to the pool. Raises what
     connecting raised (refused, timed out after ``timeout`` seconds, ...)."""
-    request = Request(target, timeout, {})
+    request = Request(target, timeout, {}, clients)
     url = request.url.removesuffix("/chat/completions") + "/models"
     headers = {k: v for k, v in request.headers.items() if k != "Content-Type"}
-    await client().get(url, headers=headers, timeout=request.timeout)
+    await clients.get().get(url, headers=headers, timeout=request.timeout)
 
 
 class Request:
@@ -120,9 +128,12 @@ class Request:
     send them as Basic auth in place of the key).
     """
 
-    __slots__ = ("body", "headers", "timeout", "url")
+    __slots__ = ("body", "clients", "headers", "timeout", "url")
 
-    def __init__(self, target: Target, timeout: float, kwargs: Mapping[str, Any]) -> None:
+    def __init__(
+        self, target: Target, timeout: float, kwargs: Mapping[str, Any], clients: Clients
+    ) -> None:
+        self.clients = clients
         base = target.api_base or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE
         self.url = f"{without_credentials(base).rstrip('/')}/chat/completions"
         key = target.api_key or os.environ.get("OPENAI_API_KEY")
@@ -143,7 +154,7 @@ class Request:
         self.timeout = httpx.Timeout(timeout)
 
     def send(self, stream: bool) -> Awaitable[httpx.Response]:
-        http = client()
+        http = self.clients.get()
         request = http.build_request(
             "POST", self.url, content=self.body, headers=self.headers, timeout=self.timeout
         )
@@ -162,9 +173,11 @@ def _error_of(response: httpx.Response, raw: bytes, secret: str | None) -> HTTPE
     return HTTPError(message, response.status_code, body, response)
 
 
-async def complete(target: Target, timeout: float, kwargs: Mapping[str, Any]) -> Any:
+async def complete(
+    target: Target, timeout: float, kwargs: Mapping[str, Any], clients: Clients
+) -> Any:
     """One non-streaming attempt: the provider's answer as a litellm ``ModelResponse``."""
-    request = Request(target, timeout, kwargs)
+    request = Request(target, timeout, kwargs, clients)
     response = await request.send(stream=False)
     if response.status_code >= 400:
         raise _error_of(response, response.content, target.api_key)

@@ -473,6 +473,7 @@ class LLM:
         keys = [t.key for t in self.targets]
         if len(set(keys)) != len(keys):
             raise ValueError(f"LLM targets must have distinct names, got {keys}")
+        self._http = _openai.Clients()  # the fast lane's connection pools: closed by aclose()
         self._secrets = tuple(t.api_key for t in self.targets if t.api_key)
         if degrade is not None and isinstance(degrade.overrides.get("api_key"), str):
             self._secrets += (degrade.overrides["api_key"],)
@@ -563,6 +564,20 @@ class LLM:
         from .config import _from_config
 
         return _from_config(source, env_prefix=env_prefix)
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections this ``LLM`` opened on this event loop (its fast-lane
+        targets' pool). A later call opens new ones. litellm's own clients (the litellm lane)
+        are litellm's, shared by every caller in the process, and are left open.
+
+        ``async with lk.LLM(...) as llm:`` closes them at the end of the block."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> LLM:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     def to_config(self) -> dict[str, Any]:
         """This ``LLM``'s configuration, as plain data :meth:`from_config` takes back (options
@@ -660,9 +675,9 @@ class LLM:
             started = now()
             try:
                 if target.transport == "openai":
-                    _openai.client()
+                    self._http.get()
                     if connect:
-                        await _openai.open_connection(target, limit)
+                        await _openai.open_connection(target, limit, self._http)
                 else:
                     arguments = target.litellm_arguments(self.timeout)
                     await _on_asyncio(_litellm.warm(arguments, connect=connect, timeout=limit))
@@ -799,10 +814,10 @@ class LLM:
             self._cap(target, kwargs, streaming=True)
         timeout = self.timeout if target.timeout is None else target.timeout
         if target.transport == "openai":
-            request = _openai.Request(target, timeout, {**kwargs, "stream": True})
+            request = _openai.Request(target, timeout, {**kwargs, "stream": True}, self._http)
             chunks = _openai.OpenAIChunks(request, target, self._secrets)
-            if not _openai.has_client():
-                _openai.client()
+            if not self._http.ready():
+                self._http.get()
                 chunks.ready_at = now()
             return chunks
         arguments = target.litellm_arguments(self.timeout, kwargs)
@@ -832,7 +847,7 @@ class LLM:
         try:
             if target.transport == "openai":
                 timeout = self.timeout if target.timeout is None else target.timeout
-                response = await _openai.complete(target, timeout, kwargs)
+                response = await _openai.complete(target, timeout, kwargs, self._http)
             else:
                 if not is_set_up(target.model):
                     # litellm's one-time set-up, apart: a cancel landing in a real call's
