@@ -285,7 +285,7 @@ class Stream(_ClosedOnExit, Generic[T]):
     def _wrapped(self, error: Exception) -> Exception:
         wrap = self._wrap_error
         wrapped = error if wrap is None else wrap(error)
-        if type(wrapped) is _attempt_timeout():
+        if type(wrapped) is _attempt_timeout() and wrapped.status_code is None:  # type: ignore[attr-defined]
             # The HTTP read timeout of a stream is the silence the guards watch for, whichever
             # fires first: before the first content chunk a first-token timeout, after it a stall.
             wrapped = self._silence(wrapped)
