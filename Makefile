@@ -23,6 +23,7 @@ test: lint typecheck unit
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -44,4 +45,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache lab-results.json site
+	rm -rf $(VENV) .mypy_cache .ruff_cache .import_linter_cache .pytest_cache lab-results.json site
