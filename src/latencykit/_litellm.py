@@ -317,10 +317,12 @@ class LitellmChunks:
     """
 
     __slots__ = (
+        "_answer",
         "_arguments",
         "_closed",
         "_content_type",
         "_loop",
+        "_parser",
         "_secrets",
         "_target",
         "_wrapper",
@@ -332,7 +334,12 @@ class LitellmChunks:
         self._arguments = arguments
         self._target = target
         self._secrets = secrets
-        self._wrapper: Any = None
+        self._wrapper: Any = None  # litellm's stream while open
+        # What the stream's judgement reads, kept past the close (a reader may lag behind:
+        # on trio the bridge's pump runs ahead and closes the source first): litellm's
+        # stream wrapper and the parser under it (litellm drops it at the end).
+        self._answer: Any = None
+        self._parser: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._content_type = ""  # the answer's, once open
@@ -367,13 +374,14 @@ class LitellmChunks:
         self._loop = asyncio.get_running_loop()
         token = _quiet.set(True)
         try:
-            wrapper = self._wrapper = await litellm().acompletion(
+            wrapper = self._wrapper = self._answer = await litellm().acompletion(
                 **self._arguments, stream=True, max_retries=0
             )
             try:
                 return await wrapper.__anext__()
-            finally:  # litellm drops its response at the stream's end: what it was is kept
-                response = getattr(wrapper.completion_stream, "response", None)
+            finally:  # litellm drops its parser at the stream's end: what it was is kept
+                self._parser = wrapper.completion_stream
+                response = getattr(self._parser, "response", None)
                 kind = getattr(response, "headers", {}).get("content-type", "")
                 self._content_type = kind if isinstance(kind, str) else ""
         finally:
@@ -382,7 +390,7 @@ class LitellmChunks:
     def wrap_error(self, error: Exception) -> Exception:
         """What ``error``, raised by :meth:`pull`, means to latencykit (keys scrubbed)."""
         wrapped = stream_error(
-            error, target=self._target.key, secrets=self._secrets, opened=self._wrapper is not None
+            error, target=self._target.key, secrets=self._secrets, opened=self._answer is not None
         )
         # litellm >= 1.110 raises this itself where older ones made up a finish reason
         # (see finished()): either way the provider's connection was cut.
@@ -395,8 +403,7 @@ class LitellmChunks:
         makes one up for a cut connection (its ``received_finish_reason`` stays ``None``), and
         its Gemini parser puts ``"stop"`` on every chunk (the provider's own ``finishReason``
         is recorded by :func:`_record_gemini_finish`)."""
-        wrapper = self._wrapper
-        parser = getattr(wrapper, "completion_stream", None)
+        wrapper, parser = self._answer, self._parser
         if getattr(type(parser), "chunk_parser", None) is _gemini_parser:
             return getattr(parser, _GEMINI_FINISH, None) is not None
         return (
@@ -407,7 +414,7 @@ class LitellmChunks:
     def reported_usage(self) -> bool:
         """Whether the provider sent usage: litellm ends a stream with a usage chunk of its own,
         its tokenizer's estimate, when the provider sent none."""
-        chunks = getattr(self._wrapper, "chunks", None)
+        chunks = getattr(self._answer, "chunks", None)
         if not isinstance(chunks, list):
             return True  # a litellm that keeps no chunks: take its word
         return any(getattr(kept, "usage", None) is not None for kept in chunks)
