@@ -457,6 +457,7 @@ EMFILE_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_running_out_of_file_descriptors_says_so_and_spares_the_breaker() -> None:
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}

@@ -213,6 +213,7 @@ async def test_all_targets_failing_raise_the_primary_error_with_the_others(
     assert [a.target for a in info.value.attempts] == ["openai/primary", "openai/secondary"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 async def test_flapping_primary_opens_probes_and_closes_the_breaker(
     fake_provider: FakeProvider,

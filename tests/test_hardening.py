@@ -231,6 +231,7 @@ print(before, gc.get_freeze_count())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("setting", [None, "0"])
 def test_the_heap_is_frozen_after_litellm_is_imported_unless_opted_out(

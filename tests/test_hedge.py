@@ -404,6 +404,7 @@ async def test_an_adaptive_hedge_covers_the_first_hang_after_a_light_tail() -> N
     assert attempt.attempts == 32
 
 
+@pytest.mark.slow
 async def test_llm_adaptive_hedge_answers_a_hang_after_a_light_tail(
     fake_provider: FakeProvider,
 ) -> None:

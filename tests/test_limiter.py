@@ -630,6 +630,7 @@ def p99(samples: list[float]) -> float:
     return statistics.quantiles(samples, n=100, method="inclusive")[98]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_a_noisy_tenant_does_not_raise_a_quiet_tenants_p99(fake: FakeProvider) -> None:
     """Two tenants through one limiter; the noisy one sends ten times the quiet one's load,

@@ -280,6 +280,7 @@ async def test_hedge_wins_and_the_loser_connection_is_closed(fake: FakeProvider)
     assert slow.disconnected_at - returned_at <= 0.05
 
 
+@pytest.mark.slow
 async def test_hedged_calls_leave_no_connection_open(fake: FakeProvider) -> None:
     def one_in_four_slow(request: RequestInfo) -> Behavior:
         return Behavior(ttft=0.4 if request.nth % 4 == 0 else 0.0, output_tokens=2)

@@ -690,6 +690,7 @@ async def test_done_without_a_finish_reason_is_a_cut(fake: FakeProvider) -> None
     assert info.value.reason == "cut" and info.value.partial_text == "tok0 tok1 tok2"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_many_mixed_streams_leave_no_task_nor_connection_behind(fake: FakeProvider) -> None:
     fake.script("ok", Behavior(output_tokens=6))
