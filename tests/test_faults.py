@@ -17,13 +17,6 @@ pytestmark = pytest.mark.anyio
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_breakers() -> Iterator[None]:
-    lk.policies.breaker.reset_breakers()
-    yield
-    lk.policies.breaker.reset_breakers()
-
-
 LANE = "litellm"  # the transport of every target these tests make (see the lane fixture)
 
 

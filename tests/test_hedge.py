@@ -6,14 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import random
-import selectors
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import anyio
 import pytest
-import trio.testing
 
 import latencykit as lk
 from latencykit.testing import Behavior, FakeProvider, Fault, Latency
@@ -251,46 +248,6 @@ def test_invalid_options_are_rejected_naming_the_field(
 # --- the adaptive delay under hedging (virtual time) ----------------------------------------
 
 
-class _JumpingSelector(selectors.DefaultSelector):
-    """A selector that, instead of sleeping until the next timer, moves the loop's clock there."""
-
-    loop: VirtualTimeLoop
-
-    def select(self, timeout: float | None = None) -> list[Any]:
-        ready = super().select(0)
-        if not ready and timeout is not None and timeout > 0:
-            self.loop.now += timeout
-        elif not ready and timeout is None:
-            ready = super().select(None)
-        return ready
-
-
-class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """asyncio on virtual time: when every task waits for a timer, the clock jumps to it (what
-    trio's ``MockClock(autojump_threshold=0)`` does). Fine for tests without I/O."""
-
-    def __init__(self) -> None:
-        selector = _JumpingSelector()
-        super().__init__(selector)
-        selector.loop = self
-        self.now = 0.0
-
-    def time(self) -> float:
-        return self.now
-
-
-def on_virtual_time() -> pytest.MarkDecorator:
-    return pytest.mark.parametrize(
-        "anyio_backend",
-        [
-            pytest.param(("asyncio", {"loop_factory": VirtualTimeLoop}), id="asyncio"),
-            pytest.param(
-                ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)}), id="trio"
-            ),
-        ],
-    )
-
-
 class Bimodal:
     """Every attempt draws its latency: 85 % take 50-100 ms, 15 % take 2-6 s; but the first
     ``fast_first`` are all fast (the warm-up saw no slow call: the delay starts low)."""
@@ -307,7 +264,7 @@ class Bimodal:
         return "ok"
 
 
-@on_virtual_time()
+@pytest.mark.virtual_time
 async def test_a_bimodal_latency_gets_a_delay_above_the_fast_group() -> None:
     # The slow 15 % hold the p90 (about 2.7 s). Once hedging starts, a slow primary is cut off
     # when its backup answers; counted as censored (slower than the time it ran), not as a
@@ -338,7 +295,7 @@ async def test_a_bimodal_latency_gets_a_delay_above_the_fast_group() -> None:
     assert above >= 0.85 * 800
 
 
-@on_virtual_time()
+@pytest.mark.virtual_time
 async def test_a_hang_that_outlives_every_attempt_cannot_raise_the_delay_for_good() -> None:
     policy = lk.hedge(lk.quantile(0.9, min_samples=5), max_extra_load=10.0)
     hang = False
@@ -379,7 +336,7 @@ class HangsOnce:
         return number
 
 
-@on_virtual_time()
+@pytest.mark.virtual_time
 async def test_an_adaptive_hedge_covers_the_first_hang_after_a_light_tail() -> None:
     # 30 calls of 45-73 ms: a light tail (no call took longer than the p90 plus the fastest),
     # so no hedge is due at call start; the 31st call's primary hangs. While it runs, it

@@ -19,11 +19,6 @@ MESSAGES = [{"role": "user", "content": "is this spam?"}]
 SECRET = "sk-routing-secret-0123456789"
 
 
-@pytest.fixture
-def fake(fake_provider: FakeProvider) -> FakeProvider:
-    return fake_provider
-
-
 def target(fake: FakeProvider, model: str, **fields: Any) -> dict[str, Any]:
     return {"model": f"openai/{model}", "api_base": fake.base_url, "api_key": SECRET, **fields}
 
