@@ -23,11 +23,6 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 SECRET = "sk-fast-lane-secret-0123456789"
 
 
-@pytest.fixture
-def fake(fake_provider: FakeProvider) -> FakeProvider:
-    return fake_provider
-
-
 def fast(fake: FakeProvider, model: str = "primary", **options: Any) -> lk.LLM:
     return lk.LLM(
         f"openai/{model}", api_base=fake.base_url, api_key=SECRET, transport="openai", **options
