@@ -24,7 +24,7 @@ import anyio
 from fast_lane_throughput import SERVER
 
 from latencykit import _openai
-from latencykit._openai_chunks import OPENAI_CHUNKS, decode_chunk
+from latencykit.chunks import OPENAI_CHUNKS, decode_chunk
 from latencykit.stream import _NOTHING, Stream
 from latencykit.target import Target
 
@@ -122,7 +122,7 @@ def one_event() -> None:
     events the schema does not fit, and the only one before 2026-11-25), then its text read."""
     import timeit
 
-    from latencykit._openai_chunks import Node, decode_node
+    from latencykit.chunks import Node, decode_node
 
     event = _scope["EVENTS"][500][6:-2]  # the JSON of one text chunk
     typed: Callable[[bytes], Any] = decode_chunk

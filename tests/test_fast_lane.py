@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 import latencykit as lk
-from latencykit._openai_chunks import Chunk, Node
+from latencykit.chunks import Chunk, Node
 from latencykit.testing import Behavior, FakeProvider, Fault, RequestInfo
 
 pytestmark = pytest.mark.anyio
@@ -198,7 +198,7 @@ TOOL_EVENT = (
 
 def both_kinds(raw: bytes) -> list[Any]:
     """The event as a typed Chunk and as a Node (the form for events the schema does not fit)."""
-    from latencykit._openai_chunks import decode_chunk, decode_node
+    from latencykit.chunks import decode_chunk, decode_node
 
     return [decode_chunk(raw), Node(decode_node(raw))]
 
@@ -235,7 +235,7 @@ def test_typed_chunks_and_nodes_read_the_same() -> None:
 
 def test_a_node_keeps_what_the_typed_schema_does_not_name() -> None:
     raw = TOOL_EVENT.replace(b'"model":"m"', b'"model":"m","x_extra":[[{"k":1}]]')
-    from latencykit._openai_chunks import decode_chunk, decode_node
+    from latencykit.chunks import decode_chunk, decode_node
 
     node = Node(decode_node(raw))
     assert node.x_extra[0][0].k == 1 and node == msgspec.json.decode(raw)

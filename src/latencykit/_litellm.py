@@ -15,7 +15,7 @@ import types
 from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._openai_chunks import delta_content
+from .chunks import delta_content
 from .errors import StreamBroken, malformed_answer, stream_error
 
 if TYPE_CHECKING:
@@ -246,7 +246,7 @@ class _LitellmChunkReader:
     """Reads litellm's ``ModelResponseStream`` chunks for a :class:`~latencykit.Stream`.
 
     Content is judged by the one content rule
-    (:func:`~latencykit._openai_chunks.delta_content`), read from pydantic's extra fields. A
+    (:func:`~latencykit.chunks.delta_content`), read from pydantic's extra fields. A
     reader bound to its stream's :class:`LitellmChunks` (``source``) also keeps litellm's own
     inventions out: a finish reason litellm made up (for a cut connection, or on every chunk of
     a Gemini stream) is no finish, and a usage chunk litellm estimated with its tokenizer (the

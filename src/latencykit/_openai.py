@@ -7,7 +7,7 @@ on a shared ``httpx.AsyncClient`` (per event loop, keep-alive pool): the JSON bo
 either the response (a litellm ``ModelResponse``, as litellm returns) or the SSE events, split
 from the body's bytes and each decoded once (msgspec, from bytes) into a typed chunk with
 attribute access (``chunk.choices[0].delta.content``, and what ``litellm.stream_chunk_builder``
-reads; see :mod:`latencykit._openai_chunks`). It runs natively on asyncio and trio (no bridge).
+reads; see :mod:`latencykit.chunks`). It runs natively on asyncio and trio (no bridge).
 Errors become the same typed :class:`~latencykit.ProviderError` s, classified from the status,
 the error's ``code``/``type`` and ``Retry-After``; keys are never shown.
 """
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import msgspec
 
-from ._openai_chunks import OPENAI_CHUNKS, Node, decode_chunk, decode_node
+from .chunks import OPENAI_CHUNKS, Node, decode_chunk, decode_node
 from .errors import (
     HTTPError,
     body_message,
@@ -209,8 +209,8 @@ def _answer(response: httpx.Response, target: Target) -> Any:
 
 class OpenAIChunks:
     """One streaming attempt on the fast lane, as an async iterator of chunks
-    (:mod:`latencykit._openai_chunks`: typed :class:`~latencykit._openai_chunks.Chunk` s, or
-    :class:`~latencykit._openai_chunks.Node` s for events the typed schema does not fit).
+    (:mod:`latencykit.chunks`: typed :class:`~latencykit.chunks.Chunk` s, or
+    :class:`~latencykit.chunks.Node` s for events the typed schema does not fit).
 
     Opened on the first ``__anext__``. The body is read as bytes and split into SSE events
     here; each event is decoded once; keep-alive comments, other fields and empty events are
@@ -272,7 +272,7 @@ class OpenAIChunks:
     def read_nowait(self) -> Any:
         """The next chunk among the events already received, decoded and read as the
         :class:`~latencykit.Stream` reads it: ``(chunk, text, finish_reason)`` (see
-        :data:`~latencykit._openai_chunks.OPENAI_CHUNKS`); else the stream module's
+        :data:`~latencykit.chunks.OPENAI_CHUNKS`); else the stream module's
         ``_NOTHING`` (then :meth:`pull` reads on). Raises an error event's error."""
         events = self._events
         while events:

@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 from . import events
 from ._cancel import Expired as _Expired
 from ._cancel import Watchdog, backend, loop_clock
-from ._openai_chunks import OPENAI_CHUNKS, Node
 from ._response import Summary
 from ._response import summary as _summary
+from .chunks import OPENAI_CHUNKS, Node
 
 if TYPE_CHECKING:
     from ._context import Trace
@@ -74,7 +74,7 @@ class ChunkReader(Protocol):
 class _AnyItem:
     """Items of any async iterator, read by their shape: a chat-completion chunk (an object or
     a mapping with ``choices``: litellm's, the OpenAI SDK's, the fast lane's, a dict) by the
-    one content rule (:func:`~latencykit._openai_chunks.delta_content`: a role-only chunk or
+    one content rule (:func:`~latencykit.chunks.delta_content`: a role-only chunk or
     an empty delta is not content), a string when it is not empty, anything else always. The
     end of iteration completes them (no finish is required)."""
 
@@ -94,7 +94,7 @@ class _AnyItem:
 
 def _chat_chunk(item: Any) -> Any:
     """``item`` as a chat-completion chunk with attribute access, or ``None`` if it is not
-    one (a dict is read through a :class:`~latencykit._openai_chunks.Node`)."""
+    one (a dict is read through a :class:`~latencykit.chunks.Node`)."""
     if getattr(item, "choices", None) is not None:
         return item
     if isinstance(item, dict) and "choices" in item:
