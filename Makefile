@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: demo test lint typecheck unit bench docs clean
+.PHONY: demo test test-fast lint typecheck unit unit-fast bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,17 +18,26 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/latencykit lab
 
+# `make test`: everything (about 10 minutes on a loaded 2-core machine). `make test-fast`: the
+# daily loop, the same without the tests marked `slow` (processes, soak-like loops, the docs
+# site and code blocks, lab runs).
 test: lint typecheck unit
+
+test-fast: lint typecheck unit-fast
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest
+
+unit-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
@@ -44,4 +53,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache lab-results.json site
+	rm -rf $(VENV) .mypy_cache .ruff_cache .import_linter_cache .pytest_cache lab-results.json site

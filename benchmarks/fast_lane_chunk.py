@@ -24,7 +24,7 @@ import anyio
 from fast_lane_throughput import SERVER
 
 from latencykit import _openai
-from latencykit._openai_chunks import OPENAI_CHUNKS, decode_chunk
+from latencykit.chunks import OPENAI_CHUNKS, decode_chunk
 from latencykit.stream import _NOTHING, Stream
 from latencykit.target import Target
 
@@ -43,7 +43,7 @@ async def body() -> AsyncIterator[bytes]:
 
 def source() -> Any:
     """An ``OpenAIChunks`` reading the body from memory (as if its response had opened)."""
-    request = _openai.Request(TARGET, 60, {"messages": [], "stream": True})
+    request = _openai.Request(TARGET, 60, {"messages": [], "stream": True}, _openai.Clients())
     chunks = _openai.OpenAIChunks(request, TARGET, ())
     chunks._body = body()
     return chunks
@@ -122,7 +122,7 @@ def one_event() -> None:
     events the schema does not fit, and the only one before 2026-11-25), then its text read."""
     import timeit
 
-    from latencykit._openai_chunks import Node, decode_node
+    from latencykit.chunks import Node, decode_node
 
     event = _scope["EVENTS"][500][6:-2]  # the JSON of one text chunk
     typed: Callable[[bytes], Any] = decode_chunk

@@ -113,9 +113,9 @@ KEY = "sk-bench-not-a-real-key"
 LANES = ("HTTP/1.1 (the fast lane's pool)", "HTTP/2 (h2c, one client)")
 
 
-def use(clients: dict[str, httpx.AsyncClient], lane: str) -> None:
-    """Make ``lane``'s client the fast lane's client on this event loop."""
-    _openai._clients[_openai._loop_key()] = clients[lane]
+def use(llm: lk.LLM, clients: dict[str, httpx.AsyncClient], lane: str) -> None:
+    """Make ``lane``'s client ``llm``'s fast-lane client on this event loop."""
+    llm._http._by_loop[_openai._loop_key()] = clients[lane]
 
 
 async def throughput(llm: lk.LLM, concurrency: int) -> float:
@@ -155,18 +155,17 @@ async def calls(llm: lk.LLM, concurrency: int, count: int) -> tuple[float, float
 
 async def main(quick: bool, rounds: int, count: int) -> None:
     with provider_process(SERVER) as base:
-        own = _openai.client()  # the fast lane's HTTP/1.1 client on this loop
+        llm = lk.LLM(
+            "openai/m", api_base=base, api_key=KEY, transport="openai", deadline=120, timeout=60
+        )
         clients = {
-            LANES[0]: own,
+            LANES[0]: llm._http.get(),  # the fast lane's HTTP/1.1 client on this loop
             LANES[1]: httpx.AsyncClient(
                 http1=False, http2=True, limits=httpx.Limits(max_connections=None), timeout=None
             ),
         }
-        llm = lk.LLM(
-            "openai/m", api_base=base, api_key=KEY, transport="openai", deadline=120, timeout=60
-        )
         for lane in LANES:  # warm each client and check that it speaks what it says
-            use(clients, lane)
+            use(llm, clients, lane)
             await throughput(llm, 2)
             response = await clients[lane].post(f"{base}/chat/completions", json={"model": "m"})
             print(f"   {lane}: the server answered over {response.http_version}")
@@ -179,7 +178,7 @@ async def main(quick: bool, rounds: int, count: int) -> None:
             samples: dict[str, list[float]] = {lane: [] for lane in LANES}
             for _ in range(rounds):
                 for lane in LANES:
-                    use(clients, lane)
+                    use(llm, clients, lane)
                     samples[lane].append(await throughput(llm, level))
             for lane in LANES:
                 rates[lane][level] = statistics.median(samples[lane])
@@ -192,14 +191,15 @@ async def main(quick: bool, rounds: int, count: int) -> None:
             measured: dict[str, list[tuple[float, float]]] = {lane: [] for lane in LANES}
             for _ in range(rounds):
                 for lane in LANES:
-                    use(clients, lane)
+                    use(llm, clients, lane)
                     measured[lane].append(await calls(llm, concurrency, count))
             for lane in LANES:
                 rate = statistics.median(r for r, _ in measured[lane])
                 cpu = statistics.median(c for _, c in measured[lane])
                 print(f"   {lane:<34}{concurrency:>8}{rate:>10,.0f}{cpu:>9,.0f} us")
-        use(clients, LANES[0])
+        use(llm, clients, LANES[0])
         await clients[LANES[1]].aclose()
+        await llm.aclose()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -48,13 +47,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-@pytest.fixture(autouse=True)
-def _empty_registry() -> Iterator[None]:
-    reset_breakers()
-    yield
-    reset_breakers()
 
 
 @pytest.fixture

@@ -31,11 +31,6 @@ pytestmark = pytest.mark.anyio
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture
-def fake(fake_provider: FakeProvider) -> FakeProvider:
-    return fake_provider
-
-
 def make_llm(fake: FakeProvider, cache: ResponseCache, model: str = "m", **options: Any) -> lk.LLM:
     return lk.LLM(
         f"openai/{model}", api_base=fake.base_url, api_key="sk-test", cache=cache, **options

@@ -7,7 +7,6 @@ chunk)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,13 +19,6 @@ pytestmark = pytest.mark.anyio
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 K = lk.ErrorKind
-
-
-@pytest.fixture(autouse=True)
-def _fresh_breakers() -> Iterator[None]:
-    lk.policies.breaker.reset_breakers()
-    yield
-    lk.policies.breaker.reset_breakers()
 
 
 def http(status: int, message: str | None = None, **fields: Any) -> Behavior:

@@ -43,11 +43,6 @@ def _key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LK_TEST_KEY", "sk-from-env-123")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_breakers() -> None:
-    reset_breakers()
-
-
 def test_a_full_config_builds_an_llm_and_comes_back_unchanged() -> None:
     llm = lk.LLM.from_config(FULL)
     assert llm.deadline == 12.5 and llm.timeout == 30.0

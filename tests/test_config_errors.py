@@ -19,11 +19,6 @@ from latencykit.config import LLMConfig
 from latencykit.policies.breaker import reset_breakers
 
 
-@pytest.fixture(autouse=True)
-def _fresh_breakers() -> None:
-    reset_breakers()
-
-
 def _error(path: Path, text: str | bytes) -> ValueError:
     """The error ``LLM.from_config`` raises for a file holding ``text``."""
     path.write_bytes(text.encode() if isinstance(text, str) else text)

@@ -9,7 +9,7 @@ import pytest
 
 import latencykit as lk
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.virtual_time]
 
 
 async def test_remaining_is_none_outside_any_deadline() -> None:

@@ -185,6 +185,7 @@ def run_pytest_module(block: Block, directory: Path) -> None:
     assert done.returncode == 0, f"{block.id}: pytest failed\n{done.stdout}\n{done.stderr}"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)  # generous: a loaded 2-core machine imports litellm slowly
 @pytest.mark.parametrize("block", PYTHON, ids=lambda block: block.id)
 def test_python_block_runs(

@@ -93,6 +93,7 @@ def test_docstring_parsing() -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # importing the API for the reference takes a while on 2 cores
 def test_site_builds_strict(tmp_path: Path) -> None:
     mkdocs = mkdocs_or_skip()

@@ -13,7 +13,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -26,13 +26,6 @@ from latencykit.testing import Behavior, FakeProvider, Fault
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 K = lk.ErrorKind
-
-
-@pytest.fixture(autouse=True)
-def _fresh_breakers() -> Iterator[None]:
-    lk.policies.breaker.reset_breakers()
-    yield
-    lk.policies.breaker.reset_breakers()
 
 
 def answer(status: int, body: object = b"", headers: Mapping[str, str] | None = None) -> HTTPError:
@@ -457,6 +450,7 @@ EMFILE_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_running_out_of_file_descriptors_says_so_and_spares_the_breaker() -> None:
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocesses: each starts Python and imports litellm
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 

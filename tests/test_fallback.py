@@ -5,7 +5,7 @@ import pytest
 
 import latencykit as lk
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.virtual_time]
 
 
 async def test_fallback_after_timeout_cancels_the_primary() -> None:

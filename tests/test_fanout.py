@@ -11,7 +11,7 @@ import datetime
 import gc
 import time
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,15 +43,12 @@ UNTYPED_FIRST: Any = first
 
 
 @pytest.fixture
-async def fake(fake_provider: FakeProvider) -> AsyncIterator[FakeProvider]:
-    # Breakers are process-wide, keyed by target: start each test fresh.
-    lk.policies.breaker.reset_breakers()
+async def fake(fake_provider: FakeProvider) -> FakeProvider:
     # litellm's first request on a loop initialises its HTTP stack (up to seconds, blocking the
     # loop): do it here, not inside a test that times a budget.
     await make_llm(fake_provider, "warm-up").acompletion(messages=MESSAGES)
     fake_provider.reset()
-    yield fake_provider
-    lk.policies.breaker.reset_breakers()
+    return fake_provider
 
 
 def make_llm(fake: FakeProvider, model: str) -> lk.LLM:

@@ -14,18 +14,13 @@ import msgspec
 import pytest
 
 import latencykit as lk
-from latencykit._openai_chunks import Chunk, Node
+from latencykit.chunks import Chunk, Node
 from latencykit.testing import Behavior, FakeProvider, Fault, RequestInfo
 
 pytestmark = pytest.mark.anyio
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 SECRET = "sk-fast-lane-secret-0123456789"
-
-
-@pytest.fixture
-def fake(fake_provider: FakeProvider) -> FakeProvider:
-    return fake_provider
 
 
 def fast(fake: FakeProvider, model: str = "primary", **options: Any) -> lk.LLM:
@@ -203,7 +198,7 @@ TOOL_EVENT = (
 
 def both_kinds(raw: bytes) -> list[Any]:
     """The event as a typed Chunk and as a Node (the form for events the schema does not fit)."""
-    from latencykit._openai_chunks import decode_chunk, decode_node
+    from latencykit.chunks import decode_chunk, decode_node
 
     return [decode_chunk(raw), Node(decode_node(raw))]
 
@@ -240,7 +235,7 @@ def test_typed_chunks_and_nodes_read_the_same() -> None:
 
 def test_a_node_keeps_what_the_typed_schema_does_not_name() -> None:
     raw = TOOL_EVENT.replace(b'"model":"m"', b'"model":"m","x_extra":[[{"k":1}]]')
-    from latencykit._openai_chunks import decode_chunk, decode_node
+    from latencykit.chunks import decode_chunk, decode_node
 
     node = Node(decode_node(raw))
     assert node.x_extra[0][0].k == 1 and node == msgspec.json.decode(raw)
@@ -385,3 +380,15 @@ async def test_a_slow_consumer_of_events_read_at_once_is_not_taken_for_a_stall()
     assert texts == [f"t{i}" for i in range(9)] + [None]
     assert stream.outcome == "ok"
     assert max(stream.gaps[:5]) < 0.05  # the six arrived together: gaps of the provider's
+
+
+async def test_an_llm_closes_the_connections_it_opened(fake: FakeProvider) -> None:
+    """``async with lk.LLM(...)`` (``aclose()``) closes its pooled connections: the server
+    sees them go. A later call opens a new one."""
+    async with fast(fake) as llm:
+        await llm.acompletion(messages=MESSAGES)
+        assert fake.open_connections == 1
+    await fake.wait_for_async(lambda _: fake.open_connections == 0, 3.0)
+    await llm.acompletion(messages=MESSAGES)
+    assert fake.connections_opened == 2
+    await llm.aclose()

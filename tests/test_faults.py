@@ -17,13 +17,6 @@ pytestmark = pytest.mark.anyio
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_breakers() -> Iterator[None]:
-    lk.policies.breaker.reset_breakers()
-    yield
-    lk.policies.breaker.reset_breakers()
-
-
 LANE = "litellm"  # the transport of every target these tests make (see the lane fixture)
 
 
@@ -213,6 +206,7 @@ async def test_all_targets_failing_raise_the_primary_error_with_the_others(
     assert [a.target for a in info.value.attempts] == ["openai/primary", "openai/secondary"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 async def test_flapping_primary_opens_probes_and_closes_the_breaker(
     fake_provider: FakeProvider,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -14,6 +14,7 @@ import anyio.lowlevel
 import pytest
 
 import latencykit as lk
+from helpers import until
 from latencykit import events, fleet
 from latencykit.policies.breaker import BreakerState, reset_breakers
 from latencykit.policies.limiter import Limiter, Quota
@@ -39,14 +40,6 @@ def _no_default_store() -> Iterator[None]:
     yield
     lk.use_store(previous)
     reset_breakers()  # registered breakers hold this test's stores
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    """Poll ``predicate()`` until it holds (within 10 s): the state changes in the store's
-    background thread, where there is no event to wait on."""
-    with anyio.fail_after(10.0):
-        while not predicate():  # noqa: ASYNC110 - nothing to wait on but the state itself
-            await anyio.sleep(0.01)
 
 
 def make_breaker(store: lk.RedisStore, key: str = "openai", **options: Any) -> lk.Breaker:

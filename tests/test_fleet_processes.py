@@ -20,6 +20,8 @@ import pytest
 import fleet_worker
 from latencykit.testing import Behavior, FakeProvider, Fault, RedisServer
 
+pytestmark = pytest.mark.slow  # subprocesses: each starts Python and imports litellm
+
 CTX = multiprocessing.get_context("spawn")
 BACKENDS = ("asyncio", "trio")  # the workers alternate: both backends share the fleet
 STARTUP = 60.0  # seconds for fresh interpreters to import everything (litellm takes seconds)

@@ -3,34 +3,16 @@ the fake provider where it concerns a call."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import latencykit as lk
+from helpers import KEY, MESSAGES, make_llm, target
 from latencykit.errors import scrub
 from latencykit.testing import Behavior, FakeProvider, Fault
 
 pytestmark = pytest.mark.anyio
-
-MESSAGES = [{"role": "user", "content": "hello"}]
-KEY = "sk-hardening-0123456789"
-
-
-@pytest.fixture
-def fake(fake_provider: FakeProvider) -> Iterator[FakeProvider]:
-    lk.policies.breaker.reset_breakers()
-    yield fake_provider
-    lk.policies.breaker.reset_breakers()
-
-
-def make_llm(fake: FakeProvider, model: str, **options: Any) -> lk.LLM:
-    return lk.LLM(f"openai/{model}", api_base=fake.base_url, api_key=KEY, **options)
-
-
-def target(fake: FakeProvider, model: str) -> dict[str, Any]:
-    return {"model": f"openai/{model}", "api_base": fake.base_url, "api_key": KEY}
 
 
 async def test_a_corrupt_200_is_a_transient_provider_fault(fake: FakeProvider) -> None:
@@ -231,6 +213,7 @@ print(before, gc.get_freeze_count())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("setting", [None, "0"])
 def test_the_heap_is_frozen_after_litellm_is_imported_unless_opted_out(

@@ -1,19 +1,17 @@
-"""The hedging policy on plain async functions (real time, generous margins; the adaptive
-delay's convergence on virtual time), and once through ``lk.LLM`` against the fake provider."""
+"""The hedging policy on plain async functions, on virtual time (the race's timers and the
+adaptive delay's convergence), and through ``lk.LLM`` against the fake provider (real time,
+generous margins)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import random
-import selectors
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import anyio
 import pytest
-import trio.testing
 
 import latencykit as lk
 from latencykit.testing import Behavior, FakeProvider, Fault, Latency
@@ -57,13 +55,14 @@ def collect() -> tuple[list[lk.events.Event], lk.events.Subscription]:
     return seen, lk.subscribe(seen.append)
 
 
+@pytest.mark.virtual_time
 async def test_the_hedge_wins_when_the_primary_is_slow() -> None:
     script = Script((10.0, "slow"), (0.01, "fast"))
     seen, subscription = collect()
     with subscription:
-        started = time.monotonic()
+        started = anyio.current_time()
         assert await hedged(script, lk.hedge(0.05, max_extra_load=1.0))() == "fast"
-    assert time.monotonic() - started < 5
+    assert anyio.current_time() - started < 5
     assert script.started == [0, 1] and script.cancelled == [0]  # the loser was cancelled
     [fired] = [e for e in seen if isinstance(e, lk.events.HedgeFired)]
     assert fired.attempt == 2 and fired.reason == "delay" and fired.delay == 0.05
@@ -73,29 +72,33 @@ async def test_the_hedge_wins_when_the_primary_is_slow() -> None:
     assert ended.attempts == 2
 
 
+@pytest.mark.virtual_time
 async def test_a_fast_primary_sends_no_hedge() -> None:
     script = Script((0.0, "primary"), (0.0, "hedge"))
     assert await hedged(script, lk.hedge(5.0, max_extra_load=1.0))() == "primary"
     assert script.started == [0]
 
 
+@pytest.mark.virtual_time
 async def test_the_primary_can_still_win_after_the_hedge_started() -> None:
     script = Script((0.1, "primary"), (10.0, "hedge"))
     assert await hedged(script, lk.hedge(0.02, max_extra_load=1.0))() == "primary"
     assert script.started == [0, 1] and script.cancelled == [1]
 
 
+@pytest.mark.virtual_time
 async def test_a_transient_failure_launches_the_next_attempt_at_once() -> None:
     script = Script((0.0, ConnectionResetError("reset")), (0.0, "second"))
     seen, subscription = collect()
     with subscription:
-        started = time.monotonic()
+        started = anyio.current_time()
         assert await hedged(script, lk.hedge(30.0, max_extra_load=1.0))() == "second"
-    assert time.monotonic() - started < 5  # did not wait the 30 s delay
+    assert anyio.current_time() - started < 5  # did not wait the 30 s delay
     [fired] = [e for e in seen if isinstance(e, lk.events.HedgeFired)]
     assert fired.reason == "failure"
 
 
+@pytest.mark.virtual_time
 async def test_during_warm_up_a_failure_still_launches_the_next_attempt() -> None:
     # No hedge can be due (the delay is still unknown), but a transient failure is retried.
     script = Script((0.0, ConnectionResetError("reset")), (0.0, "second"))
@@ -104,15 +107,17 @@ async def test_during_warm_up_a_failure_still_launches_the_next_attempt() -> Non
     assert script.started == [0, 1]
 
 
+@pytest.mark.virtual_time
 async def test_a_non_retryable_error_cancels_everything_and_is_raised() -> None:
     script = Script((10.0, "slow"), (0.01, KeyError("bug")))
-    started = time.monotonic()
+    started = anyio.current_time()
     with pytest.raises(KeyError):
         await hedged(script, lk.hedge(0.02, max_extra_load=1.0))()
-    assert time.monotonic() - started < 5
+    assert anyio.current_time() - started < 5
     assert script.cancelled == [0]
 
 
+@pytest.mark.virtual_time
 async def test_when_every_attempt_fails_the_primary_error_is_raised_with_the_others() -> None:
     primary_error = ConnectionResetError("primary")
     hedge_error = TimeoutError("hedge")
@@ -125,6 +130,7 @@ async def test_when_every_attempt_fails_the_primary_error_is_raised_with_the_oth
     assert script.started == [0, 1, 2]
 
 
+@pytest.mark.virtual_time
 async def test_all_fail_latencykit_errors_carry_others_and_every_attempt() -> None:
     errors = [lk.ProviderUnavailable("down", target="a"), lk.RateLimited("slow", target="a")]
     script = Script((0.0, errors[0]), (0.0, errors[1]))
@@ -134,6 +140,7 @@ async def test_all_fail_latencykit_errors_carry_others_and_every_attempt() -> No
     assert [a.outcome for a in info.value.attempts] == ["error", "error"]
 
 
+@pytest.mark.virtual_time
 async def test_an_empty_budget_sends_no_hedge_and_says_so() -> None:
     policy = lk.hedge(0.0, budget=lk.RetryBudget(0.1))  # one hedge per 10 calls, no reserve
     script = Script((0.02, "primary"), (0.02, "hedge"))
@@ -154,6 +161,7 @@ def test_the_default_budget_has_a_small_reserve() -> None:
     assert budget.balance == pytest.approx(10.0)  # a cold service can hedge at all
 
 
+@pytest.mark.virtual_time
 async def test_no_hedging_during_warm_up() -> None:
     policy = lk.hedge(lk.quantile(0.5, min_samples=5), max_extra_load=10.0)
     script = Script((0.01, "ok"))
@@ -188,6 +196,7 @@ async def test_on_a_light_tail_the_hedge_waits_for_the_primary_to_be_slow() -> N
     assert policy.current_delay("t") == pytest.approx(0.38)
 
 
+@pytest.mark.virtual_time
 async def test_the_deadline_bounds_hedging() -> None:
     policy = lk.hedge(0.05, max_extra_load=10.0)
     script = Script((0.2, "primary"), (0.0, "hedge"))
@@ -208,6 +217,7 @@ async def test_the_deadline_bounds_hedging() -> None:
     assert skipped.reason == "deadline"
 
 
+@pytest.mark.virtual_time
 async def test_the_deadline_cancels_every_attempt() -> None:
     script = Script((10.0, "a"), (10.0, "b"))
 
@@ -222,6 +232,7 @@ async def test_the_deadline_cancels_every_attempt() -> None:
     assert [a.outcome for a in info.value.attempts] == ["cancelled", "cancelled"]
 
 
+@pytest.mark.virtual_time
 async def test_max_attempts_one_never_hedges() -> None:
     script = Script((0.05, "only"))
     assert await hedged(script, lk.hedge(0.0, max_attempts=1, max_extra_load=10.0))() == "only"
@@ -251,46 +262,6 @@ def test_invalid_options_are_rejected_naming_the_field(
 # --- the adaptive delay under hedging (virtual time) ----------------------------------------
 
 
-class _JumpingSelector(selectors.DefaultSelector):
-    """A selector that, instead of sleeping until the next timer, moves the loop's clock there."""
-
-    loop: VirtualTimeLoop
-
-    def select(self, timeout: float | None = None) -> list[Any]:
-        ready = super().select(0)
-        if not ready and timeout is not None and timeout > 0:
-            self.loop.now += timeout
-        elif not ready and timeout is None:
-            ready = super().select(None)
-        return ready
-
-
-class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """asyncio on virtual time: when every task waits for a timer, the clock jumps to it (what
-    trio's ``MockClock(autojump_threshold=0)`` does). Fine for tests without I/O."""
-
-    def __init__(self) -> None:
-        selector = _JumpingSelector()
-        super().__init__(selector)
-        selector.loop = self
-        self.now = 0.0
-
-    def time(self) -> float:
-        return self.now
-
-
-def on_virtual_time() -> pytest.MarkDecorator:
-    return pytest.mark.parametrize(
-        "anyio_backend",
-        [
-            pytest.param(("asyncio", {"loop_factory": VirtualTimeLoop}), id="asyncio"),
-            pytest.param(
-                ("trio", {"clock": trio.testing.MockClock(autojump_threshold=0)}), id="trio"
-            ),
-        ],
-    )
-
-
 class Bimodal:
     """Every attempt draws its latency: 85 % take 50-100 ms, 15 % take 2-6 s; but the first
     ``fast_first`` are all fast (the warm-up saw no slow call: the delay starts low)."""
@@ -307,7 +278,7 @@ class Bimodal:
         return "ok"
 
 
-@on_virtual_time()
+@pytest.mark.virtual_time
 async def test_a_bimodal_latency_gets_a_delay_above_the_fast_group() -> None:
     # The slow 15 % hold the p90 (about 2.7 s). Once hedging starts, a slow primary is cut off
     # when its backup answers; counted as censored (slower than the time it ran), not as a
@@ -338,7 +309,7 @@ async def test_a_bimodal_latency_gets_a_delay_above_the_fast_group() -> None:
     assert above >= 0.85 * 800
 
 
-@on_virtual_time()
+@pytest.mark.virtual_time
 async def test_a_hang_that_outlives_every_attempt_cannot_raise_the_delay_for_good() -> None:
     policy = lk.hedge(lk.quantile(0.9, min_samples=5), max_extra_load=10.0)
     hang = False
@@ -379,7 +350,7 @@ class HangsOnce:
         return number
 
 
-@on_virtual_time()
+@pytest.mark.virtual_time
 async def test_an_adaptive_hedge_covers_the_first_hang_after_a_light_tail() -> None:
     # 30 calls of 45-73 ms: a light tail (no call took longer than the p90 plus the fastest),
     # so no hedge is due at call start; the 31st call's primary hangs. While it runs, it
@@ -404,6 +375,7 @@ async def test_an_adaptive_hedge_covers_the_first_hang_after_a_light_tail() -> N
     assert attempt.attempts == 32
 
 
+@pytest.mark.slow
 async def test_llm_adaptive_hedge_answers_a_hang_after_a_light_tail(
     fake_provider: FakeProvider,
 ) -> None:
@@ -486,15 +458,17 @@ async def test_a_hedge_sees_the_callers_context() -> None:
     assert seen == ["r-42", "r-42"]
 
 
+@pytest.mark.virtual_time
 async def test_a_failed_primary_launches_the_backup_at_once_with_the_timer_armed() -> None:
     script = Script((0.05, ConnectionResetError("reset")), (0.05, "second"), (0.0, "third"))
     policy = lk.hedge(30.0, max_attempts=3, max_extra_load=10.0)
-    started = time.monotonic()
+    started = anyio.current_time()
     assert await hedged(script, policy)() == "second"  # not after the 30 s delay
-    assert time.monotonic() - started < 5
+    assert anyio.current_time() - started < 5
     assert script.started == [0, 1]  # the third attempt's timer was disarmed
 
 
+@pytest.mark.virtual_time
 async def test_a_cancelled_primary_is_a_censored_sample() -> None:
     policy = lk.hedge(0.05, max_extra_load=1.0)
     script = Script((10.0, "slow"), (0.01, "fast"))
@@ -514,13 +488,14 @@ def test_a_hedge_fires_under_a_plain_asyncio_run() -> None:
     assert script.started == [0, 1] and script.cancelled == [0]
 
 
+@pytest.mark.virtual_time
 async def test_cancelling_the_call_cancels_and_awaits_a_running_hedge() -> None:
     # The hedge runs in a task of its own (no task group): the caller still cancels it and
     # waits for it before the cancellation leaves the call.
     script = Script((10.0, "a"), (10.0, "b"))
     fn = hedged(script, lk.hedge(0.02, max_extra_load=10.0))
-    started = time.monotonic()
+    started = anyio.current_time()
     with anyio.move_on_after(0.3) as scope:
         await fn()
-    assert scope.cancelled_caught and time.monotonic() - started < 5
+    assert scope.cancelled_caught and anyio.current_time() - started < 5
     assert sorted(script.cancelled) == [0, 1]  # both ended before the scope exited

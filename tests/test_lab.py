@@ -14,6 +14,7 @@ from latencykit.lab.report import format_stats, format_table, percentile
 from latencykit.lab.streaming import format_streaming
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_lab_bounds_the_tail_the_bare_row_does_not() -> None:
     # replicate/70b has a heavy body and tail (e2e p90 23 s): at x0.02 most tails exceed 0.3 s.
@@ -63,6 +64,7 @@ def test_lab_bounds_the_tail_the_bare_row_does_not() -> None:
     assert json.loads(result.to_json())["stats"][1]["targets"][0]["ok"] == hedged_primary.ok
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_cli_prints_the_per_target_stats(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["lab", "--rows", "hedge", "--requests", "20", "--concurrency", "5", "--scale", "0.01"]
@@ -116,6 +118,7 @@ def test_percentile_nearest_rank() -> None:
         percentile([], 0.5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_outage_scenario_fails_over_then_returns_to_the_primary() -> None:
     import anyio
@@ -144,6 +147,7 @@ def test_outage_scenario_fails_over_then_returns_to_the_primary() -> None:
     assert "breaker half_open -> closed" in format_outage(result)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_streaming_scenario_bounds_the_first_token_and_recovers_stalls() -> None:
     # together/13b's TTFT tail (p99 53 s) at x0.02: about 1 s, against a 0.3 s first-token limit.
@@ -172,6 +176,7 @@ def test_streaming_scenario_bounds_the_first_token_and_recovers_stalls() -> None
     assert "StreamGuard" in format_streaming(result.streaming)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_turn_scenario_meets_its_p95_budget_only_with_stage_budgets_and_fan_out() -> None:
     import anyio
@@ -196,6 +201,7 @@ def test_turn_scenario_meets_its_p95_budget_only_with_stage_budgets_and_fan_out(
     assert "meets the p95 budget: stage budgets + fan-out" in format_turns(result)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_many_streams_saturate_litellm_but_not_the_fast_lane() -> None:
     import anyio

@@ -39,6 +39,7 @@ def _needs(module: str) -> None:
 # --- open loop ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_open_loop_achieves_the_offered_rate(backend: str) -> None:
@@ -179,6 +180,7 @@ def test_text_cdf_and_outage_strip() -> None:
     assert strip[3].strip() == "^" * 30
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_cli_open_loop_with_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _needs("matplotlib")

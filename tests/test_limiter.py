@@ -11,17 +11,17 @@ import datetime
 import gc
 import math
 import statistics
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
 import pytest
 
 import latencykit as lk
+from helpers import until
 from latencykit._cancel import now
 from latencykit.errors import LimitExceeded
 from latencykit.pipeline import Call
-from latencykit.policies.breaker import BreakerState, breakers, reset_breakers
+from latencykit.policies.breaker import BreakerState, breakers
 from latencykit.policies.limiter import (
     DEFAULT_TENANT,
     InMemoryQuotaStore,
@@ -51,25 +51,10 @@ async def fake(fake_provider: FakeProvider) -> FakeProvider:
     return fake_provider
 
 
-@pytest.fixture(autouse=True)
-def _fresh_breakers() -> Iterator[None]:
-    reset_breakers()
-    yield
-    reset_breakers()
-
-
 def make_llm(fake: FakeProvider, model: str, limiter: Limiter, **options: Any) -> lk.LLM:
     return lk.LLM(
         f"openai/{model}", api_base=fake.base_url, api_key=KEY, limiter=limiter, **options
     )
-
-
-async def until(predicate: Callable[[], bool]) -> None:
-    """Poll ``predicate()`` until it holds (within 10 s): for state that changes as requests
-    travel through litellm and the provider's thread, where there is no event to wait on."""
-    with anyio.fail_after(10.0):
-        while not predicate():  # noqa: ASYNC110 - nothing to wait on but the state itself
-            await anyio.sleep(0.005)
 
 
 def max_overlap(attempts: list[RecordedAttempt]) -> int:
@@ -630,6 +615,7 @@ def p99(samples: list[float]) -> float:
     return statistics.quantiles(samples, n=100, method="inclusive")[98]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_a_noisy_tenant_does_not_raise_a_quiet_tenants_p99(fake: FakeProvider) -> None:
     """Two tenants through one limiter; the noisy one sends ten times the quiet one's load,

@@ -8,22 +8,10 @@ from typing import Any
 import pytest
 
 import latencykit as lk
+from helpers import KEY, MESSAGES, make_llm
 from latencykit.testing import Behavior, FakeProvider, Fault, RequestInfo
 
 pytestmark = pytest.mark.anyio
-
-MESSAGES = [{"role": "user", "content": "hello"}]
-SECRET = "sk-test-secret-0123456789abcdef"
-
-
-@pytest.fixture
-def fake(fake_provider: FakeProvider) -> FakeProvider:
-    """The pytest plugin's fixture (latencykit.testing.pytest_plugin), under a short name."""
-    return fake_provider
-
-
-def make_llm(fake: FakeProvider, model: str = "primary", **options: Any) -> lk.LLM:
-    return lk.LLM(f"openai/{model}", api_base=fake.base_url, api_key=SECRET, **options)
 
 
 async def test_plain_call_returns_litellm_response_with_report(fake: FakeProvider) -> None:
@@ -157,7 +145,7 @@ async def test_provider_errors_are_typed_and_carry_the_history(
     assert lk.errors.classify(error.__cause__) is kind  # the classifier knows litellm's own types
     [attempt] = error.attempts
     assert attempt.outcome == "error" and attempt.error_kind is kind
-    assert SECRET not in str(error) and SECRET not in repr(error)
+    assert KEY not in str(error) and KEY not in repr(error)
     if kind is lk.ErrorKind.RATE_LIMITED:
         assert error.retry_after == 2.0 and error.status_code == 429
 
@@ -165,11 +153,11 @@ async def test_provider_errors_are_typed_and_carry_the_history(
 async def test_connection_refused_is_a_connection_error() -> None:
     with FakeProvider() as closed:
         base_url = closed.base_url
-    llm = lk.LLM("openai/gone", api_base=base_url, api_key=SECRET)
+    llm = lk.LLM("openai/gone", api_base=base_url, api_key=KEY)
     with pytest.raises(lk.ProviderConnectionError) as info:
         await llm.acompletion(messages=MESSAGES)
     assert info.value.kind is lk.ErrorKind.CONNECTION
-    assert SECRET not in str(info.value)
+    assert KEY not in str(info.value)
 
 
 async def test_missing_credentials_are_not_a_provider_outage(
@@ -195,10 +183,10 @@ async def test_context_window_from_the_prompt_size(fake: FakeProvider) -> None:
 async def test_api_key_stays_out_of_reprs_and_reports(fake: FakeProvider) -> None:
     llm = make_llm(fake)
     response = await llm.acompletion(messages=MESSAGES)
-    assert SECRET not in repr(llm)
-    assert SECRET not in repr(lk.report(response))
+    assert KEY not in repr(llm)
+    assert KEY not in repr(lk.report(response))
     [seen] = fake.attempts
-    assert SECRET not in str(seen.request_headers)
+    assert KEY not in str(seen.request_headers)
 
 
 def test_report_of_a_foreign_object() -> None:
@@ -280,6 +268,7 @@ async def test_hedge_wins_and_the_loser_connection_is_closed(fake: FakeProvider)
     assert slow.disconnected_at - returned_at <= 0.05
 
 
+@pytest.mark.slow
 async def test_hedged_calls_leave_no_connection_open(fake: FakeProvider) -> None:
     def one_in_four_slow(request: RequestInfo) -> Behavior:
         return Behavior(ttft=0.4 if request.nth % 4 == 0 else 0.0, output_tokens=2)
@@ -317,7 +306,7 @@ async def test_hedge_to_the_next_failover_target(fake: FakeProvider) -> None:
         "slow-provider",
         deadline=10,
         hedge=lk.Hedge(0.1, max_extra_load=1.0, target="next"),
-        failover=[{"model": "openai/other-provider", "api_base": fake.base_url, "api_key": SECRET}],
+        failover=[{"model": "openai/other-provider", "api_base": fake.base_url, "api_key": KEY}],
     )
     response = await llm.acompletion(messages=MESSAGES)
     report = lk.report(response)

@@ -99,6 +99,7 @@ async def test_the_lab_exports_spans_and_metrics_over_otlp(
     assert all(SECRET.encode() not in body for body in collector.bodies)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_latencykit_lab_otlp_sends_the_demo_to_the_collector(collector: Collector) -> None:
     argv = ["lab", "--rows", "hedge", "--requests", "20", "--concurrency", "5", "--scale", "0.01"]

@@ -18,11 +18,6 @@ from latencykit.lab.tune import tune, with_value
 from latencykit.policies.breaker import reset_breakers
 
 
-@pytest.fixture(autouse=True)
-def _fresh_breakers() -> None:
-    reset_breakers()
-
-
 def write_trace(path: Path, rows: list[dict[str, object]]) -> Path:
     with path.open("w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=list(rows[0]))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -362,6 +361,7 @@ async def test_a_budget_shared_with_an_enclosing_hedge_counts_each_call_once() -
 # --- deadline -----------------------------------------------------------------------------------
 
 
+@pytest.mark.virtual_time
 async def test_a_retry_after_that_does_not_fit_the_deadline_gives_up_at_once() -> None:
     limited = lk.RateLimited("slow", target="t", retry_after=2.0)
     script = Script(limited, "never")
@@ -372,15 +372,16 @@ async def test_a_retry_after_that_does_not_fit_the_deadline_gives_up_at_once() -
     async def call() -> object:
         return await script()
 
-    started = time.monotonic()
+    started = anyio.current_time()
     with subscription, pytest.raises(lk.RateLimited) as caught:
         await call()
-    assert time.monotonic() - started < 0.1
+    assert anyio.current_time() - started < 0.1
     assert caught.value is limited and script.calls == 1
     [end] = gave_up(seen)
     assert (end.reason, end.attempts, end.wait) == ("deadline", 1, 2.0)
 
 
+@pytest.mark.virtual_time
 async def test_retries_while_the_waits_fit_the_deadline() -> None:
     errors = [
         lk.RateLimited("slow", target="t", retry_after=0.05),
@@ -396,6 +397,7 @@ async def test_retries_while_the_waits_fit_the_deadline() -> None:
     assert [e.reason for e in gave_up(seen)] == ["deadline"]
 
 
+@pytest.mark.virtual_time
 async def test_no_attempt_starts_that_the_deadline_cannot_fit() -> None:
     # Each attempt fails after 0.2 s. After the first (t=0.2) another fits before the 0.5 s
     # deadline; after the second (t=0.4), one more would need 0.2 s of the 0.1 s left.
@@ -411,6 +413,7 @@ async def test_no_attempt_starts_that_the_deadline_cannot_fit() -> None:
 # --- cancellation -------------------------------------------------------------------------------
 
 
+@pytest.mark.virtual_time
 async def test_a_cancelled_attempt_is_not_retried() -> None:
     script, sleep = Script("late", seconds=10.0), FakeSleep()
     seen, subscription = collect()
@@ -421,15 +424,17 @@ async def test_a_cancelled_attempt_is_not_retried() -> None:
     assert scheduled(seen) == [] and gave_up(seen) == []
 
 
+@pytest.mark.virtual_time
 async def test_cancellation_during_the_wait_ends_the_call() -> None:
     script = Script(lk.RateLimited("slow", target="t", retry_after=5.0), "never")
-    started = time.monotonic()
+    started = anyio.current_time()
     with anyio.move_on_after(0.05) as scope:
         await wrapped(script, retry(budget=roomy()))()  # the real anyio.sleep
-    assert scope.cancelled_caught and time.monotonic() - started < 1.0
+    assert scope.cancelled_caught and anyio.current_time() - started < 1.0
     assert script.calls == 1
 
 
+@pytest.mark.virtual_time
 async def test_a_deadline_expiring_during_a_retry_is_not_retried() -> None:
     calls: list[int] = []
     sleep = FakeSleep()
@@ -449,6 +454,7 @@ async def test_a_deadline_expiring_during_a_retry_is_not_retried() -> None:
     assert [a.outcome for a in caught.value.attempts] == ["error", "cancelled"]
 
 
+@pytest.mark.virtual_time
 async def test_an_expiring_deadline_is_not_retried() -> None:
     script = Script("late", seconds=10.0)
 
@@ -476,6 +482,7 @@ async def run_on(target: lk.Target, script: Script, policy: Retry) -> object:
     return await policy.handle(lk.pipeline.Call(script, target=target), next)
 
 
+@pytest.mark.virtual_time
 async def test_a_failure_after_slow_failure_seconds_is_not_retried() -> None:
     script, sleep = Script(connection_lost(), "ok", seconds=0.2), FakeSleep()
     seen, subscription = collect()
@@ -491,6 +498,7 @@ async def test_a_failure_after_slow_failure_seconds_is_not_retried() -> None:
     assert event.wait is not None and event.wait >= 0.2
 
 
+@pytest.mark.virtual_time
 async def test_a_fast_failure_is_still_retried() -> None:
     script, sleep = Script(connection_lost(), "ok", seconds=0.01), FakeSleep()
     policy = retry(slow_failure=2.0, sleep=sleep, budget=roomy())
@@ -498,6 +506,7 @@ async def test_a_fast_failure_is_still_retried() -> None:
     assert script.calls == 2
 
 
+@pytest.mark.virtual_time
 async def test_the_default_threshold_is_half_the_targets_attempt_timeout() -> None:
     slow = Script(connection_lost(), "ok", seconds=0.15)
     with pytest.raises(lk.ProviderConnectionError):
@@ -517,6 +526,7 @@ async def test_the_default_threshold_is_half_the_targets_attempt_timeout() -> No
     assert await run_on(lk.Target("m", timeout=0.2), slow, policy) == "ok"
 
 
+@pytest.mark.virtual_time
 async def test_timeouts_follow_on_not_the_slow_failure_rule() -> None:
     timeout = lk.AttemptTimeout("no answer", target="t")
     script = Script(timeout, "ok", seconds=0.15)

@@ -19,11 +19,6 @@ MESSAGES = [{"role": "user", "content": "is this spam?"}]
 SECRET = "sk-routing-secret-0123456789"
 
 
-@pytest.fixture
-def fake(fake_provider: FakeProvider) -> FakeProvider:
-    return fake_provider
-
-
 def target(fake: FakeProvider, model: str, **fields: Any) -> dict[str, Any]:
     return {"model": f"openai/{model}", "api_base": fake.base_url, "api_key": SECRET, **fields}
 
@@ -244,6 +239,7 @@ async def test_a_truncated_stream_raises_after_its_last_chunk(fake: FakeProvider
     assert stream.partial_text == "tok0 tok1 tok2" and lk.report(stream).truncated
 
 
+@pytest.mark.slow
 async def test_a_budget_aware_cap_fits_the_answer_in_the_time_left(fake: FakeProvider) -> None:
     # 60 tokens at 10 ms each: 0.6 s for the whole answer.
     fake.script("writer", Behavior(output_tokens=60, itl=0.01))

@@ -6,7 +6,6 @@ lane) to the fake provider."""
 from __future__ import annotations
 
 import traceback
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,13 +22,6 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 HEX_KEY = "0123456789abcdef0123456789abcdef"
 ENV_KEY = "proxy-token_7f3a9c2e1b"
 PASSWORD = "pa55w0rd-in-url"
-
-
-@pytest.fixture
-def fake(fake_provider: FakeProvider) -> Iterator[FakeProvider]:
-    lk.policies.breaker.reset_breakers()
-    yield fake_provider
-    lk.policies.breaker.reset_breakers()
 
 
 def printed(error: BaseException) -> str:

@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 import latencykit as lk
+from helpers import read_all, text_of
 from latencykit.testing import Behavior, FakeProvider, Fault, RecordedAttempt
 
 pytestmark = pytest.mark.anyio
@@ -25,16 +26,13 @@ TEXT = "tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7"
 
 
 @pytest.fixture
-async def fake(fake_provider: FakeProvider) -> AsyncIterator[FakeProvider]:
-    # Breakers are process-wide, keyed by target: start each test fresh.
-    lk.policies.breaker.reset_breakers()
+async def fake(fake_provider: FakeProvider) -> FakeProvider:
     # litellm's first request on a loop initialises its HTTP stack (up to seconds, blocking):
     # do it here, not inside a test that times the first token.
     warm = await make_llm(fake_provider, "warm-up").acompletion(messages=MESSAGES, stream=True)
     await read_all(warm)
     fake_provider.reset()
-    yield fake_provider
-    lk.policies.breaker.reset_breakers()
+    return fake_provider
 
 
 LANE = "litellm"  # the transport of every target these tests make (see the lane fixture)
@@ -57,15 +55,6 @@ def make_llm(fake: FakeProvider, model: str = "primary", **options: Any) -> lk.L
 def target(fake: FakeProvider, model: str, **extra: Any) -> dict[str, Any]:
     extra.setdefault("transport", LANE)
     return {"model": f"openai/{model}", "api_base": fake.base_url, "api_key": KEY, **extra}
-
-
-async def read_all(stream: lk.Stream[Any]) -> list[Any]:
-    async with stream:
-        return [chunk async for chunk in stream]
-
-
-def text_of(chunks: list[Any]) -> str:
-    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
 async def disconnected(fake: FakeProvider, model: str) -> RecordedAttempt:
@@ -604,9 +593,11 @@ async def test_keepalives_and_empty_deltas_do_not_hide_a_stall(fake: FakeProvide
     assert info.value.partial_text == "tok0 tok1 tok2"
 
 
-async def test_the_stall_guard_fires_before_the_http_read_timeout(fake: FakeProvider) -> None:
-    """A stall limit equal to the attempt timeout: the stall is a StreamStalled every time
-    (the read timeout, which would say AttemptTimeout, waits a grace longer)."""
+async def test_a_stall_is_stream_stalled_whether_the_guard_or_the_read_timeout_fires(
+    fake: FakeProvider,
+) -> None:
+    """A stall limit equal to the attempt timeout: the two race, and the stall is a
+    StreamStalled every time (a stream's read timeout is the silence the guard watches for)."""
     fake.script("stalls", Behavior(fault=Fault.STALL, stall_after=3, output_tokens=8))
     llm = make_llm(fake, "stalls", timeout=0.4, stream_guard=lk.StreamGuard(stall=0.4))
     for _ in range(3):
@@ -690,6 +681,7 @@ async def test_done_without_a_finish_reason_is_a_cut(fake: FakeProvider) -> None
     assert info.value.reason == "cut" and info.value.partial_text == "tok0 tok1 tok2"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_many_mixed_streams_leave_no_task_nor_connection_behind(fake: FakeProvider) -> None:
     fake.script("ok", Behavior(output_tokens=6))

@@ -11,25 +11,10 @@ import anyio
 import pytest
 
 import latencykit as lk
+from helpers import MESSAGES, make_llm, target
 from latencykit.policies.breaker import BreakerState
 from latencykit.stats import Percentiles, StatsTable, TargetStats
 from latencykit.testing import Behavior, FakeProvider, Fault
-
-MESSAGES = [{"role": "user", "content": "hello"}]
-KEY = "sk-test-stats-0123456789"
-
-
-@pytest.fixture
-def fake(fake_provider: FakeProvider) -> FakeProvider:
-    return fake_provider
-
-
-def make_llm(fake: FakeProvider, model: str = "primary", **options: Any) -> lk.LLM:
-    return lk.LLM(f"openai/{model}", api_base=fake.base_url, api_key=KEY, **options)
-
-
-def target(fake: FakeProvider, model: str) -> dict[str, Any]:
-    return {"model": f"openai/{model}", "api_base": fake.base_url, "api_key": KEY}
 
 
 async def read_all(stream: lk.Stream[Any], *, stop_after: int | None = None) -> None:

@@ -16,12 +16,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import latencykit as lk
+from helpers import KEY, make_llm
 from latencykit import telemetry
 from latencykit.testing import Behavior, FakeProvider, Fault
 
 pytestmark = pytest.mark.anyio
 
-SECRET = "sk-telemetry-secret-0123456789"
 PROMPT = "what is the capital of the moon"
 MESSAGES = [{"role": "user", "content": PROMPT}]
 
@@ -79,11 +79,6 @@ class Exported:
 
 
 @pytest.fixture
-def fake(fake_provider: FakeProvider) -> FakeProvider:
-    return fake_provider
-
-
-@pytest.fixture
 def exported() -> Iterator[Exported]:
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
@@ -95,10 +90,6 @@ def exported() -> Iterator[Exported]:
     meter_provider.shutdown()
 
 
-def make_llm(fake: FakeProvider, model: str = "primary", **options: Any) -> lk.LLM:
-    return lk.LLM(f"openai/{model}", api_base=fake.base_url, api_key=SECRET, **options)
-
-
 async def drain(stream: lk.Stream[Any]) -> None:
     async for _ in stream:
         pass
@@ -106,7 +97,7 @@ async def drain(stream: lk.Stream[Any]) -> None:
 
 def no_secret_or_text(exported: Exported, *texts: str) -> None:
     for value in exported.every_value():
-        assert SECRET not in value
+        assert KEY not in value
         for text in texts:
             assert text not in value
 
@@ -182,7 +173,7 @@ async def test_a_failover_shows_each_target(fake: FakeProvider, exported: Export
     llm = make_llm(
         fake,
         "down",
-        failover=[{"model": "openai/up", "api_base": fake.base_url, "api_key": SECRET}],
+        failover=[{"model": "openai/up", "api_base": fake.base_url, "api_key": KEY}],
     )
     await llm.acompletion(messages=MESSAGES)
     first, second = exported.attempt_spans()
@@ -222,7 +213,7 @@ async def test_a_failover_bills_the_target_that_answered(
 ) -> None:
     fake.script("primary", Behavior(fault=Fault.HTTP_503))
     elsewhere.script("backup", Behavior(output_tokens=4))
-    backup = {"model": "hosted_vllm/backup", "api_base": elsewhere.base_url, "api_key": SECRET}
+    backup = {"model": "hosted_vllm/backup", "api_base": elsewhere.base_url, "api_key": KEY}
     llm = make_llm(fake, "primary", failover=[backup])
     if stream:
         async with await llm.acompletion(
@@ -269,7 +260,7 @@ async def test_an_answer_from_a_default_endpoint_has_no_server_address(
     monkeypatch.setenv("OPENAI_API_BASE", elsewhere.base_url)
     fake.script("primary", Behavior(fault=Fault.HTTP_503))
     elsewhere.script("backup", Behavior(output_tokens=2))
-    llm = make_llm(fake, "primary", failover=[{"model": "openai/backup", "api_key": SECRET}])
+    llm = make_llm(fake, "primary", failover=[{"model": "openai/backup", "api_key": KEY}])
     await llm.acompletion(messages=MESSAGES)
     assert [a.model for a in elsewhere.attempts] == ["backup"]
     call = exported.call_span()
@@ -285,7 +276,7 @@ async def test_a_failed_call_is_measured_on_its_first_target(
 ) -> None:
     fake.script("primary", Behavior(fault=Fault.HTTP_503))
     elsewhere.script("backup", Behavior(fault=Fault.HTTP_503))
-    backup = {"model": "hosted_vllm/backup", "api_base": elsewhere.base_url, "api_key": SECRET}
+    backup = {"model": "hosted_vllm/backup", "api_base": elsewhere.base_url, "api_key": KEY}
     with pytest.raises(lk.ProviderError):
         await make_llm(fake, "primary", failover=[backup]).acompletion(messages=MESSAGES)
     call = exported.call_span()
@@ -346,7 +337,7 @@ async def test_a_litellm_estimate_is_not_reported_as_usage(
     # litellm does not pass stream_options on to Mistral: the provider sends no usage, and
     # litellm ends the stream with a usage chunk of its own estimate.
     fake.script("quiet", Behavior(output_tokens=6))
-    llm = lk.LLM("mistral/quiet", api_base=fake.base_url, api_key=SECRET)
+    llm = lk.LLM("mistral/quiet", api_base=fake.base_url, api_key=KEY)
     async with await llm.acompletion(
         messages=MESSAGES, stream=True, stream_options={"include_usage": True}
     ) as stream:

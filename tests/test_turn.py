@@ -14,22 +14,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import latencykit as lk
+from helpers import MESSAGES, make_llm
 from latencykit import telemetry
 from latencykit.testing import Behavior, FakeProvider
 
 pytestmark = pytest.mark.anyio
-
-MESSAGES = [{"role": "user", "content": "hello"}]
-SECRET = "sk-turn-secret-0123456789"
-
-
-@pytest.fixture
-def fake(fake_provider: FakeProvider) -> FakeProvider:
-    return fake_provider
-
-
-def make_llm(fake: FakeProvider, model: str = "primary", **options: Any) -> lk.LLM:
-    return lk.LLM(f"openai/{model}", api_base=fake.base_url, api_key=SECRET, **options)
 
 
 async def test_stages_are_written_in_the_turns_ledger() -> None:

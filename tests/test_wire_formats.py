@@ -33,11 +33,6 @@ KEY = "sk-wire-formats-secret-0123456789"
 OVERLOADED_STATUS = {"openai": 503, "anthropic": 529, "gemini": 503}
 
 
-@pytest.fixture
-def fake(fake_provider: FakeProvider) -> FakeProvider:
-    return fake_provider
-
-
 def api_base(fake: FakeProvider, wire: str) -> str:
     return {
         "openai": fake.base_url,

@@ -29,10 +29,12 @@ from . import stats as stats
 from . import turn as turn
 from ._context import Attempt as Attempt
 from ._context import remaining as remaining
+from ._version import __version__ as __version__
 from .budget import RetryBudget as RetryBudget
 from .errors import AttemptTimeout as AttemptTimeout
 from .errors import AuthenticationFailed as AuthenticationFailed
 from .errors import BadRequest as BadRequest
+from .errors import CircuitOpen as CircuitOpen
 from .errors import ContentPolicyViolation as ContentPolicyViolation
 from .errors import ContextLengthExceeded as ContextLengthExceeded
 from .errors import DeadlineExceeded as DeadlineExceeded
@@ -58,7 +60,6 @@ from .llm import LLM as LLM
 from .llm import Degrade as Degrade
 from .llm import report as report
 from .policies.breaker import Breaker as Breaker
-from .policies.breaker import CircuitOpen as CircuitOpen
 from .policies.breaker import breaker as breaker
 from .policies.deadline import deadline as deadline
 from .policies.failover import failover as failover
@@ -75,8 +76,6 @@ from .stream import Stream as Stream
 from .target import Target as Target
 from .turn import ledger as ledger
 from .turn import stage as stage
-
-__version__ = "0.1.0.dev0"
 
 if _typing.TYPE_CHECKING:
     from . import telemetry as telemetry

@@ -149,6 +149,7 @@ class BridgedStream:
         "_woken",
         "chunk_reader",
         "end_error",
+        "ready_at",
     )
 
     def __init__(self, source: AsyncIterator[Any]) -> None:
@@ -157,6 +158,7 @@ class BridgedStream:
         self.chunk_reader = getattr(source, "chunk_reader", None)
         # Asked once the stream ended (the pump is done with the source): why it ended short.
         self.end_error = getattr(source, "end_error", None)
+        self.ready_at: float | None = getattr(source, "ready_at", None)  # as the source's
         self._token = trio.lowlevel.current_trio_token()
         self._loop = loop = _shared_loop()
         self._items: deque[Any] = deque()

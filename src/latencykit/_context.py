@@ -21,9 +21,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 from ._cancel import backend, now
 
 if TYPE_CHECKING:
-    from .errors import ErrorKind
-    from .routing import RouteDecision
-    from .turn import Ledger
+    from ._values import ErrorKind, Ledger, RouteDecision
 
 __all__ = [
     "Attempt",

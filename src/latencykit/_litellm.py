@@ -10,10 +10,12 @@ what the provider sent (litellm records it in ``received_finish_reason``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import contextvars
+import types
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._openai_chunks import delta_content
+from .chunks import delta_content
 from .errors import StreamBroken, malformed_answer, stream_error
 
 if TYPE_CHECKING:
@@ -21,7 +23,17 @@ if TYPE_CHECKING:
 
     from .target import Target
 
-__all__ = ["LITELLM_CHUNKS", "LitellmChunks", "SkipPrefix", "litellm"]
+__all__ = [
+    "LITELLM_CHUNKS",
+    "LitellmChunks",
+    "SkipPrefix",
+    "acompletion",
+    "open_connection",
+    "is_set_up",
+    "litellm",
+    "set_up",
+    "warm",
+]
 
 _UNKNOWN = object()
 _NOT_CONTENT: tuple[str | None, str | None] = (None, None)
@@ -47,6 +59,7 @@ def litellm() -> Any:
     if not _frozen:
         _frozen = True
         _record_gemini_finish()
+        _quieten(litellm)
         import os
 
         if os.environ.get(GC_FREEZE_VARIABLE, "1").strip().lower() not in ("0", "false", "no"):
@@ -87,11 +100,153 @@ def _record_gemini_finish() -> None:
     iterator.chunk_parser = _gemini_parser = chunk_parser
 
 
+# --- quiet inside latencykit's calls -----------------------------------------------------------
+
+_quiet: contextvars.ContextVar[bool] = contextvars.ContextVar("latencykit_quiet", default=False)
+"""Set while latencykit's own litellm calls run: litellm's printed banners are for them off."""
+
+
+class _QuietLitellm(types.ModuleType):
+    """litellm's module, whose ``suppress_debug_info`` reads ``True`` inside latencykit's calls.
+
+    litellm prints a "Give Feedback / Get Help" banner on every failed call, and a "Provider
+    List" one for a model it cannot place, unless its global ``suppress_debug_info`` is set;
+    it has no per-call switch. Setting the global would change the user's own calls, so the
+    attribute becomes a property: inside latencykit's calls (the context variable ``_quiet``,
+    copied by litellm into the thread where it does its set-up) it reads ``True``; elsewhere
+    it reads and writes the user's value, kept where it always was (the module's dict).
+    """
+
+    @property
+    def suppress_debug_info(self) -> Any:
+        return True if _quiet.get() else self.__dict__.get("suppress_debug_info", False)
+
+    @suppress_debug_info.setter
+    def suppress_debug_info(self, value: Any) -> None:
+        self.__dict__["suppress_debug_info"] = value
+
+
+def _quieten(module: Any) -> None:
+    if type(module) is types.ModuleType:  # a module class of litellm's own is left alone
+        module.__class__ = _QuietLitellm
+
+
+async def acompletion(arguments: Mapping[str, Any]) -> Any:
+    """``litellm.acompletion(**arguments, max_retries=0)``, quiet (see :class:`_QuietLitellm`)."""
+    token = _quiet.set(True)
+    try:
+        return await litellm().acompletion(**arguments, max_retries=0)
+    finally:
+        _quiet.reset(token)
+
+
+# --- litellm's first call of a process ---------------------------------------------------------
+
+_set_up: set[str] = set()  # the models whose set-up has run in this process (see set_up)
+_PROBE = ({"role": "user", "content": "warm-up"},)
+
+
+def is_set_up(model: str) -> bool:
+    """Whether :func:`set_up` has run for ``model`` in this process."""
+    return model in _set_up
+
+
+async def set_up(arguments: Mapping[str, Any]) -> None:
+    """Do, once per process and model, the work of litellm's first call that comes before the
+    request: measured against a server answering in 20 ms, its first streamed call took
+    0.2-0.9 s to the first chunk (its provider's configuration and response types built, the
+    tokenizer it counts tokens with loaded: tiktoken's, 0.2 s), the next ones 5-10 ms.
+
+    It runs through litellm with a ``mock_response``: no request is sent, and ``no-log`` keeps
+    it from the user's litellm callbacks. ``arguments``: the target's litellm arguments
+    (:meth:`~latencykit.Target.litellm_arguments`). An error (an unknown provider) is raised,
+    and the model counts as set up all the same: the real call raises it properly.
+    """
+    model = arguments["model"]
+    if model in _set_up:
+        return
+    token = _quiet.set(True)
+    try:
+        stream = await litellm().acompletion(
+            **arguments,
+            messages=list(_PROBE),
+            stream=True,
+            mock_response="ok",
+            max_retries=0,
+            **{"no-log": True},
+        )
+        async for _ in stream:
+            pass
+    except Exception:
+        _set_up.add(model)
+        raise
+    finally:
+        _quiet.reset(token)
+    _set_up.add(model)
+
+
+async def open_connection(arguments: Mapping[str, Any], timeout: float) -> bool:
+    """Open a keep-alive connection in the HTTP client litellm will send ``arguments``' calls
+    with, without a completion (it would cost tokens): ``GET {api_base}/models``, whatever its
+    status. Only for targets litellm sends through its OpenAI client (provider ``openai``:
+    OpenAI and OpenAI-compatible ``api_base`` s); returns whether it did. The client is
+    litellm's own, cached by (key, base, timeout, ...), built as litellm builds it for a call.
+
+    Raises what connecting raised (refused, timed out after ``timeout`` seconds, ...).
+    """
+    import asyncio
+
+    module = litellm()
+    token = _quiet.set(True)
+    try:
+        _, provider, _, _ = module.get_llm_provider(
+            model=arguments["model"], api_base=arguments.get("api_base")
+        )
+        handler = getattr(getattr(module, "main", None), "openai_chat_completions", None)
+        get_client = getattr(handler, "_get_openai_client", None)
+        if provider != "openai" or get_client is None:
+            return False
+        import os
+
+        # As litellm resolves them for an "openai" call (its main.completion).
+        client = get_client(
+            is_async=True,
+            api_key=arguments.get("api_key")
+            or module.api_key
+            or module.openai_key
+            or os.environ.get("OPENAI_API_KEY"),
+            api_base=arguments.get("api_base")
+            or module.api_base
+            or os.environ.get("OPENAI_BASE_URL")
+            or os.environ.get("OPENAI_API_BASE")
+            or "https://api.openai.com/v1",
+            api_version=None,
+            timeout=float(arguments["timeout"]),
+            max_retries=0,
+            organization=module.organization or os.environ.get("OPENAI_ORGANIZATION") or None,
+        )
+        import contextlib
+
+        import openai
+
+        with contextlib.suppress(openai.APIStatusError):  # it answered: the connection is open
+            await asyncio.wait_for(client.models.with_raw_response.list(), timeout)
+        return True
+    finally:
+        _quiet.reset(token)
+
+
+async def warm(arguments: Mapping[str, Any], *, connect: bool, timeout: float) -> bool:
+    """:func:`set_up`, then (``connect``) :func:`open_connection`; returns whether it connected."""
+    await set_up(arguments)
+    return connect and await open_connection(arguments, timeout)
+
+
 class _LitellmChunkReader:
     """Reads litellm's ``ModelResponseStream`` chunks for a :class:`~latencykit.Stream`.
 
     Content is judged by the one content rule
-    (:func:`~latencykit._openai_chunks.delta_content`), read from pydantic's extra fields. A
+    (:func:`~latencykit.chunks.delta_content`), read from pydantic's extra fields. A
     reader bound to its stream's :class:`LitellmChunks` (``source``) also keeps litellm's own
     inventions out: a finish reason litellm made up (for a cut connection, or on every chunk of
     a Gemini stream) is no finish, and a usage chunk litellm estimated with its tokenizer (the
@@ -157,30 +312,41 @@ class LitellmChunks:
 
     A :class:`~latencykit.Stream` reading it directly takes the three steps of ``__anext__``
     apart (the source hooks ``pull`` and ``wrap_error``; its ``chunk_reader`` is bound to it)
-    so that a chunk reaches
-    it without a coroutine frame of ours in between.
+    so that a chunk reaches it through one coroutine frame of ours only (the one that keeps
+    litellm quiet).
     """
 
     __slots__ = (
+        "_answer",
         "_arguments",
         "_closed",
         "_content_type",
         "_loop",
+        "_parser",
         "_secrets",
         "_target",
         "_wrapper",
         "chunk_reader",
+        "ready_at",
     )
 
     def __init__(self, arguments: dict[str, Any], target: Target, secrets: tuple[str, ...]) -> None:
         self._arguments = arguments
         self._target = target
         self._secrets = secrets
-        self._wrapper: Any = None
+        self._wrapper: Any = None  # litellm's stream while open
+        # What the stream's judgement reads, kept past the close (a reader may lag behind:
+        # on trio the bridge's pump runs ahead and closes the source first): litellm's
+        # stream wrapper and the parser under it (litellm drops it at the end).
+        self._answer: Any = None
+        self._parser: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._content_type = ""  # the answer's, once open
         self.chunk_reader = _LitellmChunkReader(self)
+        # When the source was ready to send its request, if set-up came first (LLM: litellm's
+        # first call of a model); the attempt's first-token clock starts there.
+        self.ready_at: float | None = None
 
     def __aiter__(self) -> LitellmChunks:
         return self
@@ -197,7 +363,7 @@ class LitellmChunks:
         """litellm's next chunk, as litellm gives it (errors unwrapped, finish unchecked)."""
         wrapper = self._wrapper
         if wrapper is not None:
-            return wrapper.__anext__()  # type: ignore[no-any-return]
+            return _next_quietly(wrapper)
         return self._open()
 
     async def _open(self) -> Any:
@@ -206,20 +372,25 @@ class LitellmChunks:
         import asyncio  # here, not at import: `import latencykit` stays light
 
         self._loop = asyncio.get_running_loop()
-        wrapper = self._wrapper = await litellm().acompletion(
-            **self._arguments, stream=True, max_retries=0
-        )
+        token = _quiet.set(True)
         try:
-            return await wrapper.__anext__()
-        finally:  # litellm drops its response at the stream's end: what it was is kept
-            response = getattr(wrapper.completion_stream, "response", None)
-            kind = getattr(response, "headers", {}).get("content-type", "")
-            self._content_type = kind if isinstance(kind, str) else ""
+            wrapper = self._wrapper = self._answer = await litellm().acompletion(
+                **self._arguments, stream=True, max_retries=0
+            )
+            try:
+                return await wrapper.__anext__()
+            finally:  # litellm drops its parser at the stream's end: what it was is kept
+                self._parser = wrapper.completion_stream
+                response = getattr(self._parser, "response", None)
+                kind = getattr(response, "headers", {}).get("content-type", "")
+                self._content_type = kind if isinstance(kind, str) else ""
+        finally:
+            _quiet.reset(token)
 
     def wrap_error(self, error: Exception) -> Exception:
         """What ``error``, raised by :meth:`pull`, means to latencykit (keys scrubbed)."""
         wrapped = stream_error(
-            error, target=self._target.key, secrets=self._secrets, opened=self._wrapper is not None
+            error, target=self._target.key, secrets=self._secrets, opened=self._answer is not None
         )
         # litellm >= 1.110 raises this itself where older ones made up a finish reason
         # (see finished()): either way the provider's connection was cut.
@@ -232,8 +403,7 @@ class LitellmChunks:
         makes one up for a cut connection (its ``received_finish_reason`` stays ``None``), and
         its Gemini parser puts ``"stop"`` on every chunk (the provider's own ``finishReason``
         is recorded by :func:`_record_gemini_finish`)."""
-        wrapper = self._wrapper
-        parser = getattr(wrapper, "completion_stream", None)
+        wrapper, parser = self._answer, self._parser
         if getattr(type(parser), "chunk_parser", None) is _gemini_parser:
             return getattr(parser, _GEMINI_FINISH, None) is not None
         return (
@@ -244,7 +414,7 @@ class LitellmChunks:
     def reported_usage(self) -> bool:
         """Whether the provider sent usage: litellm ends a stream with a usage chunk of its own,
         its tokenizer's estimate, when the provider sent none."""
-        chunks = getattr(self._wrapper, "chunks", None)
+        chunks = getattr(self._answer, "chunks", None)
         if not isinstance(chunks, list):
             return True  # a litellm that keeps no chunks: take its word
         return any(getattr(kept, "usage", None) is not None for kept in chunks)
@@ -265,13 +435,27 @@ class LitellmChunks:
         self._closed = True
         wrapper, self._wrapper = self._wrapper, None
         if wrapper is not None:
-            await wrapper.aclose()
+            token = _quiet.set(True)
+            try:
+                await wrapper.aclose()
+            finally:
+                _quiet.reset(token)
 
     def close_nowait(self) -> None:
         """Schedule :meth:`aclose` on the stream's loop (from a finaliser, any thread)."""
         loop = self._loop
         if self._wrapper is not None and loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(_spawn, loop, self.aclose)
+
+
+async def _next_quietly(wrapper: Any) -> Any:
+    # The one coroutine frame of ours per chunk (~0.3 us, next to litellm's ~500 us): litellm's
+    # banner for a stream failing mid-way is printed inside __anext__, in the reader's context.
+    token = _quiet.set(True)
+    try:
+        return await wrapper.__anext__()
+    finally:
+        _quiet.reset(token)
 
 
 _ENDED_EARLY = "Stream ended before a finish_reason was received"

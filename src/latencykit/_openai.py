@@ -7,7 +7,7 @@ on a shared ``httpx.AsyncClient`` (per event loop, keep-alive pool): the JSON bo
 either the response (a litellm ``ModelResponse``, as litellm returns) or the SSE events, split
 from the body's bytes and each decoded once (msgspec, from bytes) into a typed chunk with
 attribute access (``chunk.choices[0].delta.content``, and what ``litellm.stream_chunk_builder``
-reads; see :mod:`latencykit._openai_chunks`). It runs natively on asyncio and trio (no bridge).
+reads; see :mod:`latencykit.chunks`). It runs natively on asyncio and trio (no bridge).
 Errors become the same typed :class:`~latencykit.ProviderError` s, classified from the status,
 the error's ``code``/``type`` and ``Retry-After``; keys are never shown.
 """
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import msgspec
 
-from ._openai_chunks import OPENAI_CHUNKS, Node, decode_chunk, decode_node
+from .chunks import OPENAI_CHUNKS, Node, decode_chunk, decode_node
 from .errors import (
     HTTPError,
     body_message,
@@ -40,7 +40,7 @@ from .target import without_credentials
 if TYPE_CHECKING:
     from .target import Target
 
-__all__ = ["HTTPError", "OpenAIChunks", "Request", "client", "complete"]
+__all__ = ["Clients", "HTTPError", "OpenAIChunks", "Request", "complete", "open_connection"]
 
 DEFAULT_BASE = "https://api.openai.com/v1"
 # litellm arguments that are not part of the request body.
@@ -59,9 +59,7 @@ _NOT_SENT = frozenset(
         "litellm_metadata",
     }
 )
-# --- the shared client ----------------------------------------------------------------------
-
-_clients: weakref.WeakKeyDictionary[object, httpx.AsyncClient] = weakref.WeakKeyDictionary()
+# --- the clients --------------------------------------------------------------------------------
 
 
 def _loop_key() -> object:
@@ -76,14 +74,49 @@ def _loop_key() -> object:
     return asyncio.get_running_loop()
 
 
-def client() -> httpx.AsyncClient:
-    """The event loop's shared client: one connection pool per loop (HTTP/1.1 keep-alive)."""
-    key = _loop_key()
-    found = _clients.get(key)
-    if found is None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        found = _clients[key] = httpx.AsyncClient(limits=limits, timeout=None)
-    return found
+class Clients:
+    """The fast lane's HTTP clients of one owner (an :class:`~latencykit.LLM`): a connection
+    pool (HTTP/1.1 keep-alive) per event loop, built on the first request made on that loop,
+    closed by :meth:`aclose`."""
+
+    __slots__ = ("_by_loop",)
+
+    def __init__(self) -> None:
+        self._by_loop: weakref.WeakKeyDictionary[object, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self) -> httpx.AsyncClient:
+        """This event loop's client (building the first one imports httpcore and makes an SSL
+        context: ~0.1 s)."""
+        key = _loop_key()
+        found = self._by_loop.get(key)
+        if found is None:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+            found = self._by_loop[key] = httpx.AsyncClient(limits=limits, timeout=None)
+        return found
+
+    def ready(self) -> bool:
+        """Whether this event loop's client exists."""
+        return _loop_key() in self._by_loop
+
+    async def aclose(self) -> None:
+        """Close this event loop's client and its connections (a client of another loop
+        closes with its loop). A later request builds a new one."""
+        found = self._by_loop.pop(_loop_key(), None)
+        if found is not None:
+            await found.aclose()
+
+
+async def open_connection(target: Target, timeout: float, clients: Clients) -> None:
+    """Open a keep-alive connection to ``target``'s host in ``clients``' client, without a
+    completion (it would cost tokens): ``GET {api_base}/models`` with its key, whatever its
+    status, read to the end so that the connection goes back to the pool. Raises what
+    connecting raised (refused, timed out after ``timeout`` seconds, ...)."""
+    request = Request(target, timeout, {}, clients)
+    url = request.url.removesuffix("/chat/completions") + "/models"
+    headers = {k: v for k, v in request.headers.items() if k != "Content-Type"}
+    await clients.get().get(url, headers=headers, timeout=request.timeout)
 
 
 class Request:
@@ -95,9 +128,12 @@ class Request:
     send them as Basic auth in place of the key).
     """
 
-    __slots__ = ("body", "headers", "timeout", "url")
+    __slots__ = ("body", "clients", "headers", "timeout", "url")
 
-    def __init__(self, target: Target, timeout: float, kwargs: Mapping[str, Any]) -> None:
+    def __init__(
+        self, target: Target, timeout: float, kwargs: Mapping[str, Any], clients: Clients
+    ) -> None:
+        self.clients = clients
         base = target.api_base or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE
         self.url = f"{without_credentials(base).rstrip('/')}/chat/completions"
         key = target.api_key or os.environ.get("OPENAI_API_KEY")
@@ -118,7 +154,7 @@ class Request:
         self.timeout = httpx.Timeout(timeout)
 
     def send(self, stream: bool) -> Awaitable[httpx.Response]:
-        http = client()
+        http = self.clients.get()
         request = http.build_request(
             "POST", self.url, content=self.body, headers=self.headers, timeout=self.timeout
         )
@@ -137,9 +173,11 @@ def _error_of(response: httpx.Response, raw: bytes, secret: str | None) -> HTTPE
     return HTTPError(message, response.status_code, body, response)
 
 
-async def complete(target: Target, timeout: float, kwargs: Mapping[str, Any]) -> Any:
+async def complete(
+    target: Target, timeout: float, kwargs: Mapping[str, Any], clients: Clients
+) -> Any:
     """One non-streaming attempt: the provider's answer as a litellm ``ModelResponse``."""
-    request = Request(target, timeout, kwargs)
+    request = Request(target, timeout, kwargs, clients)
     response = await request.send(stream=False)
     if response.status_code >= 400:
         raise _error_of(response, response.content, target.api_key)
@@ -171,8 +209,8 @@ def _answer(response: httpx.Response, target: Target) -> Any:
 
 class OpenAIChunks:
     """One streaming attempt on the fast lane, as an async iterator of chunks
-    (:mod:`latencykit._openai_chunks`: typed :class:`~latencykit._openai_chunks.Chunk` s, or
-    :class:`~latencykit._openai_chunks.Node` s for events the typed schema does not fit).
+    (:mod:`latencykit.chunks`: typed :class:`~latencykit.chunks.Chunk` s, or
+    :class:`~latencykit.chunks.Node` s for events the typed schema does not fit).
 
     Opened on the first ``__anext__``. The body is read as bytes and split into SSE events
     here; each event is decoded once; keep-alive comments, other fields and empty events are
@@ -199,6 +237,7 @@ class OpenAIChunks:
         "_target",
         "_typed",
         "malformed",
+        "ready_at",
     )
 
     def __init__(self, request: Request, target: Target, secrets: tuple[str, ...]) -> None:
@@ -215,6 +254,9 @@ class OpenAIChunks:
         self._typed = True  # events decode as typed Chunks until one does not fit
         self._sample: bytes | None = b""  # the body's start, until an event arrives
         self.malformed = 0
+        # When the source was ready to send its request, if set-up came first (LLM: the loop's
+        # first client); the attempt's first-token clock starts there.
+        self.ready_at: float | None = None
 
     def __aiter__(self) -> OpenAIChunks:
         return self
@@ -230,7 +272,7 @@ class OpenAIChunks:
     def read_nowait(self) -> Any:
         """The next chunk among the events already received, decoded and read as the
         :class:`~latencykit.Stream` reads it: ``(chunk, text, finish_reason)`` (see
-        :data:`~latencykit._openai_chunks.OPENAI_CHUNKS`); else the stream module's
+        :data:`~latencykit.chunks.OPENAI_CHUNKS`); else the stream module's
         ``_NOTHING`` (then :meth:`pull` reads on). Raises an error event's error."""
         events = self._events
         while events:

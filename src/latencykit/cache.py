@@ -34,7 +34,6 @@ import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from cachetools import TLRUCache
@@ -43,7 +42,7 @@ from . import _validation, events
 from ._cancel import backend, clock
 from ._context import Trace, deadline_var, trace_var
 from ._litellm import LITELLM_CHUNKS, litellm
-from .events import Event
+from .events import CacheLookup, CacheStored, SkipReason
 from .pipeline import Call, Next, PolicyDecorator, Stage
 from .stream import Stream, StreamOutcome
 
@@ -84,44 +83,6 @@ IGNORED_ARGUMENTS = frozenset(
 headers, how the answer is delivered). Every other argument, known or not, is keyed."""
 _TRUNCATED = frozenset({"length", "content_filter"})
 _TOOL_CALLS = frozenset({"tool_calls", "function_call"})
-
-SkipReason = Literal["degraded", "truncated", "incomplete", "tool_calls", "store_error"]
-"""Why an answer was not stored (see :class:`CacheStored`)."""
-
-
-# --- events -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CacheLookup(Event):
-    """A response cache was asked for a call's answer.
-
-    Attributes:
-        target: the key of the call's target.
-        hit: whether the cache answered (no attempt is made then).
-        hit_rate: the cache's hit rate after this lookup (hits / lookups).
-    """
-
-    target: str
-    hit: bool
-    hit_rate: float
-
-
-@dataclass(frozen=True, slots=True)
-class CacheStored(Event):
-    """A response cache stored a call's answer, or decided not to.
-
-    Attributes:
-        target: the key of the target that answered.
-        stored: whether the answer went into the store.
-        reason: why not, when it did not: ``"degraded"``, ``"truncated"``, ``"incomplete"``
-            (no finish reason, or a stream that did not end complete), ``"tool_calls"`` (a
-            streamed answer that may call tools) or ``"store_error"``; else ``None``.
-    """
-
-    target: str
-    stored: bool
-    reason: SkipReason | None = None
 
 
 # --- stores -------------------------------------------------------------------------------

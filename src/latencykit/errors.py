@@ -14,23 +14,25 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import enum
 import errno
 import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
+
+from ._values import BreakerState, ErrorKind
 
 if TYPE_CHECKING:
     from ._context import Attempt
-    from .turn import Ledger
+    from ._values import Ledger
 
 __all__ = [
     "AttemptTimeout",
     "AuthenticationFailed",
     "BadRequest",
+    "CircuitOpen",
     "ContentPolicyViolation",
     "ContextLengthExceeded",
     "DeadlineExceeded",
@@ -55,59 +57,6 @@ __all__ = [
     "is_transient",
     "retry_after",
 ]
-
-
-class ErrorKind(str, enum.Enum):
-    """What an error says about the call and the provider; it drives every policy decision."""
-
-    RATE_LIMITED = "rate_limited"
-    """429: honour Retry-After, or go elsewhere if the wait does not fit the budget."""
-    SERVER_ERROR = "server_error"
-    """5xx: the provider is failing or overloaded."""
-    CONNECTION = "connection"
-    """No HTTP exchange: refused, reset, DNS, TLS."""
-    TIMEOUT = "timeout"
-    """The attempt took longer than its timeout."""
-    STREAM_BROKEN = "stream_broken"
-    """A stream died before it finished (no finish_reason, cut, malformed)."""
-    CONTEXT_LENGTH = "context_length"
-    """The prompt does not fit the model's context window: only a larger model can answer."""
-    CONTENT_POLICY = "content_policy"
-    """The provider refused the content: never retried."""
-    AUTHENTICATION = "authentication"
-    """401/403: never retried."""
-    NOT_FOUND = "not_found"
-    """404, ``model_not_found``: this target does not serve the model (or the endpoint is
-    wrong). Not retried on the same target; failover tries the other targets, where the model
-    may exist. Not a provider-health failure."""
-    BAD_REQUEST = "bad_request"
-    """400/409/413/422 and other 4xx: the request itself is wrong; never retried."""
-    CIRCUIT_OPEN = "circuit_open"
-    """A circuit breaker refused the call: go elsewhere (failover, degrade); not retried."""
-    LIMIT_EXCEEDED = "limit_exceeded"
-    """latencykit's own limiter refused the call (a concurrency limit or a tenant's quota, not
-    within the budget): go elsewhere (failover, degrade); not retried, never held against the
-    target's breaker (the provider did nothing wrong)."""
-    UNKNOWN = "unknown"
-    """Anything else; treated as not transient."""
-
-    @property
-    def transient(self) -> bool:
-        """Whether another attempt (now, later, or elsewhere) may succeed."""
-        return self in _TRANSIENT
-
-
-_TRANSIENT = frozenset(
-    {
-        ErrorKind.RATE_LIMITED,
-        ErrorKind.SERVER_ERROR,
-        ErrorKind.CONNECTION,
-        ErrorKind.TIMEOUT,
-        ErrorKind.STREAM_BROKEN,
-        ErrorKind.CIRCUIT_OPEN,
-        ErrorKind.LIMIT_EXCEEDED,
-    }
-)
 
 
 class LatencykitError(Exception):
@@ -218,6 +167,49 @@ class LimitExceeded(LatencykitError):
         self.limit = limit
         self.wait = wait
         self.waited = waited
+
+
+class CircuitOpen(LatencykitError):
+    """A circuit breaker refused the call; the wrapped callable was not called.
+
+    Attributes:
+        key: the breaker's key (a target name).
+        state: the breaker's state: ``OPEN``, ``FORCED_OPEN``, or ``HALF_OPEN`` when every
+            probe permit was taken.
+        half_open_in: seconds until the breaker half-opens and admits probe calls again;
+            ``None`` when no time is known (forced open, or half-open with all probes in
+            flight).
+        keys: the keys of every breaker that refused: ``(key,)``, or all the routes' keys
+            for :meth:`all_open`.
+    """
+
+    keys: tuple[str, ...]
+    kind = ErrorKind.CIRCUIT_OPEN
+
+    def __init__(self, key: str, state: BreakerState, half_open_in: float | None) -> None:
+        if state is BreakerState.FORCED_OPEN:
+            why = "is forced open (isolate()); calls are refused until reset()"
+        elif state is BreakerState.HALF_OPEN:
+            why = "is half-open and every probe call is taken; calls are refused until they end"
+        else:
+            why = f"is open; calls are refused until it half-opens in {half_open_in or 0.0:.3f}s"
+        super().__init__(f"circuit breaker {key!r} {why}")
+        self.key = key
+        self.keys = (key,)
+        self.state = state
+        self.half_open_in = half_open_in
+
+    @classmethod
+    def all_open(cls, keys: Sequence[str], half_open_in: float | None = None) -> CircuitOpen:
+        """The error for a call none of whose targets admitted it (failover skipped them all).
+
+        ``key`` is the first of ``keys`` (``""`` if there are none), ``state`` is ``OPEN``.
+        """
+        error = cls(keys[0] if keys else "", BreakerState.OPEN, half_open_in)
+        error.keys = tuple(keys)
+        named = ", ".join(repr(key) for key in keys) or "none"
+        error.args = (f"every target's circuit breaker refuses calls (open: {named})",)
+        return error
 
 
 class OutputTruncated(LatencykitError):

@@ -24,13 +24,16 @@ from ._handle import Handle
 
 if TYPE_CHECKING:
     from ._context import Attempt, AttemptReason
-    from .errors import ErrorKind
+    from ._values import BreakerState, ErrorKind, Ledger, StageRecord
     from .target import Endpoint
-    from .turn import Ledger, StageRecord
 
 __all__ = [
     "AttemptEnded",
     "AttemptStarted",
+    "BreakerRejected",
+    "BreakerStateChanged",
+    "CacheLookup",
+    "CacheStored",
     "CallEnded",
     "CallStarted",
     "DeadlineExpired",
@@ -40,13 +43,22 @@ __all__ = [
     "FallbackUsed",
     "FanOutEnded",
     "FirstToken",
+    "GiveUpReason",
     "HedgeFired",
     "HedgeSkipped",
     "HedgeWon",
+    "LimitKind",
+    "LimitRefused",
+    "LimitWaited",
+    "RetryGaveUp",
+    "RetryScheduled",
     "Routed",
+    "SkipReason",
     "StageEnded",
     "StageStarted",
     "StallDetected",
+    "StoreRecovered",
+    "StoreUnavailable",
     "StreamResumed",
     "Subscription",
     "TargetSkipped",
@@ -418,6 +430,201 @@ class CallEnded(Event):
     input_tokens: int | None = None
     output_tokens: int | None = None
     output_text: str | None = field(default=None, repr=False)
+
+
+# --- the policies' own events (breaker, limiter, retry, cache), the fleet store's -------------
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerStateChanged(Event):
+    """A breaker changed state.
+
+    Attributes:
+        key: the breaker's key (a target name).
+        from_state: the state left.
+        to_state: the state entered.
+        failure_rate: the failure rate the transition was decided on, in ``[0, 1]``: the
+            probes' when leaving ``HALF_OPEN``, else the window's (``0.0`` with no calls).
+        slow_call_rate: the slow-call rate, likewise.
+        calls: the number of calls those rates are computed over.
+    """
+
+    key: str
+    from_state: BreakerState
+    to_state: BreakerState
+    failure_rate: float
+    slow_call_rate: float
+    calls: int
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerRejected(Event):
+    """A breaker refused a call (:meth:`Breaker.acquire` or the policy).
+
+    Attributes:
+        key: the breaker's key.
+        state: its state: ``OPEN``, ``FORCED_OPEN``, or ``HALF_OPEN`` with every probe permit
+            taken.
+    """
+
+    key: str
+    state: BreakerState
+
+
+LimitKind: TypeAlias = Literal["concurrency", "tenant_concurrency", "requests", "tokens"]
+"""Which limit a call waited for or was refused by: the target's concurrency limit, the
+tenant's concurrency cap, or the tenant's request or token rate."""
+
+
+@dataclass(frozen=True, slots=True)
+class LimitWaited(Event):
+    """A call waited for a limit, then went on.
+
+    Attributes:
+        target: the key of the target the call is for.
+        tenant: the call's tenant.
+        limit: which limit it waited for (:data:`LimitKind`).
+        waited: seconds it waited for it.
+    """
+
+    target: str
+    tenant: str
+    limit: LimitKind
+    waited: float
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRefused(Event):
+    """A limiter refused a call (:class:`~latencykit.errors.LimitExceeded` is raised).
+
+    Attributes:
+        target: the key of the target the call was for.
+        tenant: the call's tenant.
+        limit: the limit that refused it (:data:`LimitKind`).
+        wait: seconds the call would have had to wait for a rate quota (``None`` for a
+            concurrency slot: not known in advance).
+        waited: seconds it had waited in the limiter before the refusal.
+    """
+
+    target: str
+    tenant: str
+    limit: LimitKind
+    wait: float | None
+    waited: float
+
+
+GiveUpReason: TypeAlias = Literal[
+    "max_attempts", "budget", "deadline", "retry_after_too_long", "slow_failure", "not_retryable"
+]
+"""Why a retry policy stopped retrying (see :class:`RetryGaveUp`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryScheduled(Event):
+    """A retry policy will make another attempt after ``wait`` seconds.
+
+    Attributes:
+        attempt: the number, within this retry policy, of the attempt about to start (2 for the
+            first retry).
+        wait: seconds it waits first (backoff with jitter, at least ``retry_after`` when honoured).
+        reason_kind: the :class:`~latencykit.ErrorKind` of the error that is being retried.
+        retry_after: the provider's ``Retry-After`` in seconds, if the error carried one and the
+            policy reads it (``honor_retry_after`` or ``max_retry_after``), else ``None``.
+    """
+
+    attempt: int
+    wait: float
+    reason_kind: ErrorKind
+    retry_after: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryGaveUp(Event):
+    """A retry policy raised the last error instead of retrying.
+
+    Attributes:
+        attempts: attempts this policy made for the call.
+        reason: ``"max_attempts"`` (no attempt left), ``"budget"`` (the retry budget is empty),
+            ``"deadline"`` (the wait plus another attempt would not fit before the deadline),
+            ``"retry_after_too_long"`` (the provider asked to wait more than
+            ``max_retry_after``), ``"slow_failure"`` (the attempt failed only after
+            ``slow_failure`` seconds: not retried on the same target, like a timeout), or
+            ``"not_retryable"`` (after at least one retry, an error the policy does not retry).
+        error_kind: the :class:`~latencykit.ErrorKind` of the error raised.
+        wait: for ``"deadline"`` and ``"retry_after_too_long"``, the wait that did not fit
+            (seconds); for ``"slow_failure"``, how long the failed attempt ran; else ``None``.
+    """
+
+    attempts: int
+    reason: GiveUpReason
+    error_kind: ErrorKind
+    wait: float | None = None
+
+
+SkipReason = Literal["degraded", "truncated", "incomplete", "tool_calls", "store_error"]
+"""Why an answer was not stored (see :class:`CacheStored`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLookup(Event):
+    """A response cache was asked for a call's answer.
+
+    Attributes:
+        target: the key of the call's target.
+        hit: whether the cache answered (no attempt is made then).
+        hit_rate: the cache's hit rate after this lookup (hits / lookups).
+    """
+
+    target: str
+    hit: bool
+    hit_rate: float
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStored(Event):
+    """A response cache stored a call's answer, or decided not to.
+
+    Attributes:
+        target: the key of the target that answered.
+        stored: whether the answer went into the store.
+        reason: why not, when it did not: ``"degraded"``, ``"truncated"``, ``"incomplete"``
+            (no finish reason, or a stream that did not end complete), ``"tool_calls"`` (a
+            streamed answer that may call tools) or ``"store_error"``; else ``None``.
+    """
+
+    target: str
+    stored: bool
+    reason: SkipReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreUnavailable(Event):
+    """A shared store stopped answering; policies use process-local state until it returns.
+
+    Emitted once per outage (from the store's background thread), and logged once as a warning
+    on the ``latencykit`` logger.
+
+    Attributes:
+        store: the store's ``repr`` (its address without credentials).
+        reason: what went wrong: the exception's type name (never its message, which may
+            hold an address with credentials).
+    """
+
+    store: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoreRecovered(Event):
+    """A shared store answers again; its state is in force again from now on.
+
+    Attributes:
+        store: the store's ``repr``.
+        down_for: seconds it was unavailable.
+    """
+
+    store: str
+    down_for: float
 
 
 EventHandler: TypeAlias = Callable[[Event], object]

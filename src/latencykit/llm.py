@@ -13,20 +13,21 @@ enforced with cancel scopes instead.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import functools
 import os
 import warnings
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 import sniffio
 
-from . import _openai, _validation, events
-from ._cancel import backend, clock
+from . import _litellm, _openai, _validation, events
+from ._cancel import backend, clock, now
 from ._context import (
     Attempt,
     Trace,
@@ -35,7 +36,8 @@ from ._context import (
     remaining,
     task_var,
 )
-from ._litellm import LitellmChunks, SkipPrefix, litellm
+from ._litellm import LitellmChunks, SkipPrefix, is_set_up, litellm
+from ._litellm import acompletion as litellm_acompletion
 from .errors import (
     ErrorFilter,
     ErrorKind,
@@ -471,6 +473,7 @@ class LLM:
         keys = [t.key for t in self.targets]
         if len(set(keys)) != len(keys):
             raise ValueError(f"LLM targets must have distinct names, got {keys}")
+        self._http = _openai.Clients()  # the fast lane's connection pools: closed by aclose()
         self._secrets = tuple(t.api_key for t in self.targets if t.api_key)
         if degrade is not None and isinstance(degrade.overrides.get("api_key"), str):
             self._secrets += (degrade.overrides["api_key"],)
@@ -562,6 +565,20 @@ class LLM:
 
         return _from_config(source, env_prefix=env_prefix)
 
+    async def aclose(self) -> None:
+        """Close the HTTP connections this ``LLM`` opened on this event loop (its fast-lane
+        targets' pool). A later call opens new ones. litellm's own clients (the litellm lane)
+        are litellm's, shared by every caller in the process, and are left open.
+
+        ``async with lk.LLM(...) as llm:`` closes them at the end of the block."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> LLM:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     def to_config(self) -> dict[str, Any]:
         """This ``LLM``'s configuration, as plain data :meth:`from_config` takes back (options
         left at their defaults are left out). A secret never appears: a key read from a
@@ -607,6 +624,79 @@ class LLM:
             breaker=None if self._breakers is None else self._breakers.state_of,
             hedge_budget=None if self.hedge is None else self.hedge.budget.balance,
         )
+
+    async def warm(
+        self,
+        *,
+        connect: bool = True,
+        timeout: float | datetime.timedelta = 10.0,
+        raise_errors: bool = False,
+    ) -> dict[str, float | Exception]:
+        """Do now, for every target (failover targets and the degraded path's too), what a
+        process's first call to it would do before sending its request, so that first calls
+        are fast; call it at start-up, on the event loop that makes the calls.
+
+        - A litellm target: litellm's first-call work for its model (measured 0.2-0.9 s: its
+          provider's configuration and response types, the tokenizer it counts with), run
+          through a mock answer: no request is sent, and none of your litellm callbacks sees
+          it. Then (``connect``) litellm's HTTP client for the target's key, base and timeout
+          is built and a keep-alive connection opened in it, where litellm sends through its
+          OpenAI client (provider ``openai``: OpenAI and OpenAI-compatible ``api_base`` s);
+          for other providers the first call still makes its own connection. On trio this
+          happens in the asyncio bridge's loop, where litellm runs.
+        - A fast-lane target (``transport="openai"``): the event loop's shared HTTP client is
+          built (~0.1 s, once per loop), then (``connect``) a connection opened.
+
+        A connection is opened with ``GET {api_base}/models`` with the target's key (no
+        completion: no tokens), whatever its status. Warming again redoes only that.
+        Without ``warm()``, the first streaming attempt of a process to a model does the
+        set-up itself, before its first-token clock starts (so ``StreamGuard.first_token`` and
+        the hedge's statistics do not count it; the call's deadline does).
+
+        Args:
+            connect: also open a connection to each target (default ``True``).
+            timeout: seconds a target's connection may take (default ``10``).
+            raise_errors: raise the first target's error, in target order (default ``False``:
+                errors are returned).
+
+        Returns:
+            By target key, in failover order then the degraded path's: the seconds its
+            warm-up took, or the :class:`~latencykit.ProviderError` it failed with (an
+            unreachable host: refused, timed out), keys scrubbed. An unreachable target does
+            not raise unless ``raise_errors``.
+        """
+        limit = _validation.seconds("LLM.warm(timeout)", timeout)
+        targets = {t.key: t for t in self.targets}
+        if self._degraded is not None:
+            targets.setdefault(self._degraded.key, self._degraded)
+        done: dict[str, float | Exception] = {}
+
+        async def warm_one(target: Target) -> None:
+            started = now()
+            try:
+                if target.transport == "openai":
+                    self._http.get()
+                    if connect:
+                        await _openai.open_connection(target, limit, self._http)
+                else:
+                    arguments = target.litellm_arguments(self.timeout)
+                    await _on_asyncio(_litellm.warm(arguments, connect=connect, timeout=limit))
+            except Exception as exc:
+                done[target.key] = provider_error(exc, target=target.key, secrets=self._secrets)
+            else:
+                done[target.key] = now() - started
+
+        import anyio
+
+        async with anyio.create_task_group() as group:
+            for target in targets.values():
+                group.start_soon(warm_one, target)
+        found = {key: done[key] for key in targets}
+        if raise_errors:
+            for outcome in found.values():
+                if isinstance(outcome, Exception):
+                    raise outcome
+        return found
 
     async def acompletion(self, **kwargs: Any) -> Any:
         """Run ``litellm.acompletion(**kwargs)`` through the policies.
@@ -713,19 +803,38 @@ class LLM:
 
     def _open(self, target: Target, **kwargs: Any) -> Any:
         """A streaming attempt's source: opened on its first ``__anext__`` (through litellm on
-        trio, in the asyncio bridge, whose pump hands the chunks over)."""
+        trio, in the asyncio bridge, whose pump hands the chunks over).
+
+        The first attempt of the process to a model (litellm) or on the event loop (fast lane)
+        first does the client's one-time set-up (see :meth:`warm`), and its source says when
+        it was done (``ready_at``): the set-up is not counted in the provider's first-token
+        time (``StreamGuard.first_token``, ``Stream.ttft``, the hedge's statistics).
+        """
         if self.max_output_tokens is not None:
             self._cap(target, kwargs, streaming=True)
-        # The stream's own limits (first token, stall: at most the attempt timeout) judge a
-        # silent provider, with typed errors; the HTTP read timeout is only a backstop, a grace
-        # later, so that the two never race.
-        timeout = (self.timeout if target.timeout is None else target.timeout) + _READ_GRACE
+        timeout = self.timeout if target.timeout is None else target.timeout
         if target.transport == "openai":
-            request = _openai.Request(target, timeout, {**kwargs, "stream": True})
-            return _openai.OpenAIChunks(request, target, self._secrets)
+            request = _openai.Request(target, timeout, {**kwargs, "stream": True}, self._http)
+            chunks = _openai.OpenAIChunks(request, target, self._secrets)
+            if not self._http.ready():
+                self._http.get()
+                chunks.ready_at = now()
+            return chunks
         arguments = target.litellm_arguments(self.timeout, kwargs)
-        arguments["timeout"] = timeout
+        if not is_set_up(target.model):
+            return self._set_up_then_open(target, arguments)
+        return self._litellm_source(target, arguments, None)
+
+    async def _set_up_then_open(self, target: Target, arguments: dict[str, Any]) -> Any:
+        with contextlib.suppress(Exception):  # an unknown provider: the real call raises it
+            await _on_asyncio(_litellm.set_up(target.litellm_arguments(self.timeout)))
+        return self._litellm_source(target, arguments, now())
+
+    def _litellm_source(
+        self, target: Target, arguments: dict[str, Any], ready_at: float | None
+    ) -> Any:
         chunks = LitellmChunks(arguments, target, self._secrets)
+        chunks.ready_at = ready_at
         if sniffio.current_async_library() == "asyncio":
             return chunks
         from ._asyncio_bridge import BridgedStream
@@ -738,11 +847,15 @@ class LLM:
         try:
             if target.transport == "openai":
                 timeout = self.timeout if target.timeout is None else target.timeout
-                response = await _openai.complete(target, timeout, kwargs)
+                response = await _openai.complete(target, timeout, kwargs, self._http)
             else:
-                coro = self._litellm.acompletion(
-                    **target.litellm_arguments(self.timeout, kwargs), max_retries=0
-                )
+                if not is_set_up(target.model):
+                    # litellm's one-time set-up, apart: a cancel landing in a real call's
+                    # set-up (it runs in a thread) leaves litellm's request coroutine unawaited
+                    # ("coroutine ... was never awaited"); in the mock's, nothing.
+                    with contextlib.suppress(Exception):
+                        await _on_asyncio(_litellm.set_up(target.litellm_arguments(self.timeout)))
+                coro = litellm_acompletion(target.litellm_arguments(self.timeout, kwargs))
                 if sniffio.current_async_library() == "asyncio":
                     response = await coro  # the common case, without the bridge's extra frame
                 else:
@@ -841,7 +954,11 @@ class LLM:
         )
 
 
-_READ_GRACE = 1.0  # seconds the HTTP read timeout of a stream waits past its own limits
+async def _on_asyncio(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Await ``coro`` on asyncio (on trio: in the asyncio bridge, where litellm runs)."""
+    from ._asyncio_bridge import run_on_asyncio
+
+    return await run_on_asyncio(coro)
 
 
 def _raise_if_truncated(stream: Stream[Any]) -> None:

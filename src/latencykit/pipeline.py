@@ -31,7 +31,6 @@ import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from types import MappingProxyType
 from typing import (
-    TYPE_CHECKING,
     Any,
     NamedTuple,
     ParamSpec,
@@ -59,9 +58,6 @@ from .errors import LatencykitError, classify
 from .stream import ANY_ITEM, LazyStream, Stream, StreamOutcome
 from .target import Target
 
-if TYPE_CHECKING:
-    from .policies.guard import StreamGuard
-
 __all__ = [
     "Attempt",
     "AttemptReason",
@@ -72,6 +68,7 @@ __all__ = [
     "Pipeline",
     "Policy",
     "Stage",
+    "StreamLimits",
     "Trace",
     "compose",
     "current_attempt",
@@ -113,6 +110,23 @@ class AttemptRecorder(Protocol):
         ...
 
 
+class StreamLimits(Protocol):
+    """The limits on a streaming call's attempts (``Call.stream``): a
+    :class:`~latencykit.StreamGuard` (a policy, above the pipeline, which only needs this)."""
+
+    def limits(self, target: Target) -> tuple[float | None, float | None]:
+        """``(first_token, stall)`` in seconds for an attempt on ``target`` (``None``: none)."""
+        ...
+
+
+class _Unguarded:
+    """A stream no guard bounds: its target's attempt timeout, as ``StreamGuard()`` gives."""
+
+    @staticmethod
+    def limits(target: Target) -> tuple[float | None, float | None]:
+        return target.timeout, target.timeout
+
+
 class Call(NamedTuple):
     """One call to make: a callable, its arguments, the target it goes to, and whether it streams.
 
@@ -127,8 +141,8 @@ class Call(NamedTuple):
         kwargs: keyword arguments (default empty).
         target: the :class:`~latencykit.Target` attempts are recorded under and policies key
             their state by (default: named after ``fn`` when the pipeline runs).
-        stream: the :class:`~latencykit.StreamGuard` of a streaming call (default ``None``: not
-            a streaming call).
+        stream: the :class:`StreamLimits` of a streaming call, its
+            :class:`~latencykit.StreamGuard` (default ``None``: not a streaming call).
         recorder: what each attempt of the call is reported to when it ends (and a stream's
             first content chunk when it arrives), e.g. the LLM's
             :class:`~latencykit.stats.Recorder` (default ``None``: nothing).
@@ -138,7 +152,7 @@ class Call(NamedTuple):
     args: tuple[Any, ...] = ()
     kwargs: Mapping[str, Any] = _EMPTY
     target: Target = UNNAMED
-    stream: StreamGuard | None = None
+    stream: StreamLimits | None = None
     recorder: AttemptRecorder | None = None
 
     def with_kwargs(self, **changes: Any) -> Call:
@@ -420,13 +434,17 @@ async def _open_stream(
             f"a streaming call must produce an async iterator; {call.target.key} gave {source!r}"
         )
     first_token, stall = guard.limits(call.target)
+    # A source that did set-up of its own before its request (LLM's: litellm's first call of a
+    # model, the loop's first HTTP client) says when it was ready (``ready_at``): the client's
+    # set-up is not the provider's first-token time. The attempt's own start stays where it was.
+    ready_at = getattr(source, "ready_at", None)
     stream: Stream[Any] = Stream(
         source,
         reader=getattr(source, "chunk_reader", ANY_ITEM),
         first_token=first_token,
         stall=stall,
         deadline=deadline_var.get(),
-        started=started,
+        started=started if ready_at is None else ready_at,
         target=call.target.key,
         trace=trace,
         attempt=number,
@@ -545,9 +563,7 @@ def decorate(pipeline: Pipeline, fn: Callable[P, Any]) -> Callable[P, Any]:
     run = pipeline.run_traced
     wrapper: Callable[P, Any]
     if _is_async_generator_function(raw):
-        from .policies.guard import StreamGuard
-
-        unguarded = StreamGuard()
+        unguarded = _Unguarded()
 
         @functools.wraps(raw)
         def streaming(*args: P.args, **kwargs: P.kwargs) -> LazyStream[Any]:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from . import events
 from ._context import order_var, remaining, task_var, trace_var
+from ._values import RouteDecision
 from .pipeline import Call, Next, Stage
 
 if TYPE_CHECKING:
@@ -64,19 +65,6 @@ def needs_of(kwargs: Mapping[str, Any]) -> frozenset[str]:
             needs.add("vision")
             break
     return frozenset(needs)
-
-
-class RouteDecision(NamedTuple):
-    """Where a call was routed and why.
-
-    Attributes:
-        target: the chosen target's key.
-        reason: a short human-readable reason (``"rule 1: task='classify'"``, ``"default"``,
-            ``"budget: ..."``).
-    """
-
-    target: str
-    reason: str
 
 
 class RouteRequest:

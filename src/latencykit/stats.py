@@ -44,7 +44,7 @@ from .errors import ErrorKind
 
 if TYPE_CHECKING:
     from ._context import Attempt
-    from .policies.breaker import BreakerState
+    from ._values import BreakerState
 
 __all__ = [
     "MAX_SECONDS",

@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 from . import events
 from ._cancel import Expired as _Expired
 from ._cancel import Watchdog, backend, loop_clock
-from ._openai_chunks import OPENAI_CHUNKS, Node
 from ._response import Summary
 from ._response import summary as _summary
+from .chunks import OPENAI_CHUNKS, Node
 
 if TYPE_CHECKING:
     from ._context import Trace
@@ -74,7 +74,7 @@ class ChunkReader(Protocol):
 class _AnyItem:
     """Items of any async iterator, read by their shape: a chat-completion chunk (an object or
     a mapping with ``choices``: litellm's, the OpenAI SDK's, the fast lane's, a dict) by the
-    one content rule (:func:`~latencykit._openai_chunks.delta_content`: a role-only chunk or
+    one content rule (:func:`~latencykit.chunks.delta_content`: a role-only chunk or
     an empty delta is not content), a string when it is not empty, anything else always. The
     end of iteration completes them (no finish is required)."""
 
@@ -94,7 +94,7 @@ class _AnyItem:
 
 def _chat_chunk(item: Any) -> Any:
     """``item`` as a chat-completion chunk with attribute access, or ``None`` if it is not
-    one (a dict is read through a :class:`~latencykit._openai_chunks.Node`)."""
+    one (a dict is read through a :class:`~latencykit.chunks.Node`)."""
     if getattr(item, "choices", None) is not None:
         return item
     if isinstance(item, dict) and "choices" in item:
@@ -284,12 +284,28 @@ class Stream(_ClosedOnExit, Generic[T]):
 
     def _wrapped(self, error: Exception) -> Exception:
         wrap = self._wrap_error
-        if wrap is None:
-            return error
-        wrapped = wrap(error)
+        wrapped = error if wrap is None else wrap(error)
+        if type(wrapped) is _attempt_timeout() and wrapped.status_code is None:  # type: ignore[attr-defined]
+            # The HTTP read timeout of a stream is the silence the guards watch for, whichever
+            # fires first: before the first content chunk a first-token timeout, after it a stall.
+            wrapped = self._silence(wrapped)
         if wrapped is not error:
             wrapped.__cause__ = error
         return wrapped
+
+    def _silence(self, timeout: Exception) -> Exception:
+        from .errors import FirstTokenTimeout, StreamStalled
+
+        quiet = self._now() - self._last_at
+        if not self._committed:
+            return FirstTokenTimeout(
+                f"no content chunk within {quiet:.3g}s (the read timeout)", target=self.target
+            )
+        return StreamStalled(
+            f"no content chunk for {quiet:.3g}s after {self.chunks} chunks (the read timeout)",
+            target=self.target,
+            reason="stall",
+        )
 
     def __repr__(self) -> str:
         return f"<latencykit.Stream {self.target!r} {self.outcome}, {self.chunks} chunks>"
@@ -727,6 +743,12 @@ class Stream(_ClosedOnExit, Generic[T]):
         _attach_partial(error, self)
         await self._end("error", error)
         raise error
+
+
+def _attempt_timeout() -> type[Exception]:
+    from .errors import AttemptTimeout
+
+    return AttemptTimeout
 
 
 def _recoverable(error: Exception) -> bool:

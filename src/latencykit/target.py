@@ -204,10 +204,12 @@ def _check_fast_lane(model: str, api_base: str | None) -> None:
 
 def _provider_of(model: str) -> str | None:
     """The provider litellm routes a model name without a prefix to (``None``: unknown)."""
-    from ._litellm import litellm  # a bare name: only litellm knows ("gpt-4o", "claude-3")
+    # A bare name: only litellm knows ("gpt-4o", "claude-3"). Imported directly: a target sits
+    # below the transports (the litellm lane's loader freezes the heap at LLM's construction).
+    import litellm
 
     try:
-        return str(litellm().get_llm_provider(model=model)[1])
+        return str(litellm.get_llm_provider(model=model)[1])
     except Exception:  # litellm does not know it either
         return None
 

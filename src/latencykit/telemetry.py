@@ -34,11 +34,18 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import events
 from ._context import Attempt
 from ._handle import Handle
-from .cache import CacheLookup
-from .fleet import StoreUnavailable
-from .policies.breaker import BreakerRejected, BreakerState, BreakerStateChanged
-from .policies.limiter import LimitRefused, LimitWaited
-from .policies.retry import RetryGaveUp, RetryScheduled
+from ._values import BreakerState
+from ._version import __version__
+from .events import (
+    BreakerRejected,
+    BreakerStateChanged,
+    CacheLookup,
+    LimitRefused,
+    LimitWaited,
+    RetryGaveUp,
+    RetryScheduled,
+    StoreUnavailable,
+)
 from .target import Endpoint
 
 __all__ = ["CAPTURE_CONTENT_VARIABLE", "SEMCONV_VERSION", "Instrumentation", "instrument"]
@@ -207,8 +214,6 @@ class Instrumentation(Handle):
         meter_provider: metrics.MeterProvider | None = None,
         capture_content: bool | None = None,
     ) -> None:
-        from . import __version__
-
         self.capture_content = (
             _content_from_environment() if capture_content is None else bool(capture_content)
         )

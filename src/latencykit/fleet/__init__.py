@@ -19,10 +19,9 @@ default; :class:`~latencykit.fleet.redis.RedisStore` implements it on Redis or V
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
-from ..events import Event
+from ..events import StoreRecovered, StoreUnavailable
 
 __all__ = [
     "BreakerOptions",
@@ -193,33 +192,3 @@ def use_store(store: SharedStore | None) -> SharedStore | None:
 def current_store() -> SharedStore | None:
     """The process's default store (:func:`use_store`), ``None`` for process-local state."""
     return _current
-
-
-@dataclass(frozen=True, slots=True)
-class StoreUnavailable(Event):
-    """A shared store stopped answering; policies use process-local state until it returns.
-
-    Emitted once per outage (from the store's background thread), and logged once as a warning
-    on the ``latencykit`` logger.
-
-    Attributes:
-        store: the store's ``repr`` (its address without credentials).
-        reason: what went wrong: the exception's type name (never its message, which may
-            hold an address with credentials).
-    """
-
-    store: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class StoreRecovered(Event):
-    """A shared store answers again; its state is in force again from now on.
-
-    Attributes:
-        store: the store's ``repr``.
-        down_for: seconds it was unavailable.
-    """
-
-    store: str
-    down_for: float

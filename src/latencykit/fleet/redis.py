@@ -28,7 +28,8 @@ from urllib.parse import urlsplit
 
 from .. import _validation, events
 from .._asyncio_bridge import run_on_shared_loop, shared_loop
-from . import BreakerOptions, BreakerView, StoreRecovered, StoreUnavailable
+from ..events import StoreRecovered, StoreUnavailable
+from . import BreakerOptions, BreakerView
 
 __all__ = ["RedisStore"]
 

@@ -27,11 +27,10 @@ breaker's state across processes.
 from __future__ import annotations
 
 import datetime
-import enum
 import functools
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, ParamSpec, Protocol, TypeVar, runtime_checkable
@@ -40,15 +39,15 @@ from .. import _validation, events
 from .. import fleet as _fleet
 from .._cancel import clock as loop_clock
 from .._context import probe_var, trace_var
+from .._values import BreakerState
 from ..errors import (
+    CircuitOpen,
     ErrorFilter,
-    ErrorKind,
-    LatencykitError,
     LimitExceeded,
     error_predicate,
     is_transient,
 )
-from ..events import Event
+from ..events import BreakerRejected, BreakerStateChanged, Event
 from ..pipeline import Call, Next, PolicyDecorator, Stage
 from ..stream import Stream, StreamOutcome
 
@@ -77,106 +76,10 @@ TIME_BUCKETS = 20
 # Codes of a count window's slots: 0 = empty, else _CALL plus the flags.
 _CALL, _FAILED, _SLOW = 1, 2, 4
 
-
-class BreakerState(str, enum.Enum):
-    """The state of a circuit breaker (a ``str``: ``BreakerState.OPEN == "open"``)."""
-
-    CLOSED = "closed"
-    """Calls go through and fill the window."""
-    OPEN = "open"
-    """Calls are refused until ``open_duration`` has passed."""
-    HALF_OPEN = "half_open"
-    """A few probe calls are admitted to test the target; the others are refused."""
-    FORCED_OPEN = "forced_open"
-    """Isolated by hand (:meth:`Breaker.isolate`): every call is refused until ``reset()``."""
-
-
 _CLOSED = BreakerState.CLOSED
 _OPEN = BreakerState.OPEN
 _HALF_OPEN = BreakerState.HALF_OPEN
 _FORCED_OPEN = BreakerState.FORCED_OPEN
-
-
-# --- events and errors ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerStateChanged(Event):
-    """A breaker changed state.
-
-    Attributes:
-        key: the breaker's key (a target name).
-        from_state: the state left.
-        to_state: the state entered.
-        failure_rate: the failure rate the transition was decided on, in ``[0, 1]``: the
-            probes' when leaving ``HALF_OPEN``, else the window's (``0.0`` with no calls).
-        slow_call_rate: the slow-call rate, likewise.
-        calls: the number of calls those rates are computed over.
-    """
-
-    key: str
-    from_state: BreakerState
-    to_state: BreakerState
-    failure_rate: float
-    slow_call_rate: float
-    calls: int
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerRejected(Event):
-    """A breaker refused a call (:meth:`Breaker.acquire` or the policy).
-
-    Attributes:
-        key: the breaker's key.
-        state: its state: ``OPEN``, ``FORCED_OPEN``, or ``HALF_OPEN`` with every probe permit
-            taken.
-    """
-
-    key: str
-    state: BreakerState
-
-
-class CircuitOpen(LatencykitError):
-    """A circuit breaker refused the call; the wrapped callable was not called.
-
-    Attributes:
-        key: the breaker's key (a target name).
-        state: the breaker's state: ``OPEN``, ``FORCED_OPEN``, or ``HALF_OPEN`` when every
-            probe permit was taken.
-        half_open_in: seconds until the breaker half-opens and admits probe calls again;
-            ``None`` when no time is known (forced open, or half-open with all probes in
-            flight).
-        keys: the keys of every breaker that refused: ``(key,)``, or all the routes' keys
-            for :meth:`all_open`.
-    """
-
-    keys: tuple[str, ...]
-    kind = ErrorKind.CIRCUIT_OPEN
-
-    def __init__(self, key: str, state: BreakerState, half_open_in: float | None) -> None:
-        if state is _FORCED_OPEN:
-            why = "is forced open (isolate()); calls are refused until reset()"
-        elif state is _HALF_OPEN:
-            why = "is half-open and every probe call is taken; calls are refused until they end"
-        else:
-            why = f"is open; calls are refused until it half-opens in {half_open_in or 0.0:.3f}s"
-        super().__init__(f"circuit breaker {key!r} {why}")
-        self.key = key
-        self.keys = (key,)
-        self.state = state
-        self.half_open_in = half_open_in
-
-    @classmethod
-    def all_open(cls, keys: Sequence[str], half_open_in: float | None = None) -> CircuitOpen:
-        """The error for a call none of whose targets admitted it (failover skipped them all).
-
-        ``key`` is the first of ``keys`` (``""`` if there are none), ``state`` is ``OPEN``.
-        """
-        error = cls(keys[0] if keys else "", _OPEN, half_open_in)
-        error.keys = tuple(keys)
-        named = ", ".join(repr(key) for key in keys) or "none"
-        error.args = (f"every target's circuit breaker refuses calls (open: {named})",)
-        return error
 
 
 # --- state and its store ----------------------------------------------------------------------

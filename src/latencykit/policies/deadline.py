@@ -19,7 +19,7 @@ from ..errors import DeadlineExceeded
 from ..pipeline import Call, Next, PolicyDecorator, Stage
 
 if TYPE_CHECKING:
-    from ..turn import Ledger
+    from .._values import Ledger
 
 __all__ = ["Deadline", "DeadlineScope", "PerTask", "deadline"]
 

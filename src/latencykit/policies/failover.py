@@ -27,6 +27,7 @@ from .._cancel import backend
 from .._context import deadline_var, order_var, reason_var, trace_var
 from ..errors import (
     AttemptTimeout,
+    CircuitOpen,
     ErrorFilter,
     ErrorKind,
     attach_others,
@@ -157,8 +158,6 @@ class Failover(PolicyDecorator):
                 if reason is not None:
                     reason_var.reset(reason)
         if not errors:
-            from .breaker import CircuitOpen
-
             raise CircuitOpen.all_open(skipped_open)
         attach_others(errors[0], errors[1:])
         raise errors[0]

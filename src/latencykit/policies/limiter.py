@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 
@@ -50,6 +50,7 @@ from .._cancel import Backend, backend, clock
 from .._context import deadline_var, trace_var
 from .._response import Summary
 from ..errors import LimitExceeded
+from ..events import LimitKind, LimitRefused, LimitWaited
 from ..pipeline import Call, Next, PolicyDecorator, Stage
 from ..stream import Stream, StreamOutcome
 
@@ -75,10 +76,6 @@ DEFAULT_TENANT = "<default>"
 # Idle state (full buckets, tenants with nothing in flight) is forgotten once there are this many
 # entries, then again at twice as many as were kept: tenants may be end users, many and brief.
 _PRUNE_FROM = 1024
-
-LimitKind: TypeAlias = Literal["concurrency", "tenant_concurrency", "requests", "tokens"]
-"""Which limit a call waited for or was refused by: the target's concurrency limit, the
-tenant's concurrency cap, or the tenant's request or token rate."""
 
 
 # --- tenants -----------------------------------------------------------------------------------
@@ -312,46 +309,6 @@ class InMemoryQuotaStore:
         ]:
             del buckets[key]
         self._prune_at = max(_PRUNE_FROM, 2 * len(buckets))
-
-
-# --- events ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LimitWaited(events.Event):
-    """A call waited for a limit, then went on.
-
-    Attributes:
-        target: the key of the target the call is for.
-        tenant: the call's tenant.
-        limit: which limit it waited for (:data:`LimitKind`).
-        waited: seconds it waited for it.
-    """
-
-    target: str
-    tenant: str
-    limit: LimitKind
-    waited: float
-
-
-@dataclass(frozen=True, slots=True)
-class LimitRefused(events.Event):
-    """A limiter refused a call (:class:`~latencykit.errors.LimitExceeded` is raised).
-
-    Attributes:
-        target: the key of the target the call was for.
-        tenant: the call's tenant.
-        limit: the limit that refused it (:data:`LimitKind`).
-        wait: seconds the call would have had to wait for a rate quota (``None`` for a
-            concurrency slot: not known in advance).
-        waited: seconds it had waited in the limiter before the refusal.
-    """
-
-    target: str
-    tenant: str
-    limit: LimitKind
-    wait: float | None
-    waited: float
 
 
 # --- fair slots --------------------------------------------------------------------------------

@@ -34,8 +34,7 @@ import datetime
 import math
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar
 
 import anyio
 
@@ -44,6 +43,7 @@ from .._cancel import backend
 from .._context import deadline_var, probe_var, reason_var, trace_var
 from ..budget import RetryBudget
 from ..errors import ErrorFilter, ErrorKind, attach_others, classify, error_predicate, retry_after
+from ..events import GiveUpReason, RetryGaveUp, RetryScheduled
 from ..pipeline import Call, Next, PolicyDecorator, Stage, is_async_callable
 
 if TYPE_CHECKING:
@@ -53,11 +53,6 @@ __all__ = ["GiveUpReason", "Retry", "RetryGaveUp", "RetryScheduled", "retry"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-GiveUpReason: TypeAlias = Literal[
-    "max_attempts", "budget", "deadline", "retry_after_too_long", "slow_failure", "not_retryable"
-]
-"""Why a retry policy stopped retrying (see :class:`RetryGaveUp`)."""
 
 Sleep: TypeAlias = Callable[[float], Awaitable[Any]]
 """An async sleep function, ``await sleep(seconds)`` (default ``anyio.sleep``)."""
@@ -81,48 +76,6 @@ SLOW_FAILURE_SHARE = 0.5
 # process that just started (or a quiet one) can still retry (Finagle keeps such a reserve too).
 _DEFAULT_RATIO = 0.2
 _DEFAULT_RESERVE = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class RetryScheduled(events.Event):
-    """A retry policy will make another attempt after ``wait`` seconds.
-
-    Attributes:
-        attempt: the number, within this retry policy, of the attempt about to start (2 for the
-            first retry).
-        wait: seconds it waits first (backoff with jitter, at least ``retry_after`` when honoured).
-        reason_kind: the :class:`~latencykit.ErrorKind` of the error that is being retried.
-        retry_after: the provider's ``Retry-After`` in seconds, if the error carried one and the
-            policy reads it (``honor_retry_after`` or ``max_retry_after``), else ``None``.
-    """
-
-    attempt: int
-    wait: float
-    reason_kind: ErrorKind
-    retry_after: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class RetryGaveUp(events.Event):
-    """A retry policy raised the last error instead of retrying.
-
-    Attributes:
-        attempts: attempts this policy made for the call.
-        reason: ``"max_attempts"`` (no attempt left), ``"budget"`` (the retry budget is empty),
-            ``"deadline"`` (the wait plus another attempt would not fit before the deadline),
-            ``"retry_after_too_long"`` (the provider asked to wait more than
-            ``max_retry_after``), ``"slow_failure"`` (the attempt failed only after
-            ``slow_failure`` seconds: not retried on the same target, like a timeout), or
-            ``"not_retryable"`` (after at least one retry, an error the policy does not retry).
-        error_kind: the :class:`~latencykit.ErrorKind` of the error raised.
-        wait: for ``"deadline"`` and ``"retry_after_too_long"``, the wait that did not fit
-            (seconds); for ``"slow_failure"``, how long the failed attempt ran; else ``None``.
-    """
-
-    attempts: int
-    reason: GiveUpReason
-    error_kind: ErrorKind
-    wait: float | None = None
 
 
 def _retried_by_default(exc: BaseException) -> bool:

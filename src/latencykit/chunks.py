@@ -1,5 +1,5 @@
-"""What the fast lane's stream events decode into, and how a :class:`~latencykit.Stream` reads
-them.
+"""The chunks of a stream: what the fast lane's stream events decode into, and the one rule for
+what counts as content (:func:`delta_content`), on every lane and entry point.
 
 Each SSE event is decoded once, from its bytes, by msgspec:
 
