@@ -256,6 +256,9 @@ async def test_many_calls_reuse_connections(fake: FakeProvider) -> None:
 async def test_hedge_wins_and_the_loser_connection_is_closed(fake: FakeProvider) -> None:
     fake.script("tail", [Behavior(ttft=30.0), Behavior(output_tokens=4)])
     llm = make_llm(fake, "tail", deadline=10, hedge=lk.Hedge(0.2, max_extra_load=1.0))
+    # litellm's first call of a model sets itself up for up to a second before its request:
+    # without warm(), the hedge's request may reach the server first and be the slow one.
+    await llm.warm(connect=False)
     response = await llm.acompletion(messages=MESSAGES)
     returned_at = time.monotonic()
     report = lk.report(response)
