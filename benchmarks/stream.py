@@ -1550,10 +1550,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 begin = time.perf_counter()
                 llms.append(bench_llm_trio(base_url, settings, args.seed, anomalies))
                 sections["llm_trio"] = round(time.perf_counter() - begin, 1)
-    from latencykit import _litellm
+    from latencykit import _cancel
 
-    if _litellm._closing:
-        anomalies.notes.append(f"{len(_litellm._closing)} abandoned-stream closes still pending")
+    if _cancel._detached:
+        anomalies.notes.append(f"{len(_cancel._detached)} background tasks still pending")
     alive = leftovers()
     threads = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
     meta["threads_at_end"] = threads

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import anyio
 import sniffio
 
+from ._cancel import keep
 from .stream import _NOTHING
 
 __all__ = ["BridgedStream", "run_on_asyncio", "run_on_shared_loop", "shared_loop"]
@@ -37,7 +38,6 @@ T = TypeVar("T")
 # parsing a multi-megabyte body) cannot be interrupted before it finishes, and the caller's
 # deadline must not wait for that: the task is left to end (cancelled) on its own.
 _CANCEL_WAIT = 0.02
-_running: set[asyncio.Task[Any]] = set()  # strong references: a detached task must not be lost
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 
@@ -90,8 +90,7 @@ async def _from_trio(coro: Coroutine[Any, Any, T]) -> T:
     def start() -> None:  # on the asyncio thread
         task = loop.create_task(coro)
         tasks.append(task)
-        _running.add(task)
-        task.add_done_callback(_running.discard)
+        keep(task)
         task.add_done_callback(wake)
 
     def cancel() -> None:  # on the asyncio thread
@@ -115,7 +114,6 @@ async def _from_trio(coro: Coroutine[Any, Any, T]) -> T:
 
 
 _END = object()  # the pump's last item: the source ended
-_pumps: set[asyncio.Task[None]] = set()  # strong references to the running pump tasks
 _HIGH_WATER = 64  # the pump waits while this many chunks are unread...
 _LOW_WATER = 16  # ...until the reader brings them down to this many
 
@@ -180,8 +178,7 @@ class BridgedStream:
         # ``_space``) is otherwise reachable from nothing but this object, and a garbage
         # collection in the reader's thread could destroy it, running its ``finally`` (litellm's
         # close) on the wrong thread.
-        _pumps.add(task)
-        task.add_done_callback(_pumps.discard)
+        keep(task)
         task.add_done_callback(self._finished)
 
     async def _pump(self, source: AsyncIterator[Any]) -> None:

@@ -16,6 +16,7 @@ anyio's scopes and with any other cancellation.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
@@ -25,7 +26,18 @@ from typing import Any, NamedTuple, TypeVar
 import anyio
 import sniffio
 
-__all__ = ["Backend", "Expired", "Watchdog", "backend", "clock", "loop_clock", "now"]
+__all__ = [
+    "Backend",
+    "Expired",
+    "Watchdog",
+    "backend",
+    "clock",
+    "keep",
+    "loop_clock",
+    "now",
+    "run_soon",
+    "spawn_detached",
+]
 
 T = TypeVar("T")
 
@@ -229,3 +241,65 @@ def clock() -> float:
     if found is None:
         found = _backends[name] = _native(name)
     return found.now()
+
+
+# --- detached tasks: one supervisor ---------------------------------------------------------------
+#
+# Closing a stream from a finaliser, writing a streamed answer to the cache, the asyncio bridge's
+# tasks: work that outlives the call that started it. asyncio keeps only weak references to
+# tasks, so a task nothing else holds can be garbage-collected mid-way (running its `finally` on
+# the wrong thread); here every such task is held until it ends, and its failure is logged
+# (nobody awaits it). On trio they are system tasks, which must not raise either.
+
+_logger = logging.getLogger("latencykit")
+_detached: set[Any] = set()
+Job = Callable[[], Awaitable[object]]
+
+
+def keep(task: Any) -> None:
+    """Hold an asyncio ``task`` until it ends (see the section's comment)."""
+    _detached.add(task)
+    task.add_done_callback(_detached.discard)
+
+
+async def _supervised(job: Job) -> None:
+    try:
+        await job()
+    except Exception:
+        _logger.exception("latencykit: a background task failed (%r)", job)
+
+
+def spawn_detached(job: Job) -> None:
+    """Start ``job()`` in a task of its own on the running event loop, from synchronous code
+    on it (a callback): held until it ends, its failure logged."""
+    if _on_asyncio():
+        import asyncio
+
+        keep(asyncio.get_running_loop().create_task(_supervised(job)))
+        return
+    import trio
+
+    trio.lowlevel.spawn_system_task(_supervised, job)
+
+
+def run_soon() -> Callable[[Job], None]:
+    """A function that starts ``job()`` on *this* event loop soon (:func:`spawn_detached`),
+    callable from any thread: a finaliser, another loop's thread. Raises ``RuntimeError`` once
+    the loop is closed."""
+    if _on_asyncio():
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+
+        def on_asyncio(job: Job) -> None:
+            loop.call_soon_threadsafe(spawn_detached, job)
+
+        return on_asyncio
+    import trio
+
+    token = trio.lowlevel.current_trio_token()
+
+    def on_trio(job: Job) -> None:
+        token.run_sync_soon(spawn_detached, job)
+
+    return on_trio

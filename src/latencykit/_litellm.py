@@ -10,17 +10,17 @@ what the provider sent (litellm records it in ``received_finish_reason``).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import types
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ._cancel import run_soon
 from .chunks import delta_content
 from .errors import StreamBroken, malformed_answer, stream_error
 
 if TYPE_CHECKING:
-    import asyncio
-
     from .target import Target
 
 __all__ = [
@@ -321,8 +321,8 @@ class LitellmChunks:
         "_arguments",
         "_closed",
         "_content_type",
-        "_loop",
         "_parser",
+        "_run_soon",
         "_secrets",
         "_target",
         "_wrapper",
@@ -340,7 +340,7 @@ class LitellmChunks:
         # stream wrapper and the parser under it (litellm drops it at the end).
         self._answer: Any = None
         self._parser: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._run_soon: Callable[[Callable[[], Awaitable[object]]], None] | None = None
         self._closed = False
         self._content_type = ""  # the answer's, once open
         self.chunk_reader = _LitellmChunkReader(self)
@@ -369,9 +369,8 @@ class LitellmChunks:
     async def _open(self) -> Any:
         if self._closed:
             raise StopAsyncIteration
-        import asyncio  # here, not at import: `import latencykit` stays light
 
-        self._loop = asyncio.get_running_loop()
+        self._run_soon = run_soon()
         token = _quiet.set(True)
         try:
             wrapper = self._wrapper = self._answer = await litellm().acompletion(
@@ -443,9 +442,10 @@ class LitellmChunks:
 
     def close_nowait(self) -> None:
         """Schedule :meth:`aclose` on the stream's loop (from a finaliser, any thread)."""
-        loop = self._loop
-        if self._wrapper is not None and loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(_spawn, loop, self.aclose)
+        run = self._run_soon
+        if self._wrapper is not None and run is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: the socket went with it
+                run(self.aclose)
 
 
 async def _next_quietly(wrapper: Any) -> Any:
@@ -459,13 +459,6 @@ async def _next_quietly(wrapper: Any) -> Any:
 
 
 _ENDED_EARLY = "Stream ended before a finish_reason was received"
-_closing: set[asyncio.Task[None]] = set()  # strong references until the closes finish
-
-
-def _spawn(loop: asyncio.AbstractEventLoop, close: Any) -> None:
-    task = loop.create_task(close())
-    _closing.add(task)
-    task.add_done_callback(_closing.discard)
 
 
 class SkipPrefix:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import msgspec
 
+from ._cancel import run_soon
 from .chunks import OPENAI_CHUNKS, Node, decode_chunk, decode_node
 from .errors import (
     HTTPError,
@@ -386,7 +387,7 @@ class OpenAIChunks:
     async def _open(self) -> AsyncIterator[bytes]:
         if self._closed:
             raise StopAsyncIteration
-        self._run_soon = _run_soon()
+        self._run_soon = run_soon()
         response = self._response = await self._request.send(stream=True)
         if response.status_code >= 400:
             try:
@@ -436,34 +437,3 @@ class OpenAIChunks:
         if self._response is not None and run_soon is not None:
             with contextlib.suppress(RuntimeError):  # its loop is closed: the socket went with it
                 run_soon(self.aclose)
-
-
-_closing: set[Any] = set()  # strong references to asyncio close tasks until they finish
-
-
-def _run_soon() -> Any:
-    """A function running an async close on this event loop soon, callable from any thread."""
-    import sniffio
-
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        token = trio.lowlevel.current_trio_token()
-
-        def on_trio(close: Any) -> None:
-            token.run_sync_soon(trio.lowlevel.spawn_system_task, close)
-
-        return on_trio
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-
-    def spawn(close: Any) -> None:
-        task = loop.create_task(close())
-        _closing.add(task)
-        task.add_done_callback(_closing.discard)
-
-    def on_asyncio(close: Any) -> None:
-        loop.call_soon_threadsafe(spawn, close)
-
-    return on_asyncio

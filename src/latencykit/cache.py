@@ -33,13 +33,13 @@ import math
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from cachetools import TLRUCache
 
 from . import _validation, events
-from ._cancel import backend, clock
+from ._cancel import backend, clock, spawn_detached
 from ._context import Trace, deadline_var, trace_var
 from ._litellm import LITELLM_CHUNKS, litellm
 from .events import CacheLookup, CacheStored, SkipReason
@@ -762,7 +762,8 @@ class ResponseCache(PolicyDecorator):
         value = _encode("response", response, stream.target, trace)
         set_nowait = getattr(self._store, "set_nowait", None)
         if set_nowait is None:
-            _spawn(functools.partial(self._write_later, miss.key, value, trace, stream.target))
+            write = functools.partial(self._write_later, miss.key, value, trace, stream.target)
+            spawn_detached(write)
             return
         try:
             set_nowait(miss.key, value, self.ttl)
@@ -788,29 +789,3 @@ class ResponseCache(PolicyDecorator):
                     reason=reason,
                 )
             )
-
-
-_writing: set[Any] = set()  # strong references to the asyncio tasks writing streamed answers
-
-
-def _spawn(write: Callable[[], Awaitable[None]]) -> None:
-    """Run ``write`` in a task of its own on the running loop (from a synchronous callback)."""
-
-    async def guarded() -> None:
-        try:
-            await write()
-        except Exception:  # a trio system task must not raise; neither should this one
-            logger.exception("latencykit: ResponseCache background write failed")
-
-    import sniffio
-
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        trio.lowlevel.spawn_system_task(guarded)
-        return
-    import asyncio
-
-    task = asyncio.get_running_loop().create_task(guarded())
-    _writing.add(task)
-    task.add_done_callback(_writing.discard)
