@@ -39,7 +39,7 @@ from overhead import _load, _version
 from provider import provider_process
 
 import latencykit as lk
-from latencykit import _openai
+from latencykit import _cancel
 
 SERVER = r"""
 import asyncio, json, socket, sys
@@ -115,7 +115,7 @@ LANES = ("HTTP/1.1 (the fast lane's pool)", "HTTP/2 (h2c, one client)")
 
 def use(llm: lk.LLM, clients: dict[str, httpx.AsyncClient], lane: str) -> None:
     """Make ``lane``'s client ``llm``'s fast-lane client on this event loop."""
-    llm._http._by_loop[_openai._loop_key()] = clients[lane]
+    llm._http._by_loop[_cancel.loop_key()] = clients[lane]
 
 
 async def throughput(llm: lk.LLM, concurrency: int) -> float:

@@ -16,6 +16,7 @@ anyio's scopes and with any other cancellation.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
@@ -34,9 +35,12 @@ __all__ = [
     "clock",
     "keep",
     "loop_clock",
+    "loop_key",
     "now",
+    "on_asyncio",
     "run_soon",
     "spawn_detached",
+    "threadsafe_caller",
 ]
 
 T = TypeVar("T")
@@ -282,24 +286,43 @@ def spawn_detached(job: Job) -> None:
     trio.lowlevel.spawn_system_task(_supervised, job)
 
 
+def on_asyncio() -> bool:
+    """Whether the running task runs on asyncio (else on trio)."""
+    return _on_asyncio()
+
+
+def loop_key() -> object:
+    """An object that names the running event loop (its identity, as long as it runs): the
+    asyncio loop, or the trio run's token."""
+    if _on_asyncio():
+        import asyncio
+
+        return asyncio.get_running_loop()
+    import trio
+
+    return trio.lowlevel.current_trio_token()
+
+
+def threadsafe_caller() -> Callable[[Callable[[], object]], object]:
+    """A function that calls ``fn()`` on *this* event loop soon, from any thread (asyncio's
+    ``call_soon_threadsafe``, trio's ``run_sync_soon``). Raises ``RuntimeError`` once the loop
+    is closed."""
+    if _on_asyncio():
+        import asyncio
+
+        return asyncio.get_running_loop().call_soon_threadsafe
+    import trio
+
+    return trio.lowlevel.current_trio_token().run_sync_soon
+
+
 def run_soon() -> Callable[[Job], None]:
     """A function that starts ``job()`` on *this* event loop soon (:func:`spawn_detached`),
     callable from any thread: a finaliser, another loop's thread. Raises ``RuntimeError`` once
     the loop is closed."""
-    if _on_asyncio():
-        import asyncio
+    call = threadsafe_caller()
 
-        loop = asyncio.get_running_loop()
+    def start(job: Job) -> None:
+        call(functools.partial(spawn_detached, job))
 
-        def on_asyncio(job: Job) -> None:
-            loop.call_soon_threadsafe(spawn_detached, job)
-
-        return on_asyncio
-    import trio
-
-    token = trio.lowlevel.current_trio_token()
-
-    def on_trio(job: Job) -> None:
-        token.run_sync_soon(spawn_detached, job)
-
-    return on_trio
+    return start

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import msgspec
 
-from ._cancel import run_soon
+from ._cancel import loop_key, run_soon
 from .chunks import OPENAI_CHUNKS, Node, decode_chunk, decode_node
 from .errors import (
     HTTPError,
@@ -63,18 +63,6 @@ _NOT_SENT = frozenset(
 # --- the clients --------------------------------------------------------------------------------
 
 
-def _loop_key() -> object:
-    import sniffio
-
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        return trio.lowlevel.current_trio_token()
-    import asyncio
-
-    return asyncio.get_running_loop()
-
-
 class Clients:
     """The fast lane's HTTP clients of one owner (an :class:`~latencykit.LLM`): a connection
     pool (HTTP/1.1 keep-alive) per event loop, built on the first request made on that loop,
@@ -90,7 +78,7 @@ class Clients:
     def get(self) -> httpx.AsyncClient:
         """This event loop's client (building the first one imports httpcore and makes an SSL
         context: ~0.1 s)."""
-        key = _loop_key()
+        key = loop_key()
         found = self._by_loop.get(key)
         if found is None:
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
@@ -99,12 +87,12 @@ class Clients:
 
     def ready(self) -> bool:
         """Whether this event loop's client exists."""
-        return _loop_key() in self._by_loop
+        return loop_key() in self._by_loop
 
     async def aclose(self) -> None:
         """Close this event loop's client and its connections (a client of another loop
         closes with its loop). A later request builds a new one."""
-        found = self._by_loop.pop(_loop_key(), None)
+        found = self._by_loop.pop(loop_key(), None)
         if found is not None:
             await found.aclose()
 

@@ -24,10 +24,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-import sniffio
-
 from . import _litellm, _openai, _validation, events
-from ._cancel import backend, clock, now
+from ._cancel import backend, clock, now, on_asyncio
 from ._context import (
     Attempt,
     Trace,
@@ -835,7 +833,7 @@ class LLM:
     ) -> Any:
         chunks = LitellmChunks(arguments, target, self._secrets)
         chunks.ready_at = ready_at
-        if sniffio.current_async_library() == "asyncio":
+        if on_asyncio():
             return chunks
         from ._asyncio_bridge import BridgedStream
 
@@ -856,7 +854,7 @@ class LLM:
                     with contextlib.suppress(Exception):
                         await _on_asyncio(_litellm.set_up(target.litellm_arguments(self.timeout)))
                 coro = litellm_acompletion(target.litellm_arguments(self.timeout, kwargs))
-                if sniffio.current_async_library() == "asyncio":
+                if on_asyncio():
                     response = await coro  # the common case, without the bridge's extra frame
                 else:
                     from ._asyncio_bridge import run_on_asyncio

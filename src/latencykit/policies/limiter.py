@@ -46,7 +46,7 @@ import anyio
 
 from .. import _response, events
 from .. import fleet as _fleet
-from .._cancel import Backend, backend, clock
+from .._cancel import Backend, backend, clock, threadsafe_caller
 from .._context import deadline_var, trace_var
 from .._response import Summary
 from ..errors import LimitExceeded
@@ -327,7 +327,7 @@ class _Waiter:
         self.thread = threading.get_ident()
         # A limiter shared by event loops in several threads may free a slot in another
         # thread than the waiter's: the wake-up must then go through the waiter's loop.
-        self.threadsafe = _threadsafe_caller()
+        self.threadsafe = threadsafe_caller()
 
     def wake(self) -> None:
         try:
@@ -337,18 +337,6 @@ class _Waiter:
                 self.threadsafe(self.event.set)
         except RuntimeError:  # its event loop is gone (closed at shutdown): nobody to wake
             logger.debug("latencykit limiter: a waiter's event loop is closed", exc_info=True)
-
-
-def _threadsafe_caller() -> Callable[[Callable[[], object]], object]:
-    import sniffio
-
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        return trio.lowlevel.current_trio_token().run_sync_soon
-    import asyncio
-
-    return asyncio.get_running_loop().call_soon_threadsafe
 
 
 class _Queue:
@@ -640,7 +628,7 @@ class Limiter(PolicyDecorator):
             self._release(permit)
             raise
         if isinstance(result, Stream):
-            ended = functools.partial(self._stream_ended, permit, _threadsafe_caller())
+            ended = functools.partial(self._stream_ended, permit, threadsafe_caller())
             result.on_close(ended, attempt=True)
         else:
             self._release(permit, _response.summary(result) if permit.tokens else None)
