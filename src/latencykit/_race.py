@@ -10,21 +10,16 @@ race decided before the timer fires costs a cancel scope and a timer (docs/bench
 
 from __future__ import annotations
 
-import contextvars
-import heapq
-import itertools
 import logging
 import math
-import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import anyio
 import anyio.lowlevel
-import sniffio
 
-from ._cancel import backend
+from ._cancel import Timer, backend, call_at, spawn
 
 __all__ = ["Lost", "Race", "close", "settle"]
 
@@ -135,7 +130,7 @@ class Race:
         self.host: Any = None  # contender 0's cancel scope, while it runs in the caller's task
         self.spawned: dict[int, Any] = {}  # index -> cancel scope, of contenders in tasks
         self.tasks: list[Any] = []  # asyncio tasks (the loop keeps only weak references)
-        self.timer: _Timer | None = None
+        self.timer: Timer | None = None
         self.waiter: anyio.Event | None = None  # made only if the caller has to wait
 
     def contender(self, index: int, reason: Reason) -> Awaitable[Any] | None:
@@ -265,7 +260,7 @@ class Race:
     def _arm(self) -> None:
         self._disarm()
         if self.delay and len(self.starts) < self.limit:
-            self.timer = _call_at(self.starts[-1] + self.delay, self._on_delay)
+            self.timer = call_at(self.starts[-1] + self.delay, self._on_delay)
 
     def _disarm(self) -> None:
         if self.timer is not None:
@@ -288,7 +283,7 @@ class Race:
                 self.limit = index  # start no more
                 return False
             scope = self.scope(deadline=self.deadline)
-            _spawn(self._in_task, index, awaitable, scope, tasks=self.tasks)
+            spawn(self._in_task, index, awaitable, scope, tasks=self.tasks)
         except BaseException as exc:  # raised by the caller, as if it had launched it
             self._crash(exc)
             return False
@@ -297,118 +292,3 @@ class Race:
         self.spawned[index] = scope
         self._arm()  # the next delay counts from this start
         return True
-
-
-def _spawn(run: Callable[..., Coroutine[Any, Any, None]], *args: Any, tasks: list[Any]) -> None:
-    """Start ``run(*args)`` in a task of its own, in a copy of the context."""
-    asyncio = sys.modules.get("asyncio")
-    loop = None if asyncio is None else asyncio._get_running_loop()
-    if loop is not None:
-        tasks.append(loop.create_task(run(*args)))
-        return
-    import trio
-
-    context = contextvars.copy_context()
-    trio.lowlevel.spawn_system_task(run, *args, name="latencykit race", context=context)
-
-
-# --- timers ---------------------------------------------------------------------------------
-
-
-class _Timer(Protocol):
-    def cancel(self) -> None: ...
-
-
-class _TrioTimer:
-    __slots__ = ("callback", "context", "owner")
-
-    def __init__(self, callback: Callable[[], None], owner: _TrioTimers) -> None:
-        self.callback: Callable[[], None] | None = callback
-        self.context = contextvars.copy_context()  # as asyncio's call_at: the caller's context
-        self.owner = owner
-
-    def cancel(self) -> None:
-        if self.callback is not None:
-            self.callback = None
-            self.owner.cancelled += 1
-
-
-class _TrioTimers:
-    """``call_at`` for trio, which has none: a heap of callbacks served by one system task per
-    run, sleeping in a cancel scope whose deadline is the earliest callback (moving a deadline
-    is cheap; spawning a task per timer, and reaping it, is not). Cancelled timers stay in the
-    heap until due, as in asyncio's loop, and are swept when they are the majority."""
-
-    __slots__ = ("cancelled", "heap", "order", "scope")
-
-    def __init__(self) -> None:
-        self.heap: list[tuple[float, int, _TrioTimer]] = []
-        self.order = itertools.count()
-        self.scope: Any = None
-        self.cancelled = 0
-
-    def call_at(self, when: float, callback: Callable[[], None]) -> _TrioTimer:
-        timer = _TrioTimer(callback, self)
-        heapq.heappush(self.heap, (when, next(self.order), timer))
-        if self.scope is not None and when < self.scope.deadline:
-            self.scope.deadline = when
-        if self.cancelled > 64 and self.cancelled * 2 > len(self.heap):
-            self.heap = [entry for entry in self.heap if entry[2].callback is not None]
-            heapq.heapify(self.heap)
-            self.cancelled = 0
-        return timer
-
-    async def serve(self) -> None:
-        import trio
-
-        while True:
-            heap = self.heap
-            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as self.scope:
-                await trio.sleep_forever()
-            self.scope = None
-            now = trio.current_time()
-            while self.heap and self.heap[0][0] <= now:
-                timer = heapq.heappop(self.heap)[2]
-                callback = timer.callback
-                if callback is None:
-                    self.cancelled -= 1
-                    continue
-                timer.callback = None
-                try:
-                    timer.context.run(callback)
-                except Exception:  # a timer must not take the run down with it
-                    logger.exception("latencykit race timer callback failed")
-
-
-def _as_asyncio(callback: Callable[[], None]) -> None:
-    # A loop callback runs outside any task, where sniffio (so anyio, spawning a task) cannot
-    # tell which library runs; say it, for the callback only (its context is a copy).
-    token = sniffio.current_async_library_cvar.set("asyncio")
-    try:
-        callback()
-    finally:
-        sniffio.current_async_library_cvar.reset(token)
-
-
-_trio_timers: Any = None  # a trio.lowlevel.RunVar, made on first use (trio is imported lazily)
-
-
-def _call_at(when: float, callback: Callable[[], None]) -> _Timer:
-    """Run ``callback()`` on the event loop at ``when`` (its clock), in the caller's context."""
-    asyncio = sys.modules.get("asyncio")
-    loop = None if asyncio is None else asyncio._get_running_loop()
-    if loop is not None:
-        handle: _Timer = loop.call_at(when, _as_asyncio, callback)
-        return handle
-    global _trio_timers
-    import trio
-
-    if _trio_timers is None:
-        _trio_timers = trio.lowlevel.RunVar("latencykit_race_timers")
-    try:
-        timers: _TrioTimers = _trio_timers.get()
-    except LookupError:
-        timers = _TrioTimers()
-        _trio_timers.set(timers)
-        trio.lowlevel.spawn_system_task(timers.serve, name="latencykit race timers")
-    return timers.call_at(when, callback)
