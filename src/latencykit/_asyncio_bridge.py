@@ -24,9 +24,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 import anyio
-import sniffio
 
-from ._cancel import keep
+from ._cancel import keep, on_asyncio
 from .stream import _NOTHING
 
 __all__ = ["BridgedStream", "run_on_asyncio", "run_on_shared_loop", "shared_loop"]
@@ -61,7 +60,7 @@ def shared_loop() -> asyncio.AbstractEventLoop:
 
 async def run_on_asyncio(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on asyncio, whatever backend the caller runs on."""
-    if sniffio.current_async_library() == "asyncio":
+    if on_asyncio():
         return await coro
     return await _from_trio(coro)
 
@@ -69,7 +68,7 @@ async def run_on_asyncio(coro: Coroutine[Any, Any, T]) -> T:
 async def run_on_shared_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on the library's own asyncio loop (:func:`shared_loop`), whatever backend
     the caller runs on; cancelling the caller cancels it."""
-    if sniffio.current_async_library() == "asyncio":
+    if on_asyncio():
         future = asyncio.run_coroutine_threadsafe(coro, _shared_loop())
         return await asyncio.wrap_future(future)  # cancelling the wrapper cancels the task
     return await _from_trio(coro)
