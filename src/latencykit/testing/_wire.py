@@ -8,6 +8,7 @@ events and errors. One Wire instance serves one request.
 
 from __future__ import annotations
 
+import abc
 import json
 import re
 from dataclasses import dataclass
@@ -129,7 +130,7 @@ Reply = tuple[int, bytes, list[tuple[str, str]]]
 """An error answer: HTTP status, JSON body, extra headers."""
 
 
-class Wire:
+class Wire(abc.ABC):
     """One API's wire format, serving one request (subclassed per format).
 
     The engine calls :meth:`route` on each format's class to find who serves a URL, then,
@@ -152,13 +153,13 @@ class Wire:
         self.meta = Meta("", 0, url_model, 1, False, None, "")
 
     @classmethod
+    @abc.abstractmethod
     def route(cls, method: str, path: str) -> str | None:
         """The model named by the URL (``""`` if none) when this format serves it, else None."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def parse(self, body: Mapping[str, object]) -> Parsed:
         """Read a request body (a JSON object)."""
-        raise NotImplementedError
 
     def start(self, meta: Meta) -> None:
         """Set the response's constants, before any rendering."""
@@ -166,11 +167,12 @@ class Wire:
 
     # -- errors
 
+    @abc.abstractmethod
     def error(self, status: int, message: str, code: str | None = None) -> bytes:
         """A generic error body (a body that is not JSON, a failing script...); ``code``
         is OpenAI's error code, where the format has one."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def fault_error(
         self, fault: Fault, *, context_window: int | None, retry_after: float | None
     ) -> Reply:
@@ -178,16 +180,16 @@ class Wire:
 
         A 200 is an answer that refuses (Gemini's blocked prompt): a stream gets its body
         as its only event."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def error_event(self, kind: str, *, context_window: int | None) -> tuple[int, bytes]:
         """``Fault.ERROR_EVENT``'s status and error object for ``Behavior.error == kind``."""
-        raise NotImplementedError
 
     def stream_error(self, error: bytes) -> bytes:
         """The SSE event carrying an error object in the middle of a stream."""
         return sse(error)
 
+    @abc.abstractmethod
     def http_error(
         self,
         status: int,
@@ -197,7 +199,6 @@ class Wire:
         message: str | None,
     ) -> bytes:
         """``Fault.HTTP_ERROR``'s body for a status and the Behavior's error fields."""
-        raise NotImplementedError
 
     def prefill_rejected(self) -> tuple[int, bytes]:
         """The 400 of ``Behavior.rejects_prefill``."""
@@ -209,23 +210,23 @@ class Wire:
 
     # -- answers
 
+    @abc.abstractmethod
     def completion(self, pieces: list[Piece], finish: str | None) -> bytes:
         """A whole (non-streaming) answer; ``finish`` is the engine's finish reason
         (``"stop"``, ``"length"``, ``"tool_calls"``) or ``None`` (an answer cut short)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def opening(self) -> bytes:
         """The stream's first event, sent with the headers (``Behavior.role_chunk``)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def piece(self, piece: Piece) -> bytes:
         """The stream event(s) for one piece of the answer."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def beat(self, k: int) -> bytes:
         """The ``k``-th keep-alive (0-based) of ``Behavior.stall_keepalive``: nothing a client
         should count as content."""
-        raise NotImplementedError
 
     def keepalive(self) -> bytes:
         """The keep-alive of ``Fault.KEEPALIVE_THEN_TOKENS`` while the first token is due."""
@@ -235,11 +236,11 @@ class Wire:
         """An event whose data is not JSON."""
         return b"data: {not json\n\n"
 
+    @abc.abstractmethod
     def end_without_finish(self) -> list[bytes]:
         """``Fault.CUT_WITH_DONE``: the events that end the stream properly, no finish."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def end(self, finish: str, n_tokens: int, *, terminator: bool) -> list[bytes]:
         """The events that finish a stream: finish reason, usage and, if ``terminator``,
         the end marker (``Fault.MISSING_DONE`` leaves it out)."""
-        raise NotImplementedError
