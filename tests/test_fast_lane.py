@@ -3,8 +3,7 @@ is tested by the fault matrix (tests/test_faults.py, tests/test_stream.py run on
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -16,6 +15,7 @@ import pytest
 import latencykit as lk
 from latencykit.chunks import Chunk, Node
 from latencykit.testing import Behavior, FakeProvider, Fault, RequestInfo
+from wire import http, raw_server
 
 pytestmark = pytest.mark.anyio
 
@@ -292,38 +292,10 @@ def test_stream_chunk_builder_builds_the_same_response_from_either_kind() -> Non
     assert built[0] == built[1] == ("Hi", "f", "{}x", "tool_calls", 4)
 
 
-@contextlib.asynccontextmanager
-async def raw_sse_server(writes: list[tuple[bytes, float]]) -> AsyncIterator[str]:
-    """A server (raw sockets) that answers one request with an SSE body written as
-    ``(bytes, pause after)`` pieces, its end marked by closing the connection; yields its
-    ``api_base``."""
-
-    async def handle(client: anyio.abc.SocketStream) -> None:
-        async with client:
-            received = b""
-            while b"\r\n\r\n" not in received:
-                received += await client.receive()
-            head, _, rest = received.partition(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":")[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-            while len(rest) < length:
-                rest += await client.receive()
-            await client.send(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
-            )
-            for piece, pause in writes:
-                await client.send(piece)
-                await anyio.sleep(pause)
-
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    async with listener, anyio.create_task_group() as group:
-        group.start_soon(listener.serve, handle)
-        yield f"http://127.0.0.1:{port}/v1"
-        group.cancel_scope.cancel()
+def raw_sse_server(writes: list[tuple[bytes, float]]) -> Any:
+    """A raw server answering with an SSE body written as ``(bytes, pause after)`` pieces, its
+    end marked by closing the connection (tests/wire.py)."""
+    return raw_server([*http(200, [], content_type="text/event-stream"), *writes])
 
 
 def sse_event(delta: str, finish: str = "null") -> bytes:

@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import anyio
 import anyio.abc
 
-Answer = Sequence[bytes]
+Answer = Sequence["bytes | tuple[bytes, float]"]
+"""The pieces written in order: bytes (then a 1 ms pause), or ``(bytes, pause after)``."""
 
 
 def http(
@@ -30,7 +31,7 @@ def http(
     """An HTTP/1.1 answer as the pieces written: with ``chunked``, each body piece is one HTTP
     chunk and ``cut`` leaves out the last (zero-length) chunk; otherwise the body ends when the
     connection closes (as many SSE servers do)."""
-    pieces = [body] if isinstance(body, bytes) else list(body)
+    pieces: list[bytes | tuple[bytes, float]] = [body] if isinstance(body, bytes) else [*body]
     head = [f"HTTP/1.1 {status} X", f"content-type: {content_type}", "connection: close"]
     head += [f"{name}: {value}" for name, value in headers]
     if chunked:
@@ -90,8 +91,9 @@ async def raw_server(answer: Callable[[bytes], Answer] | Answer) -> AsyncIterato
             pieces = answer(head + b"\r\n\r\n" + rest) if callable(answer) else answer
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                 for piece in pieces:
-                    await client.send(piece)
-                    await anyio.sleep(0.001)
+                    data, pause = piece if isinstance(piece, tuple) else (piece, 0.001)
+                    await client.send(data)
+                    await anyio.sleep(pause)
 
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
