@@ -69,36 +69,25 @@ _SERVER_ADDRESS = "server.address"
 _SERVER_PORT = "server.port"
 _ERROR_TYPE = "error.type"
 # What the call span tells of the target that answered, set when the call ends.
-_ANSWERED_BY = (_PROVIDER, _SERVER_ADDRESS, _SERVER_PORT, "gen_ai.response.model")
+_ANSWERED_BY = (_PROVIDER, _SERVER_ADDRESS, _SERVER_PORT, _RESPONSE_MODEL)
+# The call's parameters are gen_ai.request.{name}, but for these.
 _REQUEST_PARAMETERS = {
-    "max_tokens": "gen_ai.request.max_tokens",
     "max_completion_tokens": "gen_ai.request.max_tokens",
-    "temperature": "gen_ai.request.temperature",
-    "top_p": "gen_ai.request.top_p",
-    "top_k": "gen_ai.request.top_k",
-    "frequency_penalty": "gen_ai.request.frequency_penalty",
-    "presence_penalty": "gen_ai.request.presence_penalty",
-    "seed": "gen_ai.request.seed",
     "n": "gen_ai.request.choice.count",
 }
-# litellm's provider names -> the convention's well-known values (others pass through as is).
+# litellm's provider names -> the convention's well-known values (others pass through as is:
+# openai, anthropic, cohere, deepseek, groq, perplexity are the same in both).
 _PROVIDERS = {
-    "openai": "openai",
     "text-completion-openai": "openai",
     "azure": "azure.ai.openai",
     "azure_ai": "azure.ai.inference",
-    "anthropic": "anthropic",
     "bedrock": "aws.bedrock",
-    "cohere": "cohere",
     "cohere_chat": "cohere",
-    "deepseek": "deepseek",
     "gemini": "gcp.gemini",
     "vertex_ai": "gcp.vertex_ai",
-    "groq": "groq",
     "watsonx": "ibm.watsonx.ai",
     "mistral": "mistral_ai",
     "moonshot": "moonshot_ai",
-    "perplexity": "perplexity",
     "xai": "x_ai",
 }
 # The convention's recommended bucket boundaries.
