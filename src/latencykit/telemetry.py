@@ -113,6 +113,8 @@ _STORE_REASON = "latencykit.store.reason"
 _FROM, _TO = "latencykit.from_target", "latencykit.to_target"
 _BREAKER_FROM, _BREAKER_TO = "latencykit.breaker.from", "latencykit.breaker.to"
 _LIMIT = {"latencykit.limit.kind": "limit", "latencykit.limit.waited": "waited"}
+# What latencykit.attempts counts attempts by.
+_ATTEMPT_COUNTED = (_TARGET, "latencykit.attempt.outcome", "latencykit.attempt.reason", _ERROR_TYPE)
 _BREAKER_STATE = {"closed": 0, "half_open": 1, "open": 2, "forced_open": 3}
 
 # Every instrument but the attempts' and the breakers' state: name -> (unit, description).
@@ -472,18 +474,8 @@ class Instrumentation(Handle):
 
     def _observe_attempts(self, options: metrics.CallbackOptions) -> list[metrics.Observation]:
         return [
-            metrics.Observation(
-                count,
-                _present(
-                    {
-                        _TARGET: target,
-                        "latencykit.attempt.outcome": outcome,
-                        "latencykit.attempt.reason": reason,
-                        _ERROR_TYPE: error,
-                    }
-                ),
-            )
-            for (target, outcome, reason, error), count in list(self._attempt_counts.items())
+            metrics.Observation(count, _present(dict(zip(_ATTEMPT_COUNTED, key, strict=True))))
+            for key, count in list(self._attempt_counts.items())
         ]
 
     # --- events -----------------------------------------------------------------------------
