@@ -155,13 +155,14 @@ def log_slow_calls(
     written synchronously in the task that ended the call (use a ``QueueHandler`` if your
     handlers block).
     """
+    seconds = _seconds(threshold)
     if isinstance(logger, str) or logger is None:
         logger = logging.getLogger(logger or LOGGER)
     if not isinstance(logger, logging.Logger):
         raise TypeError(f"log_slow_calls.logger must be a logging.Logger or a name, got {logger!r}")
     if isinstance(level, bool) or not isinstance(level, int):
         raise TypeError(f"log_slow_calls.level must be a logging level (int), got {level!r}")
-    return SlowCallLog(_seconds(threshold), logger, level, bool(failures))
+    return SlowCallLog(seconds, logger, level, bool(failures))
 
 
 def _seconds(threshold: object) -> float:
