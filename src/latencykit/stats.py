@@ -31,6 +31,7 @@ and the runs of completed samples between them taken in one step. Measured in
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -166,7 +167,7 @@ class LatencyWindow:
         at_risk = n
         start = 0
         # The censored samples in order, then the end: each closes a run of completed ones.
-        for censored_at in (*censored, math.inf):
+        for censored_at in itertools.chain(censored, (math.inf,)):
             stop = bisect.bisect_right(done, censored_at, start)
             run = stop - start
             if run:
