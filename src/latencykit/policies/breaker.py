@@ -463,11 +463,14 @@ class Breaker(PolicyDecorator):
             self._mirror(view)
         return view
 
-    async def _fleet_probe(self, handle: _fleet.SharedBreaker) -> BreakerPermit:
-        """Ask the fleet for a probe permit (else raise :class:`CircuitOpen`); decide locally
-        if the store cannot answer."""
-        answer = await handle.probe()
-        if answer is None:
+    async def _permit(
+        self, admitted: BreakerPermit | CircuitOpen | _fleet.SharedBreaker
+    ) -> BreakerPermit:
+        """The permit :meth:`_admit` gave, or asked of the fleet (a probe; decided locally if
+        the store cannot answer); raise :class:`CircuitOpen` if refused."""
+        if isinstance(admitted, (BreakerPermit, CircuitOpen)):
+            permit = admitted
+        elif (answer := await admitted.probe()) is None:
             permit = self._admit_local()
         else:
             granted, view = answer
@@ -725,10 +728,7 @@ class Breaker(PolicyDecorator):
         its outcome: success, a failure if ``counts(error)``, nothing if cancelled."""
         permit = self._admit()
         if type(permit) is not BreakerPermit:  # rare: the exact type test is the cheap one
-            if isinstance(permit, CircuitOpen):
-                raise permit
-            if not isinstance(permit, BreakerPermit):
-                permit = await self._fleet_probe(permit)
+            permit = await self._permit(permit)
         clock = self.clock
         started = clock()
         probing = probe_var.set(True) if permit.probe else None

@@ -698,8 +698,12 @@ class Limiter(PolicyDecorator):
     ) -> _Slots:
         """Take a slot of the tenant's cap or of the target's limit, waiting if allowed."""
         who = permit.tenant
-        key = who if kind == "tenant_concurrency" else call.target.key
-        weight = 1.0 if quota is None or kind == "tenant_concurrency" else quota.weight
+        # The tenant's cap queues its calls FIFO; a target's limit serves tenants by weight.
+        key, weight = (
+            (who, 1.0)
+            if kind == "tenant_concurrency"
+            else (call.target.key, 1.0 if quota is None else quota.weight)
+        )
         own_end = math.inf if self.max_wait is None else started + self.max_wait
         with self._lock:
             slots = self._slots(kind, key, quota)
@@ -712,12 +716,7 @@ class Limiter(PolicyDecorator):
         if waiter is None:  # max_wait is used up (or 0): no waiting at all
             raise self._refused(call, who, kind, None, now - started)
         try:
-            if own_end < min(deadline_var.get(), anyio.current_effective_deadline()):
-                with loop.scope(deadline=own_end):
-                    await waiter.event.wait()
-            else:
-                # The enclosing deadline (or cancel scope) ends first: its cancellation wins.
-                await waiter.event.wait()
+            await _wait(waiter, own_end, loop)
         except BaseException:
             self._stop_waiting(slots, waiter, who, keep=False)
             raise
@@ -835,6 +834,16 @@ class Limiter(PolicyDecorator):
             waiting=MappingProxyType(waiting),
             buckets=MappingProxyType(buckets),
         )
+
+
+async def _wait(waiter: _Waiter, end: float, loop: Backend) -> None:
+    """Wait for ``waiter``'s slot until ``end`` at most (then return without one)."""
+    if end < min(deadline_var.get(), anyio.current_effective_deadline()):
+        with loop.scope(deadline=end):
+            await waiter.event.wait()
+    else:
+        # The enclosing deadline (or cancel scope) ends first: its cancellation wins.
+        await waiter.event.wait()
 
 
 def _buckets(who: str, quota: Quota) -> list[tuple[LimitKind, str, float, float]]:
