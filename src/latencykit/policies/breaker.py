@@ -72,6 +72,13 @@ TIME_BUCKETS = 20
 # Codes of a count window's slots: 0 = empty, else _CALL plus the flags.
 _CALL, _FAILED, _SLOW = 1, 2, 4
 
+# The options the registry compares, as given (normalised); ``counts`` as given, not the
+# predicate made of it.
+_OPTIONS = (
+    "window_type window_size minimum_calls failure_rate slow_call_rate slow_call_duration "
+    "open_duration max_open_duration half_open_calls counts shared clock"
+).split()
+
 _CLOSED = BreakerState.CLOSED
 _OPEN = BreakerState.OPEN
 _HALF_OPEN = BreakerState.HALF_OPEN
@@ -281,21 +288,7 @@ class Breaker(PolicyDecorator):
         self.shared = shared
         _validation.function("breaker.clock", clock)
         self.clock = clock
-        # What the registry compares: the options as given (normalised), not the defaults made.
-        self._options = {
-            "window_type": window_type,
-            "window_size": self.window_size,
-            "minimum_calls": self.minimum_calls,
-            "failure_rate": self.failure_rate,
-            "slow_call_rate": self.slow_call_rate,
-            "slow_call_duration": self.slow_call_duration,
-            "open_duration": self.open_duration,
-            "max_open_duration": self.max_open_duration,
-            "half_open_calls": self.half_open_calls,
-            "counts": counts,
-            "shared": shared,
-            "clock": clock,
-        }
+        self._options = {name: getattr(self, name) for name in _OPTIONS} | {"counts": counts}
         self._start()
         with _registry_lock:
             existing = _registry.setdefault(self.key, self)
@@ -431,16 +424,8 @@ class Breaker(PolicyDecorator):
             return None, None
         cached = self._fleet_handle
         if cached is None or cached[0] is not store:
-            options = _fleet.BreakerOptions(
-                self.window_type,
-                self.window_size,
-                self.minimum_calls,
-                self.failure_rate,
-                self.slow_call_rate,
-                self.open_duration,
-                self.max_open_duration,
-                self.half_open_calls,
-            )
+            fields = _fleet.BreakerOptions._fields
+            options = _fleet.BreakerOptions(*(getattr(self, name) for name in fields))
             cached = self._fleet_handle = (store, store.breaker(self.key, options))
         handle = cached[1]
         return handle, handle.view()
