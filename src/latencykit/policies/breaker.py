@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import inspect
 import math
 import threading
 from collections.abc import Callable, Mapping
@@ -71,13 +72,6 @@ TIME_BUCKETS = 20
 
 # Codes of a count window's slots: 0 = empty, else _CALL plus the flags.
 _CALL, _FAILED, _SLOW = 1, 2, 4
-
-# The options the registry compares, as given (normalised); ``counts`` as given, not the
-# predicate made of it.
-_OPTIONS = (
-    "window_type window_size minimum_calls failure_rate slow_call_rate slow_call_duration "
-    "open_duration max_open_duration half_open_calls counts shared clock"
-).split()
 
 _CLOSED = BreakerState.CLOSED
 _OPEN = BreakerState.OPEN
@@ -766,6 +760,9 @@ breaker = Breaker
 """The same class as :class:`Breaker` (``@lk.breaker("openai")``)."""
 
 # --- the process-wide registry ----------------------------------------------------------------
+
+# The options the registry compares (all but the key): normalised, and ``counts`` as given.
+_OPTIONS = tuple(inspect.signature(Breaker).parameters)[1:]
 
 _registry: dict[str, Breaker] = {}
 _registry_view: Mapping[str, Breaker] = MappingProxyType(_registry)
