@@ -22,8 +22,9 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from .. import _validation, events
@@ -43,6 +44,8 @@ _MAX_LEASE = 32  # most budget tokens a process holds between two refreshes
 _MAX_BACKOFF = 2.0  # seconds between two attempts to reach a store that is down
 _IDLE_TTL = 3600.0  # seconds a key outlives its last write, beyond its own time spans
 _NO_LIMIT = "1e300"  # a quota adjustment's max wait: always taken
+
+H = TypeVar("H")
 
 
 class _Garbage(Exception):
@@ -411,33 +414,26 @@ class RedisStore:
 
     def breaker(self, key: str, options: BreakerOptions) -> _Breaker:
         """See :meth:`~latencykit.fleet.SharedStore.breaker`."""
-        found = self._breakers.get(key)
-        if found is None:
-            with self._lock:
-                found = self._breakers.setdefault(key, _Breaker(self, key, options))
-            self._start()
-            self._wake_soon()  # its first view within a round trip, not an interval
-        return found
+        return self._handle(self._breakers, key, lambda: _Breaker(self, key, options))
 
     def budget(self, key: str, *, ratio: float, ttl: float, reserve: float) -> _Budget:
         """See :meth:`~latencykit.fleet.SharedStore.budget`."""
-        found = self._budgets.get(key)
-        if found is None:
-            with self._lock:
-                found = self._budgets.setdefault(
-                    key, _Budget(self, key, ratio=ratio, ttl=ttl, reserve=reserve)
-                )
-            self._start()
-            self._wake_soon()
-        return found
+        return self._handle(
+            self._budgets, key, lambda: _Budget(self, key, ratio=ratio, ttl=ttl, reserve=reserve)
+        )
 
     def latency(self, key: str, *, window: float) -> _Latency:
         """See :meth:`~latencykit.fleet.SharedStore.latency`."""
-        found = self._latencies.get(key)
+        return self._handle(self._latencies, key, lambda: _Latency(self, key, window))
+
+    def _handle(self, handles: dict[str, H], key: str, make: Callable[[], H]) -> H:
+        """The handle of ``key``, made on first use (which starts the background task)."""
+        found = handles.get(key)
         if found is None:
             with self._lock:
-                found = self._latencies.setdefault(key, _Latency(self, key, window))
+                found = handles.setdefault(key, make())
             self._start()
+            self._wake_soon()  # its first view within a round trip, not an interval
         return found
 
     async def take(
