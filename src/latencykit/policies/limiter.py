@@ -793,10 +793,9 @@ class Limiter(PolicyDecorator):
                     waited=waited,
                 )
             )
-        if kind == "concurrency":
-            return LimitExceeded(key, "concurrency", wait=wait, waited=waited)
         limit = "concurrency" if kind == "tenant_concurrency" else kind
-        return LimitExceeded(key, limit, tenant=who, wait=wait, waited=waited)
+        of_tenant = None if kind == "concurrency" else who  # a target's limit: no tenant's
+        return LimitExceeded(key, limit, tenant=of_tenant, wait=wait, waited=waited)
 
     @staticmethod
     def _waited(call: Call, who: str, kind: LimitKind, waited: float) -> None:
@@ -817,7 +816,7 @@ class Limiter(PolicyDecorator):
     def snapshot(self, *tenants: str) -> LimiterSnapshot:
         """What the limiter holds now: slots in flight by target and tenant, waiters by
         tenant, and the rate buckets' levels of the tenants in flight or waiting, those in
-        ``quotas`` and ``tenants``. Cheap: no I/O but the store's ``level`` reads."""
+        ``quotas`` and ``tenants`` (the process's own buckets). Cheap: no I/O."""
         with self._lock:
             in_flight = {key: slots.in_use for key, slots in self._targets.items()}
             by_tenant = {who: slots.in_use for who, slots in self._tenants.items() if slots.in_use}
