@@ -24,3 +24,30 @@ def seconds(name: str, value: object, *, minimum: float = 0.0) -> float:
     if result < minimum:
         raise ValueError(f"{name} must be at least {minimum:g} seconds, got {value!r}")
     return result
+
+
+# --- ints, flags and functions (cache, routing, fan-out) ----------------------------------------
+
+
+def integer(name: str, value: object, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """An ``int`` (not a ``bool``) from ``minimum`` to ``maximum`` (default ``None``: no upper
+    bound), else a ``TypeError`` (not an int) or ``ValueError`` (out of range) naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise ValueError(f"{name} must be an int {bound}, got {value!r}")
+    return value
+
+
+def flag(name: str, value: object) -> bool:
+    """``value`` if it is a ``bool``, else a ``TypeError`` naming ``name``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def function(name: str, value: object) -> None:
+    """A ``TypeError`` naming ``name`` unless ``value`` is callable."""
+    if not callable(value):
+        raise TypeError(f"{name} must be a function, got {value!r}")
