@@ -51,3 +51,13 @@ def function(name: str, value: object) -> None:
     """A ``TypeError`` naming ``name`` unless ``value`` is callable."""
     if not callable(value):
         raise TypeError(f"{name} must be a function, got {value!r}")
+
+
+def fraction(name: str, value: object) -> float:
+    """A number strictly between 0 and 1 (a quantile), else a ``TypeError`` (not a number) or
+    ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number in (0, 1), got {value!r}")
+    if not 0 < value < 1:
+        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+    return float(value)
