@@ -700,8 +700,8 @@ def test_keys_are_stable_and_hex() -> None:
     [
         ({"ttl": 0}, ValueError, "ResponseCache.ttl must be a positive"),
         ({"ttl": "5"}, TypeError, "ResponseCache.ttl must be a number"),
-        ({"max_entries": 0}, ValueError, "ResponseCache.max_entries must be an int >= 1"),
-        ({"max_entries": True}, ValueError, "ResponseCache.max_entries must be an int >= 1"),
+        ({"max_entries": 0}, ValueError, "ResponseCache.max_entries must be a positive int"),
+        ({"max_entries": True}, ValueError, "ResponseCache.max_entries must be a positive int"),
         ({"max_entries": 5, "store": MemoryStore()}, ValueError, "ResponseCache.max_entries"),
         ({"store": {}}, TypeError, "ResponseCache.store must be a CacheStore"),
         ({"cache_degraded": 1}, TypeError, "ResponseCache.cache_degraded must be a bool"),
@@ -719,7 +719,7 @@ def test_invalid_options_name_the_field(
 
 
 def test_memory_store_validation() -> None:
-    with pytest.raises(ValueError, match=r"MemoryStore.max_entries must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"MemoryStore.max_entries must be a positive int"):
         MemoryStore(0)
     with pytest.raises(TypeError, match=r"MemoryStore\.clock must be a function"):
         MemoryStore(clock=3.0)  # type: ignore[arg-type]

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import datetime
 import math
+from collections.abc import Collection
+from typing import TypeVar
 
 __all__ = ["seconds"]
+
+T = TypeVar("T")
 
 
 def seconds(name: str, value: object, *, minimum: float = 0.0) -> float:
@@ -26,38 +30,63 @@ def seconds(name: str, value: object, *, minimum: float = 0.0) -> float:
     return result
 
 
-# --- ints, flags and functions (cache, routing, fan-out) ----------------------------------------
+# --- checks for cache, routing and fan-out ------------------------------------------------------
+# positive_int, number, non_empty, instance and tags are branch "options"' own, copied as they are.
 
 
-def integer(name: str, value: object, *, minimum: int = 1, maximum: int | None = None) -> int:
-    """An ``int`` (not a ``bool``) from ``minimum`` to ``maximum`` (default ``None``: no upper
-    bound), else a ``TypeError`` (not an int) or ``ValueError`` (out of range) naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
-        raise ValueError(f"{name} must be an int {bound}, got {value!r}")
+def positive_int(name: str, value: object) -> int:
+    """An ``int >= 1`` (``ValueError`` for anything else, a float or a bool included)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
 
 
-def flag(name: str, value: object) -> bool:
-    """``value`` if it is a ``bool``, else a ``TypeError`` naming ``name``."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
+def number(
+    name: str, value: object, *, low: float = -math.inf, high: float = math.inf, open: bool = False
+) -> float:
+    """A finite number in ``[low, high]`` (``(low, high)`` with ``open``), as a float."""
+    found = math.nan if isinstance(value, bool) or not isinstance(value, (int, float)) else value
+    inside = low < found < high if open else low <= found <= high
+    if not (inside and math.isfinite(found)):
+        if high < math.inf:
+            bounds = f" in {'(' if open else '['}{low:g}, {high:g}{')' if open else ']'}"
+        else:
+            bounds = f" >= {low:g}" if low > -math.inf else ""
+        raise ValueError(f"{name} must be a finite number{bounds}, got {value!r}")
+    return float(found)
+
+
+def non_empty(name: str, value: object, what: str = "string") -> str:
+    """A non-empty string (``what`` says what it is: ``"model string"``, ``"URL"``)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty {what}, got {value!r}")
+    return value
+
+
+def instance(name: str, value: object, kind: type[T] | tuple[type, ...], what: str = "") -> T:
+    """``value`` if it is a ``kind`` (``TypeError`` naming ``what``, or the class, otherwise)."""
+    if not isinstance(value, kind):
+        what = what or f"a latencykit.{kind.__name__}"  # type: ignore[union-attr]
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def tags(name: str, value: object) -> frozenset[str]:
+    """A set of tags as a frozenset (a lone string is refused: ``{"prefill"}``, not
+    ``"prefill"``)."""
+    if isinstance(value, str) or not isinstance(value, Collection):
+        raise TypeError(f"{name} must be a set of tags, e.g. {{{value!r}}}")
+    return frozenset(value)
+
+
+def count(name: str, value: object) -> int:
+    """An ``int >= 0`` (``ValueError`` for anything else, a float or a bool included)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
     return value
 
 
 def function(name: str, value: object) -> None:
-    """A ``TypeError`` naming ``name`` unless ``value`` is callable."""
+    """A ``TypeError`` unless ``value`` is callable."""
     if not callable(value):
         raise TypeError(f"{name} must be a function, got {value!r}")
-
-
-def fraction(name: str, value: object) -> float:
-    """A number strictly between 0 and 1 (a quantile), else a ``TypeError`` (not a number) or
-    ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number in (0, 1), got {value!r}")
-    if not 0 < value < 1:
-        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
-    return float(value)

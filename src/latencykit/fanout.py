@@ -234,6 +234,16 @@ class _Gather:
             await settle()
 
 
+def _needed(min_results: object, count: int) -> int:
+    needed = _validation.positive_int("gather.min_results", min_results)
+    if needed > count:
+        raise ValueError(
+            f"gather.min_results must not exceed the number of awaitables ({count}), "
+            f"got {min_results!r}"
+        )
+    return needed
+
+
 def _is_value(slot: object) -> bool:
     return slot is not _PENDING and not isinstance(slot, Missing)
 
@@ -284,10 +294,8 @@ async def gather(
     count = len(awaitables)
     try:
         limit = _checked("gather", awaitables, within)
-        needed = count
-        if min_results is not None:
-            needed = _validation.integer("gather.min_results", min_results, maximum=count)
-        _validation.flag("gather.return_partial", return_partial)
+        needed = count if min_results is None else _needed(min_results, count)
+        _validation.instance("gather.return_partial", return_partial, bool, "a bool")
         state = _Gather(count, needed, fail_fast=not return_partial)
         await state.run(awaitables, limit)
     finally:

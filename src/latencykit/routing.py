@@ -153,16 +153,14 @@ class Rule:
     needs: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
-        _target_name("Rule.to", self.to)
+        _validation.non_empty("Rule.to", self.to, "target name")
         if self.task is not None:
             tasks = {self.task} if isinstance(self.task, str) else self.task
             object.__setattr__(self, "task", frozenset(tasks))
         for name in ("min_prompt_tokens", "max_prompt_tokens"):
             if getattr(self, name) is not None:
-                _validation.integer(f"Rule.{name}", getattr(self, name), minimum=0)
-        if isinstance(self.needs, str):
-            raise TypeError(f"Rule.needs must be a set of capabilities, e.g. {{{self.needs!r}}}")
-        object.__setattr__(self, "needs", frozenset(self.needs))
+                _validation.count(f"Rule.{name}", getattr(self, name))
+        object.__setattr__(self, "needs", _validation.tags("Rule.needs", self.needs))
 
     def matches(self, request: RouteRequest) -> bool:
         """Whether ``request`` meets every condition of this rule."""
@@ -187,11 +185,6 @@ class Rule:
 def _fits(target: Target, request: RouteRequest) -> bool:
     """Whether the prompt fits ``target``'s context window (counted only if it has one)."""
     return target.context_window is None or target.context_window > request.prompt_tokens
-
-
-def _target_name(option: str, value: object) -> None:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{option} must be a target name, got {value!r}")
 
 
 class Router:
@@ -224,15 +217,14 @@ class Router:
         min_samples: int = 20,
     ) -> None:
         for index, rule in enumerate(rules):
-            if not isinstance(rule, Rule):
-                raise TypeError(f"Router.rules[{index}] must be a latencykit.routing.Rule")
+            _validation.instance(f"Router.rules[{index}]", rule, Rule, "a latencykit.routing.Rule")
         if default is not None:
-            _target_name("Router.default", default)
+            _validation.non_empty("Router.default", default, "target name")
         self.rules = rules
         self.default = default
         self.fit_budget = bool(fit_budget)
-        self.quantile = _validation.fraction("Router.quantile", quantile)
-        self.min_samples = _validation.integer("Router.min_samples", min_samples)
+        self.quantile = _validation.number("Router.quantile", quantile, low=0, high=1, open=True)
+        self.min_samples = _validation.positive_int("Router.min_samples", min_samples)
 
     def __repr__(self) -> str:
         return f"Router({len(self.rules)} rules, default={self.default!r})"
