@@ -464,19 +464,16 @@ class ResponseCache(PolicyDecorator):
         store_timeout: float | datetime.timedelta = 1.0,
     ) -> None:
         self.ttl = None if ttl is None else _validation.seconds("ResponseCache.ttl", ttl)
-        if store is None:
-            bound = 1024 if max_entries is None else max_entries
-            store = MemoryStore(_validation.positive_int("ResponseCache.max_entries", bound))
-        elif max_entries is not None:
+        if store is not None and max_entries is not None:
             raise ValueError(
                 "ResponseCache.max_entries bounds the default in-memory store; "
                 "with store=, bound the store itself"
             )
-        elif not isinstance(store, CacheStore):
-            raise TypeError(
-                f"ResponseCache.store must be a CacheStore (async get and set), got {store!r}"
-            )
-        self._store = store
+        if store is None:
+            bound = 1024 if max_entries is None else max_entries
+            store = MemoryStore(_validation.positive_int("ResponseCache.max_entries", bound))
+        what = "a CacheStore (async get and set)"
+        self._store = _validation.instance("ResponseCache.store", store, CacheStore, what)
         self.cache_degraded = _flag("cache_degraded", cache_degraded)
         self.cache_truncated = _flag("cache_truncated", cache_truncated)
         self.normalize_whitespace = _flag("normalize_whitespace", normalize_whitespace)

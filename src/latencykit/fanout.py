@@ -238,7 +238,7 @@ def _needed(min_results: object, count: int) -> int:
     needed = _validation.positive_int("gather.min_results", min_results)
     if needed > count:
         raise ValueError(
-            f"gather.min_results must not exceed the number of awaitables ({count}), "
+            f"gather.min_results must be between 1 and the number of awaitables ({count}), "
             f"got {min_results!r}"
         )
     return needed
@@ -289,7 +289,8 @@ async def gather(
     Raises:
         GatherIncomplete: ``return_partial=False`` and fewer values than needed arrived.
         TypeError: an argument is not awaitable, or an option has the wrong type.
-        ValueError: ``within`` is not positive and finite, or ``min_results`` is out of range.
+        ValueError: ``within`` is not positive and finite, or ``min_results`` is not an int in
+            range.
     """
     count = len(awaitables)
     try:
