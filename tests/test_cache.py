@@ -413,6 +413,27 @@ async def test_a_failing_store_never_fails_the_call(
     assert [e.reason for e in seen if isinstance(e, CacheStored)] == ["store_error"] * 2
 
 
+async def test_an_unreadable_or_unknown_entry_is_a_miss() -> None:
+    store = DictStore()
+    cache = ResponseCache(store=store)
+    calls = 0
+
+    @cache
+    async def answer() -> str:
+        nonlocal calls
+        calls += 1
+        return "an answer"
+
+    await answer()
+    [(key, raw)] = store.data.items()
+    newer = raw.replace(b'"latencykit.cache":1', b'"latencykit.cache":2')
+    for unusable in (b"not json", newer):
+        store.data[key] = unusable
+        assert await answer() == "an answer"
+    assert calls == 3
+    assert cache.stats() == CacheStats(hits=0, misses=3, stored=3, errors=2)
+
+
 async def test_a_hung_store_is_a_miss_after_store_timeout(fake: FakeProvider) -> None:
     class Hung(DictStore):
         async def get(self, key: str) -> bytes | None:

@@ -611,15 +611,14 @@ class ResponseCache(PolicyDecorator):
         self._failed(f"store {what} took over {self.store_timeout:g}s: a miss, or not stored")
         return False, None
 
+    async def _get(self, key: str) -> _Entry | None:
+        raw = await self._store.get(key)
+        return None if raw is None else msgspec.json.decode(raw, type=_Entry)
+
     async def _lookup(self, key: str, target: str, trace: Trace | None) -> _Entry | None:
-        """The entry stored for ``key`` (counted as a hit), or ``None`` (a miss)."""
-        _, raw = await self._bounded("get", self._store.get(key), math.inf)
-        entry = None
-        if raw is not None:
-            try:
-                entry = msgspec.json.decode(raw, type=_Entry)
-            except Exception:
-                self._failed("entry unreadable: a miss", exc_info=True)
+        """The entry stored for ``key`` (counted as a hit), or ``None`` (a miss: absent, or
+        the store failed, or the entry is unreadable)."""
+        _, entry = await self._bounded("get", self._get(key), math.inf)
         if entry is None:
             self._misses += 1
         else:
