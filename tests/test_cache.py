@@ -427,6 +427,7 @@ async def test_an_unreadable_or_unknown_entry_is_a_miss() -> None:
     await answer()
     [(key, raw)] = store.data.items()
     newer = raw.replace(b'"latencykit.cache":1', b'"latencykit.cache":2')
+    assert newer != raw
     for unusable in (b"not json", newer):
         store.data[key] = unusable
         assert await answer() == "an answer"
