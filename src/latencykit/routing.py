@@ -312,33 +312,28 @@ class Routing:
         """Route ``call`` and run it on the chosen target (failover after it)."""
         request = RouteRequest(call.kwargs, task_var.get(), self._targets, self._recorder)
         router = self.router
-        eligible: Sequence[Target] = self._targets
         if isinstance(router, Router):
             eligible = router.eligible(request)
-            decision: str | RouteDecision = router.decide(request, eligible)
+            chosen = router.decide(request, eligible)
         else:
-            decision = router(request)
-        if isinstance(decision, str):
-            decision = RouteDecision(decision, "router")
-        target = self._by_key.get(decision.target)
+            eligible, found = list(self._targets), router(request)
+            chosen = found if isinstance(found, RouteDecision) else RouteDecision(found, "router")
+        target = self._by_key.get(chosen.target)
         if target is None:
             raise ValueError(
-                f"LLM.router chose {decision.target!r}, which is not one of {list(self._by_key)}"
+                f"LLM.router chose {chosen.target!r}, which is not one of {list(self._by_key)}"
             )
-        order = [decision.target, *(t.key for t in eligible if t.key != decision.target)]
         trace = trace_var.get()
         if trace is not None:
-            trace.route = decision
+            trace.route = chosen
             if events.listening():
                 events.emit(
                     events.Routed(
-                        trace.call_id,
-                        target=decision.target,
-                        reason=decision.reason,
-                        task=request.task,
+                        trace.call_id, target=target.key, reason=chosen.reason, task=request.task
                     )
                 )
-        token = order_var.set(tuple(order))
+        order = (target.key, *(t.key for t in eligible if t is not target))
+        token = order_var.set(order)
         try:
             return await next(self._rewrite(target, call))
         finally:
