@@ -142,22 +142,24 @@ class Gathered(list[T | Missing], Generic[T]):
 # --- shared plumbing -------------------------------------------------------------------------
 
 
-def _checked(name: str, awaitables: tuple[object, ...], within: object) -> float | None:
-    """Validate the awaitables; ``within`` in seconds (``None``: none)."""
-    for i, awaitable in enumerate(awaitables):
-        if not inspect.isawaitable(awaitable):
-            hint = " (a function: call it)" if callable(awaitable) else ""
-            raise TypeError(f"{name}.awaitables[{i}] must be awaitable{hint}, got {awaitable!r}")
-    return None if within is None else _validation.seconds(f"{name}.within", within)
-
-
-def _close_unstarted(awaitables: tuple[object, ...]) -> None:
-    """Close the coroutines that never started (no "never awaited" warning)."""
-    for awaitable in awaitables:
-        if inspect.iscoroutine(awaitable) and (
-            inspect.getcoroutinestate(awaitable) == inspect.CORO_CREATED
-        ):
-            awaitable.close()
+@contextmanager
+def _owning(name: str, awaitables: tuple[object, ...], within: object) -> Iterator[float | None]:
+    """Check the awaitables and give ``within`` in seconds (``None``: none); on the way out,
+    whatever happened, close the coroutines that never started (no "never awaited" warning)."""
+    try:
+        for i, awaitable in enumerate(awaitables):
+            if not inspect.isawaitable(awaitable):
+                hint = " (a function: call it)" if callable(awaitable) else ""
+                raise TypeError(
+                    f"{name}.awaitables[{i}] must be awaitable{hint}, got {awaitable!r}"
+                )
+        yield None if within is None else _validation.seconds(f"{name}.within", within)
+    finally:
+        for awaitable in awaitables:
+            if inspect.iscoroutine(awaitable) and (
+                inspect.getcoroutinestate(awaitable) == inspect.CORO_CREATED
+            ):
+                awaitable.close()
 
 
 @contextmanager
@@ -293,14 +295,11 @@ async def gather(
             range.
     """
     count = len(awaitables)
-    try:
-        limit = _checked("gather", awaitables, within)
+    with _owning("gather", awaitables, within) as limit:
         needed = count if min_results is None else _needed(min_results, count)
         _validation.instance("gather.return_partial", return_partial, bool, "a bool")
         state = _Gather(count, needed, fail_fast=not return_partial)
         await state.run(awaitables, limit)
-    finally:
-        _close_unstarted(awaitables)
     results: Gathered[T] = Gathered(state.slots)
     if events.listening():
         _ended("gather", state.now() - state.start, results)
@@ -375,8 +374,7 @@ async def first(
             the wrong type.
         ValueError: no awaitables, or ``within``/``stagger`` is out of range.
     """
-    try:
-        limit = _checked("first", awaitables, within)
+    with _owning("first", awaitables, within) as limit:
         if not awaitables:
             raise ValueError("first needs at least one awaitable")
         if accept is not None:
@@ -385,8 +383,6 @@ async def first(
         race.awaitables = awaitables
         with _within(limit, race.now()) as race.deadline:
             await race.run(awaitables[0])
-    finally:
-        _close_unstarted(awaitables)
     if race.won >= 0 and not events.listening():
         return race.winner  # type: ignore[no-any-return]
     outcomes = race.outcomes()
