@@ -106,9 +106,7 @@ class RouteRequest:
     ) -> float | None:
         """``target``'s recent attempt latency at ``quantile`` (default p95) over the LLM's
         statistics window, or ``None`` with fewer than ``min_samples`` (default ``20``)."""
-        if self._recorder is None:
-            return None
-        window = self._recorder.latency.get(target)
+        window = None if self._recorder is None else self._recorder.latency.get(target)
         if window is None or window.count() < min_samples:
             return None
         return window.quantile(quantile)
