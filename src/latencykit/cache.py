@@ -228,20 +228,15 @@ def _string_key(name: object, where: str) -> str:
     return name
 
 
-def _normalize_messages(messages: Any) -> Any:
-    if not isinstance(messages, list):
-        return messages
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
-        content = message.get("content")
+def _normalize_messages(messages: Any) -> None:
+    """Normalise, in place, the text of canonical messages (a string, or text parts)."""
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, str):
             message["content"] = normalize_text(content)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    part["text"] = normalize_text(part["text"])
-    return messages
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                part["text"] = normalize_text(part["text"])
 
 
 def _function_name(fn: Callable[..., Any]) -> str:
@@ -618,7 +613,7 @@ class ResponseCache(PolicyDecorator):
     async def _lookup(self, key: str, target: str, trace: Trace | None) -> _Entry | None:
         """The entry stored for ``key`` (counted as a hit), or ``None`` (a miss: absent, or
         the store failed, or the entry is unreadable)."""
-        _, entry = await self._bounded("get", self._get(key), math.inf)
+        entry: _Entry | None = (await self._bounded("get", self._get(key), math.inf))[1]
         if entry is None:
             self._misses += 1
         else:
