@@ -704,11 +704,5 @@ class ResponseCache(PolicyDecorator):
 
     def _report_stored(self, trace: Trace | None, target: str, reason: SkipReason | None) -> None:
         if events.listening():
-            events.emit(
-                CacheStored(
-                    0 if trace is None else trace.call_id,
-                    target=target,
-                    stored=reason is None,
-                    reason=reason,
-                )
-            )
+            call_id = 0 if trace is None else trace.call_id
+            events.emit(CacheStored(call_id, target=target, stored=reason is None, reason=reason))

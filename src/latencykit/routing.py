@@ -248,14 +248,12 @@ class Router:
     def decide(self, request: RouteRequest, eligible: Sequence[Target]) -> RouteDecision:
         """Pick the target for ``request`` among its ``eligible`` targets."""
         names = [t.key for t in eligible]
-        decision = next(
-            (
-                RouteDecision(rule.to, f"rule {index}: {rule}")
-                for index, rule in enumerate(self.rules, 1)
-                if rule.to in names and rule.matches(request)
-            ),
-            RouteDecision(self.default if self.default in names else names[0], "default"),
-        )
+        for index, rule in enumerate(self.rules, 1):
+            if rule.to in names and rule.matches(request):
+                decision = RouteDecision(rule.to, f"rule {index}: {rule}")
+                break
+        else:
+            decision = RouteDecision(self.default if self.default in names else names[0], "default")
         if self.fit_budget and request.remaining is not None:
             return self._fit(request, decision, names)
         return decision
