@@ -31,7 +31,6 @@ def seconds(name: str, value: object, *, minimum: float = 0.0) -> float:
 
 
 # --- checks for cache, routing and fan-out ------------------------------------------------------
-# positive_int, number, non_empty, instance and tags are branch "options"' own, copied as they are.
 
 
 def positive_int(name: str, value: object) -> int:
@@ -79,7 +78,7 @@ def tags(name: str, value: object) -> frozenset[str]:
     return frozenset(value)
 
 
-def count(name: str, value: object) -> int:
+def non_negative_int(name: str, value: object) -> int:
     """An ``int >= 0`` (``ValueError`` for anything else, a float or a bool included)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an int >= 0, got {value!r}")

@@ -157,7 +157,7 @@ class Rule:
             object.__setattr__(self, "task", frozenset(tasks))
         for name in ("min_prompt_tokens", "max_prompt_tokens"):
             if getattr(self, name) is not None:
-                _validation.count(f"Rule.{name}", getattr(self, name))
+                _validation.non_negative_int(f"Rule.{name}", getattr(self, name))
         object.__setattr__(self, "needs", _validation.tags("Rule.needs", self.needs))
 
     def matches(self, request: RouteRequest) -> bool:
