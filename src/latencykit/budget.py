@@ -82,7 +82,7 @@ class RetryBudget:
         self._total_withdrawals = 0
         self._slot = int(clock() // self._slot_width)
         self.name = None if name is None else _validation.text("RetryBudget.name", name)
-        _validation.instance(
+        _validation.optional(
             "RetryBudget.shared", shared, _fleet.SharedStore, "a SharedStore (RedisStore)"
         )
         self.shared = shared

@@ -40,9 +40,11 @@ __all__ = [
     "ErrorKind",
     "FallbackFailed",
     "FirstTokenTimeout",
+    "GatherIncomplete",
     "LatencykitError",
     "LimitExceeded",
     "ModelNotFound",
+    "NoAcceptableResult",
     "OutputTruncated",
     "ProviderConnectionError",
     "ProviderError",
@@ -244,6 +246,67 @@ class OutputTruncated(LatencykitError):
         self.partial_text = partial_text
         self.max_tokens = max_tokens
         self.budget_capped = budget_capped
+
+
+class _FanOutError(LatencykitError):
+    """What :class:`GatherIncomplete` and :class:`NoAcceptableResult` share: a message listing
+    each marker (``latencykit.fanout``'s ``Missing``) by index, the error of the first failed
+    awaitable as ``__cause__`` and the other failures in ``others``."""
+
+    def __init__(self, summary: str, markers: Mapping[int, Any]) -> None:
+        listing = "; ".join(f"[{index}] {marker}" for index, marker in markers.items())
+        super().__init__(f"{summary}: {listing}")
+        # A ``Failed`` marker is the one with an ``error`` (typed loosely: fanout is above us).
+        failures = [
+            error
+            for marker in markers.values()
+            if isinstance(error := getattr(marker, "error", None), Exception)
+        ]
+        self.__cause__ = failures[0] if failures else None
+        self.others = tuple(failures[1:])
+
+
+class GatherIncomplete(_FanOutError):
+    """:func:`~latencykit.gather` with ``return_partial=False`` got fewer values than it
+    needed (also importable from ``latencykit.fanout``).
+
+    Its ``__cause__`` is the error of the first awaitable (in input order) that failed, if any
+    did; the other failures are in ``others``.
+
+    Attributes:
+        results: the full :class:`~latencykit.fanout.Gathered` list, markers included.
+        needed: the values that were needed (``min_results``, or all of them).
+        missing: the markers of :attr:`results`, by index (as ``Gathered.missing``).
+    """
+
+    def __init__(self, results: Any, needed: int) -> None:
+        self.results = results
+        self.needed = needed
+        self.missing: dict[int, Any] = results.missing
+        got = len(results) - len(self.missing)
+        super().__init__(
+            f"gather got {got} of the {needed} results it needed from {len(results)} awaitables",
+            self.missing,
+        )
+
+
+class NoAcceptableResult(_FanOutError):
+    """:func:`~latencykit.first` got no acceptable result: every source failed or was
+    rejected, or ``within`` ran out first (also importable from ``latencykit.fanout``).
+
+    Its ``__cause__`` is the error of the first source (in input order) that failed, if any
+    did; the other failures are in ``others``.
+
+    Attributes:
+        outcomes: one ``latencykit.fanout`` marker per source, in input order: ``Failed``,
+            ``Rejected``, or ``TimedOut`` (``elapsed`` ``0.0`` for a source that never started).
+    """
+
+    def __init__(self, outcomes: Sequence[Any]) -> None:
+        self.outcomes = tuple(outcomes)
+        super().__init__(
+            f"no acceptable result from {len(outcomes)} source(s)", dict(enumerate(outcomes))
+        )
 
 
 class ProviderError(LatencykitError):

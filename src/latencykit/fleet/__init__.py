@@ -188,7 +188,7 @@ def use_store(store: SharedStore | None) -> SharedStore | None:
     look the default up at each use, so this may be called before or after they are built.
     """
     global _current
-    _validation.instance("use_store", store, SharedStore, "a SharedStore such as RedisStore")
+    _validation.optional("use_store", store, SharedStore, "a SharedStore such as RedisStore")
     previous, _current = _current, store
     return previous
 

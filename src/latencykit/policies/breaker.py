@@ -276,7 +276,7 @@ class Breaker(PolicyDecorator):
             )
         self.half_open_calls = _validation.count("breaker.half_open_calls", half_open_calls)
         self.counts = is_transient if counts is None else error_predicate(counts, "breaker.counts")
-        _validation.instance(
+        _validation.optional(
             "breaker.shared", shared, _fleet.SharedStore, "a SharedStore (RedisStore)"
         )
         self.shared = shared

@@ -484,7 +484,7 @@ class Limiter(PolicyDecorator):
         shared: _fleet.SharedStore | None = None,
     ) -> None:
         self.concurrency = _concurrency(concurrency)
-        _validation.instance("Limiter.tenant_quota", tenant_quota, Quota, "a Quota")
+        _validation.optional("Limiter.tenant_quota", tenant_quota, Quota, "a Quota")
         self.tenant_quota = tenant_quota
         self._quotas = _quotas(quotas)
         self.quotas: Mapping[str, Quota] = MappingProxyType(self._quotas)
@@ -498,7 +498,7 @@ class Limiter(PolicyDecorator):
         self.tenant_of, self.tokens_of = tenant_of, tokens_of
         self._tenant_of = tenant_of or _default_tenant_of
         self._tokens_of = tokens_of or _llm_tokens
-        _validation.instance(
+        _validation.optional(
             "Limiter.shared", shared, _fleet.SharedStore, "a SharedStore (RedisStore)"
         )
         self.shared = shared
