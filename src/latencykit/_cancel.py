@@ -30,25 +30,6 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import anyio
 import sniffio
 
-__all__ = [
-    "Backend",
-    "Expired",
-    "Watchdog",
-    "backend",
-    "clock",
-    "keep",
-    "loop_clock",
-    "loop_key",
-    "now",
-    "on_asyncio",
-    "run_soon",
-    "spawn_detached",
-    "threadsafe_caller",
-    "Timer",
-    "call_at",
-    "spawn",
-]
-
 T = TypeVar("T")
 
 
