@@ -127,6 +127,9 @@ class _Unguarded:
         return target.timeout, target.timeout
 
 
+_UNGUARDED = _Unguarded()
+
+
 class Call(NamedTuple):
     """One call to make: a callable, its arguments, the target it goes to, and whether it streams.
 
@@ -527,28 +530,18 @@ def decorate(pipeline: Pipeline, fn: Callable[P, Any]) -> Callable[P, Any]:
             )
     target = function_target(raw)
     run = pipeline.run_traced
-    wrapper: Callable[P, Any]
-    if inspect.isasyncgenfunction(_unwrapped(raw)):
-        unguarded = _Unguarded()
 
-        @functools.wraps(raw)
-        def streaming(*args: P.args, **kwargs: P.kwargs) -> LazyStream[Any]:
-            call = Call(raw, args, kwargs, target, unguarded)
+    @functools.wraps(raw)
+    def streaming(*args: P.args, **kwargs: P.kwargs) -> LazyStream[Any]:
+        return LazyStream(
+            functools.partial(pipeline.run, Call(raw, args, kwargs, target, _UNGUARDED))
+        )
 
-            async def start() -> Stream[Any]:
-                stream: Stream[Any] = (await run(call))[0]
-                return stream
+    @functools.wraps(raw)
+    async def calling(*args: P.args, **kwargs: P.kwargs) -> Any:
+        return (await run(Call(raw, args, kwargs, target)))[0]
 
-            return LazyStream(start)
-
-        wrapper = streaming
-    else:
-
-        @functools.wraps(raw)
-        async def calling(*args: P.args, **kwargs: P.kwargs) -> Any:
-            return (await run(Call(raw, args, kwargs, target)))[0]
-
-        wrapper = calling
+    wrapper = streaming if inspect.isasyncgenfunction(_unwrapped(raw)) else calling
     setattr(wrapper, _PIPELINE_ATTR, pipeline)
     return wrapper
 
