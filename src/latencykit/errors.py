@@ -772,7 +772,7 @@ def body_message(body: object) -> str | None:
     line = next((line.strip() for line in text.splitlines() if line.strip()), None)
     if line is None:
         return None
-    return line if len(line) <= _LINE_LIMIT else line[: _LINE_LIMIT - 3] + "..."
+    return _cut(line, _LINE_LIMIT)
 
 
 def _evidence(exc: BaseException, status: int | None) -> _Evidence:
@@ -1083,7 +1083,6 @@ _SECRET_PATTERNS = re.compile(
 # from there when a target has none (OPENAI_API_KEY, AZURE_API_KEY, HF_TOKEN, ...).
 _SECRET_VARIABLE = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|CREDENTIALS?)$")
 _MIN_ENV_SECRET = 8  # shorter values of such variables are flags, not keys
-_MESSAGE_LIMIT = 500
 
 
 def _environment_secrets() -> list[str]:
@@ -1201,12 +1200,9 @@ def provider_error(
     kind = classify(exc)  # before scrubbing: it reads the provider's own text
     known = _secrets_pattern(secrets)
     _scrub_chain(exc, known)
-    message = _scrub(_provider_message(exc), known)
-    if len(message) > _MESSAGE_LIMIT:
-        message = message[: _MESSAGE_LIMIT - 3] + "..."
-    if (resource := _out_of_resources(exc)) is not None:
-        message = resource  # rather than "All connection attempts failed"
-    error = _ERROR_TYPES[kind](
+    # rather than "All connection attempts failed", what ran out
+    message = _out_of_resources(exc) or _cut(_scrub(_provider_message(exc), known), 500)
+    return _ERROR_TYPES[kind](
         message,
         target=target,
         # The answer's status only: litellm's own (500 for a refused connection, a cut
@@ -1214,7 +1210,11 @@ def provider_error(
         status_code=_http_status(exc),
         retry_after=retry_after(exc),
     )
-    return error
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text``, cut to ``limit`` characters (with "..." at the cut)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def stream_error(
@@ -1267,7 +1267,7 @@ def malformed_answer(what: str, sample: bytes | str, *, target: str) -> Provider
     start of what came back, scrubbed."""
     text = sample.decode(errors="replace") if isinstance(sample, bytes) else sample
     text = scrub(" ".join(text.split()))
-    shown = text if len(text) <= 120 else text[:117] + "..."
+    shown = _cut(text, 120)
     said = f": {shown!r}" if shown else ""
     return ProviderUnavailable(
         f"the provider's answer {what}{said}", target=target, status_code=200
