@@ -169,13 +169,6 @@ class LimitExceeded(LatencykitError):
         self.waited = waited
 
 
-_BREAKER_REFUSES = {
-    BreakerState.FORCED_OPEN: "is forced open (isolate()); calls are refused until reset()",
-    BreakerState.HALF_OPEN: "is half-open and every probe call is taken; calls are refused until "
-    "they end",
-}
-
-
 class CircuitOpen(LatencykitError):
     """A circuit breaker refused the call; the wrapped callable was not called.
 
@@ -194,9 +187,12 @@ class CircuitOpen(LatencykitError):
     kind = ErrorKind.CIRCUIT_OPEN
 
     def __init__(self, key: str, state: BreakerState, half_open_in: float | None) -> None:
-        why = _BREAKER_REFUSES.get(state) or (
-            f"is open; calls are refused until it half-opens in {half_open_in or 0.0:.3f}s"
-        )
+        if state is BreakerState.FORCED_OPEN:
+            why = "is forced open (isolate()); calls are refused until reset()"
+        elif state is BreakerState.HALF_OPEN:
+            why = "is half-open and every probe call is taken; calls are refused until they end"
+        else:
+            why = f"is open; calls are refused until it half-opens in {half_open_in or 0.0:.3f}s"
         super().__init__(f"circuit breaker {key!r} {why}")
         self.key = key
         self.keys = (key,)
