@@ -325,7 +325,7 @@ def _call_ended(
         error.attempts = tuple(trace.attempts)
     ended: Outcome = _ATTEMPT_OUTCOME[outcome]
     if ended != "error":
-        error = None  # a stream closed after an error: the call did not fail
+        error = None  # only a failed call carries its error (not a stream closed after one)
     if not events.listening():
         return
     if trace.ledger is not None:  # a decorated call in which stages ran: its turn ended
