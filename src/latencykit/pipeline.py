@@ -324,10 +324,15 @@ def _call_ended(
     if isinstance(error, LatencykitError) and not error.attempts:
         error.attempts = tuple(trace.attempts)
     ended: Outcome = _ATTEMPT_OUTCOME[outcome]
-    if ended != "error":
-        error = None  # only a failed call carries its error (not a stream closed after one)
-    if not events.listening():
-        return
+    if events.listening():
+        # only a failed call carries its error (not a stream closed after one)
+        _emit_call_ended(trace, call, result, ended, error if ended == "error" else None)
+
+
+def _emit_call_ended(
+    trace: Trace, call: Call, result: Any, outcome: Outcome, error: BaseException | None
+) -> None:
+    assert trace.ended_at is not None
     if trace.ledger is not None:  # a decorated call in which stages ran: its turn ended
         events.emit(events.TurnEnded(trace.call_id, ledger=trace.ledger))
     answered = trace.answered
@@ -345,7 +350,7 @@ def _call_ended(
             call_id=trace.call_id,
             target=call.target.key if answered is None else answered[1],
             duration=trace.ended_at - trace.started_at,
-            outcome=ended,
+            outcome=outcome,
             attempts=len(trace.attempts),
             degraded=trace.degraded,
             error_type=None if error is None else type(error).__name__,
