@@ -880,7 +880,7 @@ def _concurrency(value: int | Mapping[str, int] | None) -> int | Mapping[str, in
 
 def _quotas(quotas: Mapping[str, Quota] | None) -> dict[str, Quota]:
     """``Limiter.quotas``, checked and copied."""
-    _validation.instance("Limiter.quotas", quotas, Mapping, "a mapping of tenant to Quota")
+    _validation.optional("Limiter.quotas", quotas, Mapping, "a mapping of tenant to Quota")
     for name, quota in (quotas or {}).items():
         _validation.text("Limiter.quotas keys", name)
         _validation.instance(f"Limiter.quotas[{name!r}]", quota, Quota, "a Quota")
