@@ -70,8 +70,24 @@ class Route:
 
 
 class Failover(PolicyDecorator):
-    """The failover policy: :func:`failover` (same arguments) and ``LLM(failover=[...])``
-    build it; see :func:`failover` for the arguments and their defaults."""
+    """Call the decorated function; when it fails with a transient error, call each alternative
+    (same arguments) in order until one answers: a policy and a decorator (``lk.failover`` is
+    this class; ``LLM(failover=[...])`` builds one).
+
+    Args:
+        alternatives: async callables taking the decorated function's arguments, tried after
+            it; or :class:`Route` objects, the first of which is the primary (what
+            ``LLM(failover=[...])`` builds: a route per target).
+        on: errors that move on to the next alternative (default ``None``: transient errors;
+            a context-length error only to a route with a larger context window). Other
+            errors are raised at once.
+        is_open: ``is_open(name)`` tells whether a route's breaker refuses calls now (default
+            ``None``: never); those routes are skipped without a request.
+        passthrough: a call addressed to none of the routes (a degraded call, say) goes
+            through untouched (default ``False``: it starts at the first route).
+
+    When every alternative fails, the first (primary) error is raised with the others attached.
+    """
 
     stage = Stage.FAILOVER
     __slots__ = ("_handles", "is_open", "passthrough", "routes")
@@ -192,30 +208,8 @@ class Failover(PolicyDecorator):
             events.emit(events.TargetSkipped(call_id, target=to, reason=skipped))
 
 
-def failover(
-    *alternatives: Callable[..., Awaitable[Any]] | Route,
-    on: ErrorFilter | None = None,
-    is_open: Callable[[str], bool] | None = None,
-    passthrough: bool = False,
-) -> Failover:
-    """Call the decorated function; when it fails with a transient error, call each alternative
-    (same arguments) in order until one answers.
-
-    Args:
-        alternatives: async callables taking the decorated function's arguments, tried after
-            it; or :class:`Route` objects, the first of which is the primary (what
-            ``LLM(failover=[...])`` builds: a route per target).
-        on: errors that move on to the next alternative (default ``None``: transient errors;
-            a context-length error only to a route with a larger context window). Other
-            errors are raised at once.
-        is_open: ``is_open(name)`` tells whether a route's breaker refuses calls now (default
-            ``None``: never); those routes are skipped without a request.
-        passthrough: a call addressed to none of the routes (a degraded call, say) goes
-            through untouched (default ``False``: it starts at the first route).
-
-    When every alternative fails, the first (primary) error is raised with the others attached.
-    """
-    return Failover(*alternatives, on=on, is_open=is_open, passthrough=passthrough)
+failover = Failover
+"""The same class: ``@lk.failover(backup)`` reads as the decorator it is."""
 
 
 def _routes(alternatives: Sequence[Callable[..., Awaitable[Any]] | Route]) -> list[Route]:
