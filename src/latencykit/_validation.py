@@ -20,6 +20,7 @@ __all__ = [
     "non_empty",
     "number",
     "optional",
+    "optional_seconds",
     "positive_int",
     "seconds",
     "since",
@@ -41,6 +42,11 @@ def seconds(name: str, value: object, *, minimum: float = 0.0) -> float:
     if result < minimum:
         raise ValueError(f"{name} must be at least {minimum:g} seconds, got {value!r}")
     return result
+
+
+def optional_seconds(name: str, value: object) -> float | None:
+    """``None``, or :func:`seconds`."""
+    return None if value is None else seconds(name, value)
 
 
 def since(name: str, value: object, *, allow_inf: bool = False) -> float:
@@ -118,7 +124,7 @@ def optional(name: str, value: T | None, kind: type[T], what: str = "") -> T | N
 
 def mapping(name: str, value: object) -> Mapping[str, Any]:
     """A mapping."""
-    return instance(name, value, Mapping, "a mapping")  # type: ignore[type-abstract]
+    return instance(name, value, Mapping, "a mapping")
 
 
 def tags(name: str, value: object) -> frozenset[str]:
