@@ -286,26 +286,30 @@ _COLLECTIONS = (set, frozenset, list, collections.abc.Sequence, collections.abc.
 def _data(hint: Any) -> Any:
     """The config form of a parameter's type (``float | timedelta``: ``float``; a policy: its
     config model; an error filter: :data:`Kinds`), or ``None``: code, no config form."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint in (bool, int, float, str, type(None)) or origin is Literal:
+    if hint in (bool, int, float, str, type(None)) or typing.get_origin(hint) is Literal:
         return hint
     if hint is datetime.timedelta:
         return float
     if hint is _ErrorFilter:
         return Kinds
-    if hint in _CONFIGS:
-        return _CONFIGS[hint]
+    return _CONFIGS.get(hint) or _generic_data(typing.get_origin(hint), typing.get_args(hint))
+
+
+def _generic_data(origin: Any, args: tuple[Any, ...]) -> Any:
+    """The config form of a union (its members' forms), a collection (a list) or a mapping
+    (a dict; of any litellm arguments: :data:`Arguments`)."""
     if origin in (typing.Union, types.UnionType):
         found = [m for m in dict.fromkeys(map(_data, args)) if m is not None]
         return functools.reduce(operator.or_, found) if set(found) - {type(None)} else None
     if origin in _COLLECTIONS and (item := _data(args[0])) is not None:
         return types.GenericAlias(list, (item,))
     if origin is collections.abc.Mapping:
-        if args[1] is Any:
-            return Arguments
-        value = _data(args[1])
-        return None if value is None else types.GenericAlias(dict, (str, value))
+        return Arguments if args[1] is Any else _dict_of(_data(args[1]))
     return None
+
+
+def _dict_of(value: Any) -> Any:
+    return None if value is None else types.GenericAlias(dict, (str, value))
 
 
 def _field(owner: Callable[..., Any], parameter: inspect.Parameter, doc: str | None) -> Any:
@@ -332,16 +336,21 @@ def _as_data(value: Any, where: str) -> Any:
         return value.total_seconds()
     if isinstance(value, KindFilter):
         return sorted(value.kinds, key=lambda kind: kind.value)
-    if isinstance(value, Mapping):
-        return {key: _as_data(item, f"{where}.{key}") for key, item in value.items()}
-    if isinstance(value, (frozenset, set)):
-        return sorted(value)
-    if isinstance(value, (list, tuple)):
-        return [_as_data(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, (Mapping, frozenset, set, list, tuple)):
+        return _collection_as_data(value, where)
     model = _CONFIGS.get(type(value))
     if model is None:
         raise ValueError(f"{where} is code ({value!r}): it has no config form")
     return model.of(value, where)
+
+
+def _collection_as_data(value: Any, where: str) -> Any:
+    """A mapping as a dict, a set as a sorted list, a sequence as a list, items as data."""
+    if isinstance(value, Mapping):
+        return {key: _as_data(item, f"{where}.{key}") for key, item in value.items()}
+    if isinstance(value, (frozenset, set)):
+        return sorted(value)
+    return [_as_data(item, f"{where}[{i}]") for i, item in enumerate(value)]
 
 
 _MISSING = object()
@@ -547,7 +556,15 @@ _LLM_TYPES = {
     "api_key": InlineKey,
     "transport": _TRANSPORT,
 }
-_REMEMBERED = ("limiter", "cache", "router")  # configs an LLM keeps (see _from_config)
+
+
+def _remembered(given: Mapping[str, Any], configs: Mapping[str, Any]) -> dict[str, Any]:
+    """The limiter, cache and router configs an LLM was built from (see :func:`_from_config`):
+    built in code, they have no config form."""
+    for name in ("limiter", "cache", "router"):
+        if given[name] is not None and configs.get(name) is None:
+            raise ValueError(f"LLM.{name} was built in code: it has no config form")
+    return {name: configs.get(name) for name in ("limiter", "cache", "router")}
 
 
 @_options_of(LLM, override=_LLM_TYPES)
@@ -594,10 +611,7 @@ class LLMConfig(_Model):
         ]
         if given["shared"] is not None:
             found["shared"] = _store_config(given["shared"], configs.get("store_url_env"))
-        for name in _REMEMBERED:
-            if given[name] is not None and configs.get(name) is None:
-                raise ValueError(f"LLM.{name} was built in code: it has no config form")
-            found[name] = configs.get(name)
+        return cls(**found, **_remembered(given, configs))
         return cls(**found)
 
     @classmethod
@@ -869,31 +883,39 @@ def _yaml_problem(exc: Exception, text: str) -> str:
 def _env(prefix: str) -> tuple[dict[str, Any], dict[Path_, str]]:
     """The options set by environment variables starting with ``prefix``, and the variable
     that set each."""
-    import yaml
-
     found: dict[str, Any] = {}
     names: dict[Path_, str] = {}
     for name in sorted(os.environ):  # sorted: HEDGE before HEDGE__DELAY
         if not name.startswith(prefix) or name == prefix or name in _NOT_OPTIONS:
             continue
         path = tuple(name[len(prefix) :].lower().split("__"))
-        text = os.environ[name]
-        try:
-            value = _yaml(text) if text else ""
-        except yaml.YAMLError as exc:
-            raise ValueError(f"environment variable {name}{_yaml_problem(exc, text)}") from None
-        node: Any = found
-        for depth, part in enumerate(path, 1):
-            if not isinstance(node, dict) or (depth == len(path) and part in node):
-                other = next(v for k, v in names.items() if k == path[: len(k)])
-                raise ValueError(
-                    f"environment variables {other} and {name} both set {'.'.join(path)}"
-                )
-            if depth < len(path):
-                node = node.setdefault(part, {})
-        node[path[-1]] = value
+        if not _put(found, path, _env_value(name)):
+            other = next(v for k, v in names.items() if k == path[: len(k)])
+            raise ValueError(f"environment variables {other} and {name} both set {'.'.join(path)}")
         names[path] = name
     return found, names
+
+
+def _put(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> bool:
+    """Set ``path`` in ``tree`` to ``value``; ``False`` if it, or a field on its way, is set."""
+    node: Any = tree
+    for part in path[:-1]:
+        node = node.setdefault(part, {}) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or path[-1] in node:
+        return False
+    node[path[-1]] = value
+    return True
+
+
+def _env_value(name: str) -> Any:
+    """The value of environment variable ``name``, read as YAML (empty: ``""``)."""
+    import yaml
+
+    text = os.environ[name]
+    try:
+        return _yaml(text) if text else ""
+    except yaml.YAMLError as exc:
+        raise ValueError(f"environment variable {name}{_yaml_problem(exc, text)}") from None
 
 
 def _located(
@@ -918,20 +940,7 @@ def _located(
     for loc, item in found:
         if loc != item["loc"] and any(len(o) > len(loc) and o[: len(loc)] == loc for o in tagged):
             continue
-        notes: list[str] = []
-        variable = next((names[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in names), None)
-        if variable is not None:
-            notes.append(f"environment variable {variable}")
-        elif (line := _line(loc, lines)) is not None:
-            notes.append(f"line {line}")
-        if item["type"] == "extra_forbidden" and loc:
-            known = _model_at(model, loc[:-1])
-            close = difflib.get_close_matches(str(loc[-1]), list(known.model_fields), n=1)
-            if close and variable is not None and prefix is not None:
-                spelled = "__".join([*(str(p) for p in loc[:-1]), close[0]]).upper()
-                notes.append(f"did you mean {prefix}{spelled}?")
-            elif close:
-                notes.append(f"did you mean {close[0]!r}?")
+        notes = _notes(loc, item["type"], model, lines, names, prefix)
         message = item["msg"] + (f" ({'; '.join(notes)})" if notes else "")
         details.append(
             {
@@ -941,6 +950,37 @@ def _located(
             }
         )
     return ValidationError.from_exception_data(title, details)
+
+
+def _notes(
+    loc: Path_,
+    kind: str,
+    model: type[BaseModel],
+    lines: Mapping[Path_, int],
+    names: Mapping[Path_, str],
+    prefix: str | None,
+) -> list[str]:
+    """Where the value at ``loc`` came from, and for an unknown name the known one closest."""
+    notes: list[str] = []
+    variable = next((names[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in names), None)
+    if variable is not None:
+        notes.append(f"environment variable {variable}")
+    elif (line := _line(loc, lines)) is not None:
+        notes.append(f"line {line}")
+    if kind == "extra_forbidden" and loc:
+        known = _model_at(model, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), list(known.model_fields), n=1)
+        if close:
+            notes.append(_did_you_mean(loc[:-1], close[0], None if variable is None else prefix))
+    return notes
+
+
+def _did_you_mean(parent: Path_, name: str, prefix: str | None) -> str:
+    """The close match of a misspelt name: a field's, or (``prefix``) a variable's."""
+    if prefix is None:
+        return f"did you mean {name!r}?"
+    spelled = "__".join([*(str(p) for p in parent), name]).upper()
+    return f"did you mean {prefix}{spelled}?"
 
 
 def _in_data(loc: Path_, data: object) -> Path_:

@@ -95,7 +95,7 @@ class Degrade:
         after: seconds to give the primary before switching (default ``None``: switch on errors
             only). Must be shorter than ``LLM(deadline=...)``.
         on: which primary errors switch to the degraded path (default ``None``: transient
-            errors; see :func:`~latencykit.fallback`).
+            errors; see :class:`~latencykit.fallback`).
         overrides: any other litellm arguments to set on the degraded call (default empty),
             e.g. ``{"api_base": ..., "api_key": ..., "temperature": 0}``. A degraded call sent
             to another ``api_base`` carries the ``api_key`` given here, or none: never the
@@ -274,7 +274,7 @@ class LLM:
         failover: further targets, in order, each a model string, a dict of litellm
             arguments (``model``, ``api_base``, ``api_key``, ``timeout``, plus latencykit's
             ``name``, ``context_window`` and ``capabilities``) or a :class:`~latencykit.Target`
-            (default none). See :func:`~latencykit.failover` for what moves a call on.
+            (default none). See :class:`~latencykit.failover` for what moves a call on.
         failover_on: which errors move a call to the next target (default ``None``: transient
             errors and context length, the latter only to a larger model). Content policy,
             authentication and bad requests are raised at once unless you widen this.

@@ -92,7 +92,7 @@ class Fallback(PolicyDecorator):
             :class:`Reroute`, which goes on through the rest of the pipeline.
         after: seconds (or ``timedelta``) to give the primary before cancelling it and switching
             to the alternative. Default ``None``: no timer, switch on errors only. Must be
-            shorter than an enclosing :func:`~latencykit.deadline` of the same pipeline; when
+            shorter than an enclosing :class:`~latencykit.deadline` of the same pipeline; when
             the budget that encloses a call (any deadline, however set) is shorter than
             ``after``, the primary gets half of what is left and the alternative the rest.
         on: which primary errors switch to the alternative: exception type(s) or a predicate.

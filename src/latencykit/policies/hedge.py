@@ -9,7 +9,7 @@ the p99 for a few percent more requests. Semantics (Polly v8, Finagle, gRPC):
   an unhandled one (bad request, content policy, context length, a bug) cancels everything and
   is raised at once; when every attempt fails, the primary's error is raised with the others
   attached;
-* the delay is fixed, or a quantile of the target's recent latencies (:func:`quantile`), with
+* the delay is fixed, or a quantile of the target's recent latencies (:class:`quantile`), with
   no hedging until enough samples arrived; while the tail is too light for a hedge at the
   quantile to win, the hedge waits until the primary itself is slow (so a hang is always
   covered);
@@ -167,7 +167,7 @@ class Hedge(PolicyDecorator):
 
     Args:
         delay: seconds (or ``timedelta``; ``0`` sends all attempts at once), or
-            :func:`quantile` for an adaptive delay per target.
+            :class:`quantile` for an adaptive delay per target.
         max_attempts: attempts per call, the primary included (default ``2``; ``1`` disables
             hedging but keeps the latency window warm).
         max_extra_load: extra attempts allowed per call over a sliding 10 s window, as a
@@ -299,7 +299,7 @@ class Hedge(PolicyDecorator):
         """The hedging delay for ``target`` now (with ``ttft``: for a streaming call, from its
         times to first content chunk): for an adaptive delay, the quantile, or while the
         target's tail is too light for a hedge at the quantile to win, the quantile plus the
-        fastest recent attempt (:func:`quantile`); ``None`` (no hedging) while warming up or
+        fastest recent attempt (:class:`quantile`); ``None`` (no hedging) while warming up or
         with no completed attempt in the window."""
         if not isinstance(self.delay, Quantile):
             return self.delay

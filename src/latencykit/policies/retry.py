@@ -129,7 +129,7 @@ class Retry(PolicyDecorator):
         sleep: the async sleep used for waits (default ``anyio.sleep``); tests inject a fake.
         rng: the ``random.Random`` the jitter draws from (default: a fresh one); tests seed it.
 
-    Never waits past the enclosing :func:`~latencykit.deadline`, nor retries when the wait plus
+    Never waits past the enclosing :class:`~latencykit.deadline`, nor retries when the wait plus
     the previous attempt's duration would not fit before it: the last error is raised at once.
     The error raised is always the last attempt's own, with the earlier ones attached
     (``.others`` on latencykit errors, ``latencykit_others`` and a note on other exceptions).
