@@ -133,50 +133,73 @@ class Failover(PolicyDecorator):
         skipped_open: list[str] = []
         previous: str | None = None
         for index, route in enumerate(routes):
-            window = route.target.context_window
-            if smaller_than is not None and not (window is not None and window > smaller_than):
-                self._event(route.name, previous, "context_window")
-                continue
-            if self.is_open is not None and self.is_open(route.name):
-                skipped_open.append(route.name)
-                self._event(route.name, previous, "breaker_open")
+            skipped = self._skipped(route, smaller_than)
+            if skipped is not None:
+                skipped_open += [route.name] if skipped == "breaker_open" else []
+                self._event(route.name, previous, skipped)
                 continue
             if previous is not None:
                 self._event(route.name, previous, None)
-            reason = reason_var.set("failover") if index else None
             try:
-                share = self._share(routes[index + 1 :])
-                if share is None:
-                    return await next(route.call(call))
-                loop = backend()
-                with loop.scope(deadline=loop.now() + share):
-                    return await next(route.call(call))
-                raise AttemptTimeout(
-                    f"no answer within its share of the deadline ({share:.3f}s): "
-                    "the targets after it need the rest",
-                    target=route.name,
-                )
+                return await self._within_share(route, call, next, routes[index + 1 :], index)
             except Exception as exc:
                 errors.append(exc)
                 previous = route.name
-                kind = classify(exc)
-                if kind is ErrorKind.CONTEXT_LENGTH:
-                    if window is None:
-                        break  # unknown window: nothing is known to be larger
-                    smaller_than = window
-                    continue
-                if kind is ErrorKind.NOT_FOUND:
-                    continue  # the model may exist on another target
-                if not self._handles(exc):
-                    attach_others(exc, errors[:-1])
-                    raise
-            finally:
-                if reason is not None:
-                    reason_var.reset(reason)
+                smaller_than = self._judged(exc, route, errors, smaller_than)
+                if smaller_than == _STOP:
+                    break
         if not errors:
             raise CircuitOpen.all_open(skipped_open)
         attach_others(errors[0], errors[1:])
         raise errors[0]
+
+    def _judged(
+        self, exc: Exception, route: Route, errors: list[Exception], smaller_than: int | None
+    ) -> int | None:
+        """After ``route`` failed with ``exc`` (the last of ``errors``): the context window a
+        later route must beat, ``_STOP`` when none can (a context-length error on an unknown
+        window); raises ``exc`` when it is not failed over."""
+        if classify(exc) is ErrorKind.CONTEXT_LENGTH:
+            window = route.target.context_window
+            return _STOP if window is None else window
+        if classify(exc) is not ErrorKind.NOT_FOUND and not self._handles(exc):
+            attach_others(exc, errors[:-1])  # NOT_FOUND: the model may exist on another
+            raise exc
+        return smaller_than
+
+    def _skipped(
+        self, route: Route, smaller_than: int | None
+    ) -> Literal["breaker_open", "context_window"] | None:
+        """Why ``route`` is passed over without a request, if it is."""
+        window = route.target.context_window
+        if smaller_than is not None and (window is None or window <= smaller_than):
+            return "context_window"
+        if self.is_open is not None and self.is_open(route.name):
+            return "breaker_open"
+        return None
+
+    async def _within_share(
+        self, route: Route, call: Call, next: Next, later: Sequence[Route], index: int
+    ) -> Any:
+        """The call on ``route``, the ``index``-th tried (``0``: the first; later ones are
+        failovers), within its share of the deadline, ``later`` routes to come (see
+        :meth:`_share`)."""
+        reason = reason_var.set("failover") if index else None
+        try:
+            share = self._share(later)
+            if share is None:
+                return await next(route.call(call))
+            loop = backend()
+            with loop.scope(deadline=loop.now() + share):
+                return await next(route.call(call))
+            raise AttemptTimeout(
+                f"no answer within its share of the deadline ({share:.3f}s): "
+                "the targets after it need the rest",
+                target=route.name,
+            )
+        finally:
+            if reason is not None:
+                reason_var.reset(reason)
 
     def _share(self, later: Sequence[Route]) -> float | None:
         """The most a route may take when routes follow it and a deadline bounds the call:
@@ -229,6 +252,7 @@ def _routes(alternatives: Sequence[Callable[..., Awaitable[Any]] | Route]) -> li
     return routes
 
 
+_STOP = -1  # see Failover._judged
 _ANY = Target(name="<the decorated function>")
 
 

@@ -146,18 +146,22 @@ class _Attempts(Race):
     def outcome(self) -> Any:
         """The winner's result; or, when every attempt failed, the primary's error (the first
         unhandled one, if any) raised with the others attached."""
-        if self.won >= 0:
-            if self.won and events.listening():
-                events.emit(
-                    events.HedgeWon(self.call_id, attempt=self.won + 1, attempts=len(self.starts))
-                )
-            return self.winner
+        if self.won < 0:
+            raise self._failure()
+        if self.won and events.listening():
+            events.emit(
+                events.HedgeWon(self.call_id, attempt=self.won + 1, attempts=len(self.starts))
+            )
+        return self.winner
+
+    def _failure(self) -> Exception:
+        """The primary's error (the first unhandled one, if any), the others attached."""
         by_attempt = sorted(self.lost, key=lambda lost: lost.index)
         errors = [lost.error for lost in by_attempt if lost.error is not None]
         fatal = [error for error in errors if not self.policy._handles(error)]
         raised = (fatal or errors)[0]
         attach_others(raised, [error for error in errors if error is not raised])
-        raise raised
+        return raised
 
 
 class Hedge(PolicyDecorator):
