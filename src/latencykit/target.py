@@ -25,16 +25,6 @@ from .errors import scrub
 
 __all__ = ["Endpoint", "Target", "as_target"]
 
-_OWN_KEYS = (
-    "model",
-    "name",
-    "api_base",
-    "api_key",
-    "timeout",
-    "context_window",
-    "capabilities",
-    "transport",
-)
 TRANSPORTS = ("litellm", "openai")
 _FORBIDDEN = {"max_retries", "num_retries", "stream", "messages"}
 
@@ -157,6 +147,10 @@ class Target:
             arguments["api_key"] = self.api_key
         arguments["timeout"] = self.timeout if self.timeout is not None else default_timeout
         return arguments
+
+
+# A target's own fields, which its ``arguments`` (other litellm arguments) cannot set.
+_OWN_KEYS = tuple(f.name for f in dataclasses.fields(Target) if f.name != "arguments")
 
 
 def _own_arguments(name: str, arguments: object) -> Mapping[str, Any]:

@@ -34,7 +34,7 @@ import datetime
 import math
 import random
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
 
@@ -50,9 +50,6 @@ if TYPE_CHECKING:
     import tenacity
 
 __all__ = ["GiveUpReason", "Retry", "RetryGaveUp", "RetryScheduled", "retry"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 Sleep: TypeAlias = Callable[[float], Awaitable[Any]]
 """An async sleep function, ``await sleep(seconds)`` (default ``anyio.sleep``)."""
