@@ -1,8 +1,9 @@
 """Validation of policy options at construction time, with messages that name the field.
 
 Every check of an option lives here: ``name`` is the option's public name
-(``"LLM.max_output_tokens"``) and starts the message, so a wrong value is found at once.
-A number is never a ``bool``; an int is never a float.
+(``"LLM.max_output_tokens"``) and starts the message, so a wrong value is found at once. A
+number is never a ``bool``; an int is never a float. Each check returns the value it accepts
+(as a ``float`` for seconds and numbers), so that a constructor assigns what it checked.
 """
 
 from __future__ import annotations
@@ -14,17 +15,18 @@ from typing import Any, TypeVar
 
 __all__ = [
     "choice",
-    "fraction",
+    "count",
+    "function",
     "instance",
     "mapping",
     "non_empty",
     "number",
-    "optional",
     "optional_seconds",
     "positive_int",
     "seconds",
-    "since",
     "tags",
+    "text",
+    "wait",
 ]
 
 T = TypeVar("T")
@@ -49,14 +51,13 @@ def optional_seconds(name: str, value: object) -> float | None:
     return None if value is None else seconds(name, value)
 
 
-def since(name: str, value: object, *, allow_inf: bool = False) -> float:
-    """A number of seconds ``>= 0`` (int, float or ``timedelta``): finite, or with
-    ``allow_inf`` also ``math.inf`` (never)."""
+def wait(name: str, value: object, *, allow_inf: bool = False) -> float:
+    """A number of seconds ``>= 0`` (int, float or ``timedelta``; ``0``: no waiting): finite,
+    or with ``allow_inf`` also ``math.inf`` (never)."""
     result = _seconds(name, value)
     if math.isnan(result) or result < 0 or (result == math.inf and not allow_inf):
-        bound = "a number of seconds >= 0 (math.inf: never)" if allow_inf else "a finite number"
-        bound += "" if allow_inf else " of seconds >= 0"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
+        bound = "(math.inf: never)" if allow_inf else "and finite"
+        raise ValueError(f"{name} must be a number of seconds >= 0 {bound}, got {value!r}")
     return result
 
 
@@ -68,31 +69,37 @@ def _seconds(name: str, value: object) -> float:
     return float(value)
 
 
-def positive_int(name: str, value: object) -> int:
-    """An ``int >= 1`` (``ValueError`` for anything else, a float or a bool included)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+def count(name: str, value: object, *, minimum: int = 1) -> int:
+    """An int of at least ``minimum`` (default ``1``); ``ValueError`` for anything else, a float
+    or a bool included."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
     return value
 
 
+positive_int = count
+"""An int ``>= 1``: :func:`count` with its default."""
+
+
 def number(
-    name: str, value: object, *, low: float = -math.inf, high: float = math.inf, open: bool = False
+    name: str,
+    value: object,
+    low: float = 0.0,
+    high: float = math.inf,
+    *,
+    above: bool = False,
+    open: bool = False,
 ) -> float:
-    """A finite number in ``[low, high]`` (``(low, high)`` with ``open``), as a float."""
+    """A finite number in ``[low, high]`` (default ``[0, inf)``) as a float; ``above``: the
+    low bound excluded, ``open``: both bounds excluded."""
     found = math.nan if isinstance(value, bool) or not isinstance(value, (int, float)) else value
-    inside = low < found < high if open else low <= found <= high
-    if not (inside and math.isfinite(found)):
-        if high < math.inf:
-            bounds = f" in {'(' if open else '['}{low:g}, {high:g}{')' if open else ']'}"
-        else:
-            bounds = f" >= {low:g}" if low > -math.inf else ""
-        raise ValueError(f"{name} must be a finite number{bounds}, got {value!r}")
+    over = found > low if above or open else found >= low
+    under = found < high if open else found <= high
+    if not (over and under and math.isfinite(found)):
+        bounds = f"{'(' if above or open else '['}{low:g}, {high:g}{')' if open else ']'}"
+        raise ValueError(f"{name} must be a finite number in {bounds}, got {value!r}")
     return float(found)
-
-
-def fraction(name: str, value: object) -> float:
-    """A number in ``[0, 1]``."""
-    return number(name, value, low=0.0, high=1.0)
 
 
 def choice(name: str, value: T, choices: Collection[object]) -> T:
@@ -102,29 +109,42 @@ def choice(name: str, value: T, choices: Collection[object]) -> T:
     return value
 
 
-def non_empty(name: str, value: object, what: str = "string") -> str:
-    """A non-empty string (``what`` says what it is: ``"model string"``, ``"URL"``)."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty {what}, got {value!r}")
+def text(name: str, value: object, what: str = "string") -> str:
+    """A non-empty string (``what`` says what it is: ``"model string"``, ``"URL"``):
+    ``TypeError`` for another type, ``ValueError`` for ``""``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a non-empty {what}, got {value!r}")
+    if not value:
+        raise ValueError(f"{name} must be a non-empty {what}, got ''")
     return value
 
 
-def instance(name: str, value: object, kind: type[T] | tuple[type, ...], what: str = "") -> T:
-    """``value`` if it is a ``kind`` (``TypeError`` naming ``what``, or the class, otherwise)."""
-    if not isinstance(value, kind):
+non_empty = text
+"""A non-empty string: :func:`text`."""
+
+
+def instance(
+    name: str, value: T | None, kind: type[T] | tuple[type, ...], what: str = ""
+) -> T | None:
+    """``value`` if it is ``None`` or a ``kind``, else ``TypeError`` naming ``what`` (default:
+    ``"a latencykit.<kind>"``)."""
+    if value is not None and not isinstance(value, kind):
         what = what or f"a latencykit.{kind.__name__}"  # type: ignore[union-attr]
         raise TypeError(f"{name} must be {what}, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
-def optional(name: str, value: T | None, kind: type[T], what: str = "") -> T | None:
-    """``None``, or :func:`instance`."""
-    return None if value is None else instance(name, value, kind, what)
+def function(name: str, value: object) -> None:
+    """``TypeError`` unless ``value`` is ``None`` or callable."""
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be a function, got {value!r}")
 
 
 def mapping(name: str, value: object) -> Mapping[str, Any]:
-    """A mapping."""
-    return instance(name, value, Mapping, "a mapping")
+    """A mapping (``TypeError`` for anything else, ``None`` included)."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping, got {value!r}")
+    return value
 
 
 def tags(name: str, value: object) -> frozenset[str]:

@@ -112,9 +112,9 @@ class Degrade:
 
     def __post_init__(self) -> None:
         if self.model is not None:
-            _validation.non_empty("Degrade.model", self.model, "model string")
+            _validation.text("Degrade.model", self.model, "model string")
         if self.max_tokens is not None:
-            _validation.positive_int("Degrade.max_tokens", self.max_tokens)
+            _validation.count("Degrade.max_tokens", self.max_tokens)
         if self.after is not None:
             object.__setattr__(self, "after", _validation.seconds("Degrade.after", self.after))
         overrides = _validation.mapping("Degrade.overrides", self.overrides)
@@ -901,14 +901,14 @@ _OPTION_KINDS: dict[str, tuple[type, str]] = {
 
 def _check_options(options: Mapping[str, Any]) -> None:
     """Check ``LLM``'s options one by one (each message names the field), then together."""
-    _validation.non_empty("LLM.model", options["model"], "model string")
+    _validation.text("LLM.model", options["model"], "model string")
     for name, (kind, what) in _OPTION_KINDS.items():
-        _validation.optional(f"LLM.{name}", options[name], kind, what)
+        _validation.instance(f"LLM.{name}", options[name], kind, what)
     failover = options["failover"]
     if isinstance(failover, (str, Mapping)) or not isinstance(failover, Sequence):
         raise TypeError("LLM.failover must be a sequence of targets, e.g. ['openai/x']")
     if options["max_output_tokens"] is not None:
-        _validation.positive_int("LLM.max_output_tokens", options["max_output_tokens"])
+        _validation.count("LLM.max_output_tokens", options["max_output_tokens"])
     _validation.choice("LLM.on_truncated", options["on_truncated"], ("raise", "accept"))
     _check_together(options)
 

@@ -84,7 +84,7 @@ class Target:
                 raise ValueError("a target needs a model or a name")
             object.__setattr__(self, "name", self.model)
         if self.api_base is not None:
-            _validation.non_empty("target.api_base", self.api_base, "URL")
+            _validation.text("target.api_base", self.api_base, "URL")
         if self.api_key is not None and not isinstance(self.api_key, str):
             raise TypeError("target.api_key must be a string")  # not shown: it is a secret
         if self.transport == "openai":
@@ -92,7 +92,7 @@ class Target:
         if self.timeout is not None:
             object.__setattr__(self, "timeout", _validation.seconds("target.timeout", self.timeout))
         if self.context_window is not None:
-            _validation.positive_int("target.context_window", self.context_window)
+            _validation.count("target.context_window", self.context_window)
         tags = _validation.tags("target.capabilities", self.capabilities)
         object.__setattr__(self, "capabilities", tags)
         object.__setattr__(self, "arguments", _own_arguments(self.name, self.arguments))
@@ -264,7 +264,7 @@ def as_target(spec: object, *, where: str = "target") -> Target:
     if isinstance(spec, Target):
         return spec
     if isinstance(spec, str):
-        return Target(_validation.non_empty(where, spec, "model string"))
+        return Target(_validation.text(where, spec, "model string"))
     if isinstance(spec, Mapping):
         if "model" not in spec:
             raise ValueError(f"{where} needs a 'model', got keys {sorted(spec)}")

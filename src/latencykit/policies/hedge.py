@@ -87,8 +87,8 @@ class Quantile:
 
     def __post_init__(self) -> None:
         _validation.number("quantile.q", self.q, low=0.0, high=1.0, open=True)
-        _validation.positive_int("quantile.min_samples", self.min_samples)
-        _validation.positive_int("quantile.max_samples", self.max_samples)
+        _validation.count("quantile.min_samples", self.min_samples)
+        _validation.count("quantile.max_samples", self.max_samples)
         if self.min_samples > self.max_samples:
             raise ValueError("quantile.min_samples must not exceed quantile.max_samples")
         object.__setattr__(self, "window", _validation.seconds("quantile.window", self.window))
@@ -226,11 +226,11 @@ class Hedge(PolicyDecorator):
         target: Literal["same", "next"] = "same",
     ) -> None:
         self.delay: float | Quantile = (
-            delay if isinstance(delay, Quantile) else _validation.since("hedge.delay", delay)
+            delay if isinstance(delay, Quantile) else _validation.wait("hedge.delay", delay)
         )
-        self.max_attempts = _validation.positive_int("hedge.max_attempts", max_attempts)
+        self.max_attempts = _validation.count("hedge.max_attempts", max_attempts)
         self.target = _validation.choice("hedge.target", target, ("same", "next"))
-        self.budget = _validation.optional("hedge.budget", budget, RetryBudget) or RetryBudget(
+        self.budget = _validation.instance("hedge.budget", budget, RetryBudget) or RetryBudget(
             _validation.number("hedge.max_extra_load", max_extra_load, low=0.0, high=10.0),
             min_per_second=_RESERVE_PER_SECOND,
         )

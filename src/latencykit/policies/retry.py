@@ -84,8 +84,8 @@ def _retried_by_default(exc: BaseException) -> bool:
     )
 
 
-def _optional_since(name: str, value: object, *, allow_inf: bool = False) -> float | None:
-    return None if value is None else _validation.since(name, value, allow_inf=allow_inf)
+def _optional_wait(name: str, value: object, *, allow_inf: bool = False) -> float | None:
+    return None if value is None else _validation.wait(name, value, allow_inf=allow_inf)
 
 
 _GAVE_UP = object()  # what tenacity returns when our stop strategy ended the retries
@@ -169,9 +169,9 @@ class Retry(PolicyDecorator):
         sleep: Sleep = anyio.sleep,
         rng: random.Random | None = None,
     ) -> None:
-        self.max_attempts = _validation.positive_int("retry.max_attempts", max_attempts)
-        self.initial = _validation.since("retry.initial", initial)
-        self.max_wait = _validation.since("retry.max_wait", max_wait)
+        self.max_attempts = _validation.count("retry.max_attempts", max_attempts)
+        self.initial = _validation.wait("retry.initial", initial)
+        self.max_wait = _validation.wait("retry.max_wait", max_wait)
         if self.max_wait < self.initial:
             raise ValueError(
                 f"retry.max_wait ({self.max_wait:g}s) must be >= retry.initial ({self.initial:g}s)"
@@ -180,16 +180,16 @@ class Retry(PolicyDecorator):
         self.honor_retry_after = _validation.instance(
             "retry.honor_retry_after", honor_retry_after, bool, "a bool"
         )
-        self.max_retry_after = _optional_since("retry.max_retry_after", max_retry_after)
-        self.slow_failure = _optional_since("retry.slow_failure", slow_failure, allow_inf=True)
-        self.budget = _validation.optional("retry.budget", budget, RetryBudget) or RetryBudget(
+        self.max_retry_after = _optional_wait("retry.max_retry_after", max_retry_after)
+        self.slow_failure = _optional_wait("retry.slow_failure", slow_failure, allow_inf=True)
+        self.budget = _validation.instance("retry.budget", budget, RetryBudget) or RetryBudget(
             _DEFAULT_RATIO, min_per_second=_DEFAULT_RESERVE
         )
         if not is_async_callable(sleep):
             raise TypeError(
                 f"retry.sleep must be an async function (like anyio.sleep), got {sleep!r}"
             )
-        rng = _validation.optional("retry.rng", rng, random.Random, "a random.Random")
+        rng = _validation.instance("retry.rng", rng, random.Random, "a random.Random")
         self.on = on
         self._handles = _retried_by_default if on is None else error_predicate(on, "retry.on")
         self._sleep = sleep
