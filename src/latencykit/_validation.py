@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import math
 from collections.abc import Collection, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 __all__ = [
     "choice",
@@ -123,15 +123,13 @@ non_empty = text
 """A non-empty string: :func:`text`."""
 
 
-def instance(
-    name: str, value: T | None, kind: type[T] | tuple[type, ...], what: str = ""
-) -> T | None:
-    """``value`` if it is ``None`` or a ``kind``, else ``TypeError`` naming ``what`` (default:
-    ``"a latencykit.<kind>"``)."""
+def instance(name: str, value: object, kind: type[T] | tuple[type, ...], what: str = "") -> T:
+    """``value`` if it is a ``kind``, or ``None`` (an option left unset: returned as is), else
+    ``TypeError`` naming ``what`` (default: ``"a latencykit.<kind>"``)."""
     if value is not None and not isinstance(value, kind):
         what = what or f"a latencykit.{kind.__name__}"  # type: ignore[union-attr]
         raise TypeError(f"{name} must be {what}, got {value!r}")
-    return value
+    return cast("T", value)
 
 
 def function(name: str, value: object) -> None:
