@@ -21,6 +21,7 @@ __all__ = [
     "mapping",
     "non_empty",
     "number",
+    "optional",
     "optional_seconds",
     "positive_int",
     "seconds",
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+Kind = type[T] | tuple[type, ...]  # what isinstance() takes
 
 
 def seconds(name: str, value: object, *, minimum: float = 0.0) -> float:
@@ -123,13 +125,20 @@ non_empty = text
 """A non-empty string: :func:`text`."""
 
 
-def instance(name: str, value: object, kind: type[T] | tuple[type, ...], what: str = "") -> T:
-    """``value`` if it is a ``kind``, or ``None`` (an option left unset: returned as is), else
-    ``TypeError`` naming ``what`` (default: ``"a latencykit.<kind>"``)."""
-    if value is not None and not isinstance(value, kind):
+def instance(name: str, value: object, kind: Kind[T], what: str = "") -> T:
+    """``value`` if it is a ``kind``, else ``TypeError`` naming ``what`` (default:
+    ``"a latencykit.<kind>"``)."""
+    if not isinstance(value, kind):
         what = what or f"a latencykit.{kind.__name__}"  # type: ignore[union-attr]
         raise TypeError(f"{name} must be {what}, got {value!r}")
     return cast("T", value)
+
+
+def optional(
+    name: str, value: object, kind: type[T] | tuple[type, ...], what: str = ""
+) -> T | None:
+    """``None`` (an option left unset), or :func:`instance`."""
+    return None if value is None else instance(name, value, kind, what)
 
 
 def function(name: str, value: object) -> None:

@@ -268,11 +268,15 @@ def _options_of(
     return derive
 
 
+_NEW = ("__init__", "__new__")
+
+
 def _hints(owner: Any) -> dict[str, Any]:
     """The types of ``owner``'s parameters (:class:`_ErrorFilter` for an ``ErrorFilter``)."""
-    function = owner.__dict__["__init__"] if isinstance(owner, type) else owner
     namespace = {**vars(sys.modules[owner.__module__]), "ErrorFilter": _ErrorFilter}
-    return typing.get_type_hints(function, globalns=namespace)
+    if isinstance(owner, type):  # the constructor that declares the options
+        owner = getattr(owner, next(n for k in owner.__mro__ for n in _NEW if n in vars(k)))
+    return typing.get_type_hints(owner, globalns=namespace)
 
 
 def _members(hint: Any) -> tuple[Any, ...]:

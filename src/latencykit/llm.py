@@ -903,7 +903,7 @@ def _check_options(options: Mapping[str, Any]) -> None:
     """Check ``LLM``'s options one by one (each message names the field), then together."""
     _validation.text("LLM.model", options["model"], "model string")
     for name, (kind, what) in _OPTION_KINDS.items():
-        _validation.instance(f"LLM.{name}", options[name], kind, what)
+        _validation.optional(f"LLM.{name}", options[name], kind, what)
     failover = options["failover"]
     if isinstance(failover, (str, Mapping)) or not isinstance(failover, Sequence):
         raise TypeError("LLM.failover must be a sequence of targets, e.g. ['openai/x']")

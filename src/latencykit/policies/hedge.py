@@ -230,7 +230,7 @@ class Hedge(PolicyDecorator):
         )
         self.max_attempts = _validation.count("hedge.max_attempts", max_attempts)
         self.target = _validation.choice("hedge.target", target, ("same", "next"))
-        self.budget = _validation.instance("hedge.budget", budget, RetryBudget) or RetryBudget(
+        self.budget = _validation.optional("hedge.budget", budget, RetryBudget) or RetryBudget(
             _validation.number("hedge.max_extra_load", max_extra_load, low=0.0, high=10.0),
             min_per_second=_RESERVE_PER_SECOND,
         )

@@ -182,14 +182,14 @@ class Retry(PolicyDecorator):
         )
         self.max_retry_after = _optional_wait("retry.max_retry_after", max_retry_after)
         self.slow_failure = _optional_wait("retry.slow_failure", slow_failure, allow_inf=True)
-        self.budget = _validation.instance("retry.budget", budget, RetryBudget) or RetryBudget(
+        self.budget = _validation.optional("retry.budget", budget, RetryBudget) or RetryBudget(
             _DEFAULT_RATIO, min_per_second=_DEFAULT_RESERVE
         )
         if not is_async_callable(sleep):
             raise TypeError(
                 f"retry.sleep must be an async function (like anyio.sleep), got {sleep!r}"
             )
-        rng = _validation.instance("retry.rng", rng, random.Random, "a random.Random")
+        rng = _validation.optional("retry.rng", rng, random.Random, "a random.Random")
         self.on = on
         self._handles = _retried_by_default if on is None else error_predicate(on, "retry.on")
         self._sleep = sleep
