@@ -31,7 +31,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Kind = type[T] | tuple[type, ...]  # what isinstance() takes
 
 
 def seconds(name: str, value: object, *, minimum: float = 0.0) -> float:
@@ -125,7 +124,7 @@ non_empty = text
 """A non-empty string: :func:`text`."""
 
 
-def instance(name: str, value: object, kind: Kind[T], what: str = "") -> T:
+def instance(name: str, value: object, kind: type[T] | tuple[type, ...], what: str = "") -> T:
     """``value`` if it is a ``kind``, else ``TypeError`` naming ``what`` (default:
     ``"a latencykit.<kind>"``)."""
     if not isinstance(value, kind):
