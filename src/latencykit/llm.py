@@ -424,35 +424,10 @@ class LLM:
         breaker: Mapping[str, Any] | Callable[[str], Breaker] | None,
     ) -> list[Policy]:
         """The pipeline's policies, outermost first: the same objects the decorators use."""
-        policies: list[Policy] = []
-        if self.deadline is not None:
-            policies.append(Deadline(self.deadline))
-        degrade = self.degrade
-        if degrade is not None:
-            after = None if degrade.after is None else float(degrade.after)  # type: ignore[arg-type]
-            if self.deadline is not None and after is not None and after >= self.deadline:
-                raise ValueError(
-                    f"LLM.degrade.after ({after:g}s) must be shorter than LLM.deadline "
-                    f"({self.deadline:g}s)"
-                )
-            policies.append(Fallback(Reroute(self._degraded_path), after=after, on=degrade.on))
-        hedge = self.hedge
-        if hedge is not None:
-            if hedge.target == "next":
-                routes = self._routes
-                hedge = hedge.with_rewrite(
-                    lambda call, i: call if i == 0 else routes[i % len(routes)].call(call)
-                )
-            policies.append(hedge)
-        breakers = None
-        if breaker is not None:
-            if isinstance(breaker, Mapping) and self.shared is not None:
-                breaker = {"shared": self.shared, **breaker}
-            breakers = _TargetBreakers(breaker)
-            for target in self.targets:
-                breakers.of(target.key)  # invalid options fail now, naming the field
-            policies.append(breakers)
-            self._breakers = breakers
+        breakers = self._breakers = self._target_breakers(breaker)
+        deadline = None if self.deadline is None else Deadline(self.deadline)
+        outer = (deadline, self._fallback(), self._hedge_of_targets(), breakers)
+        policies: list[Policy] = [policy for policy in outer if policy is not None]
         if retry is not None:
             policies.append(retry)
         if len(self.targets) > 1:
@@ -462,6 +437,42 @@ class LLM:
             )
         policies.append(self.stream_guard)
         return policies
+
+    def _fallback(self) -> Fallback | None:
+        """The degraded path as a fallback, its ``after`` within the deadline."""
+        degrade = self.degrade
+        if degrade is None:
+            return None
+        after = None if degrade.after is None else float(degrade.after)  # type: ignore[arg-type]
+        if self.deadline is not None and after is not None and after >= self.deadline:
+            raise ValueError(
+                f"LLM.degrade.after ({after:g}s) must be shorter than LLM.deadline "
+                f"({self.deadline:g}s)"
+            )
+        return Fallback(Reroute(self._degraded_path), after=after, on=degrade.on)
+
+    def _hedge_of_targets(self) -> Hedge | None:
+        """The hedge, sending its backups to the next targets with ``target="next"``."""
+        hedge, routes = self.hedge, self._routes
+        if hedge is None or hedge.target != "next":
+            return hedge
+        return hedge.with_rewrite(
+            lambda call, i: call if i == 0 else routes[i % len(routes)].call(call)
+        )
+
+    def _target_breakers(
+        self, breaker: Mapping[str, Any] | Callable[[str], Breaker] | None
+    ) -> _TargetBreakers | None:
+        """Each target's breaker (the fleet's with ``shared``), built now: invalid options
+        fail at construction, naming the field."""
+        if breaker is None:
+            return None
+        if isinstance(breaker, Mapping) and self.shared is not None:
+            breaker = {"shared": self.shared, **breaker}
+        breakers = _TargetBreakers(breaker)
+        for target in self.targets:
+            breakers.of(target.key)
+        return breakers
 
     @classmethod
     def from_config(
