@@ -417,27 +417,6 @@ class LLM:
             p for p in self._pipeline.policies if int(p.stage) >= Stage.BREAKER
         )
 
-    def _policies(
-        self,
-        failover_on: ErrorFilter | None,
-        retry: Retry | None,
-        breaker: Mapping[str, Any] | Callable[[str], Breaker] | None,
-    ) -> list[Policy]:
-        """The pipeline's policies, outermost first: the same objects the decorators use."""
-        breakers = self._breakers = self._target_breakers(breaker)
-        deadline = None if self.deadline is None else Deadline(self.deadline)
-        outer = (deadline, self._fallback(), self._hedge_of_targets(), breakers)
-        policies: list[Policy] = [policy for policy in outer if policy is not None]
-        if retry is not None:
-            policies.append(retry)
-        if len(self.targets) > 1:
-            is_open = None if breakers is None else breakers.is_open
-            policies.append(
-                Failover(*self._routes, on=failover_on, passthrough=True, is_open=is_open)
-            )
-        policies.append(self.stream_guard)
-        return policies
-
     def _fallback(self) -> Fallback | None:
         """The degraded path as a fallback, its ``after`` within the deadline."""
         degrade = self.degrade
@@ -473,6 +452,27 @@ class LLM:
         for target in self.targets:
             breakers.of(target.key)
         return breakers
+
+    def _policies(
+        self,
+        failover_on: ErrorFilter | None,
+        retry: Retry | None,
+        breaker: Mapping[str, Any] | Callable[[str], Breaker] | None,
+    ) -> list[Policy]:
+        """The pipeline's policies, outermost first: the same objects the decorators use."""
+        breakers = self._breakers = self._target_breakers(breaker)
+        deadline = None if self.deadline is None else Deadline(self.deadline)
+        outer = (deadline, self._fallback(), self._hedge_of_targets(), breakers)
+        policies: list[Policy] = [policy for policy in outer if policy is not None]
+        if retry is not None:
+            policies.append(retry)
+        if len(self.targets) > 1:
+            is_open = None if breakers is None else breakers.is_open
+            policies.append(
+                Failover(*self._routes, on=failover_on, passthrough=True, is_open=is_open)
+            )
+        policies.append(self.stream_guard)
+        return policies
 
     @classmethod
     def from_config(
@@ -896,6 +896,39 @@ def _raise_if_truncated(stream: Stream[Any]) -> None:
         raise OutputTruncated(None, stream.partial_text, max_tokens=None, budget_capped=False)
 
 
+def _known_arguments(litellm_module: Any) -> frozenset[str]:
+    """Argument names litellm documents for ``completion`` (its signature and the OpenAI chat
+    parameters), plus a target's own fields: what a typo is checked against."""
+    import inspect
+
+    names = set(inspect.signature(litellm_module.completion).parameters) - {"kwargs"}
+    names |= set(getattr(litellm_module, "OPENAI_CHAT_COMPLETION_PARAMS", ()))
+    names |= {f.name for f in dataclasses.fields(Target)} | {"api_base"}
+    return frozenset(names)
+
+
+def _check_spelling(
+    arguments: Mapping[str, Any], known: frozenset[str], where: str, *, error: bool
+) -> None:
+    """Reject (``error``) or warn about a key that looks like a misspelt known argument.
+
+    litellm passes unknown arguments to the provider (``vertex_project``, ``extra_body``...), so
+    an unknown name is allowed unless it is a near miss of a known one (``temprature``).
+    """
+    import difflib
+
+    for name in arguments:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if not close:
+            continue
+        message = f"{where}: unknown argument {name!r}; did you mean {close[0]!r}?"
+        if error:
+            raise ValueError(message)
+        warnings.warn(message, UserWarning, stacklevel=4)  # the LLM(...) line
+
+
 # --- checking and assembling LLM's options ---------------------------------------------------
 
 # The options that take a latencykit object: its class, and how a message names it.
@@ -995,39 +1028,6 @@ def _secrets_of(targets: Sequence[Target], degrade: Degrade | None) -> tuple[str
     if degrade is not None and isinstance(degrade.overrides.get("api_key"), str):
         found += (degrade.overrides["api_key"],)
     return found
-
-
-def _known_arguments(litellm_module: Any) -> frozenset[str]:
-    """Argument names litellm documents for ``completion`` (its signature and the OpenAI chat
-    parameters), plus a target's own fields: what a typo is checked against."""
-    import inspect
-
-    names = set(inspect.signature(litellm_module.completion).parameters) - {"kwargs"}
-    names |= set(getattr(litellm_module, "OPENAI_CHAT_COMPLETION_PARAMS", ()))
-    names |= {f.name for f in dataclasses.fields(Target)} | {"api_base"}
-    return frozenset(names)
-
-
-def _check_spelling(
-    arguments: Mapping[str, Any], known: frozenset[str], where: str, *, error: bool
-) -> None:
-    """Reject (``error``) or warn about a key that looks like a misspelt known argument.
-
-    litellm passes unknown arguments to the provider (``vertex_project``, ``extra_body``...), so
-    an unknown name is allowed unless it is a near miss of a known one (``temprature``).
-    """
-    import difflib
-
-    for name in arguments:
-        if name in known:
-            continue
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
-        if not close:
-            continue
-        message = f"{where}: unknown argument {name!r}; did you mean {close[0]!r}?"
-        if error:
-            raise ValueError(message)
-        warnings.warn(message, UserWarning, stacklevel=4)  # the LLM(...) line
 
 
 class _TargetBreakers:
