@@ -94,13 +94,23 @@ def number(
 ) -> float:
     """A finite number in ``[low, high]`` (default ``[0, inf)``) as a float; ``above``: the
     low bound excluded, ``open``: both bounds excluded."""
-    found = math.nan if isinstance(value, bool) or not isinstance(value, (int, float)) else value
-    over = found > low if above or open else found >= low
-    under = found < high if open else found <= high
-    if not (over and under and math.isfinite(found)):
-        bounds = f"{'(' if above or open else '['}{low:g}, {high:g}{')' if open else ']'}"
-        raise ValueError(f"{name} must be a finite number in {bounds}, got {value!r}")
-    return float(found)
+    first, last = "(" if above or open else "[", ")" if open else "]"
+    found = _real(value)
+    if not (math.isfinite(found) and _between(found, low, high, first + last)):
+        raise ValueError(
+            f"{name} must be a finite number in {first}{low:g}, {high:g}{last}, got {value!r}"
+        )
+    return found
+
+
+def _real(value: object) -> float:
+    """``value`` as a float, NaN for what is not a number (a bool is not)."""
+    return math.nan if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+
+
+def _between(found: float, low: float, high: float, brackets: str) -> bool:
+    over = found > low if brackets[0] == "(" else found >= low
+    return over and (found < high if brackets[1] == ")" else found <= high)
 
 
 def choice(name: str, value: T, choices: Collection[object]) -> T:
