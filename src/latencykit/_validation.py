@@ -105,7 +105,8 @@ def number(
 
 def _real(value: object) -> float:
     """``value`` as a float, NaN for what is not a number (a bool is not)."""
-    return math.nan if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if is_number else math.nan  # type: ignore[arg-type]
 
 
 def _between(found: float, low: float, high: float, brackets: str) -> bool:
