@@ -391,13 +391,18 @@ class RetryConfig(_Model):
 class BreakerConfig(_Model):
     """The options of each target's :func:`latencykit.breaker` (the key is the target's)."""
 
-    def build(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`~latencykit.breaker` but its key
-        (``lk.breaker(key, **config.build())``), a count window's size as an int."""
-        found = self.options()
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`~latencykit.breaker` but its key (a count window's
+        size as an int)."""
+        found = super().options()
         if found["window_type"] == "count":
             found["window_size"] = int(found["window_size"])
         return found
+
+    def build(self) -> dict[str, Any]:
+        """:meth:`options`: a breaker needs its key too (``lk.breaker(key, **config.build())``);
+        ``LLM(breaker=...)`` takes these options and gives each target's."""
+        return self.options()
 
 
 @_options_of(StreamGuard)
