@@ -20,6 +20,7 @@ __all__ = [
     "instance",
     "mapping",
     "non_empty",
+    "non_negative_int",
     "number",
     "optional",
     "optional_seconds",
@@ -81,6 +82,11 @@ def count(name: str, value: object, *, minimum: int = 1) -> int:
 
 positive_int = count
 """An int ``>= 1``: :func:`count` with its default."""
+
+
+def non_negative_int(name: str, value: object) -> int:
+    """An int ``>= 0``: :func:`count` from ``0``."""
+    return count(name, value, minimum=0)
 
 
 def number(
