@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 from . import _validation
 from ._cancel import clock, now
@@ -232,31 +232,12 @@ def report(result: object) -> CallReport:
         LookupError: the result did not come from latencykit.
     """
     if isinstance(result, Stream):
-        trace = result.trace
-        if trace is None:
-            raise LookupError("this stream did not come from latencykit.LLM.acompletion")
-        ttft = result.ttft
-        return CallReport(
-            target=result.target,
-            model=result.target,
-            attempts=tuple(trace.attempts),
-            answered_by=result.attempt,
-            degraded=trace.degraded,
-            fallback_reason=trace.fallback_reason,
-            duration=(trace.ended_at or clock()) - trace.started_at,
-            ttft=None if ttft is None else ttft + result.started_at - trace.started_at,
-            chunks=result.chunks,
-            cache=trace.cache,
-            route=trace.route,
-            truncated=result.finish_reason == "length",
-        )
+        return _stream_report(result)
     hidden = getattr(result, "_hidden_params", None)
-    if not isinstance(hidden, dict):
-        raise LookupError("this response did not come from latencykit.LLM.acompletion")
-    found = hidden.get(_REPORT_KEY)
+    found = hidden.get(_REPORT_KEY) if isinstance(hidden, dict) else None
     if isinstance(found, CallReport):
         return found
-    if not (isinstance(found, tuple) and len(found) == 3 and isinstance(found[0], Trace)):
+    if not isinstance(found, _Answered):
         raise LookupError("this response did not come from latencykit.LLM.acompletion")
     trace, number, target = found
     choices = getattr(result, "choices", None) or ()
@@ -275,6 +256,35 @@ def report(result: object) -> CallReport:
     )
     hidden[_REPORT_KEY] = built
     return built
+
+
+class _Answered(NamedTuple):
+    """What :func:`report` builds a response's report from (kept in the response)."""
+
+    trace: Trace
+    number: int
+    target: str
+
+
+def _stream_report(stream: Stream[Any]) -> CallReport:
+    trace = stream.trace
+    if trace is None:
+        raise LookupError("this stream did not come from latencykit.LLM.acompletion")
+    ttft = stream.ttft
+    return CallReport(
+        target=stream.target,
+        model=stream.target,
+        attempts=tuple(trace.attempts),
+        answered_by=stream.attempt,
+        degraded=trace.degraded,
+        fallback_reason=trace.fallback_reason,
+        duration=(trace.ended_at or clock()) - trace.started_at,
+        ttft=None if ttft is None else ttft + stream.started_at - trace.started_at,
+        chunks=stream.chunks,
+        cache=trace.cache,
+        route=trace.route,
+        truncated=stream.finish_reason == "length",
+    )
 
 
 class LLM:
@@ -781,7 +791,7 @@ class LLM:
             return result
         hidden = result._hidden_params
         # The report is built on demand by report(): most callers never ask for it.
-        hidden[_REPORT_KEY] = (trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
+        hidden[_REPORT_KEY] = _Answered(trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
         if self.max_output_tokens is not None and self.on_truncated == "raise":
             self._check_truncation(result, arguments)
         return result

@@ -664,20 +664,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         if within_deadline:
             limit = min(limit, self._deadline)
         try:
-            while True:
-                try:
-                    item, text, finish, now = await self._take(limit)
-                except StopAsyncIteration:
-                    self._check_complete()
-                    break
-                except _Expired:
-                    raise
-                except Exception as exc:
-                    raise self._wrapped(exc)  # noqa: B904 (the cause is set when wrapped)
-                content = self._observe(item, text, finish, now)
-                self._buffer.append(item)
-                if content:
-                    break
+            await self._read_to_content(limit)
         except _Expired:
             from .errors import FirstTokenTimeout
 
@@ -704,6 +691,23 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
                     self._call_id(), attempt=self.attempt, target=self.target, ttft=self.ttft or 0.0
                 )
             )
+
+    async def _read_to_content(self, limit: float) -> None:
+        """Read, keeping the items for the consumer, until a content chunk or the end of the
+        stream; raises what the source raised (wrapped), ``_Expired`` past ``limit``."""
+        while True:
+            try:
+                item, text, finish, now = await self._take(limit)
+            except StopAsyncIteration:
+                self._check_complete()
+                return
+            except _Expired:
+                raise
+            except Exception as exc:
+                raise self._wrapped(exc)  # noqa: B904 (the cause is set when wrapped)
+            self._buffer.append(item)
+            if self._observe(item, text, finish, now):
+                return
 
     def _call_id(self) -> int:
         return 0 if self._trace is None else self._trace.call_id

@@ -141,8 +141,9 @@ class StreamGuard(PolicyDecorator):
         keys, kept across the stream's resumes) last: a target that cut or stalled once is
         likely to do it again (the same overloaded replica, the same fault at the same point),
         while regenerating elsewhere costs the same as on it. Each is asked through its own
-        breaker and retry policies, within the call's trace (its attempts join the call's)."""
-        assert self._run is not None and self._attempt_on is not None
+        breaker and retry policies, within the call's trace (its attempts join the call's); a
+        target that cannot now (a transient error) passes to the next, another error ends the
+        search (the break stands)."""
         loop = backend()
         broke.add(broken.target)
         if broken.resumes >= self.max_resumes or loop.now() >= broken.deadline:
@@ -155,44 +156,39 @@ class StreamGuard(PolicyDecorator):
         try:
             with loop.scope(deadline=broken.deadline):
                 for target in targets:
-                    modes = ("prefill", "regenerate") if target.supports("prefill") else ()
-                    for mode in modes or ("regenerate",):
-                        resuming = self._resuming(call, target, mode, broken)
-                        try:
-                            continued = await self._run(resuming, trace)
-                        except Exception as exc:
-                            if mode == "prefill" and classify(exc) is ErrorKind.BAD_REQUEST:
-                                continue  # the target refused the prefill: regenerate instead
-                            if is_transient(exc):
-                                break  # this target cannot now: the next one
-                            return None  # not worth another target; the break stands
-                        if events.listening():
-                            events.emit(
-                                events.StreamResumed(
-                                    trace.call_id,
-                                    attempt=continued.attempt,
-                                    target=continued.target,
-                                    mode=mode,  # type: ignore[arg-type]
-                                    chunks=broken.chunks,
-                                )
-                            )
-                        if mode == "prefill" and broken.partial_text:
-                            return continued  # type: ignore[no-any-return]
-                        return SkipPrefix(continued, broken.partial_text)
+                    try:
+                        return await self._resume_on(target, call, trace, broken)
+                    except Exception as exc:
+                        if not is_transient(exc):
+                            return None
         finally:
             _continuing.reset(continuing)
             deadline_var.reset(deadline_token)
         return None
 
-    def _resuming(self, call: Call, target: Target, mode: str, broken: Stream[Any]) -> Call:
-        """``call`` sent to ``target`` to continue ``broken`` (``mode``: with the text
-        delivered as an assistant prefill, or regenerated)."""
-        assert self._attempt_on is not None
-        kwargs = dict(call.kwargs)
-        if mode == "prefill" and broken.partial_text:
-            messages = list(call.kwargs.get("messages") or ())
-            kwargs["messages"] = [*messages, {"role": "assistant", "content": broken.partial_text}]
-        return call._replace(fn=self._attempt_on(target), kwargs=kwargs, target=target)
+    async def _resume_on(
+        self, target: Target, call: Call, trace: Trace, broken: Stream[Any]
+    ) -> Stream[Any] | SkipPrefix:
+        """``broken`` continued on ``target``: with the text delivered as an assistant prefill
+        where it declares ``capabilities={"prefill"}`` (a target that refuses it, a 400, then
+        regenerates), otherwise regenerated with that text skipped."""
+        assert self._run is not None and self._attempt_on is not None
+        delivered = broken.partial_text
+        resuming = call._replace(fn=self._attempt_on(target), target=target)
+        if delivered and target.supports("prefill"):
+            prefill = {"role": "assistant", "content": delivered}
+            messages = [*(call.kwargs.get("messages") or ()), prefill]
+            try:
+                continued = await self._run(resuming.with_kwargs(messages=messages), trace)
+            except Exception as exc:
+                if classify(exc) is not ErrorKind.BAD_REQUEST:
+                    raise
+            else:
+                _resumed(trace, continued, "prefill", broken)
+                return continued  # type: ignore[no-any-return]
+        continued = await self._run(resuming, trace)
+        _resumed(trace, continued, "regenerate", broken)
+        return SkipPrefix(continued, delivered)
 
     def __repr__(self) -> str:
         return (
@@ -214,6 +210,24 @@ class StreamGuard(PolicyDecorator):
         if call.stream is None:
             return await next(call)
         return await next(call._replace(stream=self))
+
+
+def _resumed(
+    trace: Trace,
+    continued: Stream[Any],
+    mode: Literal["prefill", "regenerate"],
+    broken: Stream[Any],
+) -> None:
+    if events.listening():
+        events.emit(
+            events.StreamResumed(
+                trace.call_id,
+                attempt=continued.attempt,
+                target=continued.target,
+                mode=mode,
+                chunks=broken.chunks,
+            )
+        )
 
 
 def stream_guard(
