@@ -41,7 +41,8 @@ _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 
 
-def _shared_loop() -> asyncio.AbstractEventLoop:
+def shared_loop() -> asyncio.AbstractEventLoop:
+    """The library's own asyncio loop, in a daemon thread (started on first use)."""
     global _loop
     with _lock:
         if _loop is None or _loop.is_closed():
@@ -51,11 +52,6 @@ def _shared_loop() -> asyncio.AbstractEventLoop:
             ).start()
             _loop = loop
         return _loop
-
-
-def shared_loop() -> asyncio.AbstractEventLoop:
-    """The library's own asyncio loop, in a daemon thread (started on first use)."""
-    return _shared_loop()
 
 
 async def run_on_asyncio(coro: Coroutine[Any, Any, T]) -> T:
@@ -69,7 +65,7 @@ async def run_on_shared_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on the library's own asyncio loop (:func:`shared_loop`), whatever backend
     the caller runs on; cancelling the caller cancels it."""
     if on_asyncio():
-        future = asyncio.run_coroutine_threadsafe(coro, _shared_loop())
+        future = asyncio.run_coroutine_threadsafe(coro, shared_loop())
         return await asyncio.wrap_future(future)  # cancelling the wrapper cancels the task
     return await _from_trio(coro)
 
@@ -78,7 +74,7 @@ async def _from_trio(coro: Coroutine[Any, Any, T]) -> T:
     import trio
 
     token = trio.lowlevel.current_trio_token()
-    loop = _shared_loop()
+    loop = shared_loop()
     done = anyio.Event()
     tasks: list[asyncio.Task[T]] = []
 
@@ -159,7 +155,7 @@ class BridgedStream(ChunkSource):
         self.chunk_reader = source.chunk_reader
         self.ready_at = source.ready_at
         self._token = trio.lowlevel.current_trio_token()
-        self._loop = loop = _shared_loop()
+        self._loop = loop = shared_loop()
         self._items: deque[Any] = deque()
         self._wakeup: Callable[[], object] | None = None  # set by a waiting reader
         self._woken: Callable[[], object] | None = None  # the last wakeup sent (pump side)

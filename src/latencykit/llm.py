@@ -234,7 +234,8 @@ def report(result: object) -> CallReport:
     if isinstance(result, Stream):
         return _stream_report(result)
     hidden = getattr(result, "_hidden_params", None)
-    found = hidden.get(_REPORT_KEY) if isinstance(hidden, dict) else None
+    hidden = hidden if isinstance(hidden, dict) else {}
+    found = hidden.get(_REPORT_KEY)
     if isinstance(found, CallReport):
         return found
     if not isinstance(found, _Answered):

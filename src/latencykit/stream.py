@@ -35,6 +35,15 @@ from ._cancel import Watchdog, backend, loop_clock
 from ._response import Summary
 from ._response import summary as _summary
 from .chunks import OPENAI_CHUNKS, Node
+from .errors import (
+    AttemptTimeout,
+    DeadlineExceeded,
+    FirstTokenTimeout,
+    OutputTruncated,
+    StreamBroken,
+    StreamStalled,
+    is_transient,
+)
 
 if TYPE_CHECKING:
     from ._context import Trace
@@ -377,7 +386,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
 
     def _wrapped(self, error: Exception) -> Exception:
         wrapped = self._wrap_error(error)
-        if type(wrapped) is _attempt_timeout() and wrapped.status_code is None:  # type: ignore[attr-defined]
+        if type(wrapped) is AttemptTimeout and wrapped.status_code is None:
             # The HTTP read timeout of a stream is the silence the guards watch for, whichever
             # fires first: before the first content chunk a first-token timeout, after it a stall.
             wrapped = self._silence(wrapped)
@@ -386,8 +395,6 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         return wrapped
 
     def _silence(self, timeout: Exception) -> Exception:
-        from .errors import FirstTokenTimeout, StreamStalled
-
         quiet = self._now() - self._last_at
         if not self._committed:
             return FirstTokenTimeout(
@@ -666,8 +673,6 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         try:
             await self._read_to_content(limit)
         except _Expired:
-            from .errors import FirstTokenTimeout
-
             error: BaseException = (
                 self._expired_error()
                 if self._now() >= self._deadline
@@ -714,8 +719,6 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
 
     def _check_complete(self) -> None:
         if self._reader.requires_finish and self.finish_reason is None:
-            from .errors import StreamBroken
-
             end_error = self._source.end_error()
             if end_error is not None:
                 raise end_error
@@ -793,14 +796,10 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
             return await self._broken(exc)
         await self._end("ok", None)
         if self._truncation and self.finish_reason == "length":
-            from .errors import OutputTruncated
-
             raise OutputTruncated(None, self.partial_text, max_tokens=None, budget_capped=False)
         raise StopAsyncIteration
 
     def _expired_error(self) -> Exception:
-        from .errors import DeadlineExceeded, StreamStalled
-
         now = self._now()
         if now >= self._deadline:
             if events.listening():
@@ -852,15 +851,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         raise error
 
 
-def _attempt_timeout() -> type[Exception]:
-    from .errors import AttemptTimeout
-
-    return AttemptTimeout
-
-
 def _recoverable(error: Exception) -> bool:
-    from .errors import DeadlineExceeded, is_transient
-
     return (
         is_transient(error)
         and not isinstance(error, DeadlineExceeded)
@@ -927,8 +918,6 @@ class SkipPrefix(ChunkSource):
             if text is None and finish is None:
                 continue  # a role-only or empty chunk: the consumer has had one
             if not text or not rest.startswith(text[: len(rest)]):
-                from .errors import StreamBroken
-
                 raise StreamBroken(
                     "the regenerated answer does not repeat the text already delivered",
                     target=self.target,
