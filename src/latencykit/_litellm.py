@@ -209,25 +209,25 @@ async def open_connection(arguments: Mapping[str, Any], timeout: float) -> bool:
             return False
         import os
 
-        # As litellm resolves them for an "openai" call (its main.completion).
+        env = os.environ.get
+        # As litellm resolves them for an "openai" call (its main.completion): the first set.
         client = get_client(
             is_async=True,
-            api_key=arguments.get("api_key")
-            or module.api_key
-            or module.openai_key
-            or os.environ.get("OPENAI_API_KEY"),
-            api_base=arguments.get("api_base")
-            or module.api_base
-            or os.environ.get("OPENAI_BASE_URL")
-            or os.environ.get("OPENAI_API_BASE")
-            or "https://api.openai.com/v1",
+            api_key=_first(
+                arguments.get("api_key"), module.api_key, module.openai_key, env("OPENAI_API_KEY")
+            ),
+            api_base=_first(
+                arguments.get("api_base"),
+                module.api_base,
+                env("OPENAI_BASE_URL"),
+                env("OPENAI_API_BASE"),
+                "https://api.openai.com/v1",
+            ),
             api_version=None,
             timeout=float(arguments["timeout"]),
             max_retries=0,
-            organization=module.organization or os.environ.get("OPENAI_ORGANIZATION") or None,
+            organization=_first(module.organization, env("OPENAI_ORGANIZATION")),
         )
-        import contextlib
-
         import openai
 
         with contextlib.suppress(openai.APIStatusError):  # it answered: the connection is open
@@ -235,6 +235,11 @@ async def open_connection(arguments: Mapping[str, Any], timeout: float) -> bool:
         return True
     finally:
         _quiet.reset(token)
+
+
+def _first(*values: Any) -> Any:
+    """The first of ``values`` that is set (truthy), else ``None``."""
+    return next((value for value in values if value), None)
 
 
 class LitellmTransport:

@@ -202,6 +202,27 @@ def _answer(response: httpx.Response, target: Target) -> Any:
     return litellm().ModelResponse(**data)
 
 
+_LAST = b"\n\n"  # what ends the last event of a body that did not
+
+
+def sse_data(events: bytes) -> list[bytes]:
+    """The data of each of ``events``, complete SSE events (LF line ends, separated by a blank
+    line): data lines joined by LF; comments (keep-alives) and other fields skipped; a block
+    without a data line is no event."""
+    if events.startswith(b"data: "):
+        # The common case: every event is one "data: " line. Then each newline is in a
+        # separator, and each separator is followed by "data: ".
+        found = events[6:].split(b"\n\ndata: ")
+        if events.count(b"\n", 6) == 2 * (len(found) - 1):
+            return found
+    found = []
+    for block in events.split(b"\n\n"):
+        lines = [line[5:].lstrip() for line in block.split(b"\n") if line.startswith(b"data:")]
+        if lines:
+            found.append(b"\n".join(lines))
+    return found
+
+
 class OpenAIChunks(ChunkSource):
     """One streaming attempt on the fast lane, as an async iterator of chunks
     (:mod:`latencykit.chunks`: typed :class:`~latencykit.chunks.Chunk` s, or
@@ -312,30 +333,29 @@ class OpenAIChunks(ChunkSource):
 
     async def pull(self) -> Any:
         """The next chunk (errors unwrapped)."""
-        while True:
-            if self._events:
-                read = self.buffered()
-                if read is not NOTHING:
-                    return read[0]
-            body = self._body
-            if body is None:
-                body = await self._open()
-            if self._done:
-                async for _ in body:  # read the body to its end: the connection is reused
-                    pass
-                raise StopAsyncIteration
-            try:
-                data = await body.__anext__()
-            except StopAsyncIteration:
-                if not self._pending:
-                    raise
-                # The body ended without a blank line after its last event.
-                pending, self._pending = self._pending, b""
-                self._split(pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + b"\n\n")
-                continue
+        while (read := self.buffered()) is NOTHING:
+            data = await self._next_bytes()
             self._split(data)
-            if self._sample is not None:  # no event yet: keep what came, to say what it was
+            if self._sample is not None and data is not _LAST:
+                # No event yet: keep what came, to say what it was.
                 self._sample = None if self._events else (self._sample + data)[:200]
+        return read[0]
+
+    async def _next_bytes(self) -> bytes:
+        """The body's next bytes (opening it first); at its end, what completes an event left
+        open (``StopAsyncIteration`` after that, and after ``[DONE]``, once the rest of the
+        body is read: then the connection is reused)."""
+        body = self._body or await self._open()
+        if self._done:
+            async for _ in body:
+                pass
+            raise StopAsyncIteration
+        try:
+            return await body.__anext__()
+        except StopAsyncIteration:
+            if not self._pending:
+                raise
+            return _LAST  # the body ended without a blank line after its last event
 
     def _split(self, data: bytes) -> None:
         """Queue the data of the events completed by ``data``, the body's next bytes."""
@@ -343,31 +363,14 @@ class OpenAIChunks(ChunkSource):
             data = self._pending + data
         keep = b""
         if b"\r" in data:  # CR or CRLF line ends: made LF (a CR at the end may start a CRLF)
-            if data.endswith(b"\r"):
-                data, keep = data[:-1], b"\r"
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            keep = b"\r" if data.endswith(b"\r") else b""
+            data = data[: len(data) - len(keep)].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         end = data.rfind(b"\n\n")  # the events before it are complete
         if end < 0:
             self._pending = data + keep
             return
         self._pending = data[end + 2 :] + keep
-        if data.startswith(b"data: "):
-            # The common case: every event is one "data: " line. Then each newline before
-            # `end` is in a separator, and each separator is followed by "data: ".
-            events = data[6:end].split(b"\n\ndata: ")
-            if data.count(b"\n", 6, end) == 2 * (len(events) - 1):
-                self._events.extend(events)
-                return
-        for block in data[:end].split(b"\n\n"):
-            # Data lines are joined by LF; comments (keep-alives) and other fields are
-            # skipped; an empty line at the start is the end of no event.
-            found: bytes | None = None
-            for line in block.split(b"\n"):
-                if line.startswith(b"data:"):
-                    payload = line[5:].lstrip()
-                    found = payload if found is None else found + b"\n" + payload
-            if found is not None:
-                self._events.append(found)
+        self._events.extend(sse_data(data[:end]))
 
     async def _open(self) -> AsyncIterator[bytes]:
         if self._closed:

@@ -755,22 +755,7 @@ class LLM:
         carrying the attempt history; a stream that breaks after its first chunk raises
         :class:`~latencykit.StreamBroken` with the partial text.
         """
-        for name in kwargs.keys() & (_RESERVED.keys() | _TARGET_OWNED.keys()):
-            raise ValueError(
-                f"acompletion({name}=...) is not accepted: "
-                + (_RESERVED.get(name) or _TARGET_OWNED[name])
-            )
-        target = self.targets[0]
-        if "model" in kwargs:
-            if len(self.targets) > 1:
-                raise ValueError("acompletion(model=...) is not accepted with failover targets")
-            target = target.replace(model=kwargs.pop("model"))
-        stream = kwargs.pop("stream", False)
-        if not isinstance(stream, bool):
-            raise TypeError(f"acompletion(stream=...) must be a bool, got {stream!r}")
-        task = kwargs.pop("task", None)
-        if task is not None and self.router is None:
-            raise ValueError("acompletion(task=...) is for a router: pass LLM(router=...)")
+        target, stream, task = self._own_arguments(kwargs)
         arguments = {**self._defaults, **kwargs}
         call = Call(
             self._attempt_on(target, stream),
@@ -796,6 +781,27 @@ class LLM:
         if self.max_output_tokens is not None and self.on_truncated == "raise":
             self._check_truncation(result, arguments)
         return result
+
+    def _own_arguments(self, kwargs: dict[str, Any]) -> tuple[Target, bool, str | None]:
+        """Take latencykit's own arguments out of ``kwargs``: the call's first target, whether
+        it streams, its task tag; refuse the arguments it owns."""
+        for name in kwargs.keys() & (_RESERVED.keys() | _TARGET_OWNED.keys()):
+            raise ValueError(
+                f"acompletion({name}=...) is not accepted: "
+                + (_RESERVED.get(name) or _TARGET_OWNED[name])
+            )
+        target = self.targets[0]
+        if "model" in kwargs:
+            if len(self.targets) > 1:
+                raise ValueError("acompletion(model=...) is not accepted with failover targets")
+            target = target.replace(model=kwargs.pop("model"))
+        stream = kwargs.pop("stream", False)
+        if not isinstance(stream, bool):
+            raise TypeError(f"acompletion(stream=...) must be a bool, got {stream!r}")
+        task = kwargs.pop("task", None)
+        if task is not None and self.router is None:
+            raise ValueError("acompletion(task=...) is for a router: pass LLM(router=...)")
+        return target, stream, task
 
     def _check_truncation(self, response: Any, arguments: Mapping[str, Any]) -> None:
         choices: list[Any] = list(getattr(response, "choices", None) or ())
