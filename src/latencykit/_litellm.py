@@ -255,29 +255,28 @@ class LitellmTransport:
 
     async def complete(self, target: Target, arguments: Mapping[str, Any], timeout: float) -> Any:
         """One non-streaming attempt: litellm's ``ModelResponse``."""
-        if not is_set_up(target.model):
-            # litellm's one-time set-up, apart: a cancel landing in a real call's set-up (it
-            # runs in a thread) leaves litellm's request coroutine unawaited; in the mock's,
-            # nothing.
-            await self._set_up(target, timeout)
+        # litellm's one-time set-up, apart: a cancel landing in a real call's set-up (it runs
+        # in a thread) leaves litellm's request coroutine unawaited; in the mock's, nothing.
+        await self._set_up(target, timeout)
         return await run_on_asyncio(acompletion(target.litellm_arguments(timeout, arguments)))
 
     async def open(self, target: Target, arguments: Mapping[str, Any], timeout: float) -> Any:
         """One streaming attempt's source, opened on its first read (on trio, bridged: the
         bridge's pump hands the chunks over). The process's first call of a model first does
         litellm's set-up (see :func:`set_up`): the source is ready (``ready_at``) after it."""
-        ready_at = None
-        if not is_set_up(target.model):
-            await self._set_up(target, timeout)
-            ready_at = now()
+        set_up_now = await self._set_up(target, timeout)
         chunks = LitellmChunks(target.litellm_arguments(timeout, arguments), target, self._secrets)
-        chunks.ready_at = ready_at
+        chunks.ready_at = now() if set_up_now else None
         return chunks if on_asyncio() else BridgedStream(chunks)
 
     @staticmethod
-    async def _set_up(target: Target, timeout: float) -> None:
+    async def _set_up(target: Target, timeout: float) -> bool:
+        """:func:`set_up` for ``target``'s model unless done; whether it was done now."""
+        if is_set_up(target.model):
+            return False
         with contextlib.suppress(Exception):  # an unknown provider: the real call raises it
             await run_on_asyncio(set_up(target.litellm_arguments(timeout)))
+        return True
 
     async def warm(self, target: Target, timeout: float, *, connect: bool, limit: float) -> None:
         """:func:`set_up`, then (``connect``) :func:`open_connection` within ``limit``

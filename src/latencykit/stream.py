@@ -668,18 +668,10 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         if self._committed:
             return
         limit = math.inf if self.first_token is None else self._started + self.first_token
-        if within_deadline:
-            limit = min(limit, self._deadline)
         try:
-            await self._read_to_content(limit)
+            await self._read_to_content(min(limit, self._deadline) if within_deadline else limit)
         except _Expired:
-            error: BaseException = (
-                self._expired_error()
-                if self._now() >= self._deadline
-                else FirstTokenTimeout(
-                    f"no content chunk within {self.first_token:g}s", target=self.target
-                )
-            )
+            error = self._expired_error()
             await self._end("error", error)
             raise error from None
         except Exception as exc:
@@ -800,6 +792,8 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         raise StopAsyncIteration
 
     def _expired_error(self) -> Exception:
+        """What a wait past its limit means: the deadline expired, else the first content
+        chunk is late (before the commit) or the stream stalled (after it)."""
         now = self._now()
         if now >= self._deadline:
             if events.listening():
@@ -808,8 +802,11 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
                         self._call_id(), budget=self._budget, elapsed=now - self._started
                     )
                 )
-            error: Exception = DeadlineExceeded(self._budget, now - self._started)
-            return error
+            return DeadlineExceeded(self._budget, now - self._started)
+        if not self._committed:
+            return FirstTokenTimeout(
+                f"no content chunk within {self.first_token:g}s", target=self.target
+            )
         if events.listening():
             events.emit(
                 events.StallDetected(
