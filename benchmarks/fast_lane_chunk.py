@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
+import httpx
 from fast_lane_throughput import SERVER
 
 from latencykit import _openai
@@ -36,6 +37,9 @@ PIECES = [BODY[i : i + 65536] for i in range(0, len(BODY), 65536)]
 TARGET = Target("openai/m", api_base="http://127.0.0.1:9/v1", api_key="k", transport="openai")
 
 
+CLIENT = httpx.AsyncClient()  # never sends: the body is read from memory
+
+
 async def body() -> AsyncIterator[bytes]:
     for piece in PIECES:
         yield piece
@@ -43,8 +47,7 @@ async def body() -> AsyncIterator[bytes]:
 
 def source() -> Any:
     """An ``OpenAIChunks`` reading the body from memory (as if its response had opened)."""
-    client = _openai.OpenAITransport().client()
-    request = _openai.Request(TARGET, 60, {"messages": [], "stream": True}, client)
+    request = _openai.Request(TARGET, 60, {"messages": [], "stream": True}, CLIENT)
     chunks = _openai.OpenAIChunks(request, TARGET, ())
     chunks._body = body()
     return chunks

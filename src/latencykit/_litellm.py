@@ -260,13 +260,15 @@ class LitellmTransport:
         await self._set_up(target, timeout)
         return await run_on_asyncio(acompletion(target.litellm_arguments(timeout, arguments)))
 
-    async def open(self, target: Target, arguments: Mapping[str, Any], timeout: float) -> Any:
+    async def open(
+        self, target: Target, arguments: Mapping[str, Any], timeout: float
+    ) -> ChunkSource:
         """One streaming attempt's source, opened on its first read (on trio, bridged: the
         bridge's pump hands the chunks over). The process's first call of a model first does
         litellm's set-up (see :func:`set_up`): the source is ready (``ready_at``) after it."""
-        set_up_now = await self._set_up(target, timeout)
-        chunks = LitellmChunks(target.litellm_arguments(timeout, arguments), target, self._secrets)
-        chunks.ready_at = now() if set_up_now else None
+        ready_at = now() if await self._set_up(target, timeout) else None
+        arguments = target.litellm_arguments(timeout, arguments)
+        chunks = LitellmChunks(arguments, target, self._secrets, ready_at)
         return chunks if on_asyncio() else BridgedStream(chunks)
 
     @staticmethod
@@ -381,7 +383,13 @@ class LitellmChunks(ChunkSource):
         "ready_at",
     )
 
-    def __init__(self, arguments: dict[str, Any], target: Target, secrets: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        arguments: dict[str, Any],
+        target: Target,
+        secrets: tuple[str, ...],
+        ready_at: float | None = None,
+    ) -> None:
         self._arguments = arguments
         self._target = target
         self._secrets = secrets
@@ -395,7 +403,7 @@ class LitellmChunks(ChunkSource):
         self._closed = False
         self._content_type = ""  # the answer's, once open
         self.chunk_reader = _LitellmChunkReader(self)
-        self.ready_at: float | None = None
+        self.ready_at = ready_at
 
     def pull(self) -> Awaitable[Any]:
         """litellm's next chunk, as litellm gives it (errors unwrapped, finish unchecked)."""
