@@ -824,15 +824,14 @@ class LLM:
         own = kwargs.get(name)
         cap = self.max_output_tokens if own is None else min(int(own), self.max_output_tokens)
         left = remaining()
-        if self.budget_aware and left is not None:
-            per_token = self._recorder.per_token.get(target.key)
-            if per_token is not None and per_token.count() >= _CAP_MIN_SAMPLES:
-                first = 0.0
-                ttft = self._recorder.ttft.get(target.key) if streaming else None
-                if ttft is not None and ttft.count() >= _CAP_MIN_SAMPLES:
-                    first = ttft.quantile(0.5) or 0.0
-                tokens = (left - first) * _CAP_HEADROOM / max(per_token.quantile(0.5) or 0, 1e-6)
-                cap = max(1, min(cap, int(tokens)))
+        if (
+            self.budget_aware
+            and left is not None
+            and (per_token := _median(self._recorder.per_token.get(target.key))) is not None
+        ):
+            first = _median(self._recorder.ttft.get(target.key)) if streaming else None
+            tokens = (left - (first or 0.0)) * _CAP_HEADROOM / max(per_token, 1e-6)
+            cap = max(1, min(cap, int(tokens)))
         kwargs[name] = cap
         return cap
 
@@ -883,6 +882,13 @@ class LLM:
                 target=target,
             )
         )
+
+
+def _median(window: Any) -> float | None:
+    """A latency window's median once it has enough samples to cap by, else ``None``."""
+    if window is None or window.count() < _CAP_MIN_SAMPLES:
+        return None
+    return window.quantile(0.5)  # type: ignore[no-any-return]
 
 
 def _known_arguments(litellm_module: Any) -> frozenset[str]:
