@@ -131,11 +131,7 @@ what a stream is built with when a broken stream may be continued (the stream gu
 ``on_break="continue"``)."""
 
 
-class _NothingType:
-    __slots__ = ()
-
-
-NOTHING: Any = _NothingType()
+NOTHING: Any = object()
 """What :meth:`ChunkSource.buffered` returns when no item is buffered."""
 
 
