@@ -58,6 +58,7 @@ import anyio.lowlevel
 from overhead import _load, _version, percentile, print_overheads, verdict
 
 import latencykit as lk
+from latencykit.policies.breaker import reset_breakers
 from latencykit.testing import RedisServer
 
 TARGET_US = 50.0
@@ -125,12 +126,19 @@ async def time_to_open(url: str, trials: int, interval: float) -> list[float]:
     b = lk.RedisStore(url, interval=interval, namespace=namespace)
     found: list[float] = []
     for trial in range(trials):
-        seeing, other = (
-            lk.Breaker(
-                f"dead{trial}", window_size=10, minimum_calls=5, open_duration=60.0, shared=store
+        pair = []
+        for store in (a, b):  # each store stands for a process, with its own breaker of the key
+            reset_breakers()
+            pair.append(
+                lk.Breaker(
+                    f"dead{trial}",
+                    window_size=10,
+                    minimum_calls=5,
+                    open_duration=60.0,
+                    shared=store,
+                )
             )
-            for store in (a, b)
-        )
+        seeing, other = pair
         with anyio.fail_after(10):
             while seeing._fleet_view()[1] is None or other._fleet_view()[1] is None:  # noqa: ASYNC110
                 await anyio.sleep(0.005)

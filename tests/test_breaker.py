@@ -1,4 +1,4 @@
-"""Circuit breakers: state machine, windows, registry, events, store; fake clock, no sleeps."""
+"""Circuit breakers: state machine, windows, registry, events; fake clock, no sleeps."""
 
 from __future__ import annotations
 
@@ -19,12 +19,9 @@ from latencykit.policies.breaker import (
     Breaker,
     BreakerPermit,
     BreakerRejected,
-    BreakerSnapshot,
     BreakerState,
     BreakerStateChanged,
-    BreakerStore,
     CircuitOpen,
-    InMemoryBreakerStore,
     breaker,
     breakers,
     reset_breakers,
@@ -58,7 +55,7 @@ def unavailable() -> lk.ProviderUnavailable:
     return lk.ProviderUnavailable("overloaded", target="t", status_code=503)
 
 
-def small(clock: FakeClock, **options: Any) -> Breaker:
+def small(clock: FakeClock, key: str = "t", **options: Any) -> Breaker:
     """A breaker that decides quickly: window 10 calls, 4 calls minimum, 3 probes."""
     defaults: dict[str, Any] = {
         "window_size": 10,
@@ -67,7 +64,7 @@ def small(clock: FakeClock, **options: Any) -> Breaker:
         "slow_call_duration": 2.0,
         "clock": clock,
     }
-    return Breaker("t", **{**defaults, **options})
+    return Breaker(key, **{**defaults, **options})
 
 
 def outcome(b: Breaker, success: bool | None, duration: float = 0.1) -> None:
@@ -232,7 +229,7 @@ async def test_counts_selects_the_failures(clock: FakeClock) -> None:
         with pytest.raises(KeyError):
             await ask()
     assert b.state is OPEN
-    by_predicate = small(clock, counts=lambda exc: "bad" in str(exc))
+    by_predicate = small(clock, "u", counts=lambda exc: "bad" in str(exc))
     assert by_predicate.counts(RuntimeError("bad"))
     assert not by_predicate.counts(RuntimeError("fine"))
 
@@ -673,65 +670,18 @@ async def test_no_events_are_built_without_subscribers(clock: FakeClock) -> None
     assert b.state is OPEN
 
 
-# --- store -----------------------------------------------------------------------------------
+# --- one breaker per key --------------------------------------------------------------------
 
 
-class CopyingStore:
-    """A store that keeps copies, as a cross-process store would (serialise on put)."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, BreakerSnapshot] = {}
-        self.gets = 0
-        self.puts = 0
-
-    def get(self, key: str) -> BreakerSnapshot | None:
-        self.gets += 1
-        found = self.data.get(key)
-        return None if found is None else dataclasses.replace(found, window=list(found.window))
-
-    def put(self, key: str, snapshot: BreakerSnapshot) -> None:
-        self.puts += 1
-        self.data[key] = dataclasses.replace(snapshot, window=list(snapshot.window))
-
-
-async def test_state_lives_in_the_store(clock: FakeClock) -> None:
-    store = CopyingStore()
-    assert isinstance(store, BreakerStore)
-    b = small(clock, store=store)
-    for _ in range(4):
-        outcome(b, False)
-    assert store.data["t"].state is OPEN
-    assert store.data["t"].calls == 4
-    # Another breaker on the same store and key (another process, say) sees it open.
-    twin = small(clock, store=store)
-    assert twin.acquire() is None
-    clock.advance(10.0)
-    assert twin.state is HALF_OPEN
-    assert b.state is HALF_OPEN
-    store.data["t"] = dataclasses.replace(store.data["t"], state=CLOSED, period=99)
-    assert b.state is CLOSED  # whatever the store says
-
-
-async def test_shared_in_memory_store(clock: FakeClock) -> None:
-    store = InMemoryBreakerStore()
-    one, two = small(clock, store=store), small(clock, store=store)
+async def test_breakers_of_one_key_share_their_state(clock: FakeClock) -> None:
+    one, two = small(clock), small(clock)
+    assert one is two  # the process-wide breaker of "t"
     for _ in range(4):
         outcome(one, False)
     assert two.state is OPEN
-    assert set(store.snapshots) == {"t"}
-    assert "t" in repr(store)
-
-
-async def test_another_window_shape_in_the_store_starts_a_fresh_window(clock: FakeClock) -> None:
-    store = InMemoryBreakerStore()
-    count = small(clock, store=store)
-    for _ in range(3):
-        outcome(count, False)
-    timed = small(clock, store=store, window_type="time", window_size=60.0)
-    assert timed.metrics().calls == 0
-    assert timed.state is CLOSED
-    outcome(timed, True)
-    assert store.snapshots["t"].shape == "time/60.0"
+    assert breakers()["t"] is one
+    with pytest.raises(ValueError, match=r"window_type='time' \(registered: 'count'\)"):
+        small(clock, window_type="time", window_size=60.0)
 
 
 # --- validation ------------------------------------------------------------------------------
@@ -760,7 +710,7 @@ async def test_another_window_shape_in_the_store_starts_a_fresh_window(clock: Fa
         ({"max_open_duration": 0}, "breaker.max_open_duration"),
         ({"half_open_calls": 0}, "breaker.half_open_calls"),
         ({"counts": "transient"}, "breaker.counts"),
-        ({"store": {}}, "breaker.store"),
+        ({"shared": {}}, "breaker.shared"),
         ({"clock": 5}, "breaker.clock"),
     ],
 )
@@ -774,7 +724,7 @@ def test_invalid_options_are_rejected_naming_the_field(options: dict[str, Any], 
 
 @pytest.mark.parametrize("key", ["", None, 3])
 def test_the_key_must_be_a_non_empty_string(key: Any) -> None:
-    with pytest.raises(ValueError, match=r"breaker\.key"):
+    with pytest.raises((TypeError, ValueError), match=r"breaker\.key"):
         Breaker(key)
 
 
@@ -784,9 +734,10 @@ def test_defaults() -> None:
     assert (b.failure_rate, b.slow_call_rate, b.slow_call_duration) == (0.5, 1.0, 60.0)
     assert (b.open_duration, b.max_open_duration, b.half_open_calls) == (30.0, None, 3)
     assert b.counts is lk.errors.is_transient
-    assert isinstance(b.store, InMemoryBreakerStore)
+    assert b.shared is None
     assert b.state is CLOSED
-    assert "breaker('t'" in repr(b)
+    assert "Breaker('t'" in repr(b)
+    assert breaker is Breaker  # one spelling
 
 
 # --- properties ------------------------------------------------------------------------------
@@ -828,6 +779,7 @@ def _rates_reached(b: Breaker, failures: int, slow: int, calls: int) -> bool:
 @given(ops=operations)
 def test_random_runs_keep_the_state_machine_legal(config: str, ops: list[Op]) -> None:
     clock = FakeClock(0.0)
+    reset_breakers()  # a new breaker for each example
     b = Breaker(
         "p",
         failure_rate=0.5,
@@ -839,8 +791,6 @@ def test_random_runs_keep_the_state_machine_legal(config: str, ops: list[Op]) ->
         clock=clock,
         **CONFIGS[config],
     )
-    store = b.store
-    assert isinstance(store, InMemoryBreakerStore)
     seen: list[lk.events.Event] = []
     state = CLOSED
     epoch = 0  # bumps on every state change or reset: the model of a breaker's period
@@ -967,27 +917,26 @@ def test_random_runs_keep_the_state_machine_legal(config: str, ops: list[Op]) ->
             metrics = b.metrics()
             follow("metrics")
             assert metrics.state is state
-            snap = store.snapshots["p"]
             assert 0 <= metrics.failures <= metrics.calls
             assert 0 <= metrics.slow_calls <= metrics.calls
             assert metrics.calls == metrics.successes + metrics.failures
             assert metrics.successes >= 0
             if b.window_type == "count":
                 assert metrics.calls <= b.window_size
-                codes = [c for c in snap.window if c]
-                assert len(codes) == snap.calls
-                assert sum(1 for c in codes if c & 2) == snap.failures
-                assert sum(1 for c in codes if c & 4) == snap.slow
+                codes = [c for c in b._window if c]
+                assert len(codes) == b._calls
+                assert sum(1 for c in codes if c & 2) == b._failures
+                assert sum(1 for c in codes if c & 4) == b._slow
             else:
-                assert sum(snap.window[0::3]) == snap.calls
-                assert sum(snap.window[1::3]) == snap.failures
-                assert sum(snap.window[2::3]) == snap.slow
+                assert sum(b._window[0::3]) == b._calls
+                assert sum(b._window[1::3]) == b._failures
+                assert sum(b._window[2::3]) == b._slow
             if state is CLOSED:
                 assert (metrics.calls, metrics.failures, metrics.slow_calls) == model_counts()
             if state is OPEN:  # metrics() half-opens an expired open state
                 assert clock() < opened_at + open_for, "half-open too late"
             if state is HALF_OPEN:
-                assert 0 <= snap.probe_calls <= snap.probes <= b.half_open_calls
-                assert metrics.probes == snap.probes - snap.probe_calls
+                assert 0 <= b._probe_calls <= b._probes <= b.half_open_calls
+                assert metrics.probes == b._probes - b._probe_calls
     for what in sorted(visited):
         event(what)

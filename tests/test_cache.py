@@ -414,6 +414,28 @@ async def test_a_failing_store_never_fails_the_call(
     assert [e.reason for e in seen if isinstance(e, CacheStored)] == ["store_error"] * 2
 
 
+async def test_an_unreadable_or_unknown_entry_is_a_miss() -> None:
+    store = DictStore()
+    cache = ResponseCache(store=store)
+    calls = 0
+
+    @cache
+    async def answer() -> str:
+        nonlocal calls
+        calls += 1
+        return "an answer"
+
+    await answer()
+    [(key, raw)] = store.data.items()
+    newer = raw.replace(b'"latencykit.cache":1', b'"latencykit.cache":2')
+    assert newer != raw
+    for unusable in (b"not json", newer):
+        store.data[key] = unusable
+        assert await answer() == "an answer"
+    assert calls == 3
+    assert cache.stats() == CacheStats(hits=0, misses=3, stored=3, errors=2)
+
+
 async def test_a_hung_store_is_a_miss_after_store_timeout(fake: FakeProvider) -> None:
     class Hung(DictStore):
         async def get(self, key: str) -> bytes | None:
@@ -698,8 +720,8 @@ def test_keys_are_stable_and_hex() -> None:
     [
         ({"ttl": 0}, ValueError, "ResponseCache.ttl must be a positive"),
         ({"ttl": "5"}, TypeError, "ResponseCache.ttl must be a number"),
-        ({"max_entries": 0}, ValueError, "ResponseCache.max_entries must be an int >= 1"),
-        ({"max_entries": True}, ValueError, "ResponseCache.max_entries must be an int >= 1"),
+        ({"max_entries": 0}, ValueError, "ResponseCache.max_entries must be a positive int"),
+        ({"max_entries": True}, ValueError, "ResponseCache.max_entries must be a positive int"),
         ({"max_entries": 5, "store": MemoryStore()}, ValueError, "ResponseCache.max_entries"),
         ({"store": {}}, TypeError, "ResponseCache.store must be a CacheStore"),
         ({"cache_degraded": 1}, TypeError, "ResponseCache.cache_degraded must be a bool"),
@@ -717,7 +739,7 @@ def test_invalid_options_name_the_field(
 
 
 def test_memory_store_validation() -> None:
-    with pytest.raises(ValueError, match=r"MemoryStore.max_entries must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"MemoryStore.max_entries must be a positive int"):
         MemoryStore(0)
     with pytest.raises(TypeError, match=r"MemoryStore\.clock must be a function"):
         MemoryStore(clock=3.0)  # type: ignore[arg-type]

@@ -400,8 +400,8 @@ async def test_nothing_is_left_unawaited() -> None:
         (lambda: gather(value(1), min_results=0), ValueError, r"gather\.min_results must be"),
         (
             lambda: UNTYPED_GATHER(value(1), min_results=1.0),
-            TypeError,
-            r"gather\.min_results must be an int",
+            ValueError,
+            r"gather\.min_results must be a positive int",
         ),
         (
             lambda: UNTYPED_GATHER(value(1), return_partial=None),

@@ -43,6 +43,8 @@ def _no_default_store() -> Iterator[None]:
 
 
 def make_breaker(store: lk.RedisStore, key: str = "openai", **options: Any) -> lk.Breaker:
+    """A new breaker of ``key``, as another process would have: the registry is forgotten."""
+    reset_breakers()
     defaults: dict[str, Any] = {
         "window_size": 10,
         "minimum_calls": 4,
@@ -173,6 +175,7 @@ async def test_use_store_is_the_one_switch(redis_server: RedisServer) -> None:
     try:
         lk.use_store(stores[0])
         first = lk.Breaker("switch", window_size=10, minimum_calls=4)  # no shared=: the default
+        reset_breakers()  # the second is another process's
         second = lk.Breaker("switch", window_size=10, minimum_calls=4, shared=stores[1])
         await succeed_once(second)
         await until(lambda: first._fleet_view()[1] is not None)
@@ -209,7 +212,7 @@ async def test_a_tenants_quota_is_the_fleets(stores: list[lk.RedisStore]) -> Non
     quota = Quota(requests_per_second=0.01, request_burst=3)
     limiters = [Limiter(tenant_quota=quota, max_wait=0, shared=store) for store in stores]
     for store in stores:
-        store.breaker("warm-up", make_breaker(store)._fleet_options)  # start the refresh
+        make_breaker(store, "warm-up")._fleet_view()  # start the refresh
     await until(lambda: all(store.available for store in stores))
 
     async def call(limiter: Limiter) -> bool:

@@ -24,12 +24,11 @@ from latencykit.pipeline import Call
 from latencykit.policies.breaker import BreakerState, breakers
 from latencykit.policies.limiter import (
     DEFAULT_TENANT,
-    InMemoryQuotaStore,
     Limiter,
     LimitRefused,
     LimitWaited,
     Quota,
-    QuotaStore,
+    _Buckets,
     current_tenant,
     tenant,
 )
@@ -120,7 +119,7 @@ def test_quota_fills_in_its_bucket_sizes() -> None:
         ({"quotas": {"": Quota()}}, ValueError, "Limiter.quotas keys"),
         ({"concurrency": 2, "tenant_of": "user"}, TypeError, "Limiter.tenant_of"),
         ({"concurrency": 2, "tokens_of": 3}, TypeError, "Limiter.tokens_of"),
-        ({"concurrency": 2, "store": {}}, TypeError, "Limiter.store"),
+        ({"concurrency": 2, "shared": {}}, TypeError, "Limiter.shared"),
     ],
 )
 def test_limiter_validation_names_the_field(
@@ -138,8 +137,7 @@ def test_limiter_options_and_repr() -> None:
     )
     assert limiter.max_wait == 0.25
     assert limiter.concurrency == {"openai/a": 4}
-    assert isinstance(limiter.store, InMemoryQuotaStore)
-    assert isinstance(limiter.store, QuotaStore)
+    assert limiter.shared is None
     assert limiter.stage == lk.pipeline.Stage.LIMITER
     assert "concurrency={'openai/a': 4}" in repr(limiter) and "max_wait=0.25" in repr(limiter)
     with pytest.raises(TypeError, match=r"LLM\.limiter"):
@@ -164,7 +162,7 @@ def test_tenant_names_are_checked_and_scoped() -> None:
 
 
 def test_bucket_serves_its_burst_then_reserves_ahead_within_max_wait() -> None:
-    store = InMemoryQuotaStore()
+    store = _Buckets()
 
     def take(now: float, max_wait: float, amount: float = 1.0) -> float:
         return store.take("t/requests", amount, rate=2.0, burst=3.0, now=now, max_wait=max_wait)
@@ -188,13 +186,13 @@ def test_bucket_serves_its_burst_then_reserves_ahead_within_max_wait() -> None:
 
 
 def test_full_buckets_are_forgotten() -> None:
-    store = InMemoryQuotaStore()
+    store = _Buckets()
     for n in range(1100):  # many short-lived tenants (end-user ids)
         store.take(f"early{n}/requests", 1.0, rate=1.0, burst=1.0, now=0.0, max_wait=0.0)
-    assert repr(store) == "InMemoryQuotaStore(buckets=1100)"  # none full yet: all kept
+    assert len(store) == 1100  # none full yet: all kept
     for n in range(1000):  # later, others; the early ones have refilled meanwhile
         store.take(f"late{n}/requests", 1.0, rate=1.0, burst=1.0, now=10.0, max_wait=0.0)
-    assert repr(store) == "InMemoryQuotaStore(buckets=1000)"  # the full ones were dropped
+    assert len(store) == 1000  # the full ones were dropped
     assert store.level("early0/requests", rate=1.0, burst=1.0, now=10.0) == 1.0
 
 

@@ -152,6 +152,12 @@ async def test_bad_routing_options_fail_naming_the_field(fake: FakeProvider) -> 
         Rule(to="x", min_prompt_tokens=-1)
     with pytest.raises(ValueError, match=r"Router\.quantile"):
         Router(quantile=1.5)
+    with pytest.raises(ValueError, match=r"Router\.min_samples"):
+        Router(min_samples=0)
+    with pytest.raises(TypeError, match=r"Router\.rules\[0\] must be a latencykit\.routing\.Rule"):
+        Router("openai/small")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Rule\.needs must be a set"):
+        Rule(to="x", needs="json")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"LLM\.router"):
         routed_llm(fake, "openai/small")
     llm = lk.LLM("openai/x", api_base=fake.base_url, api_key=SECRET)

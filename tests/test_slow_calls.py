@@ -174,6 +174,7 @@ async def test_a_slow_stream_is_logged_when_it_ends_with_its_first_chunk(
     assert data["stream"] and data["ttft"] >= 0.8
     [attempt] = data["attempts"]
     assert attempt["ttft"] >= 0.8 and attempt["chunks"] == 16
+    assert attempt["gap_max"] is not None and attempt["gap_p50"] <= attempt["gap_max"]
 
 
 async def test_nested_calls_are_logged_each_with_their_parent(

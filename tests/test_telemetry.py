@@ -18,6 +18,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 import latencykit as lk
 from helpers import KEY, make_llm
 from latencykit import telemetry
+from latencykit.policies.breaker import BreakerState
+from latencykit.target import Endpoint
 from latencykit.testing import Behavior, FakeProvider, Fault
 
 pytestmark = pytest.mark.anyio
@@ -418,3 +420,171 @@ async def test_telemetry_off_subscribes_nothing() -> None:
     handle.close()  # idempotent
     assert not lk.events.listening()
     assert lk.telemetry is telemetry  # reachable from the package, imported on first use
+
+
+def test_each_policy_event_is_a_span_event_and_a_count(exported: Exported) -> None:
+    # The policies' decisions, emitted as the policies do, on one call: the table in
+    # docs/telemetry.md ("Span events", latencykit's own instruments).
+    kind, open_, closed = lk.ErrorKind.TIMEOUT, BreakerState.OPEN, BreakerState.CLOSED
+    decisions: list[tuple[lk.events.Event, str, dict[str, Any]]] = [
+        (
+            lk.events.HedgeFired(7, 2, "t", "delay", 0.5),
+            "latencykit.hedge.fired",
+            {
+                "latencykit.attempt.number": 2,
+                "latencykit.target": "t",
+                "latencykit.hedge.reason": "delay",
+                "latencykit.hedge.delay": 0.5,
+            },
+        ),
+        (
+            lk.events.HedgeWon(7, 2, 2),
+            "latencykit.hedge.won",
+            {"latencykit.attempt.number": 2, "latencykit.attempts": 2},
+        ),
+        (
+            lk.events.HedgeSkipped(7, 3, "budget"),
+            "latencykit.hedge.skipped",
+            {"latencykit.hedge.reason": "budget"},
+        ),
+        (
+            lk.events.FailedOver(7, "t", "u"),
+            "latencykit.failed_over",
+            {"latencykit.from_target": "t", "latencykit.to_target": "u"},
+        ),
+        (
+            lk.events.TargetSkipped(7, "u", "breaker_open"),
+            "latencykit.target_skipped",
+            {"latencykit.target": "u", "latencykit.skip.reason": "breaker_open"},
+        ),
+        (
+            lk.events.FallbackUsed(7, "error", 0.25, None, "Boom", kind),
+            "latencykit.fallback",
+            {
+                "latencykit.fallback.reason": "error",
+                "latencykit.fallback.elapsed": 0.25,
+                "error.type": "Boom",
+            },
+        ),
+        (
+            lk.events.DeadlineExpired(7, 1.0, 1.5, "model"),
+            "latencykit.deadline.expired",
+            {
+                "latencykit.deadline.budget": 1.0,
+                "latencykit.deadline.elapsed": 1.5,
+                "latencykit.stage.name": "model",
+            },
+        ),
+        (
+            lk.events.LimitWaited(7, "t", "tenant-a", "requests", 0.1),
+            "latencykit.limit.waited",
+            {"latencykit.limit.kind": "requests", "latencykit.limit.waited": 0.1},
+        ),
+        (
+            lk.events.LimitRefused(7, "t", "tenant-a", "tokens", 2.0, 0.2),
+            "latencykit.limit.refused",
+            {"latencykit.limit.kind": "tokens", "latencykit.limit.waited": 0.2},
+        ),
+        (
+            lk.events.StallDetected(7, 1, "t", 2.0, 5),
+            "latencykit.stream.stall",
+            {
+                "latencykit.target": "t",
+                "latencykit.stream.stall_limit": 2.0,
+                "latencykit.stream.chunks": 5,
+            },
+        ),
+        (
+            lk.events.StreamResumed(7, 2, "u", "prefill", 5),
+            "latencykit.stream.resumed",
+            {
+                "latencykit.target": "u",
+                "latencykit.stream.resume_mode": "prefill",
+                "latencykit.stream.chunks": 5,
+            },
+        ),
+        (
+            lk.events.RetryScheduled(7, 2, 0.3, kind, 1.0),
+            "latencykit.retry.scheduled",
+            {
+                "latencykit.retry.wait": 0.3,
+                "latencykit.error.kind": "timeout",
+                "latencykit.retry.retry_after": 1.0,
+            },
+        ),
+        (
+            lk.events.RetryGaveUp(7, 3, "max_attempts", kind),
+            "latencykit.retry.gave_up",
+            {"latencykit.retry.reason": "max_attempts", "latencykit.attempts": 3},
+        ),
+        (
+            lk.events.BreakerStateChanged(7, "t", closed, open_, 0.75, 0.0, 4),
+            "latencykit.breaker.state_changed",
+            {
+                "latencykit.target": "t",
+                "latencykit.breaker.from": "closed",
+                "latencykit.breaker.to": "open",
+                "latencykit.breaker.failure_rate": 0.75,
+            },
+        ),
+        (
+            lk.events.BreakerRejected(7, "t", open_),
+            "latencykit.breaker.rejected",
+            {"latencykit.target": "t", "latencykit.breaker.state": "open"},
+        ),
+    ]
+    emit = lk.events.emit
+    emit(lk.events.CallStarted(7, "t", Endpoint("m", "openai")))
+    emit(lk.events.Routed(7, "t", "default"))
+    emit(lk.events.CacheLookup(7, "t", False, 0.0))
+    for event, _, _ in decisions:
+        emit(event)
+    emit(lk.events.StoreUnavailable(0, "RedisStore()", "ConnectionError"))
+    emit(lk.events.CallEnded(7, "t", 1.5, "ok", 1, False))
+    call = exported.call_span()
+    assert [(e.name, attrs(e)) for e in call.events] == [(n, a) for _, n, a in decisions]
+    assert attrs(call)["latencykit.route.target"] == "t"
+    assert attrs(call)["latencykit.route.reason"] == "default"
+    assert attrs(call)["latencykit.cache.hit"] is False
+
+    def counted(name: str) -> list[tuple[dict[str, Any], Any]]:
+        return [(dict(p.attributes), getattr(p, "value", None)) for p in exported.points(name)]
+
+    hedges = {
+        p.attributes["latencykit.hedge.event"]: p for p in exported.points("latencykit.hedges")
+    }
+    assert {event: (dict(p.attributes), p.value) for event, p in hedges.items()} == {
+        "fired": ({"latencykit.hedge.event": "fired", "latencykit.hedge.reason": "delay"}, 1),
+        "won": ({"latencykit.hedge.event": "won"}, 1),
+        "skipped": ({"latencykit.hedge.event": "skipped", "latencykit.hedge.reason": "budget"}, 1),
+    }
+    assert counted("latencykit.failovers") == [
+        ({"latencykit.from_target": "t", "latencykit.to_target": "u"}, 1)
+    ]
+    assert counted("latencykit.targets_skipped") == [
+        ({"latencykit.target": "u", "latencykit.skip.reason": "breaker_open"}, 1)
+    ]
+    assert counted("latencykit.fallbacks") == [({"latencykit.fallback.reason": "error"}, 1)]
+    assert counted("latencykit.deadline.expired") == [({}, 1)]
+    [overshoot] = exported.points("latencykit.deadline.overshoot")
+    assert overshoot.sum == pytest.approx(0.5)
+    assert counted("latencykit.retries") == [({"latencykit.error.kind": "timeout"}, 1)]
+    assert counted("latencykit.stream.stalls") == [({"latencykit.target": "t"}, 1)]
+    assert counted("latencykit.stream.resumes") == [
+        ({"latencykit.stream.resume_mode": "prefill"}, 1)
+    ]
+    assert counted("latencykit.breaker.transitions") == [
+        (
+            {
+                "latencykit.target": "t",
+                "latencykit.breaker.from": "closed",
+                "latencykit.breaker.to": "open",
+            },
+            1,
+        )
+    ]
+    assert counted("latencykit.breaker.state") == [({"latencykit.target": "t"}, 2)]
+    assert counted("latencykit.breaker.rejections") == [({"latencykit.target": "t"}, 1)]
+    assert counted("latencykit.store.unavailable") == [
+        ({"latencykit.store.reason": "ConnectionError"}, 1)
+    ]

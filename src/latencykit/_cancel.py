@@ -30,25 +30,6 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import anyio
 import sniffio
 
-__all__ = [
-    "Backend",
-    "Expired",
-    "Watchdog",
-    "backend",
-    "clock",
-    "keep",
-    "loop_clock",
-    "loop_key",
-    "now",
-    "on_asyncio",
-    "run_soon",
-    "spawn_detached",
-    "threadsafe_caller",
-    "Timer",
-    "call_at",
-    "spawn",
-]
-
 T = TypeVar("T")
 
 
@@ -171,19 +152,17 @@ _backends: dict[str, Backend] = {}
 def _native(name: str) -> Backend:
     # Imported here: a running backend is already imported, and `import latencykit` stays light.
     if name == "asyncio":
-        from asyncio import get_running_loop
-
-        def loop_time() -> float:
-            return get_running_loop().time()
-
-        # Task.uncancel() (3.11+) lets the watchdog cancel as asyncio.timeout does.
         import asyncio
 
+        # Task.uncancel() (3.11+) lets the watchdog cancel as asyncio.timeout does.
         watchdog = Watchdog if hasattr(asyncio.Task, "uncancel") else None
+
         # anyio.CancelScope(...) looks the backend up (sniffio) and constructs the backend's
         # own scope class on every call; that class, constructed directly, is the same scope.
-        scope = type(anyio.CancelScope())
-        return Backend(now=loop_time, scope=scope, watchdog=watchdog)
+        def loop_time() -> float:
+            return asyncio.get_running_loop().time()
+
+        return Backend(now=loop_time, scope=type(anyio.CancelScope()), watchdog=watchdog)
     if name == "trio":
         import trio
 
@@ -191,16 +170,23 @@ def _native(name: str) -> Backend:
     return _GENERIC
 
 
-def _on_asyncio() -> bool:
-    # sniffio's lookup costs ~2 us; this ~0.2: asyncio runs here iff this thread has a running
-    # loop (and asyncio is not even imported unless something uses it).
+def _asyncio_loop() -> Any:
+    """The running asyncio loop, or ``None`` (trio, or no loop at all).
+
+    sniffio's lookup costs ~2 us; this ~0.2: asyncio runs here iff this thread has a running
+    loop (and asyncio is not even imported unless something uses it)."""
     asyncio = sys.modules.get("asyncio")
-    return asyncio is not None and asyncio._get_running_loop() is not None
+    return None if asyncio is None else asyncio._get_running_loop()
+
+
+def on_asyncio() -> bool:
+    """Whether the running task runs on asyncio (else on trio)."""
+    return _asyncio_loop() is not None
 
 
 def backend() -> Backend:
     """The clock and scope factory for the backend running this task."""
-    name = "asyncio" if _on_asyncio() else sniffio.current_async_library()
+    name = "asyncio" if _asyncio_loop() is not None else sniffio.current_async_library()
     found = _backends.get(name)
     if found is None:
         found = _backends[name] = _native(name)
@@ -213,21 +199,17 @@ def now() -> float:
     Every duration, deadline and window is measured on it, so trio's ``MockClock`` and
     autojump tests see consistent time everywhere.
     """
-    asyncio = sys.modules.get("asyncio")
-    loop = None if asyncio is None else asyncio._get_running_loop()
-    if loop is not None:
-        return float(loop.time())
-    return backend().now()
+    loop = _asyncio_loop()
+    return backend().now() if loop is None else float(loop.time())
 
 
 def loop_clock() -> Callable[[], float]:
     """:func:`now` for an object that lives on the running loop: asyncio's ``loop.time``
     itself (no lookup of the loop per reading), the backend's clock elsewhere."""
-    asyncio = sys.modules.get("asyncio")
-    loop = None if asyncio is None else asyncio._get_running_loop()
-    if asyncio is None or loop is None:
+    loop = _asyncio_loop()
+    if loop is None:
         return backend().now
-    if type(loop).time is asyncio.BaseEventLoop.time:
+    if type(loop).time is sys.modules["asyncio"].BaseEventLoop.time:
         # The stock loop's time() *is* time.monotonic(): the same clock, read without the
         # Python frame of the method (a stream reads it on every chunk). Other loops (uvloop)
         # keep their own.
@@ -239,18 +221,10 @@ def clock() -> float:
     """:func:`now` inside an event loop; ``time.monotonic()`` outside one (a ``repr``, a
     garbage-collection finaliser). The default clock of stateful objects (breakers, budgets,
     latency windows), which may be read from either side."""
-    asyncio = sys.modules.get("asyncio")
-    loop = None if asyncio is None else asyncio._get_running_loop()
-    if loop is not None:
-        return float(loop.time())
     try:
-        name = sniffio.current_async_library()
+        return now()
     except sniffio.AsyncLibraryNotFoundError:
         return time.monotonic()
-    found = _backends.get(name)
-    if found is None:
-        found = _backends[name] = _native(name)
-    return found.now()
 
 
 # --- detached tasks: one supervisor ---------------------------------------------------------------
@@ -282,28 +256,21 @@ async def _supervised(job: Job) -> None:
 def spawn_detached(job: Job) -> None:
     """Start ``job()`` in a task of its own on the running event loop, from synchronous code
     on it (a callback): held until it ends, its failure logged."""
-    if _on_asyncio():
-        import asyncio
-
-        keep(asyncio.get_running_loop().create_task(_supervised(job)))
+    loop = _asyncio_loop()
+    if loop is not None:
+        keep(loop.create_task(_supervised(job)))
         return
     import trio
 
     trio.lowlevel.spawn_system_task(_supervised, job)
 
 
-def on_asyncio() -> bool:
-    """Whether the running task runs on asyncio (else on trio)."""
-    return _on_asyncio()
-
-
 def loop_key() -> object:
     """An object that names the running event loop (its identity, as long as it runs): the
     asyncio loop, or the trio run's token."""
-    if _on_asyncio():
-        import asyncio
-
-        return asyncio.get_running_loop()
+    loop = _asyncio_loop()
+    if loop is not None:
+        return loop
     import trio
 
     return trio.lowlevel.current_trio_token()
@@ -313,10 +280,9 @@ def threadsafe_caller() -> Callable[[Callable[[], object]], object]:
     """A function that calls ``fn()`` on *this* event loop soon, from any thread (asyncio's
     ``call_soon_threadsafe``, trio's ``run_sync_soon``). Raises ``RuntimeError`` once the loop
     is closed."""
-    if _on_asyncio():
-        import asyncio
-
-        return asyncio.get_running_loop().call_soon_threadsafe
+    loop = _asyncio_loop()
+    if loop is not None:
+        return loop.call_soon_threadsafe  # type: ignore[no-any-return]
     import trio
 
     return trio.lowlevel.current_trio_token().run_sync_soon
@@ -340,8 +306,7 @@ def run_soon() -> Callable[[Job], None]:
 def spawn(run: Callable[..., Coroutine[Any, Any, None]], *args: Any, tasks: list[Any]) -> None:
     """Start ``run(*args)`` in a task of its own, in a copy of the context: an asyncio task
     appended to ``tasks`` (whoever started it cancels and awaits it), or a trio system task."""
-    asyncio = sys.modules.get("asyncio")
-    loop = None if asyncio is None else asyncio._get_running_loop()
+    loop = _asyncio_loop()
     if loop is not None:
         tasks.append(loop.create_task(run(*args)))
         return
@@ -436,11 +401,9 @@ _trio_timers: Any = None  # a trio.lowlevel.RunVar, made on first use (trio is i
 
 def call_at(when: float, callback: Callable[[], None]) -> Timer:
     """Run ``callback()`` on the event loop at ``when`` (its clock), in the caller's context."""
-    asyncio = sys.modules.get("asyncio")
-    loop = None if asyncio is None else asyncio._get_running_loop()
+    loop = _asyncio_loop()
     if loop is not None:
-        handle: Timer = loop.call_at(when, _as_asyncio, callback)
-        return handle
+        return loop.call_at(when, _as_asyncio, callback)  # type: ignore[no-any-return]
     global _trio_timers
     import trio
 

@@ -23,15 +23,6 @@ from ._cancel import backend, now
 if TYPE_CHECKING:
     from ._values import ErrorKind, Ledger, RouteDecision
 
-__all__ = [
-    "Attempt",
-    "AttemptReason",
-    "Outcome",
-    "Trace",
-    "current_attempt",
-    "current_trace",
-    "remaining",
-]
 
 Outcome = Literal["ok", "error", "cancelled"]
 """How an attempt ended: it returned, it raised, or it was cancelled (lost a race, timed out)."""

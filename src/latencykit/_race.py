@@ -21,8 +21,6 @@ import anyio.lowlevel
 
 from ._cancel import Timer, backend, call_at, spawn
 
-__all__ = ["Lost", "Race", "close", "settle"]
-
 logger = logging.getLogger("latencykit")
 
 _CLOSE_GRACE = 5.0  # seconds closing an unwanted result may take before we move on
@@ -37,8 +35,7 @@ async def close(values: Iterable[object]) -> None:
         aclose = getattr(value, "aclose", None)
         if aclose is None:
             continue
-        loop = backend()
-        with loop.scope(shield=True, deadline=loop.now() + _CLOSE_GRACE):
+        with anyio.move_on_after(_CLOSE_GRACE, shield=True):
             try:
                 await aclose()
             except Exception:
@@ -49,7 +46,7 @@ async def settle() -> None:
     """One more loop turn, shielded: a cancelled HTTP request closes its socket in a loop
     callback (asyncio transports close on the next iteration), so the connections of the
     contenders cut short are closed before the call returns, not just after."""
-    with backend().scope(shield=True):
+    with anyio.CancelScope(shield=True):
         await anyio.lowlevel.checkpoint()
 
 
@@ -153,15 +150,7 @@ class Race:
         every contender ended; then cancel, await and close the losers."""
         try:
             if first is not None:
-                self.starts.append(self.now())
-                self.running = 1
-                while self.delay == 0 and self._launch("delay"):
-                    pass  # all at once
-                self._arm()
-                with self.scope(deadline=self.deadline) as self.host:
-                    await self._contend(0, first)
-                self.host = None
-                self.running -= 1
+                await self._host(first)
             while self.running and not self.stopped:
                 await self._changed()
             if self.crashed is not None:
@@ -171,13 +160,29 @@ class Race:
                 await close((self.winner,))  # the caller will never get it
             raise
         finally:
-            if not self.stopped:
-                self._stop(None)
-            if self.spawned or self.answered < len(self.starts):  # contenders were cut short
-                with self.scope(shield=True):
-                    while self.spawned:
-                        await self._changed()
-                await settle()
+            await self._finish()
+
+    async def _host(self, first: Awaitable[Any]) -> None:
+        """Run contender 0 in the caller's task, the others starting around it."""
+        self.starts.append(self.now())
+        self.running = 1
+        while self.delay == 0 and self._launch("delay"):
+            pass  # all at once
+        self._arm()
+        with self.scope(deadline=self.deadline) as self.host:
+            await self._contend(0, first)
+        self.host = None
+        self.running -= 1
+
+    async def _finish(self) -> None:
+        """Stop the race; cancel and await the contenders still running."""
+        if not self.stopped:
+            self._stop(None)
+        if self.spawned or self.answered < len(self.starts):  # contenders were cut short
+            with self.scope(shield=True):
+                while self.spawned:
+                    await self._changed()
+            await settle()
 
     async def _contend(self, index: int, awaitable: Awaitable[Any]) -> None:
         error: Exception | None = None

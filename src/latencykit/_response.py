@@ -42,12 +42,11 @@ _NOTHING = Summary()
 
 def parameters(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The reportable model parameters among a call's keyword arguments."""
-    found = {}
-    for name in MODEL_PARAMETERS:
-        value = kwargs.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            found[name] = value
-    return found
+    return {
+        name: value
+        for name in MODEL_PARAMETERS
+        if isinstance(value := kwargs.get(name), (int, float)) and not isinstance(value, bool)
+    }
 
 
 def _string(value: Any) -> str | None:
@@ -64,14 +63,11 @@ def summary(result: Any) -> Summary:
     choices = getattr(result, "choices", None)
     if not isinstance(choices, (list, tuple)):
         return _NOTHING
-    reasons = tuple(
-        reason for reason in (getattr(c, "finish_reason", None) for c in choices) if reason
-    )
     usage = getattr(result, "usage", None)
     return Summary(
         model=_string(getattr(result, "model", None)),
         id=_string(getattr(result, "id", None)),
-        finish_reasons=tuple(str(reason) for reason in reasons),
+        finish_reasons=tuple(str(r) for c in choices if (r := getattr(c, "finish_reason", None))),
         input_tokens=_count(getattr(usage, "prompt_tokens", None)),
         output_tokens=_count(getattr(usage, "completion_tokens", None)),
     )

@@ -1,11 +1,37 @@
-"""Validation of policy options at construction time, with messages that name the field."""
+"""Validation of policy options at construction time, with messages that name the field.
+
+Every check of an option lives here: ``name`` is the option's public name
+(``"LLM.max_output_tokens"``) and starts the message, so a wrong value is found at once. A
+number is never a ``bool``; an int is never a float. Each check returns the value it accepts
+(as a ``float`` for seconds and numbers), so that a constructor assigns what it checked.
+"""
 
 from __future__ import annotations
 
 import datetime
 import math
+from collections.abc import Collection, Mapping
+from typing import Any, TypeVar, cast
 
-__all__ = ["seconds"]
+__all__ = [
+    "choice",
+    "count",
+    "function",
+    "instance",
+    "mapping",
+    "non_empty",
+    "non_negative_int",
+    "number",
+    "optional",
+    "optional_seconds",
+    "positive_int",
+    "seconds",
+    "tags",
+    "text",
+    "wait",
+]
+
+T = TypeVar("T")
 
 
 def seconds(name: str, value: object, *, minimum: float = 0.0) -> float:
@@ -14,13 +40,139 @@ def seconds(name: str, value: object, *, minimum: float = 0.0) -> float:
 
     ``name`` is the option's public name (``"deadline.seconds"``) and starts the message.
     """
-    if isinstance(value, datetime.timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
-    result = float(value)
+    result = _seconds(name, value)
     if not math.isfinite(result) or result <= 0:
         raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
     if result < minimum:
         raise ValueError(f"{name} must be at least {minimum:g} seconds, got {value!r}")
     return result
+
+
+def optional_seconds(name: str, value: object) -> float | None:
+    """``None``, or :func:`seconds`."""
+    return None if value is None else seconds(name, value)
+
+
+def wait(name: str, value: object, *, allow_inf: bool = False) -> float:
+    """A number of seconds ``>= 0`` (int, float or ``timedelta``; ``0``: no waiting): finite,
+    or with ``allow_inf`` also ``math.inf`` (never)."""
+    result = _seconds(name, value)
+    if math.isnan(result) or result < 0 or (result == math.inf and not allow_inf):
+        bound = "(math.inf: never)" if allow_inf else "and finite"
+        raise ValueError(f"{name} must be a number of seconds >= 0 {bound}, got {value!r}")
+    return result
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
+    return float(value)
+
+
+def count(name: str, value: object, *, minimum: int = 1) -> int:
+    """An int of at least ``minimum`` (default ``1``); ``ValueError`` for anything else, a float
+    or a bool included."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return value
+
+
+positive_int = count
+"""An int ``>= 1``: :func:`count` with its default."""
+
+
+def non_negative_int(name: str, value: object) -> int:
+    """An int ``>= 0``: :func:`count` from ``0``."""
+    return count(name, value, minimum=0)
+
+
+def number(
+    name: str,
+    value: object,
+    low: float = 0.0,
+    high: float = math.inf,
+    *,
+    above: bool = False,
+    open: bool = False,
+) -> float:
+    """A finite number in ``[low, high]`` (default ``[0, inf)``) as a float; ``above``: the
+    low bound excluded, ``open``: both bounds excluded."""
+    first, last = "(" if above or open else "[", ")" if open else "]"
+    found = _real(value)
+    if not (math.isfinite(found) and _between(found, low, high, first + last)):
+        raise ValueError(
+            f"{name} must be a finite number in {first}{low:g}, {high:g}{last}, got {value!r}"
+        )
+    return found
+
+
+def _real(value: object) -> float:
+    """``value`` as a float, NaN for what is not a number (a bool is not)."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if is_number else math.nan  # type: ignore[arg-type]
+
+
+def _between(found: float, low: float, high: float, brackets: str) -> bool:
+    over = found > low if brackets[0] == "(" else found >= low
+    return over and (found < high if brackets[1] == ")" else found <= high)
+
+
+def choice(name: str, value: T, choices: Collection[object]) -> T:
+    """One of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def text(name: str, value: object, what: str = "string") -> str:
+    """A non-empty string (``what`` says what it is: ``"model string"``, ``"URL"``):
+    ``TypeError`` for another type, ``ValueError`` for ``""``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a non-empty {what}, got {value!r}")
+    if not value:
+        raise ValueError(f"{name} must be a non-empty {what}, got ''")
+    return value
+
+
+non_empty = text
+"""A non-empty string: :func:`text`."""
+
+
+def instance(name: str, value: object, kind: type[T] | tuple[type, ...], what: str = "") -> T:
+    """``value`` if it is a ``kind``, else ``TypeError`` naming ``what`` (default:
+    ``"a latencykit.<kind>"``)."""
+    if not isinstance(value, kind):
+        what = what or f"a latencykit.{kind.__name__}"  # type: ignore[union-attr]
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    return cast("T", value)
+
+
+def optional(
+    name: str, value: object, kind: type[T] | tuple[type, ...], what: str = ""
+) -> T | None:
+    """``None`` (an option left unset), or :func:`instance`."""
+    return None if value is None else instance(name, value, kind, what)
+
+
+def function(name: str, value: object) -> None:
+    """``TypeError`` unless ``value`` is ``None`` or callable."""
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be a function, got {value!r}")
+
+
+def mapping(name: str, value: object) -> Mapping[str, Any]:
+    """A mapping (``TypeError`` for anything else, ``None`` included)."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping, got {value!r}")
+    return value
+
+
+def tags(name: str, value: object) -> frozenset[str]:
+    """A set of tags as a frozenset (a lone string is refused: ``{"prefill"}``, not
+    ``"prefill"``)."""
+    if isinstance(value, str) or not isinstance(value, Collection):
+        raise TypeError(f"{name} must be a set of tags, e.g. {{{value!r}}}")
+    return frozenset(value)

@@ -14,15 +14,6 @@ import math
 from collections.abc import Iterator
 from typing import Literal, NamedTuple
 
-__all__ = [
-    "BreakerState",
-    "ErrorKind",
-    "Ledger",
-    "RouteDecision",
-    "StageOutcome",
-    "StageRecord",
-]
-
 
 class ErrorKind(str, enum.Enum):
     """What an error says about the call and the provider; it drives every policy decision."""

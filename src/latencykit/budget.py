@@ -8,7 +8,6 @@ over any ``ttl`` window, extra requests stay under ``ratio`` x calls, plus a sma
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from . import _validation
@@ -70,22 +69,11 @@ class RetryBudget:
         name: str | None = None,
         shared: _fleet.SharedStore | None = None,
     ) -> None:
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (0 <= ratio <= 10):
-            raise ValueError(f"RetryBudget.ratio must be a number in [0, 10], got {ratio!r}")
-        if (
-            isinstance(min_per_second, bool)
-            or not isinstance(min_per_second, (int, float))
-            or not math.isfinite(min_per_second)
-            or min_per_second < 0
-        ):
-            raise ValueError(
-                f"RetryBudget.min_per_second must be a number >= 0, got {min_per_second!r}"
-            )
-        self.ratio = float(ratio)
+        self.ratio = _validation.number("RetryBudget.ratio", ratio, 0, 10)
+        self.min_per_second = _validation.number("RetryBudget.min_per_second", min_per_second)
         # The window moves in steps of ttl / 10 on the loop's clock: a step below a millisecond
         # is noise (and a tiny ttl overflows the step count).
         self.ttl = _validation.seconds("RetryBudget.ttl", ttl, minimum=0.01)
-        self.min_per_second = float(min_per_second)
         self._clock = clock
         self._slot_width = self.ttl / _SLOTS
         self._deposits = [0] * _SLOTS
@@ -93,13 +81,10 @@ class RetryBudget:
         self._total_deposits = 0
         self._total_withdrawals = 0
         self._slot = int(clock() // self._slot_width)
-        if name is not None and (not isinstance(name, str) or not name):
-            raise ValueError(f"RetryBudget.name must be a non-empty string, got {name!r}")
-        if shared is not None and not isinstance(shared, _fleet.SharedStore):
-            raise TypeError(
-                f"RetryBudget.shared must be a SharedStore (RedisStore), got {shared!r}"
-            )
-        self.name = name
+        self.name = None if name is None else _validation.text("RetryBudget.name", name)
+        _validation.optional(
+            "RetryBudget.shared", shared, _fleet.SharedStore, "a SharedStore (RedisStore)"
+        )
         self.shared = shared
         self._fleet_key = name or (
             f"ratio={self.ratio:g},ttl={self.ttl:g},reserve={self.min_per_second:g}"
@@ -145,6 +130,9 @@ class RetryBudget:
         shared = self._fleet()
         if shared is not None and (fleet_balance := shared.balance()) is not None:
             return fleet_balance
+        return self._local_balance()
+
+    def _local_balance(self) -> float:
         self._advance()
         return (
             self._total_deposits * self.ratio
@@ -187,15 +175,8 @@ class RetryBudget:
         granted = None if shared is None else shared.try_withdraw()
         if granted is False:
             return False
-        if granted is None:
-            self._advance()
-            if (
-                self._total_deposits * self.ratio
-                + self.min_per_second * self.ttl
-                - self._total_withdrawals
-                < 1.0
-            ):
-                return False
+        if granted is None and self._local_balance() < 1.0:
+            return False
         # Counted here too, granted by the fleet or not: the local count is where the budget
         # starts from if the store goes away.
         index = self._slot % _SLOTS

@@ -33,9 +33,10 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
+import msgspec
 from cachetools import TLRUCache
 
 from . import _validation, events
@@ -59,7 +60,7 @@ __all__ = [
 
 logger = logging.getLogger("latencykit")
 
-_VERSION = 1  # of the key and of the stored envelope: a change makes old entries misses
+_VERSION: Literal[1] = 1  # of the key and of the stored envelope: a change makes old entries misses
 
 # litellm arguments that do not change the answer: left out of the key.
 IGNORED_ARGUMENTS = frozenset(
@@ -128,14 +129,11 @@ class MemoryStore:
     __slots__ = ("_entries", "max_entries")
 
     def __init__(self, max_entries: int = 1024, *, clock: Callable[[], float] = clock) -> None:
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-            raise ValueError(f"MemoryStore.max_entries must be an int >= 1, got {max_entries!r}")
-        if not callable(clock):
-            raise TypeError(f"MemoryStore.clock must be a function, got {clock!r}")
-        self.max_entries = max_entries
+        self.max_entries = _validation.positive_int("MemoryStore.max_entries", max_entries)
+        _validation.function("MemoryStore.clock", clock)
         # Each entry is (ttl, value); it expires ttl seconds after it was stored.
         self._entries: TLRUCache[str, tuple[float, bytes]] = TLRUCache(
-            maxsize=max_entries, ttu=_expiry, timer=clock
+            maxsize=max_entries, ttu=lambda key, entry, now: now + entry[0], timer=clock
         )
 
     def __repr__(self) -> str:
@@ -167,10 +165,6 @@ class MemoryStore:
         self._entries.clear()
 
 
-def _expiry(key: str, entry: tuple[float, bytes], now: float) -> float:
-    return now + entry[0]
-
-
 # --- keys ---------------------------------------------------------------------------------
 
 _NEWLINES = re.compile(r"\r\n?")
@@ -193,26 +187,29 @@ def normalize_text(text: str) -> str:
 
 def _canonical(value: Any, where: str, *, drop_none: bool = False) -> Any:
     """``value`` as deterministic JSON data, or ``TypeError`` naming ``where``."""
-    if value is None or isinstance(value, (bool, str, int)):
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # 0 and 0.0 key alike
+    if value is None or isinstance(value, (bool, str, int, float)):
         return value
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else value  # 0 and 0.0 key alike
     if isinstance(value, Mapping):
-        result = {}
-        for name, item in value.items():
-            if not isinstance(name, str):
-                raise TypeError(
-                    f"ResponseCache cannot key {where}: its keys must be strings, got {name!r}"
-                )
-            if item is None and drop_none:
-                continue
-            result[name] = _canonical(item, f"{where}[{name!r}]", drop_none=drop_none)
-        return result
+        return _canonical_mapping(value, where, drop_none)
     if isinstance(value, (list, tuple)):
         return [
             _canonical(item, f"{where}[{index}]", drop_none=drop_none)
             for index, item in enumerate(value)
         ]
+    return _canonical_object(value, where)
+
+
+def _canonical_mapping(value: Mapping[Any, Any], where: str, drop_none: bool) -> Any:
+    return {
+        _string_key(name, where): _canonical(item, f"{where}[{name!r}]", drop_none=drop_none)
+        for name, item in value.items()
+        if item is not None or not drop_none
+    }
+
+
+def _canonical_object(value: Any, where: str) -> Any:
     if isinstance(value, type) and hasattr(value, "model_json_schema"):
         # A pydantic model class (response_format=MyModel): keyed by the schema it asks for.
         return {"$schema": _canonical(value.model_json_schema(), where)}
@@ -225,20 +222,21 @@ def _canonical(value: Any, where: str, *, drop_none: bool = False) -> Any:
     )
 
 
-def _normalize_messages(messages: Any) -> Any:
-    if not isinstance(messages, list):
-        return messages
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
-        content = message.get("content")
+def _string_key(name: object, where: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"ResponseCache cannot key {where}: its keys must be strings, got {name!r}")
+    return name
+
+
+def _normalize_messages(messages: Any) -> None:
+    """Normalise, in place, the text of canonical messages (a string, or text parts)."""
+    for message in messages if isinstance(messages, list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, str):
             message["content"] = normalize_text(content)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    part["text"] = normalize_text(part["text"])
-    return messages
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                part["text"] = normalize_text(part["text"])
 
 
 def _function_name(fn: Callable[..., Any]) -> str:
@@ -250,14 +248,24 @@ def _function_name(fn: Callable[..., Any]) -> str:
 # --- values -------------------------------------------------------------------------------
 
 
-class _Entry(NamedTuple):
-    """What a hit answers with: a response (``kind="response"``) or JSON data."""
+class _Entry(msgspec.Struct, frozen=True):
+    """A stored answer, as the store keeps it (JSON): a response's data (``kind="response"``)
+    or the JSON data a function returned, with who answered and whether it was degraded."""
 
+    version: Literal[1] = msgspec.field(name="latencykit.cache")
     kind: Literal["response", "data"]
-    value: Any
     target: str
     degraded: bool
     fallback_reason: str | None
+    value: Any
+
+
+def _entry(
+    kind: Literal["response", "data"], value: Any, target: str, trace: Trace | None
+) -> bytes:
+    degraded = trace is not None and trace.degraded
+    reason = None if trace is None else trace.fallback_reason
+    return msgspec.json.encode(_Entry(_VERSION, kind, target, degraded, reason, value))
 
 
 def _is_response(result: Any) -> bool:
@@ -265,45 +273,22 @@ def _is_response(result: Any) -> bool:
     return module is not None and isinstance(result, module.ModelResponse)
 
 
-def _is_json_data(value: Any) -> bool:
-    """Whether ``value`` round-trips through JSON unchanged (no tuple, no non-str key...)."""
-    if value is None or isinstance(value, (bool, str, int)):
-        return True
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, list):
-        return all(_is_json_data(item) for item in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_json_data(v) for k, v in value.items())
-    return False
-
-
-def _encode(kind: str, value: Any, target: str, trace: Trace | None) -> bytes:
-    envelope = {
-        "latencykit.cache": _VERSION,
-        "kind": kind,
-        "target": target,
-        "degraded": bool(trace is not None and trace.degraded),
-        "fallback_reason": None if trace is None else trace.fallback_reason,
-        "value": value,
-    }
-    return json.dumps(envelope, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _decode(raw: bytes) -> _Entry:
-    envelope = json.loads(raw)
-    if envelope.get("latencykit.cache") != _VERSION:
-        raise ValueError(f"unknown cache entry version {envelope.get('latencykit.cache')!r}")
-    kind = envelope["kind"]
-    if kind not in ("response", "data"):
-        raise ValueError(f"unknown cache entry kind {kind!r}")
-    return _Entry(
-        kind,
-        envelope["value"],
-        str(envelope["target"]),
-        bool(envelope["degraded"]),
-        envelope["fallback_reason"],
-    )
+def _encode(result: Any, target: str, trace: Trace | None) -> bytes:
+    """``result`` (a litellm response or JSON data) as an entry; ``TypeError`` for anything
+    that would not come back the same (a tuple, a non-string key, NaN, an object)."""
+    if _is_response(result):
+        return _entry("response", result.model_dump(mode="json"), target, trace)
+    try:
+        raw = _entry("data", result, target, trace)
+        same = msgspec.json.decode(raw, type=_Entry).value == result
+    except (TypeError, OverflowError):
+        same = False
+    if not same:
+        raise TypeError(
+            "ResponseCache stores a litellm ModelResponse or JSON data (str, int, float, bool, "
+            f"None, lists, dicts with string keys); {target} returned {type(result).__name__}"
+        )
+    return raw
 
 
 def _finish_reasons(result: Any) -> list[Any]:
@@ -313,11 +298,18 @@ def _finish_reasons(result: Any) -> list[Any]:
     return [getattr(choice, "finish_reason", None) for choice in choices]
 
 
+def _offers_tools(call: Call) -> bool:
+    arguments = {**call.target.arguments, **call.kwargs}
+    return bool(arguments.get("tools") or arguments.get("functions"))
+
+
 def _streamed_response(stream: Stream[Any], model: str) -> dict[str, Any]:
     """The response a complete text stream amounts to, as ``ModelResponse`` data: its text,
     finish reason, model, id and reported token usage (all a stream keeps of its chunks)."""
     summary = stream.summary()
-    response: dict[str, Any] = {
+    # The usage the stream reported (stream_options={"include_usage": True}), else zeros.
+    prompt, completion = summary.input_tokens or 0, summary.output_tokens or 0
+    return {
         "id": summary.id or "",
         "created": int(time.time()),
         "model": summary.model or model,
@@ -329,20 +321,18 @@ def _streamed_response(stream: Stream[Any], model: str) -> dict[str, Any]:
                 "message": {"role": "assistant", "content": stream.partial_text},
             }
         ],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
     }
-    # The usage the stream reported (stream_options={"include_usage": True}), else zeros.
-    prompt, completion = summary.input_tokens or 0, summary.output_tokens or 0
-    response["usage"] = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-    return response
 
 
-def _replay_chunks(response: Any) -> list[Any]:
-    """A response as litellm stream chunks: per choice, one delta with all of its message (text,
-    tool calls, reasoning), then one with its finish reason; the usage rides on the last."""
+async def _replay(response: Any) -> AsyncIterator[Any]:
+    """A streaming hit's source: the response as litellm stream chunks: per choice, one delta
+    with all of its message (text, tool calls, reasoning), then one with its finish reason; the
+    usage rides on the last."""
     module = litellm()
     from litellm.types.utils import Delta, StreamingChoices
 
@@ -372,35 +362,8 @@ def _replay_chunks(response: Any) -> list[Any]:
     usage = getattr(response, "usage", None)
     if chunks and usage is not None:
         chunks[-1].usage = usage
-    return chunks
-
-
-class _StreamedMiss(NamedTuple):
-    """What the end of a streamed miss needs to store its answer."""
-
-    key: str
-    trace: Trace | None
-    degraded: bool
-    model: str
-    offers_tools: bool
-
-
-class _Replay:
-    """An async iterator over a list of chunks (a streaming hit's source)."""
-
-    __slots__ = ("_chunks",)
-
-    def __init__(self, chunks: list[Any]) -> None:
-        self._chunks = iter(chunks)
-
-    def __aiter__(self) -> _Replay:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return next(self._chunks)
-        except StopIteration:
-            raise StopAsyncIteration from None
+    for piece in chunks:
+        yield piece
 
 
 # --- the policy ---------------------------------------------------------------------------
@@ -426,6 +389,10 @@ class CacheStats(NamedTuple):
         """``hits / (hits + misses)``, ``0.0`` before any lookup."""
         lookups = self.hits + self.misses
         return self.hits / lookups if lookups else 0.0
+
+
+def _flag(name: str, value: object) -> bool:
+    return _validation.instance(f"ResponseCache.{name}", value, bool, "a bool")
 
 
 class ResponseCache(PolicyDecorator):
@@ -492,36 +459,21 @@ class ResponseCache(PolicyDecorator):
         store_timeout: float | datetime.timedelta = 1.0,
     ) -> None:
         self.ttl = None if ttl is None else _validation.seconds("ResponseCache.ttl", ttl)
-        if store is None:
-            if max_entries is not None and (
-                isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1
-            ):
-                raise ValueError(
-                    f"ResponseCache.max_entries must be an int >= 1, got {max_entries!r}"
-                )
-            store = MemoryStore(1024 if max_entries is None else max_entries)
-        elif max_entries is not None:
+        if store is not None and max_entries is not None:
             raise ValueError(
                 "ResponseCache.max_entries bounds the default in-memory store; "
                 "with store=, bound the store itself"
             )
-        elif not isinstance(store, CacheStore):
-            raise TypeError(
-                f"ResponseCache.store must be a CacheStore (async get and set), got {store!r}"
-            )
-        for name, flag in (
-            ("cache_degraded", cache_degraded),
-            ("cache_truncated", cache_truncated),
-            ("normalize_whitespace", normalize_whitespace),
-        ):
-            if not isinstance(flag, bool):
-                raise TypeError(f"ResponseCache.{name} must be a bool, got {flag!r}")
-        if key is not None and not callable(key):
-            raise TypeError(f"ResponseCache.key must be a function, got {key!r}")
-        self._store = store
-        self.cache_degraded = cache_degraded
-        self.cache_truncated = cache_truncated
-        self.normalize_whitespace = normalize_whitespace
+        if store is None:
+            bound = 1024 if max_entries is None else max_entries
+            store = MemoryStore(_validation.positive_int("ResponseCache.max_entries", bound))
+        what = "a CacheStore (async get and set)"
+        self._store = _validation.instance("ResponseCache.store", store, CacheStore, what)
+        self.cache_degraded = _flag("cache_degraded", cache_degraded)
+        self.cache_truncated = _flag("cache_truncated", cache_truncated)
+        self.normalize_whitespace = _flag("normalize_whitespace", normalize_whitespace)
+        if key is not None:
+            _validation.function("ResponseCache.key", key)
         self._key = key
         self.store_timeout = _validation.seconds("ResponseCache.store_timeout", store_timeout)
         self._hits = self._misses = self._stored = self._errors = 0
@@ -572,29 +524,34 @@ class ResponseCache(PolicyDecorator):
         target = call.target
         request: dict[str, Any] = {"v": _VERSION, "target": target.key}
         if target.model:
-            request["model"] = target.model
-            request["api_base"] = target.api_base
+            request.update(model=target.model, api_base=target.api_base)
         else:
             request["fn"] = _function_name(call.fn)
         if self._key is not None:
             request["key"] = _canonical(self._key(*call.args, **call.kwargs), "key(...)")
-        elif target.model:
-            arguments = {
-                name: value
-                for name, value in {**target.arguments, **call.kwargs}.items()
-                if name not in IGNORED_ARGUMENTS and value is not None
-            }
-            if arguments.get("n") == 1:
-                del arguments["n"]
-            request["args"] = _canonical(call.args, "the arguments")
-            request["kwargs"] = canonical = _canonical(arguments, "the argument", drop_none=True)
-            if self.normalize_whitespace:
-                _normalize_messages(canonical.get("messages"))
         else:
             request["args"] = _canonical(call.args, "the arguments")
-            request["kwargs"] = _canonical(dict(call.kwargs), "the argument")
+            request["kwargs"] = (
+                self._llm_arguments(call)
+                if target.model
+                else _canonical(dict(call.kwargs), "the argument")
+            )
         text = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(text.encode()).hexdigest()
+
+    def _llm_arguments(self, call: Call) -> Any:
+        """The arguments of an LLM call that can change its answer, canonical."""
+        arguments = {
+            name: value
+            for name, value in {**call.target.arguments, **call.kwargs}.items()
+            if name not in IGNORED_ARGUMENTS and value is not None
+        }
+        if arguments.get("n") == 1:
+            del arguments["n"]
+        canonical = _canonical(arguments, "the argument", drop_none=True)
+        if self.normalize_whitespace:
+            _normalize_messages(canonical.get("messages"))
+        return canonical
 
     # --- the policy ---------------------------------------------------------------------------
 
@@ -604,78 +561,67 @@ class ResponseCache(PolicyDecorator):
             return await next(call)
         key = self.key_for(call)
         trace = trace_var.get()
-        entry = await self._lookup(key)
-        if events.listening():
-            lookups = self._hits + self._misses
-            events.emit(
-                CacheLookup(
-                    0 if trace is None else trace.call_id,
-                    target=call.target.key,
-                    hit=entry is not None,
-                    hit_rate=self._hits / lookups,
-                )
-            )
+        entry = await self._lookup(key, call.target.key, trace)
         if entry is not None:
             return await self._answer(entry, call, trace)
         if trace is not None:
             trace.cache = "miss"
         result = await next(call)
-        if isinstance(result, Stream):
-            if call.target.model:
-                arguments = {**call.target.arguments, **call.kwargs}
-                miss = _StreamedMiss(
-                    key,
-                    trace,
-                    degraded=trace is not None and trace.degraded,
-                    model=call.target.model,
-                    offers_tools=bool(arguments.get("tools") or arguments.get("functions")),
-                )
-                result.on_close(functools.partial(self._stream_ended, miss))
-            return result
-        answered = call.target.key if trace is None or trace.answered is None else trace.answered[1]
-        reason = self._not_storable(result, trace)
-        if reason is None:
-            if _is_response(result):
-                value = _encode("response", result.model_dump(mode="json"), answered, trace)
-            elif _is_json_data(result):
-                value = _encode("data", result, answered, trace)
-            else:
-                raise TypeError(
-                    "ResponseCache stores a litellm ModelResponse or JSON data (str, int, "
-                    "float, bool, None, lists, dicts with string keys); "
-                    f"{call.target.key} returned {type(result).__name__}"
-                )
-            deadline = deadline_var.get()
-            reason = None if await self._write(key, value, deadline) else "store_error"
-        self._report_stored(trace, answered, reason)
+        if not isinstance(result, Stream):
+            await self._keep(key, result, call, trace)
+        elif call.target.model:
+            degraded = trace is not None and trace.degraded
+            result.on_close(functools.partial(self._stream_ended, key, call, trace, degraded))
         return result
 
-    async def _lookup(self, key: str) -> _Entry | None:
-        """The entry stored for ``key`` (counted as a hit), or ``None`` (a miss)."""
+    async def _keep(self, key: str, result: Any, call: Call, trace: Trace | None) -> None:
+        """Store ``result`` if it may be, and report it."""
+        answered = call.target.key if trace is None or trace.answered is None else trace.answered[1]
+        reason = self._refused(trace is not None and trace.degraded, _finish_reasons(result))
+        if reason is not None:
+            self._report_stored(trace, answered, reason)
+            return
+        value = _encode(result, answered, trace)
+        await self._write(key, value, trace, answered, deadline_var.get())
+
+    def _failed(self, what: str, exc_info: bool = False) -> None:
+        """A store failed (or an entry is unreadable): counted and logged, never raised."""
+        self._errors += 1
+        logger.warning("latencykit: ResponseCache %s", what, exc_info=exc_info)
+
+    async def _bounded(
+        self, what: Literal["get", "set"], operation: Awaitable[Any], deadline: float
+    ) -> tuple[bool, Any]:
+        """Whether the store's ``operation`` succeeded within ``store_timeout`` and
+        ``deadline``, and what it returned. A write is shielded (the answer is in hand: the
+        call's cancellation must not lose it); a lookup is not (the call's deadline bounds it)."""
         loop = backend()
-        raw: bytes | None = None
-        with loop.scope(deadline=loop.now() + self.store_timeout) as scope:
+        limit = min(loop.now() + self.store_timeout, deadline)
+        with loop.scope(shield=what == "set", deadline=limit):
             try:
-                raw = await self._store.get(key)
+                return True, await operation
             except Exception:
-                self._errors += 1
-                logger.warning("latencykit: ResponseCache store get failed", exc_info=True)
-        if scope.cancelled_caught:
-            self._errors += 1
-            logger.warning(
-                "latencykit: ResponseCache store get took over %gs: a miss", self.store_timeout
-            )
-        entry = None
-        if raw is not None:
-            try:
-                entry = _decode(raw)
-            except Exception:
-                self._errors += 1
-                logger.warning("latencykit: unreadable ResponseCache entry: a miss", exc_info=True)
+                self._failed(f"store {what} failed", exc_info=True)
+                return False, None
+        self._failed(f"store {what} took over {self.store_timeout:g}s: a miss, or not stored")
+        return False, None
+
+    async def _get(self, key: str) -> _Entry | None:
+        raw = await self._store.get(key)
+        return None if raw is None else msgspec.json.decode(raw, type=_Entry)
+
+    async def _lookup(self, key: str, target: str, trace: Trace | None) -> _Entry | None:
+        """The entry stored for ``key`` (counted as a hit), or ``None`` (a miss: absent, or
+        the store failed, or the entry is unreadable)."""
+        entry: _Entry | None = (await self._bounded("get", self._get(key), math.inf))[1]
         if entry is None:
             self._misses += 1
         else:
             self._hits += 1
+        if events.listening():
+            call_id = 0 if trace is None else trace.call_id
+            hit, rate = entry is not None, self.hit_rate
+            events.emit(CacheLookup(call_id, target=target, hit=hit, hit_rate=rate))
         return entry
 
     async def _answer(self, entry: _Entry, call: Call, trace: Trace | None) -> Any:
@@ -693,7 +639,7 @@ class ResponseCache(PolicyDecorator):
             response._hidden_params["latencykit.attempt"] = (0, entry.target)
             return response
         stream: Stream[Any] = Stream(
-            _Replay(_replay_chunks(response)),
+            _replay(response),
             reader=LITELLM_CHUNKS,
             deadline=deadline_var.get(),
             target=entry.target,
@@ -703,38 +649,30 @@ class ResponseCache(PolicyDecorator):
         await stream.commit()
         return stream
 
-    def _not_storable(self, result: Any, trace: Trace | None) -> SkipReason | None:
-        if trace is not None and trace.degraded and not self.cache_degraded:
-            return "degraded"
-        reasons = _finish_reasons(result)
-        if any(reason is None for reason in reasons):
+    def _refused(self, degraded: bool, finish_reasons: list[Any]) -> SkipReason | None:
+        """Why an answer is not stored (``None``: it is)."""
+        if None in finish_reasons:
             return "incomplete"
-        if not self.cache_truncated and any(reason in _TRUNCATED for reason in reasons):
+        if degraded and not self.cache_degraded:
+            return "degraded"
+        if not self.cache_truncated and not _TRUNCATED.isdisjoint(finish_reasons):
             return "truncated"
         return None
 
-    async def _write(self, key: str, value: bytes, deadline: float = math.inf) -> bool:
-        """Store ``value``, shielded (the answer is in hand: the call's cancellation must not
-        lose it) but bounded by ``store_timeout`` and ``deadline``; whether it was."""
-        loop = backend()
-        limit = min(loop.now() + self.store_timeout, deadline)
-        with loop.scope(shield=True, deadline=limit) as scope:
-            try:
-                await self._store.set(key, value, self.ttl)
-            except Exception:
-                self._errors += 1
-                logger.warning("latencykit: ResponseCache store set failed", exc_info=True)
-                return False
-        if scope.cancelled_caught:
-            self._errors += 1
-            logger.warning("latencykit: ResponseCache store set did not finish in time: not stored")
-            return False
-        self._stored += 1
-        return True
+    async def _write(
+        self, key: str, value: bytes, trace: Trace | None, target: str, deadline: float = math.inf
+    ) -> None:
+        """Store ``value`` (bounded by ``store_timeout`` and ``deadline``) and report it."""
+        stored, _ = await self._bounded("set", self._store.set(key, value, self.ttl), deadline)
+        self._stored += stored
+        self._report_stored(trace, target, None if stored else "store_error")
 
     def _stream_ended(
         self,
-        miss: _StreamedMiss,
+        key: str,
+        call: Call,
+        trace: Trace | None,
+        degraded: bool,
         stream: Stream[Any],
         outcome: StreamOutcome,
         error: BaseException | None,
@@ -742,50 +680,29 @@ class ResponseCache(PolicyDecorator):
         """A streamed miss ended: store its answer if it is complete and may be stored."""
         if outcome == "error":
             return  # errors are never cached, and not worth an event
-        trace = miss.trace
-        reason: SkipReason | None = None
-        finish = stream.finish_reason
-        if outcome != "ok" or finish is None:
-            reason = "incomplete"
-        elif miss.degraded and not self.cache_degraded:
-            reason = "degraded"
-        elif finish in _TRUNCATED and not self.cache_truncated:
-            reason = "truncated"
-        elif miss.offers_tools or finish in _TOOL_CALLS:
+        finish = stream.finish_reason if outcome == "ok" else None
+        reason = self._refused(degraded, [finish])
+        if reason is None and (finish in _TOOL_CALLS or _offers_tools(call)):
             # A stream keeps the text it delivered, not tool-call deltas: an answer that may
             # have called tools cannot be rebuilt from it.
             reason = "tool_calls"
-        if reason is not None:
-            self._report_stored(trace, stream.target, reason)
-            return
-        response = _streamed_response(stream, miss.model)
-        value = _encode("response", response, stream.target, trace)
-        set_nowait = getattr(self._store, "set_nowait", None)
-        if set_nowait is None:
-            write = functools.partial(self._write_later, miss.key, value, trace, stream.target)
-            spawn_detached(write)
-            return
-        try:
-            set_nowait(miss.key, value, self.ttl)
-        except Exception:
-            self._errors += 1
-            logger.warning("latencykit: ResponseCache store set failed", exc_info=True)
-            reason = "store_error"
-        else:
-            self._stored += 1
-        self._report_stored(trace, stream.target, reason)
-
-    async def _write_later(self, key: str, value: bytes, trace: Trace | None, target: str) -> None:
-        stored = await self._write(key, value)
-        self._report_stored(trace, target, None if stored else "store_error")
+        target = stream.target
+        if reason is None:
+            response = _streamed_response(stream, call.target.model)
+            value = _entry("response", response, target, trace)
+            set_nowait = getattr(self._store, "set_nowait", None)
+            if set_nowait is None:  # close callbacks are synchronous: write in a task
+                spawn_detached(functools.partial(self._write, key, value, trace, target))
+                return
+            try:
+                set_nowait(key, value, self.ttl)
+                self._stored += 1
+            except Exception:
+                self._failed("store set failed", exc_info=True)
+                reason = "store_error"
+        self._report_stored(trace, target, reason)
 
     def _report_stored(self, trace: Trace | None, target: str, reason: SkipReason | None) -> None:
         if events.listening():
-            events.emit(
-                CacheStored(
-                    0 if trace is None else trace.call_id,
-                    target=target,
-                    stored=reason is None,
-                    reason=reason,
-                )
-            )
+            call_id = 0 if trace is None else trace.call_id
+            events.emit(CacheStored(call_id, target=target, stored=reason is None, reason=reason))

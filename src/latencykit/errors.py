@@ -19,7 +19,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
 
 from ._values import BreakerState, ErrorKind
@@ -40,9 +40,11 @@ __all__ = [
     "ErrorKind",
     "FallbackFailed",
     "FirstTokenTimeout",
+    "GatherIncomplete",
     "LatencykitError",
     "LimitExceeded",
     "ModelNotFound",
+    "NoAcceptableResult",
     "OutputTruncated",
     "ProviderConnectionError",
     "ProviderError",
@@ -246,6 +248,70 @@ class OutputTruncated(LatencykitError):
         self.budget_capped = budget_capped
 
 
+class _FanOutError(LatencykitError):
+    """What :class:`GatherIncomplete` and :class:`NoAcceptableResult` share: a message listing
+    each marker (``latencykit.fanout``'s ``Missing``) by index, the error of the first failed
+    awaitable as ``__cause__`` and the other failures in ``others``."""
+
+    def __init__(self, summary: str, markers: Mapping[int, Any]) -> None:
+        listing = "; ".join(f"[{index}] {marker}" for index, marker in markers.items())
+        super().__init__(f"{summary}: {listing}")
+        # A ``Failed`` marker is the one with an ``error`` (typed loosely: fanout is above us).
+        failures = [
+            error
+            for marker in markers.values()
+            if isinstance(error := getattr(marker, "error", None), Exception)
+        ]
+        self.__cause__ = failures[0] if failures else None
+        self.others = tuple(failures[1:])
+
+
+class GatherIncomplete(_FanOutError):
+    """:func:`~latencykit.gather` with ``return_partial=False`` got fewer values than it
+    needed (also importable from ``latencykit.fanout``).
+
+    Its ``__cause__`` is the error of the first awaitable (in input order) that failed, if any
+    did; the other failures are in ``others``.
+
+    Attributes:
+        results: the full :class:`~latencykit.fanout.Gathered` list, markers included.
+        needed: the values that were needed (``min_results``, or all of them).
+        missing: the markers of :attr:`results`, by index (as ``Gathered.missing``).
+    """
+
+    def __init__(self, results: Any, needed: int) -> None:
+        self.results = results
+        self.needed = needed
+        self.missing: dict[int, Any] = results.missing
+        got = len(results) - len(self.missing)
+        super().__init__(
+            f"gather got {got} of the {needed} results it needed from {len(results)} awaitables",
+            self.missing,
+        )
+
+
+class NoAcceptableResult(_FanOutError):
+    """:func:`~latencykit.first` got no acceptable result: every source failed or was
+    rejected, or ``within`` ran out first (also importable from ``latencykit.fanout``).
+
+    Its ``__cause__`` is the error of the first source (in input order) that failed, if any
+    did; the other failures are in ``others``.
+
+    Attributes:
+        outcomes: one ``latencykit.fanout`` marker per source, in input order: ``Failed``,
+            ``Rejected``, or ``TimedOut`` (``elapsed`` ``0.0`` for a source that never started).
+    """
+
+    def __init__(self, outcomes: Sequence[Any]) -> None:
+        self.outcomes = tuple(outcomes)
+        super().__init__(
+            f"no acceptable result from {len(outcomes)} source(s)", dict(enumerate(outcomes))
+        )
+
+
+_ERROR_TYPES: dict[ErrorKind, type[ProviderError]] = {}
+
+
 class ProviderError(LatencykitError):
     """An LLM provider answered with an error, or could not be reached.
 
@@ -266,6 +332,12 @@ class ProviderError(LatencykitError):
     kind: ErrorKind = ErrorKind.UNKNOWN
     partial_text: str | None = None
 
+    def __init_subclass__(cls, **options: Any) -> None:
+        # The type provider_error() raises for a kind: the first of this module's of that kind.
+        super().__init_subclass__(**options)
+        if cls.__module__ == __name__:
+            _ERROR_TYPES.setdefault(cls.kind, cls)
+
     def __init__(
         self,
         provider_message: str,
@@ -280,6 +352,9 @@ class ProviderError(LatencykitError):
         self.status_code = status_code
         self.retry_after = retry_after
         self.provider_message = provider_message
+
+
+_ERROR_TYPES[ErrorKind.UNKNOWN] = ProviderError
 
 
 class TransientError(ProviderError):
@@ -338,23 +413,13 @@ class StreamBroken(TransientError):
     """
 
     kind = ErrorKind.STREAM_BROKEN
+    partial_text: str | None = ""
+    finish_reason: str | None = None
+    chunks = 0
 
-    def __init__(
-        self,
-        provider_message: str,
-        *,
-        target: str,
-        reason: StreamBreak = "error",
-        status_code: int | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(
-            provider_message, target=target, status_code=status_code, retry_after=retry_after
-        )
+    def __init__(self, provider_message: str, *, reason: StreamBreak = "error", **how: Any) -> None:
+        super().__init__(provider_message, **how)  # target=, status_code=, retry_after=
         self.reason: StreamBreak = reason
-        self.partial_text = ""
-        self.finish_reason: str | None = None
-        self.chunks = 0
 
 
 class StreamStalled(StreamBroken):
@@ -412,24 +477,6 @@ class HTTPError(Exception):
         self.response = response
 
 
-_ERROR_TYPES: dict[ErrorKind, type[ProviderError]] = {
-    cls.kind: cls
-    for cls in (
-        RateLimited,
-        ProviderUnavailable,
-        ProviderConnectionError,
-        AttemptTimeout,
-        StreamBroken,
-        ContextLengthExceeded,
-        ContentPolicyViolation,
-        AuthenticationFailed,
-        BadRequest,
-        ModelNotFound,
-    )
-}
-_ERROR_TYPES[ErrorKind.UNKNOWN] = ProviderError
-
-
 ErrorFilter: TypeAlias = (
     "type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]"
 )
@@ -441,12 +488,9 @@ def error_predicate(on: ErrorFilter | None, name: str) -> Callable[[BaseExceptio
     option's public name, for the error message."""
     if on is None:
         return is_transient
-    if isinstance(on, type) and issubclass(on, BaseException):
-        return lambda exc: isinstance(exc, on)
-    if isinstance(on, tuple) and all(
-        isinstance(t, type) and issubclass(t, BaseException) for t in on
-    ):
-        return lambda exc: isinstance(exc, on)
+    types: tuple[Any, ...] = on if isinstance(on, tuple) else (on,)
+    if all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
+        return lambda exc: isinstance(exc, types)
     if callable(on):
         return on  # type: ignore[return-value]
     raise TypeError(f"{name} must be exception type(s) or a predicate, got {on!r}")
@@ -478,45 +522,22 @@ def attach_others(error: BaseException, others: list[Exception]) -> None:
 # OpenAI-style error ``code``/``type`` values, the message text, and the class litellm or the
 # OpenAI SDK chose) and returns the kind of the first rule of _RULES that matches.
 
-# Cause-chain markers of "the request never got an HTTP answer".
-_CONNECTION_CAUSES = frozenset(
-    {
-        "APIConnectionError",
-        "ConnectError",
-        "ClientConnectorError",
-        "ClientOSError",
-        "ServerDisconnectedError",
-        "RemoteProtocolError",
-        "ReadError",
-        "WriteError",
-    }
-)
-_TIMEOUT_CAUSES = frozenset(
-    {
-        "ReadTimeout",
-        "ConnectTimeout",
-        "WriteTimeout",
-        "PoolTimeout",
-        "TimeoutException",
-        "APITimeoutError",
-        "ServerTimeoutError",
-    }
-)
-_CLIENT_MODULES = ("litellm", "openai", "httpx", "httpcore", "aiohttp", "anthropic")
 
-# Error ``code``/``type`` values (lowercase) that name a kind outright.
-_CONTEXT_CODES = frozenset(
-    {"context_length_exceeded", "context_window_exceeded", "exceed_context_size_error"}
+def _names(words: str) -> frozenset[str]:
+    return frozenset(words.split())
+
+
+# Cause-chain markers of "the request never got an HTTP answer".
+_CONNECTION_CAUSES = _names(
+    "APIConnectionError ConnectError ClientConnectorError ClientOSError ServerDisconnectedError "
+    "RemoteProtocolError ReadError WriteError"
 )
-_CONTENT_CODES = frozenset(
-    {"content_filter", "content_policy_violation", "responsibleaipolicyviolation"}
+_TIMEOUT_CAUSES = _names(
+    "ReadTimeout ConnectTimeout WriteTimeout PoolTimeout TimeoutException APITimeoutError "
+    "ServerTimeoutError"
 )
-_NOT_FOUND_CODES = frozenset(
-    {"model_not_found", "deploymentnotfound", "deployment_not_found", "not_found_error"}
-)
-_AUTH_CODES = frozenset(
-    {"invalid_api_key", "authentication_error", "permission_error", "api_key_invalid"}
-)
+_NETWORK_CAUSES = (_CONNECTION_CAUSES - {"APIConnectionError"}) | _TIMEOUT_CAUSES
+_CLIENT_MODULES = ("litellm", "openai", "httpx", "httpcore", "aiohttp", "anthropic")
 
 # The providers' wordings, for errors that carry no telling code (lowercase, matched anywhere
 # in the messages of the error and its causes; compiled on first use, by re's own cache, to
@@ -550,11 +571,11 @@ class _Evidence(NamedTuple):
 
     status: int | None
     """HTTP status of the provider's answer (not litellm's guess), if any."""
-    codes: frozenset[str]
+    codes: frozenset[str] = frozenset()
     """OpenAI-style error ``code``, ``type`` (and Azure ``innererror.code``) values, lowercase."""
-    text: str
+    text: str = ""
     """The error messages along the cause chain, lowercase."""
-    classes: tuple[str, ...]
+    classes: tuple[str, ...] = ()
     """Class names along the MRO of the exception, when it comes from a client library."""
 
 
@@ -563,11 +584,11 @@ class _Rule(NamedTuple):
     status is unknown or one of those)."""
 
     kind: ErrorKind
-    statuses: frozenset[int] = frozenset()
+    statuses: Container[int] = ()
     codes: frozenset[str] = frozenset()
     words: str | None = None  # a regular expression
     classes: frozenset[str] = frozenset()
-    only: frozenset[int] | None = None
+    only: range | None = None
 
     def matches(self, evidence: _Evidence) -> bool:
         status = evidence.status
@@ -581,57 +602,63 @@ class _Rule(NamedTuple):
         )
 
 
-def _statuses(low: int, high: int) -> frozenset[int]:
-    return frozenset(range(low, high + 1))
-
-
 _K = ErrorKind
+_4XX, _5XX = range(400, 500), range(500, 600)
 _RULES: tuple[_Rule, ...] = (
     # 1. The caller's account or pace, whatever the body says.
-    _Rule(_K.AUTHENTICATION, statuses=frozenset({401, 403})),
-    _Rule(_K.RATE_LIMITED, statuses=frozenset({429})),
-    _Rule(_K.TIMEOUT, statuses=frozenset({408})),
+    _Rule(_K.AUTHENTICATION, statuses={401, 403}),
+    _Rule(_K.RATE_LIMITED, statuses={429}),
+    _Rule(_K.TIMEOUT, statuses={408}),
     # 2. What the error says about this request on this target, whatever the status: the
     #    provider's code/type first, then its wording, then litellm's own reading of it.
-    _Rule(_K.CONTEXT_LENGTH, codes=_CONTEXT_CODES),
-    _Rule(_K.CONTENT_POLICY, codes=_CONTENT_CODES),
-    _Rule(_K.NOT_FOUND, codes=_NOT_FOUND_CODES),
-    _Rule(_K.AUTHENTICATION, codes=_AUTH_CODES),
+    _Rule(
+        _K.CONTEXT_LENGTH,
+        codes=_names("context_length_exceeded context_window_exceeded exceed_context_size_error"),
+    ),
+    _Rule(
+        _K.CONTENT_POLICY,
+        codes=_names("content_filter content_policy_violation responsibleaipolicyviolation"),
+    ),
+    _Rule(
+        _K.NOT_FOUND,
+        codes=_names("model_not_found deploymentnotfound deployment_not_found not_found_error"),
+    ),
+    _Rule(
+        _K.AUTHENTICATION,
+        codes=_names("invalid_api_key authentication_error permission_error api_key_invalid"),
+    ),
     #    Wordings are looser than codes: they decide only on a 4xx (or without a status); a 5xx
     #    that merely mentions "too many tokens" stays a server error.
-    _Rule(_K.CONTEXT_LENGTH, words=_CONTEXT_WORDS, only=_statuses(400, 499)),
-    _Rule(_K.CONTENT_POLICY, words=_CONTENT_WORDS, only=_statuses(400, 499)),
-    _Rule(_K.CONTEXT_LENGTH, classes=frozenset({"ContextWindowExceededError"})),
-    _Rule(_K.CONTENT_POLICY, classes=frozenset({"ContentPolicyViolationError"})),
+    _Rule(_K.CONTEXT_LENGTH, words=_CONTEXT_WORDS, only=_4XX),
+    _Rule(_K.CONTENT_POLICY, words=_CONTENT_WORDS, only=_4XX),
+    _Rule(_K.CONTEXT_LENGTH, classes=_names("ContextWindowExceededError")),
+    _Rule(_K.CONTENT_POLICY, classes=_names("ContentPolicyViolationError")),
     # 3. The HTTP status.
-    _Rule(_K.NOT_FOUND, statuses=frozenset({404})),
-    _Rule(_K.TIMEOUT, statuses=frozenset({504})),
-    _Rule(_K.SERVER_ERROR, statuses=_statuses(500, 599)),
-    _Rule(_K.BAD_REQUEST, statuses=_statuses(400, 499)),
+    _Rule(_K.NOT_FOUND, statuses={404}),
+    _Rule(_K.TIMEOUT, statuses={504}),
+    _Rule(_K.SERVER_ERROR, statuses=_5XX),
+    _Rule(_K.BAD_REQUEST, statuses=_4XX),
     # 4. No HTTP status (an error event inside a stream, an error litellm raised itself): the
     #    class litellm or the OpenAI SDK chose, most specific first, then the error type.
-    _Rule(_K.STREAM_BROKEN, classes=frozenset({"MidStreamFallbackError"})),
-    _Rule(_K.RATE_LIMITED, classes=frozenset({"RateLimitError"})),
-    _Rule(_K.TIMEOUT, classes=frozenset({"Timeout", "APITimeoutError"})),
-    _Rule(_K.AUTHENTICATION, classes=frozenset({"AuthenticationError", "PermissionDeniedError"})),
-    _Rule(_K.NOT_FOUND, classes=frozenset({"NotFoundError"})),
-    _Rule(_K.CONNECTION, classes=frozenset({"APIConnectionError"})),
+    _Rule(_K.STREAM_BROKEN, classes=_names("MidStreamFallbackError")),
+    _Rule(_K.RATE_LIMITED, classes=_names("RateLimitError")),
+    _Rule(_K.TIMEOUT, classes=_names("Timeout APITimeoutError")),
+    _Rule(_K.AUTHENTICATION, classes=_names("AuthenticationError PermissionDeniedError")),
+    _Rule(_K.NOT_FOUND, classes=_names("NotFoundError")),
+    _Rule(_K.CONNECTION, classes=_names("APIConnectionError")),
     _Rule(
         _K.SERVER_ERROR,
-        classes=frozenset({"InternalServerError", "ServiceUnavailableError", "BadGatewayError"}),
+        classes=_names("InternalServerError ServiceUnavailableError BadGatewayError"),
     ),
     _Rule(
         _K.BAD_REQUEST,
-        classes=frozenset(
-            {"BadRequestError", "UnprocessableEntityError", "UnsupportedParamsError"}
-        ),
+        classes=_names("BadRequestError UnprocessableEntityError UnsupportedParamsError"),
     ),
-    _Rule(_K.RATE_LIMITED, codes=frozenset({"rate_limit_exceeded", "rate_limit_error"})),
+    _Rule(_K.RATE_LIMITED, codes=_names("rate_limit_exceeded rate_limit_error")),
     _Rule(
-        _K.SERVER_ERROR,
-        codes=frozenset({"overloaded_error", "server_error", "api_error", "service_unavailable"}),
+        _K.SERVER_ERROR, codes=_names("overloaded_error server_error api_error service_unavailable")
     ),
-    _Rule(_K.BAD_REQUEST, codes=frozenset({"invalid_request_error"})),
+    _Rule(_K.BAD_REQUEST, codes=_names("invalid_request_error")),
 )
 del _K
 
@@ -659,13 +686,15 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = cause
 
 
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _status_code(exc: BaseException) -> int | None:
-    status = getattr(exc, "status_code", None)
-    if isinstance(status, int) and not isinstance(status, bool):
-        return status
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    return status if isinstance(status, int) and not isinstance(status, bool) else None
+    status = _int(getattr(exc, "status_code", None))
+    if status is None:
+        status = _int(getattr(getattr(exc, "response", None), "status_code", None))
+    return status
 
 
 def _from_litellm(exc: BaseException) -> bool:
@@ -685,11 +714,8 @@ def _http_status(exc: BaseException) -> int | None:
     not set (litellm puts its own guess on its exceptions: 500 on a refused connection, 400 on
     an error event in a stream, 422 on an error object in a 200 answer)."""
     for link in _chain(exc):
-        if (
-            not _from_litellm(link)
-            and not _litellm_answer_error(link)
-            and (status := _status_code(link)) is not None
-        ):
+        status = _status_code(link)
+        if status is not None and not (_from_litellm(link) or _litellm_answer_error(link)):
             return status
     return None
 
@@ -716,18 +742,27 @@ def _stated_status(exc: BaseException) -> int | None:
     for link in _chain(exc):
         body = _body_of(link)
         error = body.get("error", body) if isinstance(body, Mapping) else None
-        code = error.get("code") if isinstance(error, Mapping) else None
-        if isinstance(code, int) and not isinstance(code, bool) and 400 <= code <= 599:
+        code = _int(error.get("code")) if isinstance(error, Mapping) else None
+        if code is not None and 400 <= code <= 599:
             return code
     return None
 
 
+def _answer_status(exc: BaseException, classes: tuple[str, ...]) -> int | None:
+    """The HTTP status the error's answer had: the provider's (:func:`_http_status`); for a
+    class the table does not know, its own; else the one its body states."""
+    status = _http_status(exc)
+    if status is None and _CLASS_NAMES.isdisjoint(classes):
+        status = _status_code(exc)
+    return _stated_status(exc) if status is None else status
+
+
+def _strings(body: Mapping[Any, Any], *keys: str) -> list[str]:
+    return [value for key in keys if isinstance(value := body.get(key), str)]
+
+
 def _read_body(
-    body: object,
-    codes: set[str],
-    texts: list[str],
-    waits: list[float] | None = None,
-    depth: int = 0,
+    body: object, codes: set[str], texts: list[str], waits: list[float], depth: int = 0
 ) -> None:
     """Read a decoded error body wherever the common providers put things: the ``code``,
     ``type`` and Google's ``details[].reason`` into ``codes`` (lowercase); the ``message`` (or
@@ -739,35 +774,27 @@ def _read_body(
     if depth > 2:
         return
     if isinstance(body, list):  # Gemini answers a list of error objects
-        for item in body[:3]:
-            _read_body(item, codes, texts, waits, depth + 1)
+        nested = body[:3]
+    elif isinstance(body, Mapping):
+        codes.update(code.lower() for code in _strings(body, "code", "type"))
+        texts.extend(message[:_TEXT_LIMIT] for message in _strings(body, "message", "detail"))
+        details = body.get("details")
+        for detail in details[:8] if isinstance(details, list) else ():
+            _read_detail(detail, codes, waits)
+        nested = [body.get("error"), body.get("innererror")]
+    else:
         return
-    if not isinstance(body, Mapping):
-        return
-    for key in ("code", "type"):
-        value = body.get(key)
-        if isinstance(value, str):
-            codes.add(value.lower())
-    for key in ("message", "detail"):
-        message = body.get(key)
-        if isinstance(message, str):
-            texts.append(message[:_TEXT_LIMIT])
-    details = body.get("details")
-    for detail in details[:8] if isinstance(details, list) else ():
-        if not isinstance(detail, Mapping):
-            continue
-        reason = detail.get("reason")  # google.rpc.ErrorInfo: "API_KEY_INVALID"
-        if isinstance(reason, str):
-            codes.add(reason.lower())
-        delay = detail.get("retryDelay")  # google.rpc.RetryInfo: "2s"
-        if (
-            waits is not None
-            and isinstance(delay, str)
-            and (wait := _parse_wait(delay)) is not None
-        ):
-            waits.append(wait)
-    for key in ("error", "innererror"):
-        _read_body(body.get(key), codes, texts, waits, depth + 1)
+    for item in nested:
+        _read_body(item, codes, texts, waits, depth + 1)
+
+
+def _read_detail(detail: object, codes: set[str], waits: list[float]) -> None:
+    """Read one of Google's ``details``: ``google.rpc.ErrorInfo``'s ``reason``
+    ("API_KEY_INVALID"), ``google.rpc.RetryInfo``'s ``retryDelay`` ("2s")."""
+    if isinstance(detail, Mapping):
+        codes.update(reason.lower() for reason in _strings(detail, "reason"))
+        delays = map(_parse_wait, _strings(detail, "retryDelay"))
+        waits.extend(wait for wait in delays if wait is not None)
 
 
 def _body_of(link: BaseException) -> object:
@@ -794,7 +821,7 @@ def body_message(body: object) -> str | None:
     """The provider's own message in a decoded error body (see ``_read_body``), or for a text
     or HTML body its first line of text, short; ``None`` if there is none."""
     texts: list[str] = []
-    _read_body(body, set(), texts)
+    _read_body(body, set(), texts, [])
     if not texts:
         return None
     if not isinstance(body, str):
@@ -804,34 +831,27 @@ def body_message(body: object) -> str | None:
     line = next((line.strip() for line in text.splitlines() if line.strip()), None)
     if line is None:
         return None
-    return line if len(line) <= _LINE_LIMIT else line[: _LINE_LIMIT - 3] + "..."
+    return _cut(line, _LINE_LIMIT)
 
 
 def _evidence(exc: BaseException, status: int | None) -> _Evidence:
     codes: set[str] = set()
     texts: list[str] = []
     for link in _chain(exc):
-        _read_body(_body_of(link), codes, texts)
-        if _litellm_answer_error(link) and isinstance(link.__dict__["status_code"], str):
-            codes.add(link.__dict__["status_code"].lower())  # litellm put the error's code there
+        _read_body(_body_of(link), codes, texts, [])
+        own = vars(link)
+        if _litellm_answer_error(link) and isinstance(own["status_code"], str):
+            codes.add(own["status_code"].lower())  # litellm put the error's code there
         elif not _from_litellm(link):  # litellm sets its own code/type ("throttling_error")
-            for attr in ("code", "type"):
-                value = link.__dict__.get(attr) if hasattr(link, "__dict__") else None
-                if isinstance(value, str):
-                    codes.add(value.lower())
+            codes.update(code.lower() for code in _strings(own, "code", "type"))
         message = getattr(link, "message", None)
         texts.append((message if isinstance(message, str) else str(link))[:_TEXT_LIMIT])
     return _Evidence(status, frozenset(codes), "\n".join(texts).lower(), _client_classes(exc))
 
 
 def _kind_by_rules(evidence: _Evidence) -> ErrorKind | None:
-    for rule in _RULES:
-        if rule.matches(evidence):
-            return rule.kind
-    return None
+    return next((rule.kind for rule in _RULES if rule.matches(evidence)), None)
 
-
-_NETWORK_CAUSES = (_CONNECTION_CAUSES - {"APIConnectionError"}) | _TIMEOUT_CAUSES
 
 # The client's own resources that ran out, by errno, as the message says it.
 _RESOURCE_ERRORS = {
@@ -848,12 +868,9 @@ def _out_of_resources(exc: BaseException, depth: int = 0) -> str | None:
             return _RESOURCE_ERRORS[link.errno]
         # trio's "all attempts to connect ... failed" holds each attempt's error in a group.
         group = getattr(link, "exceptions", None)
-        if depth < 2 and isinstance(group, tuple):
-            for inner in group[:8]:
-                if isinstance(inner, BaseException) and (
-                    found := _out_of_resources(inner, depth + 1)
-                ):
-                    return found
+        for inner in group[:8] if depth < 2 and isinstance(group, tuple) else ():
+            if isinstance(inner, BaseException) and (found := _out_of_resources(inner, depth + 1)):
+                return found
     return None
 
 
@@ -875,20 +892,14 @@ def _caller_bug(exc: BaseException) -> bool:
             or (_status_code(link) is not None and not _from_litellm(link))
         ):
             return False
-        if isinstance(link, (TypeError, AttributeError, KeyError, IndexError)) or (
-            isinstance(link, ValueError) and type(link).__name__ != "JSONDecodeError"
-        ):
-            bug = True
+        bug = bug or _is_bug(link)
     return bug
 
 
-def _class_kind(classes: tuple[str, ...]) -> ErrorKind | None:
-    """The kind the client library's class alone names (step 4 of the table), if any."""
-    if classes:
-        for rule in _RULES:
-            if not rule.classes.isdisjoint(classes):
-                return rule.kind
-    return None
+def _is_bug(exc: BaseException) -> bool:
+    return isinstance(exc, (TypeError, AttributeError, KeyError, IndexError)) or (
+        isinstance(exc, ValueError) and type(exc).__name__ != "JSONDecodeError"
+    )
 
 
 def _without_answer(exc: BaseException, classes: tuple[str, ...]) -> ErrorKind | None:
@@ -904,29 +915,42 @@ def _without_answer(exc: BaseException, classes: tuple[str, ...]) -> ErrorKind |
         # An HTTP answer, not caused by anything: what it was raised while handling (its
         # implicit context, e.g. the break a stream's recovery answers) says nothing of it.
         return None
-    kind = _class_kind(classes)
+    kind = _kind_by_rules(_Evidence(None, classes=classes))  # what the library's class says
     if kind is ErrorKind.CONNECTION:
         return ErrorKind.UNKNOWN if _caller_bug(exc) else None
-    if kind is not ErrorKind.SERVER_ERROR and kind is not None:
-        return None  # the library's class says what happened (a timeout, an error event...)
+    if kind is None or kind is ErrorKind.SERVER_ERROR:
+        return _cause_kind(exc, wrapped=kind is not None)
+    return None  # the library's class says what happened (a timeout, an error event...)
+
+
+def _cause_kind(exc: BaseException, *, wrapped: bool) -> ErrorKind | None:
+    """What the cause chain of ``exc`` (``wrapped``: a client library's server error) says
+    when no answer came: a timeout, a lost connection, a client-side failure (``UNKNOWN``),
+    an answer that does not parse; ``None`` when an HTTP answer came (or nothing tells)."""
     client_side = False
     for link in _chain(exc):
-        name = type(link).__name__
-        if name in _TIMEOUT_CAUSES:
-            return ErrorKind.TIMEOUT
-        if name == "JSONDecodeError" and kind is not None:
-            # A provider answer that does not parse (truncated, empty, not JSON): a fault of
-            # the provider, worth another attempt, not a client-side failure.
-            return ErrorKind.SERVER_ERROR
-        if name in _CONNECTION_CAUSES or (link is not exc and isinstance(link, ConnectionError)):
-            return ErrorKind.CONNECTION
+        if (kind := _network_kind(link, exc, wrapped=wrapped)) is not None:
+            return kind
         if link is exc or _from_litellm(link):
             continue  # litellm's own wrappers carry a status even when nothing was sent
         if _status_code(link) is not None:
             return None  # a real HTTP answer
         client_side = True
-    if client_side and kind is ErrorKind.SERVER_ERROR:
-        return ErrorKind.UNKNOWN
+    return ErrorKind.UNKNOWN if client_side and wrapped else None
+
+
+def _network_kind(link: BaseException, exc: BaseException, *, wrapped: bool) -> ErrorKind | None:
+    """What one link of the cause chain of ``exc`` says of the network: a timeout, a lost
+    connection, or (``wrapped``) an answer that does not parse."""
+    name = type(link).__name__
+    if name in _TIMEOUT_CAUSES:
+        return ErrorKind.TIMEOUT
+    if name == "JSONDecodeError" and wrapped:
+        # A provider answer that does not parse (truncated, empty, not JSON): a fault of the
+        # provider, worth another attempt, not a client-side failure.
+        return ErrorKind.SERVER_ERROR
+    if name in _CONNECTION_CAUSES or (link is not exc and isinstance(link, ConnectionError)):
+        return ErrorKind.CONNECTION
     return None
 
 
@@ -958,25 +982,20 @@ def classify(exc: BaseException) -> ErrorKind:
     classes = _client_classes(exc)
     if (without := _without_answer(exc, classes)) is not None:
         return without
-    status = _http_status(exc)
-    if status is None and _CLASS_NAMES.isdisjoint(classes):
-        status = _status_code(exc)  # a class the table does not know: its own status, if any
-    if status is None:
-        status = _stated_status(exc)
+    status = _answer_status(exc, classes)
     evidence = _evidence(exc, status)
     if status is None and _error_in_answer(exc):
         # An error object in place of an answer: what its code/type/wording says (a context
         # length...), else a malformed answer, worth another attempt. The class litellm chose
         # for it says nothing (a made-up 422).
         return _kind_by_rules(evidence._replace(classes=())) or ErrorKind.SERVER_ERROR
-    kind = _kind_by_rules(evidence)
-    if kind is not None:
-        return kind
+    return _kind_by_rules(evidence) or _builtin_kind(exc)
+
+
+def _builtin_kind(exc: BaseException) -> ErrorKind:
     if isinstance(exc, TimeoutError):
         return ErrorKind.TIMEOUT
-    if isinstance(exc, ConnectionError):
-        return ErrorKind.CONNECTION
-    return ErrorKind.UNKNOWN
+    return ErrorKind.CONNECTION if isinstance(exc, ConnectionError) else ErrorKind.UNKNOWN
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -1043,14 +1062,11 @@ def _parse_time(value: str) -> float | None:
 
 
 def _headers_of(exc: BaseException) -> Iterator[Mapping[str, Any]]:
-    for attr in ("litellm_response_headers", "headers"):
-        headers = getattr(exc, attr, None)
+    response = getattr(exc, "response", None)
+    for owner, attr in ((exc, "litellm_response_headers"), (exc, "headers"), (response, "headers")):
+        headers = getattr(owner, attr, None)
         if headers is not None and hasattr(headers, "get"):
             yield _lowercase(headers)
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None)
-    if headers is not None and hasattr(headers, "get"):
-        yield _lowercase(headers)
 
 
 def _lowercase(headers: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -1062,12 +1078,10 @@ def _lowercase(headers: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _asked_wait(headers: Mapping[str, Any]) -> float | None:
     """The wait ``retry-after-ms`` (Azure, OpenAI) or ``retry-after`` asks for."""
-    millis = headers.get("retry-after-ms")
-    if millis is not None and (value := _parse_wait(str(millis))) is not None:
-        return value / 1000.0
-    seconds = headers.get("retry-after")
-    if seconds is not None:
-        return _parse_wait(str(seconds))
+    for name, per_second in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is not None and (wait := _parse_wait(str(value))) is not None:
+            return wait / per_second
     return None
 
 
@@ -1128,7 +1142,6 @@ _SECRET_PATTERNS = re.compile(
 # from there when a target has none (OPENAI_API_KEY, AZURE_API_KEY, HF_TOKEN, ...).
 _SECRET_VARIABLE = re.compile(r"(?i)(KEY|TOKEN|SECRET|PASSWORD|CREDENTIALS?)$")
 _MIN_ENV_SECRET = 8  # shorter values of such variables are flags, not keys
-_MESSAGE_LIMIT = 500
 
 
 def _environment_secrets() -> list[str]:
@@ -1193,22 +1206,28 @@ def _scrub_chain(exc: BaseException, secrets: re.Pattern[str] | None) -> None:
     traceback of an error latencykit raises, while litellm's exception stays reachable as the
     ``__cause__``. They are the exceptions of the failed attempt: nothing else holds them.
     """
+    for link in _printed(exc):
+        link.args = tuple(_scrub_value(a, secrets) for a in link.args)
+        for attr in ("message", "body", "__notes__"):
+            if attr in vars(link):
+                with contextlib.suppress(AttributeError, TypeError):  # read-only: left as is
+                    setattr(link, attr, _scrub_value(getattr(link, attr), secrets))
+
+
+def _printed(exc: BaseException) -> Iterator[BaseException]:
+    """Every exception a printed traceback of ``exc`` shows: its causes, contexts and the
+    members of exception groups, each once."""
     seen: set[int] = set()
     pending = [exc]
     while pending:
         link = pending.pop()
-        if id(link) in seen:
-            continue
-        seen.add(id(link))
-        link.args = tuple(_scrub_value(a, secrets) for a in link.args)
-        for attr in ("message", "body", "__notes__"):
-            if attr in getattr(link, "__dict__", ()):
-                with contextlib.suppress(AttributeError, TypeError):  # read-only: left as is
-                    setattr(link, attr, _scrub_value(getattr(link, attr), secrets))
-        pending.extend(e for e in (link.__cause__, link.__context__) if e is not None)
-        group = getattr(link, "exceptions", None)  # an exception group's members
-        if isinstance(group, (tuple, list)):
-            pending.extend(e for e in group if isinstance(e, BaseException))
+        if id(link) not in seen:
+            seen.add(id(link))
+            yield link
+            pending.extend(e for e in (link.__cause__, link.__context__) if e is not None)
+            group = getattr(link, "exceptions", None)  # an exception group's members
+            if isinstance(group, (tuple, list)):
+                pending.extend(e for e in group if isinstance(e, BaseException))
 
 
 def _describe(exc: BaseException) -> str:
@@ -1240,12 +1259,9 @@ def provider_error(
     kind = classify(exc)  # before scrubbing: it reads the provider's own text
     known = _secrets_pattern(secrets)
     _scrub_chain(exc, known)
-    message = _scrub(_provider_message(exc), known)
-    if len(message) > _MESSAGE_LIMIT:
-        message = message[: _MESSAGE_LIMIT - 3] + "..."
-    if (resource := _out_of_resources(exc)) is not None:
-        message = resource  # rather than "All connection attempts failed"
-    error = _ERROR_TYPES[kind](
+    # rather than "All connection attempts failed", what ran out
+    message = _out_of_resources(exc) or _cut(_scrub(_provider_message(exc), known), 500)
+    return _ERROR_TYPES[kind](
         message,
         target=target,
         # The answer's status only: litellm's own (500 for a refused connection, a cut
@@ -1253,7 +1269,11 @@ def provider_error(
         status_code=_http_status(exc),
         retry_after=retry_after(exc),
     )
-    return error
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text``, cut to ``limit`` characters (with "..." at the cut)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def stream_error(
@@ -1270,25 +1290,33 @@ def stream_error(
     any request. A break claims no HTTP status: the stream's answer was a 200.
     """
     error = provider_error(exc, target=target, secrets=secrets)
-    if not opened or not error.kind.transient or error.kind is ErrorKind.TIMEOUT:
+    if not opened or not _breaks_stream(error, exc):
         return error
-    if error.status_code is not None:
-        return error  # an HTTP error answer (a lazily opened stream's first read): no stream
-    if error is exc and isinstance(exc, StreamBroken):
-        return error  # latencykit's own (a cut judged from the chunks)
     if any(type(link).__name__ == "JSONDecodeError" for link in _chain(exc)):
         return not_json_event(1, target=target)
-    lost = error.kind is ErrorKind.CONNECTION or any(
-        type(link).__name__ in _CONNECTION_CAUSES or isinstance(link, ConnectionError)
-        for link in _chain(exc)
-    )
-    if lost:
+    if error.kind is ErrorKind.CONNECTION or any(map(_lost_connection, _chain(exc))):
         return StreamBroken(
             f"the connection was lost mid-stream: {error.provider_message}",
             target=target,
             reason="cut",
         )
     return StreamBroken(error.provider_message, target=target, retry_after=error.retry_after)
+
+
+def _breaks_stream(error: ProviderError, exc: BaseException) -> bool:
+    """Whether ``error`` (from ``exc``), raised by an open stream, is a break of it: a
+    transient error other than a timeout, an HTTP error answer (a lazily opened stream's first
+    read: no stream) and latencykit's own (a cut judged from the chunks)."""
+    return (
+        error.kind.transient
+        and error.kind is not ErrorKind.TIMEOUT
+        and error.status_code is None
+        and not (error is exc and isinstance(exc, StreamBroken))
+    )
+
+
+def _lost_connection(link: BaseException) -> bool:
+    return type(link).__name__ in _CONNECTION_CAUSES or isinstance(link, ConnectionError)
 
 
 def malformed_answer(what: str, sample: bytes | str, *, target: str) -> ProviderUnavailable:
@@ -1298,7 +1326,7 @@ def malformed_answer(what: str, sample: bytes | str, *, target: str) -> Provider
     start of what came back, scrubbed."""
     text = sample.decode(errors="replace") if isinstance(sample, bytes) else sample
     text = scrub(" ".join(text.split()))
-    shown = text if len(text) <= 120 else text[:117] + "..."
+    shown = _cut(text, 120)
     said = f": {shown!r}" if shown else ""
     return ProviderUnavailable(
         f"the provider's answer {what}{said}", target=target, status_code=200

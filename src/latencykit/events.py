@@ -647,29 +647,18 @@ def capturing_content() -> bool:
     return _capture > 0
 
 
-class _Capture(Handle):
-    """Handle of :func:`capture_content`: ``close()`` (or ``with``) ends it."""
-
-    __slots__ = ("_open",)
-
-    def __init__(self) -> None:
-        self._open = True
-
-    def close(self) -> None:
-        """Stop capturing for this handle. Idempotent."""
-        global _capture
-        if self._open:
-            self._open = False
-            _capture -= 1
-
-
-def capture_content() -> _Capture:
+def capture_content() -> Subscription:
     """Let events carry prompt and answer text until the returned handle is closed (default:
     off). Text in events reaches every subscriber; telemetry turns it on only when asked
     (``lk.telemetry.instrument(capture_content=True)``)."""
     global _capture
     _capture += 1
-    return _Capture()
+
+    def stop() -> None:
+        global _capture
+        _capture -= 1
+
+    return Subscription(stop)
 
 
 def emit(event: Event) -> None:
@@ -686,19 +675,19 @@ def emit(event: Event) -> None:
 
 
 class Subscription(Handle):
-    """Handle returned by :func:`subscribe`; ``close()`` it (or use ``with``) to unsubscribe."""
+    """Handle returned by :func:`subscribe` (and :func:`capture_content`); ``close()`` it (or
+    use ``with``) to stop."""
 
-    __slots__ = ("_handler",)
+    __slots__ = ("_stop",)
 
-    def __init__(self, handler: EventHandler) -> None:
-        self._handler: EventHandler | None = handler
+    def __init__(self, stop: Callable[[], object]) -> None:
+        self._stop: Callable[[], object] | None = stop
 
     def close(self) -> None:
-        """Stop delivering events to the handler. Idempotent."""
-        global _handlers
-        if self._handler is not None:
-            handler, self._handler = self._handler, None
-            _handlers = tuple(h for h in _handlers if h is not handler)
+        """Stop delivering events to the handler (or capturing content). Idempotent."""
+        if self._stop is not None:
+            stop, self._stop = self._stop, None
+            stop()
 
 
 def subscribe(handler: EventHandler) -> Subscription:
@@ -715,4 +704,9 @@ def subscribe(handler: EventHandler) -> Subscription:
     if not callable(handler):
         raise TypeError(f"subscribe(handler): handler must be callable, got {handler!r}")
     _handlers = (*_handlers, handler)
-    return Subscription(handler)
+
+    def stop() -> None:
+        global _handlers
+        _handlers = tuple(h for h in _handlers if h is not handler)
+
+    return Subscription(stop)

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import datetime
 import inspect
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+import math
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
@@ -34,7 +37,9 @@ from . import _validation, events
 from ._cancel import backend
 from ._context import deadline_var, trace_var
 from ._race import Race, Reason, close, settle
-from .errors import LatencykitError, _describe
+from .errors import GatherIncomplete as GatherIncomplete
+from .errors import NoAcceptableResult as NoAcceptableResult
+from .errors import _describe
 
 __all__ = [
     "Failed",
@@ -51,15 +56,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-
-class _Pending:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<pending>"
-
-
-_PENDING: Any = _Pending()
+_PENDING: Any = object()
 """A slot whose awaitable has not answered (yet)."""
 
 
@@ -121,9 +118,6 @@ class Rejected(Missing):
     _what: ClassVar[str] = "rejected"
 
 
-# --- results and errors ----------------------------------------------------------------------
-
-
 class Gathered(list[T | Missing], Generic[T]):
     """What :func:`gather` returns: a list with one slot per awaitable, in input order, holding
     its value or a :class:`Missing` marker.
@@ -145,76 +139,13 @@ class Gathered(list[T | Missing], Generic[T]):
         return {i: slot for i, slot in enumerate(self) if isinstance(slot, Missing)}
 
 
-def _failures(markers: Iterable[Missing]) -> list[Exception]:
-    return [marker.error for marker in markers if isinstance(marker, Failed)]
-
-
-def _listing(markers: Iterable[tuple[int, Missing]]) -> str:
-    return "; ".join(f"[{i}] {marker}" for i, marker in markers)
-
-
-class GatherIncomplete(LatencykitError):
-    """:func:`gather` with ``return_partial=False`` got fewer values than it needed.
-
-    Its ``__cause__`` is the error of the first awaitable (in input order) that failed, if any
-    did; the other failures are in ``others``.
-
-    Attributes:
-        results: the full :class:`Gathered` list, markers included.
-        needed: the values that were needed (``min_results``, or all of them).
-    """
-
-    def __init__(self, results: Gathered[Any], needed: int) -> None:
-        missing = results.missing
-        got = len(results) - len(missing)
-        super().__init__(
-            f"gather got {got} of the {needed} results it needed from {len(results)} "
-            f"awaitables: {_listing(missing.items())}"
-        )
-        self.results = results
-        self.needed = needed
-        self.others = tuple(_failures(missing.values())[1:])
-
-    @property
-    def missing(self) -> dict[int, Missing]:
-        """The markers of :attr:`results`, by index (as :attr:`Gathered.missing`)."""
-        return self.results.missing
-
-
-class NoAcceptableResult(LatencykitError):
-    """:func:`first` got no acceptable result: every source failed or was rejected, or
-    ``within`` ran out first.
-
-    Its ``__cause__`` is the error of the first source (in input order) that failed, if any
-    did; the other failures are in ``others``.
-
-    Attributes:
-        outcomes: one marker per source, in input order: :class:`Failed`, :class:`Rejected`,
-            or :class:`TimedOut` (``elapsed`` ``0.0`` for a source that never started).
-    """
-
-    def __init__(self, outcomes: Sequence[Missing]) -> None:
-        super().__init__(
-            f"no acceptable result from {len(outcomes)} source(s): {_listing(enumerate(outcomes))}"
-        )
-        self.outcomes = tuple(outcomes)
-        self.others = tuple(_failures(outcomes)[1:])
-
-
 # --- shared plumbing -------------------------------------------------------------------------
 
 
-def _close_unstarted(awaitables: Iterable[object]) -> None:
-    """Close the coroutines that never started (no "never awaited" warning)."""
-    for awaitable in awaitables:
-        if inspect.iscoroutine(awaitable) and (
-            inspect.getcoroutinestate(awaitable) == inspect.CORO_CREATED
-        ):
-            awaitable.close()
-
-
-def _checked(name: str, awaitables: tuple[object, ...], within: object) -> float | None:
-    """Validate the awaitables and ``within``; on a mistake, close the coroutines and raise."""
+@contextmanager
+def _owning(name: str, awaitables: tuple[object, ...], within: object) -> Iterator[float | None]:
+    """Check the awaitables and give ``within`` in seconds (``None``: none); on the way out,
+    whatever happened, close the coroutines that never started (no "never awaited" warning)."""
     try:
         for i, awaitable in enumerate(awaitables):
             if not inspect.isawaitable(awaitable):
@@ -222,10 +153,25 @@ def _checked(name: str, awaitables: tuple[object, ...], within: object) -> float
                 raise TypeError(
                     f"{name}.awaitables[{i}] must be awaitable{hint}, got {awaitable!r}"
                 )
-        return None if within is None else _validation.seconds(f"{name}.within", within)
-    except BaseException:
-        _close_unstarted(awaitables)
-        raise
+        yield None if within is None else _validation.seconds(f"{name}.within", within)
+    finally:
+        for awaitable in awaitables:
+            if inspect.iscoroutine(awaitable) and (
+                inspect.getcoroutinestate(awaitable) == inspect.CORO_CREATED
+            ):
+                awaitable.close()
+
+
+@contextmanager
+def _within(limit: float | None, start: float) -> Iterator[float]:
+    """The fan-out's own deadline (``inf``: none); inside, the earlier of it and the enclosing
+    one is the deadline the branches see (``lk.remaining()``) in the context they copy."""
+    expires = math.inf if limit is None else start + limit
+    token = deadline_var.set(min(expires, deadline_var.get()))
+    try:
+        yield expires
+    finally:
+        deadline_var.reset(token)
 
 
 # --- gather ----------------------------------------------------------------------------------
@@ -244,13 +190,13 @@ class _Gather:
         self.late: list[Any] | None = None  # values that arrived after the decision
         self.now = backend().now
         self.start = self.now()
-        self.cancel: Callable[[], None] | None = None
+        self.cancel: Callable[[], None] = lambda: None
 
     def _decide(self) -> None:
         """Enough is known: cancel the branches still running (they become ``NotNeeded``)."""
-        self.late = []
-        assert self.cancel is not None
-        self.cancel()
+        if self.late is None:
+            self.late = []
+            self.cancel()
 
     async def branch(self, index: int, awaitable: Awaitable[Any]) -> None:
         try:
@@ -258,7 +204,7 @@ class _Gather:
         except Exception as exc:  # a failure is an outcome: the other branches go on
             self.slots[index] = Failed(error=exc, elapsed=self.now() - self.start)
             self.failed += 1
-            if self.fail_fast and self.late is None and self.failed > len(self.slots) - self.needed:
+            if self.fail_fast and self.failed > len(self.slots) - self.needed:
                 self._decide()  # the needed values can no longer all arrive
             return
         if self.late is not None:
@@ -266,8 +212,42 @@ class _Gather:
             return
         self.slots[index] = value
         self.ok += 1
-        if self.ok == self.needed and self.needed < len(self.slots):
+        if self.ok == self.needed < len(self.slots):
             self._decide()
+
+    async def run(self, awaitables: tuple[Awaitable[Any], ...], limit: float | None) -> None:
+        """Run every awaitable in its slot; the slots cut short get their marker."""
+        try:
+            async with anyio.create_task_group() as group:
+                self.cancel = group.cancel_scope.cancel
+                with _within(limit, self.start) as group.cancel_scope.deadline:
+                    for index, awaitable in enumerate(awaitables):
+                        group.start_soon(self.branch, index, awaitable, name="latencykit.gather")
+        except BaseException:
+            # Cancelled from outside (the enclosing deadline) or interrupted: nothing is
+            # returned, so every value we hold is unwanted.
+            await close([*filter(_is_value, self.slots), *(self.late or ())])
+            raise
+        if self.ok + self.failed < len(self.slots):  # some branches were cut short
+            marker = NotNeeded if self.late is not None else TimedOut
+            cut = marker(elapsed=self.now() - self.start)
+            self.slots = [cut if slot is _PENDING else slot for slot in self.slots]
+            await close(self.late or ())
+            await settle()
+
+
+def _needed(min_results: object, count: int) -> int:
+    needed = _validation.positive_int("gather.min_results", min_results)
+    if needed > count:
+        raise ValueError(
+            f"gather.min_results must be between 1 and the number of awaitables ({count}), "
+            f"got {min_results!r}"
+        )
+    return needed
+
+
+def _is_value(slot: object) -> bool:
+    return slot is not _PENDING and not isinstance(slot, Missing)
 
 
 async def gather(
@@ -311,69 +291,21 @@ async def gather(
     Raises:
         GatherIncomplete: ``return_partial=False`` and fewer values than needed arrived.
         TypeError: an argument is not awaitable, or an option has the wrong type.
-        ValueError: ``within`` is not positive and finite, or ``min_results`` is out of range.
+        ValueError: ``within`` is not positive and finite, or ``min_results`` is not an int in
+            range.
     """
     count = len(awaitables)
-    limit = _checked("gather", awaitables, within)
-    needed = count
-    try:
-        if min_results is not None:
-            if isinstance(min_results, bool) or not isinstance(min_results, int):
-                raise TypeError(f"gather.min_results must be an int or None, got {min_results!r}")
-            if not 1 <= min_results <= count:
-                raise ValueError(
-                    f"gather.min_results must be between 1 and the number of awaitables "
-                    f"({count}), got {min_results!r}"
-                )
-            needed = min_results
-        if not isinstance(return_partial, bool):
-            raise TypeError(f"gather.return_partial must be a bool, got {return_partial!r}")
-    except BaseException:
-        _close_unstarted(awaitables)
-        raise
-    state = _Gather(count, needed, fail_fast=not return_partial)
-    try:
-        async with anyio.create_task_group() as group:
-            state.cancel = group.cancel_scope.cancel
-            token = None
-            if limit is not None:
-                expires = group.cancel_scope.deadline = state.start + limit
-                token = deadline_var.set(min(expires, deadline_var.get()))  # the branches' copy
-            try:
-                for index, awaitable in enumerate(awaitables):
-                    group.start_soon(state.branch, index, awaitable, name="latencykit.gather")
-            finally:
-                if token is not None:
-                    deadline_var.reset(token)
-    except BaseException:
-        # Cancelled from outside (the enclosing deadline) or interrupted: nothing is returned,
-        # so every value we hold is unwanted.
-        _close_unstarted(awaitables)
-        await close([*filter(_is_value, state.slots), *(state.late or ())])
-        raise
-    slots = state.slots
-    if state.ok + state.failed < count:  # some branches were cut short
-        _close_unstarted(awaitables)
-        marker = NotNeeded if state.late is not None else TimedOut
-        elapsed = state.now() - state.start
-        for index, slot in enumerate(slots):
-            if slot is _PENDING:
-                slots[index] = marker(elapsed=elapsed)
-        if state.late:
-            await close(state.late)
-        await settle()
-    results: Gathered[T] = Gathered(slots)
+    with _owning("gather", awaitables, within) as limit:
+        needed = count if min_results is None else _needed(min_results, count)
+        _validation.instance("gather.return_partial", return_partial, bool, "a bool")
+        state = _Gather(count, needed, fail_fast=not return_partial)
+        await state.run(awaitables, limit)
+    results: Gathered[T] = Gathered(state.slots)
     if events.listening():
         _ended("gather", state.now() - state.start, results)
     if state.ok < needed and not return_partial:
-        error = GatherIncomplete(results, needed)
-        failures = _failures(results.missing.values())
-        raise error from (failures[0] if failures else None)
+        raise GatherIncomplete(results, needed)
     return results
-
-
-def _is_value(slot: object) -> bool:
-    return slot is not _PENDING and not isinstance(slot, Missing)
 
 
 # --- first -----------------------------------------------------------------------------------
@@ -387,6 +319,25 @@ class _Sources(Race):
 
     def contender(self, index: int, reason: Reason) -> Awaitable[Any]:
         return self.awaitables[index]
+
+    def outcomes(self) -> list[Any]:
+        """Each source's outcome: the winner's value, or its marker (a source cut short is
+        ``NotNeeded`` once the race is won, else ``TimedOut``: ``within`` ran out)."""
+        ended, starts = self.now(), self.starts
+        cut = NotNeeded if self.won >= 0 else TimedOut
+        outcomes: list[Any] = [
+            cut(elapsed=ended - starts[i] if i < len(starts) else 0.0)
+            for i in range(len(self.awaitables))
+        ]
+        for lost in self.lost:
+            outcomes[lost.index] = (
+                Rejected(value=lost.value, elapsed=lost.elapsed)
+                if lost.error is None
+                else Failed(error=lost.error, elapsed=lost.elapsed)
+            )
+        if self.won >= 0:
+            outcomes[self.won] = self.winner
+        return outcomes
 
 
 async def first(
@@ -423,77 +374,45 @@ async def first(
             the wrong type.
         ValueError: no awaitables, or ``within``/``stagger`` is out of range.
     """
-    limit = _checked("first", awaitables, within)
-    delay = 0.0  # all at once
-    try:
+    with _owning("first", awaitables, within) as limit:
         if not awaitables:
             raise ValueError("first needs at least one awaitable")
-        if accept is not None and not callable(accept):
-            raise TypeError(f"first.accept must be callable or None, got {accept!r}")
-        if stagger is not None and not (
-            isinstance(stagger, (int, float)) and not isinstance(stagger, bool) and stagger == 0
-        ):
-            delay = _validation.seconds("first.stagger", stagger)
-    except BaseException:
-        _close_unstarted(awaitables)
-        raise
-    race = _Sources(delay, limit=len(awaitables), accept=accept)
-    race.awaitables = awaitables
-    token = None
-    if limit is not None:
-        race.deadline = race.now() + limit
-        token = deadline_var.set(min(race.deadline, deadline_var.get()))  # the sources' too
-    try:
-        await race.run(awaitables[0])
-    except BaseException:
-        _close_unstarted(awaitables)
-        raise
-    finally:
-        if token is not None:
-            deadline_var.reset(token)
-    started = len(race.starts)
-    if started < len(awaitables):  # a stagger, or ``within``, left sources unstarted
-        _close_unstarted(awaitables)
+        if accept is not None:
+            _validation.function("first.accept", accept)
+        race = _Sources(_stagger(stagger), limit=len(awaitables), accept=accept)
+        race.awaitables = awaitables
+        with _within(limit, race.now()) as race.deadline:
+            await race.run(awaitables[0])
     if race.won >= 0 and not events.listening():
         return race.winner  # type: ignore[no-any-return]
-    ended = race.now()
-    outcomes: list[Any] = [_PENDING] * len(awaitables)
-    for lost in race.lost:
-        outcomes[lost.index] = (
-            Rejected(value=lost.value, elapsed=lost.elapsed)
-            if lost.error is None
-            else Failed(error=lost.error, elapsed=lost.elapsed)
-        )
-    if race.won >= 0:
-        outcomes[race.won] = race.winner
-        _ended("first", ended - race.starts[0], outcomes)
-        return race.winner  # type: ignore[no-any-return]
-    # No winner: every source failed or was rejected, or ``within`` ran out.
-    outcomes = [
-        TimedOut(elapsed=ended - race.starts[i] if i < started else 0.0)
-        if outcome is _PENDING
-        else outcome
-        for i, outcome in enumerate(outcomes)
-    ]
+    outcomes = race.outcomes()
     if events.listening():
-        _ended("first", ended - race.starts[0], outcomes)
-    failures = _failures(outcomes)
-    raise NoAcceptableResult(outcomes) from (failures[0] if failures else None)
+        _ended("first", race.now() - race.starts[0], outcomes)
+    if race.won >= 0:
+        return race.winner  # type: ignore[no-any-return]
+    raise NoAcceptableResult(outcomes)
+
+
+def _stagger(stagger: object) -> float:
+    """``first``'s delay between starts (``0.0``: all at once)."""
+    if stagger is None or (stagger == 0 and not isinstance(stagger, bool)):
+        return 0.0
+    return _validation.seconds("first.stagger", stagger)
 
 
 def _ended(kind: Literal["gather", "first"], elapsed: float, slots: Sequence[object]) -> None:
-    missing = [slot for slot in slots if slot is _PENDING or isinstance(slot, Missing)]
+    count = Counter(type(slot) for slot in slots)
     trace = trace_var.get()
     events.emit(
         events.FanOutEnded(
             trace.call_id if trace is not None else 0,
             kind=kind,
             awaitables=len(slots),
-            ok=len(slots) - len(missing),
-            failed=sum(isinstance(m, Failed) for m in missing),
-            timed_out=sum(isinstance(m, TimedOut) for m in missing),
-            not_needed=sum(m is _PENDING or isinstance(m, NotNeeded) for m in missing),
-            rejected=sum(isinstance(m, Rejected) for m in missing),
+            ok=sum(not isinstance(slot, Missing) for slot in slots),
+            failed=count[Failed],
+            timed_out=count[TimedOut],
+            not_needed=count[NotNeeded],
+            rejected=count[Rejected],
             elapsed=elapsed,
         )
     )

@@ -112,7 +112,7 @@ class Degrade:
         after: seconds to give the primary before switching (default ``None``: switch on errors
             only). Must be shorter than ``LLM(deadline=...)``.
         on: which primary errors switch to the degraded path (default ``None``: transient
-            errors; see :func:`~latencykit.fallback`).
+            errors; see :class:`~latencykit.fallback`).
         overrides: any other litellm arguments to set on the degraded call (default empty),
             e.g. ``{"api_base": ..., "api_key": ..., "temperature": 0}``. A degraded call sent
             to another ``api_base`` carries the ``api_key`` given here, or none: never the
@@ -128,22 +128,17 @@ class Degrade:
     overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
-        if self.model is not None and (not isinstance(self.model, str) or not self.model):
-            raise ValueError(f"Degrade.model must be a non-empty model string, got {self.model!r}")
-        if self.max_tokens is not None and (
-            isinstance(self.max_tokens, bool)
-            or not isinstance(self.max_tokens, int)
-            or self.max_tokens < 1
-        ):
-            raise ValueError(f"Degrade.max_tokens must be a positive int, got {self.max_tokens!r}")
+        if self.model is not None:
+            _validation.text("Degrade.model", self.model, "model string")
+        if self.max_tokens is not None:
+            _validation.count("Degrade.max_tokens", self.max_tokens)
         if self.after is not None:
             object.__setattr__(self, "after", _validation.seconds("Degrade.after", self.after))
-        if not isinstance(self.overrides, Mapping):
-            raise TypeError(f"Degrade.overrides must be a mapping, got {self.overrides!r}")
-        bad = sorted(set(self.overrides) & set(_RESERVED))
+        overrides = _validation.mapping("Degrade.overrides", self.overrides)
+        bad = sorted(set(overrides) & set(_RESERVED))
         if bad:
             raise ValueError(f"Degrade.overrides cannot set {bad[0]!r}: {_RESERVED[bad[0]]}")
-        object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
+        object.__setattr__(self, "overrides", MappingProxyType(dict(overrides)))
         if self.model is None and self.max_tokens is None and not self.overrides:
             raise ValueError("Degrade needs at least one of model, max_tokens or overrides")
 
@@ -306,7 +301,7 @@ class LLM:
         failover: further targets, in order, each a model string, a dict of litellm
             arguments (``model``, ``api_base``, ``api_key``, ``timeout``, plus latencykit's
             ``name``, ``context_window`` and ``capabilities``) or a :class:`~latencykit.Target`
-            (default none). See :func:`~latencykit.failover` for what moves a call on.
+            (default none). See :class:`~latencykit.failover` for what moves a call on.
         failover_on: which errors move a call to the next target (default ``None``: transient
             errors and context length, the latter only to a larger model). Content policy,
             authentication and bad requests are raised at once unless you widen this.
@@ -405,79 +400,21 @@ class LLM:
         self._arguments: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
         self._arguments["api_key_env"] = None
         self._configs: dict[str, Any] = {}  # limiter, cache, router: the configs they came from
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"LLM.model must be a non-empty model string, got {model!r}")
-        if degrade is not None and not isinstance(degrade, Degrade):
-            raise TypeError(f"LLM.degrade must be a latencykit.Degrade, got {degrade!r}")
-        if hedge is not None and not isinstance(hedge, Hedge):
-            raise TypeError(f"LLM.hedge must be a latencykit.Hedge, got {hedge!r}")
-        if retry is not None and not isinstance(retry, Retry):
-            raise TypeError(f"LLM.retry must be a latencykit.Retry, got {retry!r}")
-        for name, policy in (("limiter", limiter), ("cache", cache)):
-            if policy is not None and not isinstance(policy, Policy):
-                raise TypeError(f"LLM.{name} must be a latencykit policy, got {policy!r}")
-        if stream_guard is not None and not isinstance(stream_guard, StreamGuard):
-            raise TypeError(
-                f"LLM.stream_guard must be a latencykit.StreamGuard, got {stream_guard!r}"
-            )
-        if isinstance(failover, (str, Mapping)) or not isinstance(failover, Sequence):
-            raise TypeError("LLM.failover must be a sequence of targets, e.g. ['openai/x']")
-        if hedge is not None and hedge.target == "next" and not failover:
-            raise ValueError("LLM.hedge.target='next' needs LLM(failover=[...]) targets")
-        if max_output_tokens is not None and (
-            isinstance(max_output_tokens, bool)
-            or not isinstance(max_output_tokens, int)
-            or max_output_tokens < 1
-        ):
-            raise ValueError(
-                f"LLM.max_output_tokens must be a positive int, got {max_output_tokens!r}"
-            )
-        if budget_aware and max_output_tokens is None:
-            raise ValueError("LLM.budget_aware needs LLM.max_output_tokens (the cap it lowers)")
-        if on_truncated not in ("raise", "accept"):
-            raise ValueError(f"LLM.on_truncated must be 'raise' or 'accept', got {on_truncated!r}")
-        if failover_on is not None and not failover:
-            raise ValueError(
-                "LLM.failover_on needs LLM(failover=[...]) targets: without them no error "
-                "moves a call anywhere"
-            )
-        defaults = dict(defaults or {})
+        _check_options(self._arguments)
         # Import litellm now (seconds, once per process) rather than inside the first call,
         # where the import would block the event loop and no deadline could preempt it.
-        for name in sorted(defaults.keys() & {*_RESERVED, *_TARGET_OWNED, "model", "stream"}):
-            raise ValueError(
-                f"LLM.defaults cannot set {name!r}: "
-                + (
-                    "pass stream=True to acompletion() for the calls that stream"
-                    if name == "stream"
-                    else _RESERVED.get(name) or _TARGET_OWNED.get(name) or "pass LLM(model=...)"
-                )
-            )
         self._litellm = litellm()
-        known = _known_arguments(self._litellm)
-        for index, spec in enumerate(failover):
-            if isinstance(spec, Mapping):
-                _check_spelling(spec, known, f"LLM.failover[{index}]", error=True)
-        _check_spelling(defaults, known, "LLM.defaults", error=False)
+        self._defaults = _checked_defaults(defaults, failover, _known_arguments(self._litellm))
         self.model = model
         self.timeout = _validation.seconds("LLM.timeout", timeout)
-        self.deadline = None if deadline is None else _validation.seconds("LLM.deadline", deadline)
+        self.deadline = _validation.optional_seconds("LLM.deadline", deadline)
         self.degrade = degrade
-        # One record of every attempt, per target: the hedge's delays and stats() read it. Its
-        # windows are as long as an adaptive hedge asks (default 60 s, 1000 samples).
-        adaptive = hedge.delay if hedge is not None and isinstance(hedge.delay, Quantile) else None
-        if shared is not None and not isinstance(shared, SharedStore):
-            raise TypeError(f"LLM.shared must be a SharedStore (RedisStore), got {shared!r}")
         self.shared = shared
-        self._recorder = (
-            Recorder(shared=shared)
-            if adaptive is None
-            else Recorder(window=adaptive.window, max_samples=adaptive.max_samples, shared=shared)
-        )
+        # One record of every attempt, per target: the hedge's delays and stats() read it.
+        self._recorder = _recorder_for(hedge, shared)
         self.hedge = None if hedge is None else hedge.reading(self._recorder)
         self._breakers: _TargetBreakers | None = None
-        self.stream_guard = stream_guard if stream_guard is not None else StreamGuard()
-        self._defaults = defaults
+        self.stream_guard = stream_guard or StreamGuard()
         primary = Target(
             model,
             api_base=api_base,
@@ -486,32 +423,15 @@ class LLM:
             capabilities=capabilities,  # type: ignore[arg-type]  # Target validates it
             transport=transport,
         )
-        # Every target has a concrete attempt timeout: litellm's client cache and the stream
-        # guard's defaults both need one.
-        self.targets: tuple[Target, ...] = tuple(
-            t if t.timeout is not None else t.replace(timeout=self.timeout)
-            for t in (
-                primary,
-                *(as_target(t, where=f"LLM.failover[{i}]") for i, t in enumerate(failover)),
-            )
-        )
-        keys = [t.key for t in self.targets]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"LLM targets must have distinct names, got {keys}")
-        self._secrets = tuple(t.api_key for t in self.targets if t.api_key)
-        if degrade is not None and isinstance(degrade.overrides.get("api_key"), str):
-            self._secrets += (degrade.overrides["api_key"],)
+        self.targets = _targets(primary, failover, self.timeout)
+        self._secrets = _secrets_of(self.targets, degrade)
         self._routes = [Route(t, functools.partial(self._to_target, t)) for t in self.targets]
         self._degraded = None if degrade is None else degrade.target(self.targets[0])
         self.max_output_tokens = max_output_tokens
         self.budget_aware = bool(budget_aware)
         self.on_truncated = on_truncated
         self.router = router
-        routing = (
-            None
-            if router is None
-            else Routing(router, self.targets, self._to_target, self._recorder)
-        )
+        routing = router and Routing(router, self.targets, self._to_target, self._recorder)
         self._pipeline = Pipeline(
             [
                 *self._policies(failover_on, retry, breaker),
@@ -523,6 +443,42 @@ class LLM:
             p for p in self._pipeline.policies if int(p.stage) >= Stage.BREAKER
         )
 
+    def _fallback(self) -> Fallback | None:
+        """The degraded path as a fallback, its ``after`` within the deadline."""
+        degrade = self.degrade
+        if degrade is None:
+            return None
+        after = None if degrade.after is None else float(degrade.after)  # type: ignore[arg-type]
+        if self.deadline is not None and after is not None and after >= self.deadline:
+            raise ValueError(
+                f"LLM.degrade.after ({after:g}s) must be shorter than LLM.deadline "
+                f"({self.deadline:g}s)"
+            )
+        return Fallback(Reroute(self._degraded_path), after=after, on=degrade.on)
+
+    def _hedge_of_targets(self) -> Hedge | None:
+        """The hedge, sending its backups to the next targets with ``target="next"``."""
+        hedge, routes = self.hedge, self._routes
+        if hedge is None or hedge.target != "next":
+            return hedge
+        return hedge.with_rewrite(
+            lambda call, i: call if i == 0 else routes[i % len(routes)].call(call)
+        )
+
+    def _target_breakers(
+        self, breaker: Mapping[str, Any] | Callable[[str], Breaker] | None
+    ) -> _TargetBreakers | None:
+        """Each target's breaker (the fleet's with ``shared``), built now: invalid options
+        fail at construction, naming the field."""
+        if breaker is None:
+            return None
+        if isinstance(breaker, Mapping) and self.shared is not None:
+            breaker = {"shared": self.shared, **breaker}
+        breakers = _TargetBreakers(breaker)
+        for target in self.targets:
+            breakers.of(target.key)
+        return breakers
+
     def _policies(
         self,
         failover_on: ErrorFilter | None,
@@ -530,35 +486,10 @@ class LLM:
         breaker: Mapping[str, Any] | Callable[[str], Breaker] | None,
     ) -> list[Policy]:
         """The pipeline's policies, outermost first: the same objects the decorators use."""
-        policies: list[Policy] = []
-        if self.deadline is not None:
-            policies.append(Deadline(self.deadline))
-        degrade = self.degrade
-        if degrade is not None:
-            after = None if degrade.after is None else float(degrade.after)  # type: ignore[arg-type]
-            if self.deadline is not None and after is not None and after >= self.deadline:
-                raise ValueError(
-                    f"LLM.degrade.after ({after:g}s) must be shorter than LLM.deadline "
-                    f"({self.deadline:g}s)"
-                )
-            policies.append(Fallback(Reroute(self._degraded_path), after=after, on=degrade.on))
-        hedge = self.hedge
-        if hedge is not None:
-            if hedge.target == "next":
-                routes = self._routes
-                hedge = hedge.with_rewrite(
-                    lambda call, i: call if i == 0 else routes[i % len(routes)].call(call)
-                )
-            policies.append(hedge)
-        breakers = None
-        if breaker is not None:
-            if isinstance(breaker, Mapping) and self.shared is not None:
-                breaker = {"shared": self.shared, **breaker}
-            breakers = _TargetBreakers(breaker)
-            for target in self.targets:
-                breakers.of(target.key)  # invalid options fail now, naming the field
-            policies.append(breakers)
-            self._breakers = breakers
+        breakers = self._breakers = self._target_breakers(breaker)
+        deadline = None if self.deadline is None else Deadline(self.deadline)
+        outer = (deadline, self._fallback(), self._hedge_of_targets(), breakers)
+        policies: list[Policy] = [policy for policy in outer if policy is not None]
         if retry is not None:
             policies.append(retry)
         if len(self.targets) > 1:
@@ -921,7 +852,108 @@ def _check_spelling(
         message = f"{where}: unknown argument {name!r}; did you mean {close[0]!r}?"
         if error:
             raise ValueError(message)
-        warnings.warn(message, UserWarning, stacklevel=3)
+        warnings.warn(message, UserWarning, stacklevel=4)  # the LLM(...) line
+
+
+# --- checking and assembling LLM's options ---------------------------------------------------
+
+# The options that take a latencykit object: its class, and how a message names it.
+_OPTION_KINDS: dict[str, tuple[type, str]] = {
+    "degrade": (Degrade, "a latencykit.Degrade"),
+    "hedge": (Hedge, "a latencykit.Hedge"),
+    "retry": (Retry, "a latencykit.Retry"),
+    "stream_guard": (StreamGuard, "a latencykit.StreamGuard"),
+    "limiter": (Policy, "a latencykit policy"),
+    "cache": (Policy, "a latencykit policy"),
+    "shared": (SharedStore, "a SharedStore (RedisStore)"),
+}
+
+
+def _check_options(options: Mapping[str, Any]) -> None:
+    """Check ``LLM``'s options one by one (each message names the field), then together."""
+    _validation.text("LLM.model", options["model"], "model string")
+    for name, (kind, what) in _OPTION_KINDS.items():
+        _validation.optional(f"LLM.{name}", options[name], kind, what)
+    failover = options["failover"]
+    if isinstance(failover, (str, Mapping)) or not isinstance(failover, Sequence):
+        raise TypeError("LLM.failover must be a sequence of targets, e.g. ['openai/x']")
+    if options["max_output_tokens"] is not None:
+        _validation.count("LLM.max_output_tokens", options["max_output_tokens"])
+    _validation.choice("LLM.on_truncated", options["on_truncated"], ("raise", "accept"))
+    _check_together(options)
+
+
+def _check_together(options: Mapping[str, Any]) -> None:
+    """The options that need another one."""
+    hedge = options["hedge"]
+    if hedge is not None and hedge.target == "next" and not options["failover"]:
+        raise ValueError("LLM.hedge.target='next' needs LLM(failover=[...]) targets")
+    if options["budget_aware"] and options["max_output_tokens"] is None:
+        raise ValueError("LLM.budget_aware needs LLM.max_output_tokens (the cap it lowers)")
+    if options["failover_on"] is not None and not options["failover"]:
+        raise ValueError(
+            "LLM.failover_on needs LLM(failover=[...]) targets: without them no error "
+            "moves a call anywhere"
+        )
+
+
+def _checked_defaults(
+    defaults: Mapping[str, Any] | None,
+    failover: Sequence[str | Mapping[str, Any] | Target],
+    known: frozenset[str],
+) -> dict[str, Any]:
+    """``LLM.defaults`` as a dict, refusing what latencykit or a target owns, after checking
+    the spelling of the failover targets' dicts (an error) and of the defaults (a warning)."""
+    found = dict(defaults or {})
+    for name in sorted(found.keys() & {*_RESERVED, *_TARGET_OWNED, "model", "stream"}):
+        raise ValueError(
+            f"LLM.defaults cannot set {name!r}: "
+            + (
+                "pass stream=True to acompletion() for the calls that stream"
+                if name == "stream"
+                else _RESERVED.get(name) or _TARGET_OWNED.get(name) or "pass LLM(model=...)"
+            )
+        )
+    for index, spec in enumerate(failover):
+        if isinstance(spec, Mapping):
+            _check_spelling(spec, known, f"LLM.failover[{index}]", error=True)
+    _check_spelling(found, known, "LLM.defaults", error=False)
+    return found
+
+
+def _recorder_for(hedge: Hedge | None, shared: SharedStore | None) -> Recorder:
+    """The LLM's record of every attempt: windows as long as an adaptive hedge asks (default
+    60 s, 1000 samples)."""
+    adaptive = hedge.delay if hedge is not None and isinstance(hedge.delay, Quantile) else None
+    if adaptive is None:
+        return Recorder(shared=shared)
+    return Recorder(window=adaptive.window, max_samples=adaptive.max_samples, shared=shared)
+
+
+def _targets(
+    primary: Target, failover: Sequence[str | Mapping[str, Any] | Target], timeout: float
+) -> tuple[Target, ...]:
+    """The primary, then the failover targets, each with a concrete attempt timeout (litellm's
+    client cache and the stream guard's defaults both need one), their names distinct."""
+    targets = tuple(
+        t if t.timeout is not None else t.replace(timeout=timeout)
+        for t in (
+            primary,
+            *(as_target(t, where=f"LLM.failover[{i}]") for i, t in enumerate(failover)),
+        )
+    )
+    keys = [t.key for t in targets]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"LLM targets must have distinct names, got {keys}")
+    return targets
+
+
+def _secrets_of(targets: Sequence[Target], degrade: Degrade | None) -> tuple[str, ...]:
+    """The keys an error message must never show."""
+    found = tuple(t.api_key for t in targets if t.api_key)
+    if degrade is not None and isinstance(degrade.overrides.get("api_key"), str):
+        found += (degrade.overrides["api_key"],)
+    return found
 
 
 class _TargetBreakers:

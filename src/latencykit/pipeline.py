@@ -55,7 +55,7 @@ from ._context import (
     trace_var,
 )
 from .errors import LatencykitError, classify
-from .stream import ChunkSource, LazyStream, Resume, Stream, StreamOutcome
+from .stream import ChunkSource, LazyStream, Resume, Stream
 from .target import Target
 
 __all__ = [
@@ -140,6 +140,9 @@ class _Unguarded:
         return None
 
 
+_UNGUARDED = _Unguarded()
+
+
 class Call(NamedTuple):
     """One call to make: a callable, its arguments, the target it goes to, and whether it streams.
 
@@ -198,7 +201,26 @@ class Policy(Protocol):
         ...
 
 
-class Pipeline:
+class PolicyDecorator:
+    """Mixin: a policy object is also a decorator (``@lk.deadline(3.0)``)."""
+
+    __slots__ = ()
+
+    def _pipeline(self) -> Pipeline:
+        return Pipeline((self,))  # type: ignore[arg-type]  # the classes it is mixed into
+
+    @overload
+    def __call__(self, fn: Callable[P, AsyncIterator[T]]) -> Callable[P, LazyStream[T]]: ...
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
+    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
+        """Decorate an async callable (or an async-generator function, whose calls then stream)
+        with this policy (pipeline); the wrapper keeps its name, docstring, signature and type
+        hints."""
+        return decorate(self._pipeline(), fn)
+
+
+class Pipeline(PolicyDecorator):
     """An ordered, immutable stack of policies around the attempt runner.
 
     Build one with :func:`compose`; use it as a decorator, or call :meth:`run`.
@@ -250,28 +272,18 @@ class Pipeline:
         trace = Trace(parent=trace_var.get())
         if events.listening():
             _call_started(trace, call)
-        token = trace_var.set(trace)
-        reason_token = reason_var.set(reason)
         try:
-            result = await self._entry(call)
-        except LatencykitError as exc:
-            if not exc.attempts:
-                exc.attempts = tuple(trace.attempts)
-            _call_ended(trace, call, "error", exc)
-            raise
+            result = await self.run_within(call, trace, reason=reason)
         except Exception as exc:
-            _call_ended(trace, call, "error", exc)
+            _call_ended(trace, call, None, "error", exc)
             raise
         except BaseException:
-            _call_ended(trace, call, "cancelled", None)
+            _call_ended(trace, call, None, "cancelled", None)
             raise
-        finally:
-            reason_var.reset(reason_token)
-            trace_var.reset(token)
         if isinstance(result, Stream):
-            result.on_close(functools.partial(_stream_ended, trace, call))
+            result.on_close(functools.partial(_call_ended, trace, call))
         else:
-            _call_ended(trace, call, "ok", None, result)
+            _call_ended(trace, call, result, "ok", None)
         return result, trace
 
     async def run_within(self, call: Call, trace: Trace, *, reason: AttemptReason) -> Any:
@@ -286,14 +298,8 @@ class Pipeline:
             reason_var.reset(reason_token)
             trace_var.reset(token)
 
-    @overload
-    def __call__(self, fn: Callable[P, AsyncIterator[T]]) -> Callable[P, LazyStream[T]]: ...
-    @overload
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
-    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
-        """Decorate an async callable (or an async-generator function, whose calls then stream);
-        the wrapper keeps its name, docstring and signature."""
-        return decorate(self, fn)
+    def _pipeline(self) -> Pipeline:
+        return self
 
 
 def compose(*policies: Policy) -> Pipeline:
@@ -303,8 +309,7 @@ def compose(*policies: Policy) -> Pipeline:
 
 def function_target(fn: Callable[..., Any]) -> Target:
     """The target of a plain callable: named by its qualified name."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
+    fn = _unwrapped(fn)
     return Target(name=getattr(fn, "__qualname__", None) or repr(fn))
 
 
@@ -325,31 +330,34 @@ def _call_started(trace: Trace, call: Call) -> None:
 
 
 def _call_ended(
-    trace: Trace,
-    call: Call,
-    outcome: Any,
-    error: BaseException | None,
-    result: Any = None,
-    stream: Stream[Any] | None = None,
+    trace: Trace, call: Call, result: Any, outcome: str, error: BaseException | None
 ) -> None:
+    """The call ended (a stream's: ``result`` is the stream, called back when it ends)."""
     trace.ended_at = clock()
-    if not events.listening():
-        return
+    if isinstance(error, LatencykitError) and not error.attempts:
+        error.attempts = tuple(trace.attempts)
+    ended: Outcome = _ATTEMPT_OUTCOME[outcome]
+    if events.listening():
+        # only a failed call carries its error (not a stream closed after one)
+        _emit_call_ended(trace, call, result, ended, error if ended == "error" else None)
+
+
+def _emit_call_ended(
+    trace: Trace, call: Call, result: Any, outcome: Outcome, error: BaseException | None
+) -> None:
+    assert trace.ended_at is not None
     if trace.ledger is not None:  # a decorated call in which stages ran: its turn ended
         events.emit(events.TurnEnded(trace.call_id, ledger=trace.ledger))
     answered = trace.answered
-    text: str | None = None
     capture = events.capturing_content()
-    if stream is not None:
-        summary = stream.summary()
-        ttft = None if stream.ttft is None else stream.started_at + stream.ttft - trace.started_at
-        if capture:
-            text = stream.partial_text
+    if isinstance(result, Stream):
+        summary = result.summary()
+        ttft = None if result.ttft is None else result.started_at + result.ttft - trace.started_at
+        text = result.partial_text if capture else None
     else:
         summary = _response.summary(result)
         ttft = None
-        if capture:
-            text = _response.message_text(result)
+        text = _response.message_text(result) if capture else None
     events.emit(
         events.CallEnded(
             call_id=trace.call_id,
@@ -371,19 +379,6 @@ def _call_ended(
             output_text=text,
         )
     )
-
-
-def _stream_ended(
-    trace: Trace,
-    call: Call,
-    stream: Stream[Any],
-    outcome: StreamOutcome,
-    error: BaseException | None,
-) -> None:
-    if isinstance(error, LatencykitError) and not error.attempts:
-        error.attempts = tuple(trace.attempts)
-    outcome = _ATTEMPT_OUTCOME[outcome]
-    _call_ended(trace, call, outcome, error if outcome == "error" else None, stream=stream)
 
 
 async def run_attempt(call: Call) -> Any:
@@ -417,21 +412,21 @@ async def run_attempt(call: Call) -> Any:
         else:
             result = await _open_stream(result, call, trace, number, started)
     except Exception as exc:
-        _record(call, trace, number, target, reason, started, "error", exc)
+        _record(call, trace, number, reason, started, None, "error", exc)
         raise
     except BaseException:
-        _record(call, trace, number, target, reason, started, "cancelled", None)
+        _record(call, trace, number, reason, started, None, "cancelled", None)
         raise
     finally:
         attempt_var.reset(token)
     trace.answered = (number, target)
     if call.stream is None:
-        _record(call, trace, number, target, reason, started, "ok", None)
+        _record(call, trace, number, reason, started, None, "ok", None)
     else:
         if call.recorder is not None and result.ttft is not None:
             call.recorder.first_chunk(target, result.ttft)
         result.on_close(
-            functools.partial(_record_stream, call, trace, number, reason, started), attempt=True
+            functools.partial(_record, call, trace, number, reason, started), attempt=True
         )
     return result
 
@@ -476,47 +471,26 @@ _ATTEMPT_OUTCOME: dict[str, Any] = {
 }
 
 
-def _record_stream(
-    call: Call,
-    trace: Trace,
-    number: int,
-    reason: AttemptReason,
-    started: float,
-    stream: Stream[Any],
-    outcome: StreamOutcome,
-    error: BaseException | None,
-) -> None:
-    outcome = _ATTEMPT_OUTCOME[outcome]
-    _record(
-        call,
-        trace,
-        number,
-        stream.target,
-        reason,
-        started,
-        outcome,
-        error if outcome == "error" else None,
-        stream,
-    )
-
-
 def _record(
     call: Call,
     trace: Trace,
     number: int,
-    target: str,
     reason: AttemptReason,
     started: float,
-    outcome: Any,
+    stream: Stream[Any] | None,
+    outcome: str,
     error: BaseException | None,
-    stream: Stream[Any] | None = None,
 ) -> None:
+    """Record the attempt that ended (a stream's: called back when it ends)."""
+    ended: Outcome = _ATTEMPT_OUTCOME[outcome]
+    if ended != "error":
+        error = None
     attempt = Attempt(
         number=number,
-        target=target,
+        target=call.target.key if stream is None else stream.target,
         start=started - trace.origin,
         duration=clock() - started,
-        outcome=outcome,
+        outcome=ended,
         error_type=None if error is None else type(error).__name__,
         error_kind=None if error is None else classify(error),
         reason=reason,
@@ -543,17 +517,17 @@ _PIPELINE_ATTR = "__latencykit_pipeline__"
 def is_async_callable(fn: object) -> bool:
     """Whether calling ``fn`` returns a coroutine (an async function, a ``partial`` of one, or an
     object with an async ``__call__``)."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
+    fn = _unwrapped(fn)
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - objects with an async __call__
     )
 
 
-def _is_async_generator_function(fn: object) -> bool:
+def _unwrapped(fn: Any) -> Any:
+    """The function a ``functools.partial`` (of a partial...) calls, or ``fn``."""
     while isinstance(fn, functools.partial):
         fn = fn.func
-    return inspect.isasyncgenfunction(fn)
+    return fn
 
 
 def decorate(pipeline: Pipeline, fn: Callable[P, Any]) -> Callable[P, Any]:
@@ -568,35 +542,25 @@ def decorate(pipeline: Pipeline, fn: Callable[P, Any]) -> Callable[P, Any]:
         pipeline = inner.adding(*pipeline.policies)
     else:
         raw = fn
-        if not (is_async_callable(fn) or _is_async_generator_function(fn)):
+        if not (is_async_callable(fn) or inspect.isasyncgenfunction(_unwrapped(fn))):
             raise TypeError(
                 f"latencykit policies wrap async callables and async-generator functions; "
                 f"{fn!r} is neither"
             )
     target = function_target(raw)
     run = pipeline.run_traced
-    wrapper: Callable[P, Any]
-    if _is_async_generator_function(raw):
-        unguarded = _Unguarded()
 
-        @functools.wraps(raw)
-        def streaming(*args: P.args, **kwargs: P.kwargs) -> LazyStream[Any]:
-            call = Call(raw, args, kwargs, target, unguarded)
+    @functools.wraps(raw)
+    def streaming(*args: P.args, **kwargs: P.kwargs) -> LazyStream[Any]:
+        return LazyStream(
+            functools.partial(pipeline.run, Call(raw, args, kwargs, target, _UNGUARDED))
+        )
 
-            async def start() -> Stream[Any]:
-                stream: Stream[Any] = (await run(call))[0]
-                return stream
+    @functools.wraps(raw)
+    async def calling(*args: P.args, **kwargs: P.kwargs) -> Any:
+        return (await run(Call(raw, args, kwargs, target)))[0]
 
-            return LazyStream(start)
-
-        wrapper = streaming
-    else:
-
-        @functools.wraps(raw)
-        async def calling(*args: P.args, **kwargs: P.kwargs) -> Any:
-            return (await run(Call(raw, args, kwargs, target)))[0]
-
-        wrapper = calling
+    wrapper = streaming if inspect.isasyncgenfunction(_unwrapped(raw)) else calling
     setattr(wrapper, _PIPELINE_ATTR, pipeline)
     return wrapper
 
@@ -604,18 +568,3 @@ def decorate(pipeline: Pipeline, fn: Callable[P, Any]) -> Callable[P, Any]:
 def pipeline_of(fn: Callable[..., Any]) -> Pipeline | None:
     """The pipeline a latencykit-decorated callable runs through, or ``None``."""
     return getattr(fn, _PIPELINE_ATTR, None)
-
-
-class PolicyDecorator:
-    """Mixin: a policy object is also a decorator (``@lk.deadline(3.0)``)."""
-
-    __slots__ = ()
-
-    @overload
-    def __call__(self, fn: Callable[P, AsyncIterator[T]]) -> Callable[P, LazyStream[T]]: ...
-    @overload
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
-    def __call__(self, fn: Callable[P, Any]) -> Callable[P, Any]:
-        """Decorate an async callable (or async-generator function) with this policy; signature
-        and type hints are kept."""
-        return decorate(Pipeline((self,)), fn)  # type: ignore[arg-type]

@@ -13,12 +13,14 @@ with litellm's token counter, only when a rule or a context window asks for them
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import events
+from . import _validation, events
 from ._context import order_var, remaining, task_var, trace_var
+from ._litellm import litellm
 from ._values import RouteDecision
 from .pipeline import Call, Next, Stage
 
@@ -48,23 +50,22 @@ def needs_of(kwargs: Mapping[str, Any]) -> frozenset[str]:
     """The capabilities a request needs, from its litellm arguments: ``"tools"`` (``tools`` or
     ``functions`` given), ``"vision"`` (an image part in a message), ``"json"`` (a
     ``response_format`` of type ``json_object`` or ``json_schema``)."""
-    needs = set()
-    if kwargs.get("tools") or kwargs.get("functions"):
-        needs.add("tools")
-    response_format = kwargs.get("response_format")
-    if isinstance(response_format, Mapping) and response_format.get("type") in (
-        "json_object",
-        "json_schema",
-    ):
-        needs.add("json")
-    for message in kwargs.get("messages") or ():
-        content = message.get("content") if isinstance(message, Mapping) else None
-        if isinstance(content, list) and any(
-            isinstance(part, Mapping) and part.get("type") == "image_url" for part in content
-        ):
-            needs.add("vision")
-            break
-    return frozenset(needs)
+    parts = (part for message in kwargs.get("messages") or () for part in _parts(message))
+    found = {
+        "tools": kwargs.get("tools") or kwargs.get("functions"),
+        "json": _type(kwargs.get("response_format")) in ("json_object", "json_schema"),
+        "vision": any(_type(part) == "image_url" for part in parts),
+    }
+    return frozenset(need for need, needed in found.items() if needed)
+
+
+def _type(item: object) -> object:
+    return item.get("type") if isinstance(item, Mapping) else None
+
+
+def _parts(message: object) -> list[Any]:
+    content = message.get("content") if isinstance(message, Mapping) else None
+    return content if isinstance(content, list) else []
 
 
 class RouteRequest:
@@ -79,8 +80,6 @@ class RouteRequest:
         targets: the LLM's targets, in failover order.
     """
 
-    __slots__ = ("_recorder", "_tokens", "kwargs", "needs", "remaining", "targets", "task")
-
     def __init__(
         self,
         kwargs: Mapping[str, Any],
@@ -94,30 +93,20 @@ class RouteRequest:
         self.needs = needs_of(kwargs)
         self.remaining = remaining()
         self._recorder = recorder
-        self._tokens: int | None = None
 
-    @property
+    @functools.cached_property
     def prompt_tokens(self) -> int:
         """The prompt's tokens, counted once with litellm's ``token_counter`` (the first
         target's tokenizer; an estimate for the others)."""
-        if self._tokens is None:
-            from ._litellm import litellm
-
-            self._tokens = int(
-                litellm().token_counter(
-                    model=self.targets[0].model, messages=self.kwargs.get("messages") or []
-                )
-            )
-        return self._tokens
+        messages = self.kwargs.get("messages") or []
+        return int(litellm().token_counter(model=self.targets[0].model, messages=messages))
 
     def latency(
         self, target: str, quantile: float = 0.95, *, min_samples: int = 20
     ) -> float | None:
         """``target``'s recent attempt latency at ``quantile`` (default p95) over the LLM's
         statistics window, or ``None`` with fewer than ``min_samples`` (default ``20``)."""
-        if self._recorder is None:
-            return None
-        window = self._recorder.latency.get(target)
+        window = None if self._recorder is None else self._recorder.latency.get(target)
         if window is None or window.count() < min_samples:
             return None
         return window.quantile(quantile)
@@ -131,8 +120,6 @@ class RouteRequest:
         check = _SUPPORT.get(capability)
         if check is None or not target.model:
             return None
-        from ._litellm import litellm
-
         module = litellm()
         try:
             module.get_model_info(model=target.model)  # raises for a model it does not know
@@ -164,46 +151,38 @@ class Rule:
     needs: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.to, str) or not self.to:
-            raise ValueError(f"Rule.to must be a target name, got {self.to!r}")
-        if isinstance(self.task, str):
-            object.__setattr__(self, "task", frozenset({self.task}))
-        elif self.task is not None:
-            object.__setattr__(self, "task", frozenset(self.task))
+        _validation.non_empty("Rule.to", self.to, "target name")
+        if self.task is not None:
+            tasks = {self.task} if isinstance(self.task, str) else self.task
+            object.__setattr__(self, "task", frozenset(tasks))
         for name in ("min_prompt_tokens", "max_prompt_tokens"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 0
-            ):
-                raise ValueError(f"Rule.{name} must be a non-negative int, got {value!r}")
-        if isinstance(self.needs, str):
-            raise TypeError(f"Rule.needs must be a set of capabilities, e.g. {{{self.needs!r}}}")
-        object.__setattr__(self, "needs", frozenset(self.needs))
+            if getattr(self, name) is not None:
+                _validation.non_negative_int(f"Rule.{name}", getattr(self, name))
+        object.__setattr__(self, "needs", _validation.tags("Rule.needs", self.needs))
 
     def matches(self, request: RouteRequest) -> bool:
         """Whether ``request`` meets every condition of this rule."""
-        if self.task is not None and request.task not in self.task:
-            return False
-        if not self.needs <= request.needs:
-            return False
-        if self.min_prompt_tokens is not None and request.prompt_tokens < self.min_prompt_tokens:
-            return False
-        return not (
-            self.max_prompt_tokens is not None and request.prompt_tokens > self.max_prompt_tokens
+        low, high = self.min_prompt_tokens, self.max_prompt_tokens
+        return (
+            (self.task is None or request.task in self.task)
+            and self.needs <= request.needs
+            and (low is None or request.prompt_tokens >= low)
+            and (high is None or request.prompt_tokens <= high)
         )
 
     def __str__(self) -> str:
-        parts = [
-            f"{name}={value!r}"
-            for name, value in (
-                ("task", None if self.task is None else sorted(self.task)),
-                ("min_prompt_tokens", self.min_prompt_tokens),
-                ("max_prompt_tokens", self.max_prompt_tokens),
-                ("needs", sorted(self.needs) or None),
-            )
-            if value is not None
-        ]
-        return ", ".join(parts) or "always"
+        shown = {
+            "task": None if self.task is None else sorted(self.task),
+            "min_prompt_tokens": self.min_prompt_tokens,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "needs": sorted(self.needs) or None,
+        }
+        return ", ".join(f"{n}={v!r}" for n, v in shown.items() if v is not None) or "always"
+
+
+def _fits(target: Target, request: RouteRequest) -> bool:
+    """Whether the prompt fits ``target``'s context window (counted only if it has one)."""
+    return target.context_window is None or target.context_window > request.prompt_tokens
 
 
 class Router:
@@ -236,21 +215,14 @@ class Router:
         min_samples: int = 20,
     ) -> None:
         for index, rule in enumerate(rules):
-            if not isinstance(rule, Rule):
-                raise TypeError(f"Router.rules[{index}] must be a latencykit.routing.Rule")
-        if default is not None and (not isinstance(default, str) or not default):
-            raise ValueError(f"Router.default must be a target name, got {default!r}")
-        if isinstance(quantile, bool) or not isinstance(quantile, (int, float)):
-            raise TypeError(f"Router.quantile must be a number in (0, 1), got {quantile!r}")
-        if not 0 < quantile < 1:
-            raise ValueError(f"Router.quantile must be in (0, 1), got {quantile!r}")
-        if isinstance(min_samples, bool) or not isinstance(min_samples, int) or min_samples < 1:
-            raise ValueError(f"Router.min_samples must be a positive int, got {min_samples!r}")
+            _validation.instance(f"Router.rules[{index}]", rule, Rule, "a latencykit.routing.Rule")
+        if default is not None:
+            _validation.non_empty("Router.default", default, "target name")
         self.rules = rules
         self.default = default
         self.fit_budget = bool(fit_budget)
-        self.quantile = float(quantile)
-        self.min_samples = min_samples
+        self.quantile = _validation.number("Router.quantile", quantile, low=0, high=1, open=True)
+        self.min_samples = _validation.positive_int("Router.min_samples", min_samples)
 
     def __repr__(self) -> str:
         return f"Router({len(self.rules)} rules, default={self.default!r})"
@@ -265,14 +237,9 @@ class Router:
     def eligible(self, request: RouteRequest) -> list[Target]:
         """The targets that can serve ``request`` (see the class docs), in failover order."""
         targets = list(request.targets)
-        for need in sorted(request.needs):
-            known = [t for t in targets if request.supports(t, need)]
-            if known:
-                targets = known
-        if any(t.context_window is not None for t in targets):
-            tokens = request.prompt_tokens
-            targets = [t for t in targets if t.context_window is None or t.context_window > tokens]
-        return targets or list(request.targets)
+        for need in sorted(request.needs):  # a need nobody is known to meet excludes none
+            targets = [t for t in targets if request.supports(t, need)] or targets
+        return [t for t in targets if _fits(t, request)] or list(request.targets)
 
     def __call__(self, request: RouteRequest) -> RouteDecision:
         """Pick the target for ``request``."""
@@ -281,16 +248,14 @@ class Router:
     def decide(self, request: RouteRequest, eligible: Sequence[Target]) -> RouteDecision:
         """Pick the target for ``request`` among its ``eligible`` targets."""
         names = [t.key for t in eligible]
-        decision: RouteDecision | None = None
         for index, rule in enumerate(self.rules, 1):
             if rule.to in names and rule.matches(request):
                 decision = RouteDecision(rule.to, f"rule {index}: {rule}")
                 break
-        if decision is None:
-            default = self.default if self.default in names else names[0]
-            decision = RouteDecision(default, "default")
+        else:
+            decision = RouteDecision(self.default if self.default in names else names[0], "default")
         if self.fit_budget and request.remaining is not None:
-            decision = self._fit(request, decision, names)
+            return self._fit(request, decision, names)
         return decision
 
     def _fit(self, request: RouteRequest, picked: RouteDecision, names: list[str]) -> RouteDecision:
@@ -327,8 +292,7 @@ class Routing:
         rewrite: Callable[[Target, Call], Call],
         recorder: Recorder | None,
     ) -> None:
-        if not callable(router):
-            raise TypeError(f"LLM.router must be a Router or a function, got {router!r}")
+        _validation.function("LLM.router", router)
         self.router = router
         self._targets = tuple(targets)
         self._by_key = {t.key: t for t in targets}
@@ -344,33 +308,28 @@ class Routing:
         """Route ``call`` and run it on the chosen target (failover after it)."""
         request = RouteRequest(call.kwargs, task_var.get(), self._targets, self._recorder)
         router = self.router
-        eligible: Sequence[Target] = self._targets
         if isinstance(router, Router):
             eligible = router.eligible(request)
-            decision: str | RouteDecision = router.decide(request, eligible)
+            chosen = router.decide(request, eligible)
         else:
-            decision = router(request)
-        if isinstance(decision, str):
-            decision = RouteDecision(decision, "router")
-        target = self._by_key.get(decision.target)
+            eligible, found = list(self._targets), router(request)
+            chosen = found if isinstance(found, RouteDecision) else RouteDecision(found, "router")
+        target = self._by_key.get(chosen.target)
         if target is None:
             raise ValueError(
-                f"LLM.router chose {decision.target!r}, which is not one of {list(self._by_key)}"
+                f"LLM.router chose {chosen.target!r}, which is not one of {list(self._by_key)}"
             )
-        order = [decision.target, *(t.key for t in eligible if t.key != decision.target)]
         trace = trace_var.get()
         if trace is not None:
-            trace.route = decision
+            trace.route = chosen
             if events.listening():
                 events.emit(
                     events.Routed(
-                        trace.call_id,
-                        target=decision.target,
-                        reason=decision.reason,
-                        task=request.task,
+                        trace.call_id, target=target.key, reason=chosen.reason, task=request.task
                     )
                 )
-        token = order_var.set(tuple(order))
+        order = (target.key, *(t.key for t in eligible if t is not target))
+        token = order_var.set(order)
         try:
             return await next(self._rewrite(target, call))
         finally:

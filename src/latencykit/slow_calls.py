@@ -21,6 +21,7 @@ from typing import Any
 from . import events
 from ._context import Attempt
 from ._handle import Handle
+from ._values import ErrorKind
 
 __all__ = ["LOGGER", "SlowCallLog", "log_slow_calls"]
 
@@ -83,22 +84,20 @@ def _attempts(event: events.CallEnded) -> list[Attempt]:
 def _story(event: events.CallEnded) -> str:
     # e.g. "slow call 2.314s: ok from openai/backup (degraded); 2 attempts: #1 openai/primary
     # at +0.000s for 1.500s: cancelled; #2 (fallback) openai/backup at +1.501s for 0.813s: ok"
-    line = f"{'failed' if event.outcome == 'error' else 'slow'} call {event.duration:.3f}s"
-    if event.stream:
-        first = "" if event.ttft is None else f", first chunk at {event.ttft:.3f}s"
-        line += f" (stream{first})"
-    if event.outcome == "ok":
-        line += f": ok from {event.target}"
-    elif event.outcome == "error":
-        kind = "" if event.error_kind is None else f" [{event.error_kind.value}]"
-        line += f": {event.error_type}{kind} on {event.target}"
-    else:
-        line += f": cancelled on {event.target}"
-    if event.degraded:
-        line += " (degraded)"
+    failed = event.outcome == "error"
+    first = "" if event.ttft is None else f", first chunk at {event.ttft:.3f}s"
+    kind = "" if event.error_kind is None else f" [{event.error_kind.value}]"
+    ended = {"ok": "ok from", "error": f"{event.error_type}{kind} on"}.get(
+        event.outcome, "cancelled on"
+    )
     attempts = _attempts(event)
-    line += f"; {len(attempts)} attempt{'' if len(attempts) == 1 else 's'}"
-    return line + "".join(f"{': ' if i == 0 else '; '}{a}" for i, a in enumerate(attempts))
+    return (
+        f"{'failed' if failed else 'slow'} call {event.duration:.3f}s"
+        f"{f' (stream{first})' if event.stream else ''}"
+        f": {ended} {event.target}{' (degraded)' if event.degraded else ''}"
+        f"; {len(attempts)} attempt{'' if len(attempts) == 1 else 's'}"
+        + "".join(f"{'; ' if i else ': '}{a}" for i, a in enumerate(attempts))
+    )
 
 
 def _fields(event: events.CallEnded, parent_id: int | None, threshold: float) -> dict[str, Any]:
@@ -115,23 +114,16 @@ def _fields(event: events.CallEnded, parent_id: int | None, threshold: float) ->
         "stream": event.stream,
         "ttft": event.ttft,
         "error_type": event.error_type,
-        "error_kind": None if event.error_kind is None else event.error_kind.value,
+        "error_kind": _value(event.error_kind),
         "attempts": [
-            {
-                "number": a.number,
-                "target": a.target,
-                "reason": a.reason,
-                "start": a.start,
-                "duration": a.duration,
-                "outcome": a.outcome,
-                "error_type": a.error_type,
-                "error_kind": None if a.error_kind is None else a.error_kind.value,
-                "ttft": a.ttft,
-                "chunks": a.chunks,
-            }
-            for a in _attempts(event)
+            {**attempt._asdict(), "error_kind": _value(attempt.error_kind)}
+            for attempt in _attempts(event)
         ],
     }
+
+
+def _value(kind: ErrorKind | None) -> str | None:
+    return None if kind is None else kind.value
 
 
 def log_slow_calls(
@@ -163,21 +155,25 @@ def log_slow_calls(
     written synchronously in the task that ended the call (use a ``QueueHandler`` if your
     handlers block).
     """
-    if isinstance(threshold, datetime.timedelta):
-        threshold = threshold.total_seconds()
+    seconds = _seconds(threshold)
+    if isinstance(logger, str) or logger is None:
+        logger = logging.getLogger(logger or LOGGER)
+    if not isinstance(logger, logging.Logger):
+        raise TypeError(f"log_slow_calls.logger must be a logging.Logger or a name, got {logger!r}")
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise TypeError(f"log_slow_calls.level must be a logging level (int), got {level!r}")
+    return SlowCallLog(seconds, logger, level, bool(failures))
+
+
+def _seconds(threshold: object) -> float:
+    """``threshold`` (a number or a ``timedelta``) in seconds >= 0, else a ``ValueError``."""
+    seconds = threshold.total_seconds() if isinstance(threshold, datetime.timedelta) else threshold
     if (
-        isinstance(threshold, bool)
-        or not isinstance(threshold, (int, float))
-        or not math.isfinite(threshold)
-        or threshold < 0
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not 0 <= seconds < math.inf
     ):
         raise ValueError(
             f"log_slow_calls.threshold must be a number of seconds >= 0, got {threshold!r}"
         )
-    if logger is None or isinstance(logger, str):
-        logger = logging.getLogger(logger or LOGGER)
-    elif not isinstance(logger, logging.Logger):
-        raise TypeError(f"log_slow_calls.logger must be a logging.Logger or a name, got {logger!r}")
-    if isinstance(level, bool) or not isinstance(level, int):
-        raise TypeError(f"log_slow_calls.level must be a logging level (int), got {level!r}")
-    return SlowCallLog(float(threshold), logger, level, bool(failures))
+    return float(seconds)

@@ -31,11 +31,12 @@ and the runs of completed samples between them taken in one step. Measured in
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import _validation
 from . import fleet as _fleet
@@ -118,10 +119,8 @@ class LatencyWindow:
     def _drop_oldest(self) -> None:
         self.changes += 1
         _, value = self._arrivals.popleft()
-        if value > 0:
-            del self._sorted[bisect.bisect_left(self._sorted, value)]
-        else:
-            del self._censored[bisect.bisect_left(self._censored, -value)]
+        samples = self._sorted if value > 0 else self._censored
+        del samples[bisect.bisect_left(samples, abs(value))]
 
     def _expire(self, now: float) -> None:
         cutoff = now - self.window
@@ -131,14 +130,7 @@ class LatencyWindow:
 
     def record(self, seconds: float) -> None:
         """Add one latency sample (seconds)."""
-        now = self._clock()
-        self._expire(now)
-        if len(self._arrivals) >= self.max_samples:
-            self._drop_oldest()
-        value = MIN_SECONDS if seconds < MIN_SECONDS else min(seconds, MAX_SECONDS)
-        self.changes += 1
-        self._arrivals.append((now, value))
-        bisect.insort(self._sorted, value)
+        self._add(_clamp(seconds))
 
     def record_censored(self, seconds: float) -> None:
         """Add an attempt abandoned after running ``seconds``: its latency is longer than that.
@@ -146,14 +138,17 @@ class LatencyWindow:
         A hedged primary cancelled because its backup answered first, a loser of any race, an
         attempt cut off by a deadline: each tells how long the attempt was *not yet* done.
         """
+        self._add(-_clamp(seconds))
+
+    def _add(self, value: float) -> None:
+        """Add a clamped latency, or a censoring time negated."""
         now = self._clock()
         self._expire(now)
         if len(self._arrivals) >= self.max_samples:
             self._drop_oldest()
-        value = _clamp(seconds)
         self.changes += 1
-        self._arrivals.append((now, -value))
-        bisect.insort(self._censored, value)
+        self._arrivals.append((now, value))
+        bisect.insort(self._sorted if value > 0 else self._censored, abs(value))
 
     def _quantile(self, q: float) -> float:
         # Kaplan-Meier: the smallest completed latency u with S(u) <= 1 - q, where the survival
@@ -171,7 +166,8 @@ class LatencyWindow:
         survival = 1.0
         at_risk = n
         start = 0
-        for censored_at in censored:
+        # The censored samples in order, then the end: each closes a run of completed ones.
+        for censored_at in itertools.chain(censored, (math.inf,)):
             stop = bisect.bisect_right(done, censored_at, start)
             run = stop - start
             if run:
@@ -184,11 +180,6 @@ class LatencyWindow:
                 at_risk -= run
                 start = stop
             at_risk -= 1  # the censored sample leaves the risk set
-        run = len(done) - start
-        if run:
-            needed = math.ceil(at_risk * (1.0 - limit / survival) - _EPSILON)
-            if needed <= run:
-                return done[start + max(needed, 1) - 1]
         # The censored samples above the last completed one hold more than 1 - q of the
         # weight: the quantile lies beyond anything observed to finish. Answer the slowest
         # completed latency, so that attempts that never finish (a hang, an outage) cannot
@@ -216,10 +207,7 @@ class LatencyWindow:
         """The longest time a sample in the window is known to have taken (completed or
         censored), or ``None`` if the window is empty."""
         self._expire(self._clock())
-        done, censored = self._sorted, self._censored
-        if not censored:
-            return done[-1] if done else None
-        return max(done[-1], censored[-1]) if done else censored[-1]
+        return max((*self._sorted[-1:], *self._censored[-1:]), default=None)
 
     def count(self) -> int:
         """Samples in the window now, censored ones included (after dropping expired ones)."""
@@ -267,13 +255,9 @@ class Percentiles:
 def _percentiles(window: LatencyWindow | None) -> Percentiles:
     if window is None:
         return Percentiles()
-    found = window.quantiles(0.5, 0.95, 0.99) or (None, None, None)
+    p50, p95, p99 = window.quantiles(0.5, 0.95, 0.99) or (None, None, None)
     return Percentiles(
-        p50=found[0],
-        p95=found[1],
-        p99=found[2],
-        samples=window.count(),
-        censored=window.censored(),
+        p50=p50, p95=p95, p99=p99, samples=window.count(), censored=window.censored()
     )
 
 
@@ -321,18 +305,16 @@ class TargetStats:
         return self.ok + self.errors + self.cancelled
 
     def __str__(self) -> str:
-        attempts = self.attempts
-        parts = [
-            f"{self.target}: {attempts} attempt{'' if attempts == 1 else 's'} "
-            f"({self.ok} ok, {self.errors} failed"
-        ]
-        if self.error_kinds:
-            parts[0] += f" [{_kinds(self.error_kinds)}]"
-        parts[0] += f", {self.cancelled} cancelled)"
-        parts.append(f"latency {self.latency}")
+        plural = "" if self.attempts == 1 else "s"
+        kinds = f" [{_kinds(self.error_kinds)}]" if self.error_kinds else ""
+        latency = f"latency {self.latency}"
         if self.ttft.samples:
-            parts.append(f"first chunk {self.ttft}")
-        parts[-1] += f" over {self.window:g}s"
+            latency += f"; first chunk {self.ttft}"
+        parts = [
+            f"{self.target}: {self.attempts} attempt{plural} ({self.ok} ok, {self.errors} failed"
+            f"{kinds}, {self.cancelled} cancelled)",
+            f"{latency} over {self.window:g}s",
+        ]
         if self.breaker is not None:
             parts.append(f"breaker {self.breaker.value}")
         if self.hedge_budget is not None:
@@ -375,52 +357,68 @@ class StatsTable(Mapping[str, TargetStats]):
         and hedge-budget columns appear only when some target has one. Error kinds follow."""
         rows = list(self._by_target.values())
         width = max([len("target"), *(len(s.target) for s in rows)])
-        ttft = any(s.ttft.samples for s in rows)
-        breaker = any(s.breaker is not None for s in rows)
-        budget = any(s.hedge_budget is not None for s in rows)
-        header = f"{'target':<{width}} {'attempts':>8} {'ok':>6} {'errors':>6} {'cancel':>6}"
-        header += f" {'p50':>7} {'p95':>7} {'p99':>7} {'n':>5}"
-        if ttft:
-            header += f" {'ttft50':>7} {'ttft95':>7} {'ttft99':>7}"
-        if breaker:
-            header += f" {'breaker':>11}"
-        if budget:
-            header += f" {'budget':>7}"
+        columns = [c for c in _COLUMNS if c.shown(rows)]
+        header = _line(f"{'target':<{width}}", columns, [c.header for c in columns])
         lines = [header, "-" * len(header)]
-        for s in rows:
-            line = (
-                f"{s.target:<{width}} {s.attempts:>8} {s.ok:>6} {s.errors:>6} {s.cancelled:>6}"
-                f" {_ms(s.latency.p50)} {_ms(s.latency.p95)} {_ms(s.latency.p99)}"
-                f" {s.latency.samples:>5}"
-            )
-            if ttft:
-                line += f" {_ms(s.ttft.p50)} {_ms(s.ttft.p95)} {_ms(s.ttft.p99)}"
-            if breaker:
-                line += f" {'-' if s.breaker is None else s.breaker.value:>11}"
-            if budget:
-                line += f" {'-' if s.hedge_budget is None else f'{s.hedge_budget:.1f}':>7}"
-            lines.append(line)
-        windows = sorted({s.window for s in rows})
-        over = "/".join(f"{w:g}" for w in windows) or "60"
-        lines.append(
-            f"latencies in ms over the last {over} s (n: samples, cancelled ones censored); "
-            "counts since start"
-        )
-        lines += [f"errors of {s.target}: {_kinds(s.error_kinds)}" for s in rows if s.error_kinds]
-        return "\n".join(lines)
+        lines += [
+            _line(f"{s.target:<{width}}", columns, [c.value(s) for c in columns]) for s in rows
+        ]
+        return "\n".join(lines + _notes(rows))
 
 
-def _ms(seconds: float | None) -> str:
-    return f"{'-':>7}" if seconds is None else f"{seconds * 1000:>7,.0f}"
+def _notes(rows: Sequence[TargetStats]) -> list[str]:
+    """The lines under the stats table: the windows, then each target's errors by kind."""
+    over = "/".join(f"{w:g}" for w in sorted({s.window for s in rows})) or "60"
+    return [
+        f"latencies in ms over the last {over} s (n: samples, cancelled ones censored); "
+        "counts since start",
+        *(f"errors of {s.target}: {_kinds(s.error_kinds)}" for s in rows if s.error_kinds),
+    ]
 
 
-class _Counts:
-    __slots__ = ("cancelled", "errors", "ok")
+def _line(first: str, columns: Iterable[_Column], cells: Iterable[object]) -> str:
+    """A line of the stats table: ``first``, then each cell right-aligned in its column."""
+    return first + "".join(
+        f" {'-' if cell is None else cell:>{column.width}}"
+        for column, cell in zip(columns, cells, strict=True)
+    )
 
-    def __init__(self) -> None:
-        self.ok = 0
-        self.cancelled = 0
-        self.errors: dict[ErrorKind, int] = {}
+
+def _ms(seconds: float | None) -> str | None:
+    return None if seconds is None else f"{seconds * 1000:,.0f}"
+
+
+class _Column(NamedTuple):
+    """A column of the stats table."""
+
+    header: str
+    width: int
+    value: Callable[[TargetStats], object]  # what a target shows (None: "-")
+    optional: bool = False  # shown only when some target has a value
+
+    def shown(self, rows: Sequence[TargetStats]) -> bool:
+        return not self.optional or any(self.value(s) is not None for s in rows)
+
+
+_COLUMNS = (
+    _Column("attempts", 8, lambda s: s.attempts),
+    _Column("ok", 6, lambda s: s.ok),
+    _Column("errors", 6, lambda s: s.errors),
+    _Column("cancel", 6, lambda s: s.cancelled),
+    _Column("p50", 7, lambda s: _ms(s.latency.p50)),
+    _Column("p95", 7, lambda s: _ms(s.latency.p95)),
+    _Column("p99", 7, lambda s: _ms(s.latency.p99)),
+    _Column("n", 5, lambda s: s.latency.samples),
+    _Column("ttft50", 7, lambda s: _ms(s.ttft.p50), optional=True),
+    _Column("ttft95", 7, lambda s: _ms(s.ttft.p95), optional=True),
+    _Column("ttft99", 7, lambda s: _ms(s.ttft.p99), optional=True),
+    _Column("breaker", 11, lambda s: s.breaker and s.breaker.value, optional=True),
+    _Column("budget", 7, lambda s: _number(s.hedge_budget), optional=True),
+)
+
+
+def _number(value: float | None) -> str | None:
+    return None if value is None else f"{value:.1f}"
 
 
 class Recorder:
@@ -455,17 +453,6 @@ class Recorder:
             reports for a response (``LLM(budget_aware=True)`` reads it).
     """
 
-    __slots__ = (
-        "_counts",
-        "_links",
-        "latency",
-        "max_samples",
-        "per_token",
-        "shared",
-        "ttft",
-        "window",
-    )
-
     def __init__(
         self,
         *,
@@ -482,7 +469,8 @@ class Recorder:
         self.latency: dict[str, LatencyWindow] = {}
         self.ttft: dict[str, LatencyWindow] = {}
         self.per_token: dict[str, LatencyWindow] = {}
-        self._counts: dict[str, _Counts] = {}
+        # Each target's attempts by outcome, the failed ones by error kind instead.
+        self._counts: defaultdict[str, Counter[str]] = defaultdict(Counter)
         # window name -> (store, its pooled window, the queue of the other processes' samples)
         self._links: dict[str, tuple[_fleet.SharedStore, _fleet.SharedLatency, deque[float]]] = {}
 
@@ -504,11 +492,7 @@ class Recorder:
         if not per_token and (link := self._link(target, ttft)) is not None:
             incoming = link[2]
             while incoming:  # the other processes' samples, read by the store since
-                value = incoming.popleft()
-                if value > 0:
-                    found.record(value)
-                else:
-                    found.record_censored(-value)
+                _feed(found, incoming.popleft())
         return found
 
     def _link(
@@ -525,13 +509,10 @@ class Recorder:
             found = self._links[name] = (store, pooled, pooled.follow())
         return found
 
-    def _sample(self, target: str, value: float, *, ttft: bool = False) -> None:
+    def _sample(self, target: str, seconds: float, *, ttft: bool = False) -> None:
         """Feed one sample (negative: censored) to ``target``'s window and to the fleet's."""
-        window = self.latency_window(target, ttft=ttft)
-        if value > 0:
-            window.record(value)
-        else:
-            window.record_censored(-value)
+        value = math.copysign(_clamp(abs(seconds)), seconds)
+        _feed(self.latency_window(target, ttft=ttft), value)
         link = self._link(target, ttft)
         if link is not None:
             link[1].record(value)
@@ -540,35 +521,27 @@ class Recorder:
         """Every target recorded so far, in the order first seen."""
         return tuple(dict.fromkeys([*self._counts, *self.latency, *self.ttft]))
 
-    def _count(self, target: str) -> _Counts:
-        found = self._counts.get(target)
-        if found is None:
-            found = self._counts[target] = _Counts()
-        return found
-
     def first_chunk(self, target: str, ttft: float) -> None:
         """A stream attempt to ``target`` received its first content chunk ``ttft`` seconds
         after it started."""
-        self._sample(target, _clamp(ttft), ttft=True)
+        self._sample(target, ttft, ttft=True)
 
     def record(self, attempt: Attempt, *, stream: bool = False) -> None:
         """Count an attempt that ended and feed its latency (``stream``: a stream attempt,
         whose first chunk :meth:`first_chunk` already reported)."""
         target = attempt.target
-        counts = self._count(target)
-        if attempt.outcome == "ok":
-            counts.ok += 1
-            self._sample(target, _clamp(attempt.duration))
+        outcome = attempt.outcome
+        self._counts[target][
+            outcome if outcome != "error" else attempt.error_kind or ErrorKind.UNKNOWN
+        ] += 1
+        if outcome == "ok":
+            self._sample(target, attempt.duration)
             if stream and (per_token := attempt.time_per_output_token) is not None:
                 self.latency_window(target, per_token=True).record(per_token)
-        elif attempt.outcome == "cancelled":
-            counts.cancelled += 1
-            self._sample(target, -_clamp(attempt.duration))
+        elif outcome == "cancelled":
+            self._sample(target, -attempt.duration)
             if stream and attempt.ttft is None:  # cancelled before its first chunk
-                self._sample(target, -_clamp(attempt.duration), ttft=True)
-        else:
-            kind = attempt.error_kind or ErrorKind.UNKNOWN
-            counts.errors[kind] = counts.errors.get(kind, 0) + 1
+                self._sample(target, -attempt.duration, ttft=True)
 
     def output_rate(self, target: str, seconds: float, tokens: int) -> None:
         """A response from ``target`` produced ``tokens`` output tokens in ``seconds`` (its
@@ -605,16 +578,25 @@ class Recorder:
         breaker: Callable[[str], BreakerState | None] | None,
         hedge_budget: float | None,
     ) -> TargetStats:
-        counts = self._counts.get(target) or _Counts()
+        counts = self._counts.get(target, Counter())
+        errors = {kind: n for kind, n in counts.most_common() if isinstance(kind, ErrorKind)}
         return TargetStats(
             target=target,
-            ok=counts.ok,
-            errors=sum(counts.errors.values()),
-            cancelled=counts.cancelled,
-            error_kinds=dict(sorted(counts.errors.items(), key=lambda item: -item[1])),
+            ok=counts["ok"],
+            errors=sum(errors.values()),
+            cancelled=counts["cancelled"],
+            error_kinds=errors,
             latency=_percentiles(self.latency.get(target)),
             ttft=_percentiles(self.ttft.get(target)),
             window=self.window,
             breaker=None if breaker is None else breaker(target),
             hedge_budget=hedge_budget,
         )
+
+
+def _feed(window: LatencyWindow, value: float) -> None:
+    """Add a sample to ``window``: a latency, or negative a censoring time."""
+    if value > 0:
+        window.record(value)
+    else:
+        window.record_censored(-value)

@@ -21,11 +21,13 @@ children; a latencykit call made inside another one is parented to the attempt i
 
 from __future__ import annotations
 
+import enum
+import functools
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
@@ -34,18 +36,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import events
 from ._context import Attempt
 from ._handle import Handle
-from ._values import BreakerState
 from ._version import __version__
-from .events import (
-    BreakerRejected,
-    BreakerStateChanged,
-    CacheLookup,
-    LimitRefused,
-    LimitWaited,
-    RetryGaveUp,
-    RetryScheduled,
-    StoreUnavailable,
-)
 from .target import Endpoint
 
 __all__ = ["CAPTURE_CONTENT_VARIABLE", "SEMCONV_VERSION", "Instrumentation", "instrument"]
@@ -77,35 +68,26 @@ _OUTPUT_MESSAGES = "gen_ai.output.messages"
 _SERVER_ADDRESS = "server.address"
 _SERVER_PORT = "server.port"
 _ERROR_TYPE = "error.type"
+# What the call span tells of the target that answered, set when the call ends.
+_ANSWERED_BY = (_PROVIDER, _SERVER_ADDRESS, _SERVER_PORT, _RESPONSE_MODEL)
+# The call's parameters are gen_ai.request.{name}, but for these.
 _REQUEST_PARAMETERS = {
-    "max_tokens": "gen_ai.request.max_tokens",
     "max_completion_tokens": "gen_ai.request.max_tokens",
-    "temperature": "gen_ai.request.temperature",
-    "top_p": "gen_ai.request.top_p",
-    "top_k": "gen_ai.request.top_k",
-    "frequency_penalty": "gen_ai.request.frequency_penalty",
-    "presence_penalty": "gen_ai.request.presence_penalty",
-    "seed": "gen_ai.request.seed",
     "n": "gen_ai.request.choice.count",
 }
-# litellm's provider names -> the convention's well-known values (others pass through as is).
+# litellm's provider names -> the convention's well-known values (others pass through as is:
+# openai, anthropic, cohere, deepseek, groq, perplexity are the same in both).
 _PROVIDERS = {
-    "openai": "openai",
     "text-completion-openai": "openai",
     "azure": "azure.ai.openai",
     "azure_ai": "azure.ai.inference",
-    "anthropic": "anthropic",
     "bedrock": "aws.bedrock",
-    "cohere": "cohere",
     "cohere_chat": "cohere",
-    "deepseek": "deepseek",
     "gemini": "gcp.gemini",
     "vertex_ai": "gcp.vertex_ai",
-    "groq": "groq",
     "watsonx": "ibm.watsonx.ai",
     "mistral": "mistral_ai",
     "moonshot": "moonshot_ai",
-    "perplexity": "perplexity",
     "xai": "x_ai",
 }
 # The convention's recommended bucket boundaries.
@@ -114,12 +96,194 @@ _TOKENS = (
     1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
 )  # fmt: skip
 _OVERSHOOT = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-_BREAKER_STATE = {
-    BreakerState.CLOSED: 0,
-    BreakerState.HALF_OPEN: 1,
-    BreakerState.OPEN: 2,
-    BreakerState.FORCED_OPEN: 3,
+
+# --- latencykit's own names -----------------------------------------------------------------------
+
+_TARGET = "latencykit.target"
+_ATTEMPT = "latencykit.attempt.number"
+_ATTEMPTS = "latencykit.attempts"
+_ERROR_KIND = "latencykit.error.kind"
+_HEDGE_EVENT = "latencykit.hedge.event"
+_HEDGE_REASON = "latencykit.hedge.reason"
+_CHUNKS = "latencykit.stream.chunks"
+_SKIP_REASON = "latencykit.skip.reason"
+_FALLBACK_REASON = "latencykit.fallback.reason"
+_RESUME_MODE = "latencykit.stream.resume_mode"
+_STORE_REASON = "latencykit.store.reason"
+_FROM, _TO = "latencykit.from_target", "latencykit.to_target"
+_BREAKER_FROM, _BREAKER_TO = "latencykit.breaker.from", "latencykit.breaker.to"
+_LIMIT = {"latencykit.limit.kind": "limit", "latencykit.limit.waited": "waited"}
+# What latencykit.attempts counts attempts by.
+_ATTEMPT_COUNTED = (_TARGET, "latencykit.attempt.outcome", "latencykit.attempt.reason", _ERROR_TYPE)
+_BREAKER_STATE = {"closed": 0, "half_open": 1, "open": 2, "forced_open": 3}
+
+# Every instrument but the attempts' and the breakers' state: name -> (unit, description).
+_INSTRUMENTS = {
+    "gen_ai.client.operation.duration": ("s", "GenAI operation duration."),
+    "gen_ai.client.token.usage": ("{token}", "Number of input and output tokens used."),
+    "gen_ai.client.operation.time_to_first_chunk": (
+        "s",
+        "Time from the start of a streaming call to its first content chunk.",
+    ),
+    "gen_ai.client.operation.time_per_output_chunk": (
+        "s",
+        "Time between consecutive content chunks of a stream.",
+    ),
+    "latencykit.call.duration": (
+        "s",
+        "Duration of a call of a decorated function (LLM calls have the GenAI operation duration).",
+    ),
+    "latencykit.deadline.overshoot": (
+        "s",
+        "How late a deadline's expiry was delivered (elapsed - budget).",
+    ),
+    "latencykit.hedges": ("{hedge}", "Hedges fired, won, and skipped (budget or deadline)."),
+    "latencykit.hedge.wasted_output_tokens": (
+        "{token}",
+        "Output tokens (or content chunks) received by attempts that lost.",
+    ),
+    "latencykit.failovers": ("{failover}", "Moves to the next target."),
+    "latencykit.targets_skipped": ("{target}", "Targets skipped by failover without a request."),
+    "latencykit.fallbacks": (
+        "{call}",
+        "Calls answered (or failed) by the fallback's degraded path.",
+    ),
+    "latencykit.deadline.expired": ("{call}", "Deadlines that expired."),
+    "latencykit.retries": ("{retry}", "Retries scheduled."),
+    "latencykit.stream.stalls": ("{stall}", "Streams that stalled."),
+    "latencykit.stream.resumes": ("{resume}", "Broken streams continued from another attempt."),
+    "latencykit.breaker.transitions": ("{transition}", "Circuit breaker state changes."),
+    "latencykit.breaker.rejections": ("{call}", "Calls a circuit breaker refused."),
+    "latencykit.store.unavailable": (
+        "{outage}",
+        "Times a shared store stopped answering (policies went process-local).",
+    ),
 }
+# The histograms among them, with their bucket boundaries (the others are counters).
+_BUCKETS = {
+    "gen_ai.client.operation.duration": _SECONDS,
+    "gen_ai.client.token.usage": _TOKENS,
+    "gen_ai.client.operation.time_to_first_chunk": _SECONDS,
+    "gen_ai.client.operation.time_per_output_chunk": _SECONDS,
+    "latencykit.call.duration": _SECONDS,
+    "latencykit.deadline.overshoot": _OVERSHOOT,
+}
+
+
+class _Report(NamedTuple):
+    """How a policy's decision is exported: a span event on its call's span, and a count."""
+
+    name: str | None  # the span event's (None: counted only)
+    attributes: Mapping[str, str]  # attribute -> the event's field (None values are left out)
+    counter: tuple[str, ...] = ()  # the counter it adds one to, then the attributes it keeps
+    tag: Mapping[str, str] = {}  # constant attributes of the counter
+
+
+_REPORTS: dict[type[events.Event], _Report] = {
+    events.HedgeFired: _Report(
+        "latencykit.hedge.fired",
+        {
+            _ATTEMPT: "attempt",
+            _TARGET: "target",
+            _HEDGE_REASON: "reason",
+            "latencykit.hedge.delay": "delay",
+        },
+        ("latencykit.hedges", _HEDGE_REASON),
+        {_HEDGE_EVENT: "fired"},
+    ),
+    events.HedgeWon: _Report(
+        "latencykit.hedge.won",
+        {_ATTEMPT: "attempt", _ATTEMPTS: "attempts"},
+        ("latencykit.hedges",),
+        {_HEDGE_EVENT: "won"},
+    ),
+    events.HedgeSkipped: _Report(
+        "latencykit.hedge.skipped",
+        {_HEDGE_REASON: "reason"},
+        ("latencykit.hedges", _HEDGE_REASON),
+        {_HEDGE_EVENT: "skipped"},
+    ),
+    events.FailedOver: _Report(
+        "latencykit.failed_over",
+        {_FROM: "from_target", _TO: "to_target"},
+        ("latencykit.failovers", _FROM, _TO),
+    ),
+    events.TargetSkipped: _Report(
+        "latencykit.target_skipped",
+        {_TARGET: "target", _SKIP_REASON: "reason"},
+        ("latencykit.targets_skipped", _TARGET, _SKIP_REASON),
+    ),
+    events.FallbackUsed: _Report(
+        "latencykit.fallback",
+        {
+            _FALLBACK_REASON: "reason",
+            "latencykit.fallback.elapsed": "elapsed",
+            _ERROR_TYPE: "error_type",
+        },
+        ("latencykit.fallbacks", _FALLBACK_REASON),
+    ),
+    events.DeadlineExpired: _Report(
+        "latencykit.deadline.expired",
+        {
+            "latencykit.deadline.budget": "budget",
+            "latencykit.deadline.elapsed": "elapsed",
+            "latencykit.stage.name": "stage",
+        },
+        ("latencykit.deadline.expired",),
+    ),
+    # No tenant: it may be an end user's id (the call's ``user``).
+    events.LimitWaited: _Report("latencykit.limit.waited", _LIMIT),
+    events.LimitRefused: _Report("latencykit.limit.refused", _LIMIT),
+    events.StallDetected: _Report(
+        "latencykit.stream.stall",
+        {_TARGET: "target", "latencykit.stream.stall_limit": "stall", _CHUNKS: "chunks"},
+        ("latencykit.stream.stalls", _TARGET),
+    ),
+    events.StreamResumed: _Report(
+        "latencykit.stream.resumed",
+        {_TARGET: "target", _RESUME_MODE: "mode", _CHUNKS: "chunks"},
+        ("latencykit.stream.resumes", _RESUME_MODE),
+    ),
+    events.RetryScheduled: _Report(
+        "latencykit.retry.scheduled",
+        {
+            "latencykit.retry.wait": "wait",
+            _ERROR_KIND: "reason_kind",
+            "latencykit.retry.retry_after": "retry_after",
+        },
+        ("latencykit.retries", _ERROR_KIND),
+    ),
+    events.RetryGaveUp: _Report(
+        "latencykit.retry.gave_up", {"latencykit.retry.reason": "reason", _ATTEMPTS: "attempts"}
+    ),
+    events.BreakerStateChanged: _Report(
+        "latencykit.breaker.state_changed",
+        {
+            _TARGET: "key",
+            _BREAKER_FROM: "from_state",
+            _BREAKER_TO: "to_state",
+            "latencykit.breaker.failure_rate": "failure_rate",
+        },
+        ("latencykit.breaker.transitions", _TARGET, _BREAKER_FROM, _BREAKER_TO),
+    ),
+    events.BreakerRejected: _Report(
+        "latencykit.breaker.rejected",
+        {_TARGET: "key", "latencykit.breaker.state": "state"},
+        ("latencykit.breaker.rejections", _TARGET),
+    ),
+    events.StoreUnavailable: _Report(
+        None, {_STORE_REASON: "reason"}, ("latencykit.store.unavailable", _STORE_REASON)
+    ),
+}
+
+
+def _present(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """The attributes that have a value, enums as their values."""
+    return {
+        name: value.value if isinstance(value, enum.Enum) else value
+        for name, value in attributes.items()
+        if value is not None
+    }
 
 
 def _content_from_environment() -> bool:
@@ -127,51 +291,59 @@ def _content_from_environment() -> bool:
     return value in ("true", "1", "yes", "span_only", "span_and_event")
 
 
-_by_endpoint: dict[Endpoint, dict[str, Any]] = {}
+@functools.lru_cache(maxsize=1024)
+def _endpoint_attributes(endpoint: Endpoint) -> Mapping[str, Any]:
+    """The GenAI attributes of a target: what it is asked for and where it is."""
+    return _present(
+        {
+            _OPERATION: "chat",
+            _PROVIDER: _PROVIDERS.get(endpoint.provider or "", endpoint.provider or "unknown"),
+            _REQUEST_MODEL: endpoint.model,
+            _SERVER_ADDRESS: endpoint.address,
+            _SERVER_PORT: None if endpoint.address is None else endpoint.port,
+        }
+    )
 
 
-def _endpoint_attributes(endpoint: Endpoint) -> dict[str, Any]:
-    """The GenAI attributes of a target: what it is asked for and where it is (computed once
-    per endpoint; callers copy before changing)."""
-    found = _by_endpoint.get(endpoint)
-    if found is None:
-        found = _by_endpoint[endpoint] = _describe(endpoint)
-    return found
+def _text(content: Any) -> dict[str, Any]:
+    return {"type": "text", "content": content}
 
 
-def _describe(endpoint: Endpoint) -> dict[str, Any]:
-    attributes: dict[str, Any] = {
-        _OPERATION: "chat",
-        _PROVIDER: _PROVIDERS.get(endpoint.provider or "", endpoint.provider or "unknown"),
-        _REQUEST_MODEL: endpoint.model,
-    }
-    if endpoint.address is not None:
-        attributes[_SERVER_ADDRESS] = endpoint.address
-        if endpoint.port is not None:
-            attributes[_SERVER_PORT] = endpoint.port
-    return attributes
+def _parts(content: Any) -> list[dict[str, Any]]:
+    """A message's content as the convention's parts (text only; other parts by type)."""
+    if isinstance(content, str):
+        return [_text(content)]
+    if not isinstance(content, Sequence):
+        return []
+    return [
+        _text(part.get("text", ""))
+        if part.get("type") == "text"
+        else {"type": str(part.get("type", "unknown"))}
+        for part in content
+        if isinstance(part, Mapping)
+    ]
 
 
 def _messages(messages: Any) -> str | None:
     """Chat messages in the convention's ``gen_ai.input.messages`` shape, as JSON."""
     if not isinstance(messages, Sequence) or isinstance(messages, str):
         return None
-    shaped = []
-    for message in messages:
-        if not isinstance(message, Mapping):
-            continue
-        content = message.get("content")
-        parts: list[dict[str, Any]] = []
-        if isinstance(content, str):
-            parts.append({"type": "text", "content": content})
-        elif isinstance(content, Sequence):
-            for part in content:
-                if isinstance(part, Mapping) and part.get("type") == "text":
-                    parts.append({"type": "text", "content": part.get("text", "")})
-                elif isinstance(part, Mapping):
-                    parts.append({"type": str(part.get("type", "unknown"))})
-        shaped.append({"role": str(message.get("role", "user")), "parts": parts})
+    shaped = [
+        {"role": str(message.get("role", "user")), "parts": _parts(message.get("content"))}
+        for message in messages
+        if isinstance(message, Mapping)
+    ]
     return json.dumps(shaped, ensure_ascii=False)
+
+
+def _answer(event: events.CallEnded) -> str | None:
+    """The answer in the convention's ``gen_ai.output.messages`` shape, as JSON."""
+    if event.output_text is None:
+        return None
+    message: dict[str, Any] = {"role": "assistant", "parts": [_text(event.output_text)]}
+    if event.finish_reasons:
+        message["finish_reason"] = event.finish_reasons[0]
+    return json.dumps([message], ensure_ascii=False)
 
 
 @dataclass(slots=True)
@@ -179,7 +351,7 @@ class _Call:
     """What telemetry keeps of a call in flight."""
 
     span: trace.Span
-    attributes: dict[str, Any]  # the metric attributes of the call, as made to its first target
+    attributes: Mapping[str, Any]  # the metric attributes of the call, as made to its first target
     genai: bool
     endpoint: Endpoint  # the call's first target's
     attempts: dict[int, trace.Span] = field(default_factory=dict)
@@ -188,13 +360,34 @@ class _Call:
     # key: what the answer is attributed to when one of them answers.
     elsewhere: dict[str, Endpoint] = field(default_factory=dict)
 
-    def measured(self, target: str) -> dict[str, Any]:
+    def measured(self, target: str) -> Mapping[str, Any]:
         """The metric attributes of what ``target`` (a key) answered for the call: that
         target's provider and host, the model the call asked for."""
         answering = self.elsewhere.get(target)
         if answering is None:
             return self.attributes
         return {**_endpoint_attributes(answering), _REQUEST_MODEL: self.endpoint.model}
+
+    def end(self) -> None:
+        for span in self.attempts.values():  # attempts that never reported their end
+            span.end()
+        self.span.end()
+
+
+def _end_attempt(span: trace.Span, record: Attempt, loser: bool) -> None:
+    attributes = {
+        "latencykit.attempt.outcome": record.outcome,
+        "latencykit.attempt.loser": loser,
+        _TIME_TO_FIRST_CHUNK: record.ttft,
+        "latencykit.attempt.chunks": None if record.ttft is None else record.chunks,
+        _OUTPUT_TOKENS: record.output_tokens,
+        _ERROR_TYPE: record.error_type,
+        _ERROR_KIND: None if record.error_type is None else record.error_kind,
+    }
+    if record.error_type is not None:
+        span.set_status(Status(StatusCode.ERROR))
+    span.set_attributes(_present(attributes))
+    span.end()
 
 
 _NO_ENDPOINT = Endpoint("")
@@ -219,39 +412,21 @@ class Instrumentation(Handle):
         )
         self._tracer = trace.get_tracer("latencykit", __version__, tracer_provider=tracer_provider)
         meter = metrics.get_meter("latencykit", __version__, meter_provider=meter_provider)
-        histogram = meter.create_histogram
-        counter = meter.create_counter
-        self._duration = histogram(
-            "gen_ai.client.operation.duration",
-            unit="s",
-            description="GenAI operation duration.",
-            explicit_bucket_boundaries_advisory=_SECONDS,
-        )
-        self._tokens = histogram(
-            "gen_ai.client.token.usage",
-            unit="{token}",
-            description="Number of input and output tokens used.",
-            explicit_bucket_boundaries_advisory=_TOKENS,
-        )
-        self._first_chunk = histogram(
-            "gen_ai.client.operation.time_to_first_chunk",
-            unit="s",
-            description="Time from the start of a streaming call to its first content chunk.",
-            explicit_bucket_boundaries_advisory=_SECONDS,
-        )
-        self._per_chunk = histogram(
-            "gen_ai.client.operation.time_per_output_chunk",
-            unit="s",
-            description="Time between consecutive content chunks of a stream.",
-            explicit_bucket_boundaries_advisory=_SECONDS,
-        )
-        self._call_duration = histogram(
-            "latencykit.call.duration",
-            unit="s",
-            description="Duration of a call of a decorated function (LLM calls have the GenAI "
-            "operation duration).",
-            explicit_bucket_boundaries_advisory=_SECONDS,
-        )
+        self._histograms = {
+            name: meter.create_histogram(
+                name,
+                unit=unit,
+                description=text,
+                explicit_bucket_boundaries_advisory=_BUCKETS[name],
+            )
+            for name, (unit, text) in _INSTRUMENTS.items()
+            if name in _BUCKETS
+        }
+        self._counters = {
+            name: meter.create_counter(name, unit=unit, description=text)
+            for name, (unit, text) in _INSTRUMENTS.items()
+            if name not in _BUCKETS
+        }
         # Every attempt is counted: in a dict on the hot path, reported when metrics are
         # collected (an observable counter), not through a synchronous instrument per attempt.
         self._attempt_counts: dict[tuple[str, str, str, str | None], int] = {}
@@ -260,64 +435,6 @@ class Instrumentation(Handle):
             callbacks=[self._observe_attempts],
             unit="{attempt}",
             description="Attempts, by target, outcome, reason and error type.",
-        )
-        self._hedges = counter(
-            "latencykit.hedges",
-            unit="{hedge}",
-            description="Hedges fired, won, and skipped (budget or deadline).",
-        )
-        self._wasted = counter(
-            "latencykit.hedge.wasted_output_tokens",
-            unit="{token}",
-            description="Output tokens (or content chunks) received by attempts that lost.",
-        )
-        self._failovers = counter(
-            "latencykit.failovers", unit="{failover}", description="Moves to the next target."
-        )
-        self._skipped = counter(
-            "latencykit.targets_skipped",
-            unit="{target}",
-            description="Targets skipped by failover without a request.",
-        )
-        self._fallbacks = counter(
-            "latencykit.fallbacks",
-            unit="{call}",
-            description="Calls answered (or failed) by the fallback's degraded path.",
-        )
-        self._expired = counter(
-            "latencykit.deadline.expired", unit="{call}", description="Deadlines that expired."
-        )
-        self._overshoot = histogram(
-            "latencykit.deadline.overshoot",
-            unit="s",
-            description="How late a deadline's expiry was delivered (elapsed - budget).",
-            explicit_bucket_boundaries_advisory=_OVERSHOOT,
-        )
-        self._retries = counter(
-            "latencykit.retries", unit="{retry}", description="Retries scheduled."
-        )
-        self._stalls = counter(
-            "latencykit.stream.stalls", unit="{stall}", description="Streams that stalled."
-        )
-        self._resumes = counter(
-            "latencykit.stream.resumes",
-            unit="{resume}",
-            description="Broken streams continued from another attempt.",
-        )
-        self._transitions = counter(
-            "latencykit.breaker.transitions",
-            unit="{transition}",
-            description="Circuit breaker state changes.",
-        )
-        self._rejections = counter(
-            "latencykit.breaker.rejections",
-            unit="{call}",
-            description="Calls a circuit breaker refused.",
-        )
-        self._store_outages = counter(
-            "latencykit.store.unavailable",
-            unit="{outage}",
-            description="Times a shared store stopped answering (policies went process-local).",
         )
         self._breaker_state = meter.create_gauge(
             "latencykit.breaker.state",
@@ -330,27 +447,11 @@ class Instrumentation(Handle):
             events.AttemptStarted: self._attempt_started,
             events.AttemptEnded: self._attempt_ended,
             events.CallEnded: self._call_ended,
-            events.HedgeFired: self._hedge_fired,
-            events.HedgeWon: self._hedge_won,
-            events.HedgeSkipped: self._hedge_skipped,
-            events.FailedOver: self._failed_over,
-            events.TargetSkipped: self._target_skipped,
-            events.FallbackUsed: self._fallback_used,
-            events.DeadlineExpired: self._deadline_expired,
             events.FirstToken: self._first_token,
-            events.StallDetected: self._stall_detected,
-            events.StreamResumed: self._stream_resumed,
             events.Routed: self._routed,
-            CacheLookup: self._cache_lookup,
-            LimitWaited: self._limit_waited,
-            LimitRefused: self._limit_refused,
+            events.CacheLookup: self._cache_lookup,
             events.StageStarted: self._stage_started,
             events.StageEnded: self._stage_ended,
-            RetryScheduled: self._retry_scheduled,
-            RetryGaveUp: self._retry_gave_up,
-            BreakerStateChanged: self._breaker_changed,
-            BreakerRejected: self._breaker_rejected,
-            StoreUnavailable: self._store_unavailable,
         }
         self._capture = events.capture_content() if self.capture_content else None
         self._subscription: events.Subscription | None = events.subscribe(self._on_event)
@@ -369,22 +470,13 @@ class Instrumentation(Handle):
             self._capture.close()
         calls, self._calls = self._calls, {}
         for call in calls.values():
-            for span in call.attempts.values():
-                span.end()
-            call.span.end()
+            call.end()
 
     def _observe_attempts(self, options: metrics.CallbackOptions) -> list[metrics.Observation]:
-        observed = []
-        for (target, outcome, reason, error), count in list(self._attempt_counts.items()):
-            attributes = {
-                "latencykit.target": target,
-                "latencykit.attempt.outcome": outcome,
-                "latencykit.attempt.reason": reason,
-            }
-            if error is not None:
-                attributes[_ERROR_TYPE] = error
-            observed.append(metrics.Observation(count, attributes))
-        return observed
+        return [
+            metrics.Observation(count, _present(dict(zip(_ATTEMPT_COUNTED, key, strict=True))))
+            for key, count in list(self._attempt_counts.items())
+        ]
 
     # --- events -----------------------------------------------------------------------------
 
@@ -392,11 +484,23 @@ class Instrumentation(Handle):
         handler = self._handlers.get(type(event))
         if handler is not None:
             handler(event)
+        elif (report := _REPORTS.get(type(event))) is not None:
+            self._report(event, report)
 
-    def _span_event(self, call_id: int, name: str, attributes: Mapping[str, Any]) -> None:
-        call = self._calls.get(call_id)
-        if call is not None:
-            call.span.add_event(name, attributes)
+    def _report(self, event: events.Event, report: _Report) -> None:
+        attributes = _present({name: getattr(event, f) for name, f in report.attributes.items()})
+        if report.counter:
+            counter, *kept = report.counter
+            counted = {name: attributes[name] for name in kept if name in attributes}
+            self._counters[counter].add(1, {**report.tag, **counted})
+        if isinstance(event, events.DeadlineExpired):
+            overshoot = max(0.0, event.elapsed - event.budget)
+            self._histograms["latencykit.deadline.overshoot"].record(overshoot)
+        elif isinstance(event, events.BreakerStateChanged):
+            self._breaker_state.set(_BREAKER_STATE[event.to_state], {_TARGET: event.key})
+        call = self._calls.get(event.call_id)
+        if call is not None and report.name is not None:
+            call.span.add_event(report.name, attributes)
 
     def _parent_context(self, parent_id: int | None, attempt: int) -> Context | None:
         """The span context a call or stage inside ``parent_id`` starts in: the parent's
@@ -410,26 +514,28 @@ class Instrumentation(Handle):
         context = self._parent_context(event.parent_id, event.parent_attempt)
         endpoint = event.endpoint
         genai = bool(endpoint.model)
+        metric_attributes: Mapping[str, Any] = {_TARGET: event.target}
+        attributes = dict(metric_attributes)
+        name, kind = event.target, SpanKind.INTERNAL
         if genai:
             metric_attributes = _endpoint_attributes(endpoint)
-            attributes = {**metric_attributes, "latencykit.target": event.target}
-            # The answering target's host: set when the call ends (a span attribute cannot be
-            # taken back, should another target without an api_base of its own answer).
-            attributes.pop(_SERVER_ADDRESS, None)
-            attributes.pop(_SERVER_PORT, None)
-            attributes[_STREAM] = event.stream
-            for name, value in event.parameters.items():
-                attributes[_REQUEST_PARAMETERS.get(name, f"gen_ai.request.{name}")] = value
+            # The answering target's host is set when the call ends (a span attribute cannot
+            # be taken back, should another target without an api_base of its own answer).
+            attributes = {
+                **{k: v for k, v in metric_attributes.items() if not k.startswith("server.")},
+                **attributes,
+                _STREAM: event.stream,
+            }
+            for parameter, value in event.parameters.items():
+                attributes[_REQUEST_PARAMETERS.get(parameter, f"gen_ai.request.{parameter}")] = (
+                    value
+                )
             if event.input_messages is not None:
-                text = _messages(event.input_messages)
-                if text is not None:
-                    attributes[_INPUT_MESSAGES] = text
-            name = f"chat {endpoint.model}"
-            kind = SpanKind.CLIENT
-        else:
-            metric_attributes = attributes = {"latencykit.target": event.target}
-            name, kind = event.target, SpanKind.INTERNAL
-        span = self._tracer.start_span(name, context=context, kind=kind, attributes=attributes)
+                attributes[_INPUT_MESSAGES] = _messages(event.input_messages)
+            name, kind = f"chat {endpoint.model}", SpanKind.CLIENT
+        span = self._tracer.start_span(
+            name, context=context, kind=kind, attributes=_present(attributes)
+        )
         self._calls[event.call_id] = _Call(span, metric_attributes, genai, endpoint)
 
     def _attempt_started(self, event: events.AttemptStarted) -> None:
@@ -437,9 +543,9 @@ class Instrumentation(Handle):
         if call is None:
             return
         attributes: dict[str, Any] = {
-            "latencykit.attempt.number": event.attempt,
+            _ATTEMPT: event.attempt,
             "latencykit.attempt.reason": event.reason,
-            "latencykit.target": event.target,
+            _TARGET: event.target,
         }
         endpoint = event.endpoint
         if call.genai and endpoint is not None and endpoint.model and endpoint != call.endpoint:
@@ -454,168 +560,71 @@ class Instrumentation(Handle):
         )
 
     def _attempt_ended(self, event: events.AttemptEnded) -> None:
-        record: Attempt = event.record
+        record = event.record
         call = self._calls.get(event.call_id)
-        loser = record.outcome == "cancelled" and call is not None and call.answered
-        if call is not None and record.outcome == "ok":
-            call.answered = True
         key = (record.target, record.outcome, record.reason, record.error_type)
-        counts = self._attempt_counts
-        counts[key] = counts.get(key, 0) + 1
-        if loser:
-            wasted = record.output_tokens if record.output_tokens is not None else record.chunks
-            if wasted:
-                self._wasted.add(wasted, {"latencykit.target": record.target})
+        self._attempt_counts[key] = self._attempt_counts.get(key, 0) + 1
         if call is None:
             return
-        if event.gaps and call.genai:
-            record_gap = self._per_chunk.record
+        loser = record.outcome == "cancelled" and call.answered
+        call.answered = call.answered or record.outcome == "ok"
+        wasted = record.output_tokens if record.output_tokens is not None else record.chunks
+        if loser and wasted:
+            wasted_tokens = self._counters["latencykit.hedge.wasted_output_tokens"]
+            wasted_tokens.add(wasted, {_TARGET: record.target})
+        if call.genai:
             measured = call.measured(record.target)  # the chunks of the attempt's target
+            per_chunk = self._histograms["gen_ai.client.operation.time_per_output_chunk"]
             for gap in event.gaps:
-                record_gap(gap, measured)
+                per_chunk.record(gap, measured)
         span = call.attempts.pop(record.number, None)
-        if span is None:
-            return
-        attributes: dict[str, Any] = {
-            "latencykit.attempt.outcome": record.outcome,
-            "latencykit.attempt.loser": loser,
-        }
-        if record.ttft is not None:
-            attributes[_TIME_TO_FIRST_CHUNK] = record.ttft
-            attributes["latencykit.attempt.chunks"] = record.chunks
-        if record.output_tokens is not None:
-            attributes[_OUTPUT_TOKENS] = record.output_tokens
-        if record.error_type is not None:
-            attributes[_ERROR_TYPE] = record.error_type
-            if record.error_kind is not None:
-                attributes["latencykit.error.kind"] = record.error_kind.value
-            span.set_status(Status(StatusCode.ERROR))
-        span.set_attributes(attributes)
-        span.end()
+        if span is not None:
+            _end_attempt(span, record, loser)
 
     def _call_ended(self, event: events.CallEnded) -> None:
         call = self._calls.pop(event.call_id, None)
         if call is None:
             return
-        for span in call.attempts.values():  # attempts that never reported their end
-            span.end()
-        span = call.span
         # The answer's provider and host (the first target's when none answered); the model
         # asked for stays the call's.
-        measured = call.measured(event.target)  # the metrics' attributes
         error = "cancelled" if event.outcome == "cancelled" else event.error_type
-        shown: dict[str, Any] = {  # the span's
+        measured = _present({**call.measured(event.target), _ERROR_TYPE: error})
+        shown: dict[str, Any] = {
             "latencykit.outcome": event.outcome,
-            "latencykit.attempts": event.attempts,
+            _ATTEMPTS: event.attempts,
             "latencykit.degraded": event.degraded,
             "latencykit.answered_by": event.target,
+            _ERROR_TYPE: error,
+            _ERROR_KIND: None if error is None else event.error_kind,
         }
-        if error is not None:
-            measured = {**measured, _ERROR_TYPE: error}
-            shown[_ERROR_TYPE] = error
-            if event.error_kind is not None:
-                shown["latencykit.error.kind"] = event.error_kind.value
-            if event.outcome == "error":
-                span.set_status(Status(StatusCode.ERROR))
-        if not call.genai:
-            span.set_attributes(shown)
-            span.end()
-            self._call_duration.record(event.duration, measured)
-            return
-        for name in (_PROVIDER, _SERVER_ADDRESS, _SERVER_PORT):
-            if name in measured:
-                shown[name] = measured[name]
-        if event.response_model is not None:
-            measured = {**measured, _RESPONSE_MODEL: event.response_model}
-            shown[_RESPONSE_MODEL] = event.response_model
-        if event.response_id is not None:
-            shown[_RESPONSE_ID] = event.response_id
-        if event.finish_reasons:
-            shown[_FINISH_REASONS] = event.finish_reasons
-        if event.ttft is not None:
-            shown[_TIME_TO_FIRST_CHUNK] = event.ttft
-            self._first_chunk.record(event.ttft, measured)
-        for name, count, kind in (
-            (_INPUT_TOKENS, event.input_tokens, "input"),
-            (_OUTPUT_TOKENS, event.output_tokens, "output"),
-        ):
-            if count is not None:
-                shown[name] = count
-                self._tokens.record(count, {**measured, _TOKEN_TYPE: kind})
-        if event.output_text is not None:
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "parts": [{"type": "text", "content": event.output_text}],
+        if event.outcome == "error":
+            call.span.set_status(Status(StatusCode.ERROR))
+        if call.genai:
+            if event.response_model is not None:
+                measured[_RESPONSE_MODEL] = event.response_model
+            shown |= {name: measured.get(name) for name in _ANSWERED_BY}
+            shown |= {
+                _RESPONSE_ID: event.response_id,
+                _FINISH_REASONS: event.finish_reasons or None,
+                _TIME_TO_FIRST_CHUNK: event.ttft,
+                _INPUT_TOKENS: event.input_tokens,
+                _OUTPUT_TOKENS: event.output_tokens,
+                _OUTPUT_MESSAGES: _answer(event),
             }
-            if event.finish_reasons:
-                message["finish_reason"] = event.finish_reasons[0]
-            shown[_OUTPUT_MESSAGES] = json.dumps([message], ensure_ascii=False)
-        span.set_attributes(shown)
-        span.end()
-        self._duration.record(event.duration, measured)
+            self._measure_answer(event, measured)
+        call.span.set_attributes(_present(shown))
+        call.end()
+        duration = "gen_ai.client.operation.duration" if call.genai else "latencykit.call.duration"
+        self._histograms[duration].record(event.duration, measured)
 
-    def _hedge_fired(self, event: events.HedgeFired) -> None:
-        self._hedges.add(
-            1, {"latencykit.hedge.event": "fired", "latencykit.hedge.reason": event.reason}
-        )
-        attributes: dict[str, Any] = {
-            "latencykit.attempt.number": event.attempt,
-            "latencykit.target": event.target,
-            "latencykit.hedge.reason": event.reason,
-        }
-        if event.delay is not None:
-            attributes["latencykit.hedge.delay"] = event.delay
-        self._span_event(event.call_id, "latencykit.hedge.fired", attributes)
-
-    def _hedge_won(self, event: events.HedgeWon) -> None:
-        self._hedges.add(1, {"latencykit.hedge.event": "won"})
-        self._span_event(
-            event.call_id,
-            "latencykit.hedge.won",
-            {"latencykit.attempt.number": event.attempt, "latencykit.attempts": event.attempts},
-        )
-
-    def _hedge_skipped(self, event: events.HedgeSkipped) -> None:
-        self._hedges.add(
-            1, {"latencykit.hedge.event": "skipped", "latencykit.hedge.reason": event.reason}
-        )
-        self._span_event(
-            event.call_id, "latencykit.hedge.skipped", {"latencykit.hedge.reason": event.reason}
-        )
-
-    def _failed_over(self, event: events.FailedOver) -> None:
-        attributes = {
-            "latencykit.from_target": event.from_target,
-            "latencykit.to_target": event.to_target,
-        }
-        self._failovers.add(1, attributes)
-        self._span_event(event.call_id, "latencykit.failed_over", attributes)
-
-    def _target_skipped(self, event: events.TargetSkipped) -> None:
-        attributes = {"latencykit.target": event.target, "latencykit.skip.reason": event.reason}
-        self._skipped.add(1, attributes)
-        self._span_event(event.call_id, "latencykit.target_skipped", attributes)
-
-    def _fallback_used(self, event: events.FallbackUsed) -> None:
-        self._fallbacks.add(1, {"latencykit.fallback.reason": event.reason})
-        attributes: dict[str, Any] = {
-            "latencykit.fallback.reason": event.reason,
-            "latencykit.fallback.elapsed": event.elapsed,
-        }
-        if event.error_type is not None:
-            attributes[_ERROR_TYPE] = event.error_type
-        self._span_event(event.call_id, "latencykit.fallback", attributes)
-
-    def _deadline_expired(self, event: events.DeadlineExpired) -> None:
-        self._expired.add(1)
-        self._overshoot.record(max(0.0, event.elapsed - event.budget))
-        attributes: dict[str, Any] = {
-            "latencykit.deadline.budget": event.budget,
-            "latencykit.deadline.elapsed": event.elapsed,
-        }
-        if event.stage is not None:
-            attributes["latencykit.stage.name"] = event.stage
-        self._span_event(event.call_id, "latencykit.deadline.expired", attributes)
+    def _measure_answer(self, event: events.CallEnded, measured: Mapping[str, Any]) -> None:
+        if event.ttft is not None:
+            first_chunk = self._histograms["gen_ai.client.operation.time_to_first_chunk"]
+            first_chunk.record(event.ttft, measured)
+        for kind, count in (("input", event.input_tokens), ("output", event.output_tokens)):
+            if count is not None:
+                tokens = self._histograms["gen_ai.client.token.usage"]
+                tokens.record(count, {**measured, _TOKEN_TYPE: kind})
 
     def _routed(self, event: events.Routed) -> None:
         call = self._calls.get(event.call_id)
@@ -624,37 +633,28 @@ class Instrumentation(Handle):
                 {"latencykit.route.target": event.target, "latencykit.route.reason": event.reason}
             )
 
-    def _cache_lookup(self, event: CacheLookup) -> None:
+    def _cache_lookup(self, event: events.CacheLookup) -> None:
         call = self._calls.get(event.call_id)
         if call is not None:
             call.span.set_attribute("latencykit.cache.hit", event.hit)
 
-    def _limit_waited(self, event: LimitWaited) -> None:
-        # No tenant: it may be an end user's id (the call's ``user``).
-        self._span_event(
-            event.call_id,
-            "latencykit.limit.waited",
-            {"latencykit.limit.kind": event.limit, "latencykit.limit.waited": event.waited},
-        )
-
-    def _limit_refused(self, event: LimitRefused) -> None:
-        self._span_event(
-            event.call_id,
-            "latencykit.limit.refused",
-            {"latencykit.limit.kind": event.limit, "latencykit.limit.waited": event.waited},
-        )
+    def _first_token(self, event: events.FirstToken) -> None:
+        call = self._calls.get(event.call_id)
+        span = None if call is None else call.attempts.get(event.attempt)
+        if span is not None:
+            span.add_event("latencykit.first_chunk", {_TIME_TO_FIRST_CHUNK: event.ttft})
 
     def _stage_started(self, event: events.StageStarted) -> None:
-        attributes: dict[str, Any] = {"latencykit.stage.name": event.name}
-        if event.budget is not None:
-            attributes["latencykit.stage.budget"] = event.budget
-        if event.allowed is not None:
-            attributes["latencykit.stage.allowed"] = event.allowed
+        attributes = {
+            "latencykit.stage.name": event.name,
+            "latencykit.stage.budget": event.budget,
+            "latencykit.stage.allowed": event.allowed,
+        }
         span = self._tracer.start_span(
             f"stage {event.name}",
             context=self._parent_context(event.parent_id, event.parent_attempt),
             kind=SpanKind.INTERNAL,
-            attributes=attributes,
+            attributes=_present(attributes),
         )
         self._calls[event.call_id] = _Call(span, {}, False, _NO_ENDPOINT)
 
@@ -673,86 +673,7 @@ class Instrumentation(Handle):
         )
         if record.outcome in ("error", "overran"):
             call.span.set_status(Status(StatusCode.ERROR))
-        call.span.end()
-
-    def _first_token(self, event: events.FirstToken) -> None:
-        call = self._calls.get(event.call_id)
-        span = None if call is None else call.attempts.get(event.attempt)
-        if span is not None:
-            span.add_event("latencykit.first_chunk", {_TIME_TO_FIRST_CHUNK: event.ttft})
-
-    def _stall_detected(self, event: events.StallDetected) -> None:
-        self._stalls.add(1, {"latencykit.target": event.target})
-        self._span_event(
-            event.call_id,
-            "latencykit.stream.stall",
-            {
-                "latencykit.target": event.target,
-                "latencykit.stream.stall_limit": event.stall,
-                "latencykit.stream.chunks": event.chunks,
-            },
-        )
-
-    def _stream_resumed(self, event: events.StreamResumed) -> None:
-        self._resumes.add(1, {"latencykit.stream.resume_mode": event.mode})
-        self._span_event(
-            event.call_id,
-            "latencykit.stream.resumed",
-            {
-                "latencykit.target": event.target,
-                "latencykit.stream.resume_mode": event.mode,
-                "latencykit.stream.chunks": event.chunks,
-            },
-        )
-
-    def _retry_scheduled(self, event: RetryScheduled) -> None:
-        self._retries.add(1, {"latencykit.error.kind": event.reason_kind.value})
-        attributes: dict[str, Any] = {
-            "latencykit.retry.wait": event.wait,
-            "latencykit.error.kind": event.reason_kind.value,
-        }
-        if event.retry_after is not None:
-            attributes["latencykit.retry.retry_after"] = event.retry_after
-        self._span_event(event.call_id, "latencykit.retry.scheduled", attributes)
-
-    def _retry_gave_up(self, event: RetryGaveUp) -> None:
-        self._span_event(
-            event.call_id,
-            "latencykit.retry.gave_up",
-            {"latencykit.retry.reason": event.reason, "latencykit.attempts": event.attempts},
-        )
-
-    def _breaker_changed(self, event: BreakerStateChanged) -> None:
-        self._transitions.add(
-            1,
-            {
-                "latencykit.target": event.key,
-                "latencykit.breaker.from": event.from_state.value,
-                "latencykit.breaker.to": event.to_state.value,
-            },
-        )
-        self._breaker_state.set(_BREAKER_STATE[event.to_state], {"latencykit.target": event.key})
-        self._span_event(
-            event.call_id,
-            "latencykit.breaker.state_changed",
-            {
-                "latencykit.target": event.key,
-                "latencykit.breaker.from": event.from_state.value,
-                "latencykit.breaker.to": event.to_state.value,
-                "latencykit.breaker.failure_rate": event.failure_rate,
-            },
-        )
-
-    def _breaker_rejected(self, event: BreakerRejected) -> None:
-        self._rejections.add(1, {"latencykit.target": event.key})
-        self._span_event(
-            event.call_id,
-            "latencykit.breaker.rejected",
-            {"latencykit.target": event.key, "latencykit.breaker.state": event.state.value},
-        )
-
-    def _store_unavailable(self, event: StoreUnavailable) -> None:
-        self._store_outages.add(1, {"latencykit.store.reason": event.reason})
+        call.end()
 
 
 def instrument(

@@ -97,6 +97,11 @@ class StageScope(DeadlineScope, _AlsoAsync):
         return self.stage  # type: ignore[return-value]  # a stage's scope always has one
 
     @property
+    def _asked(self) -> float | None:
+        """The budget the stage asked for in seconds (``None``: none)."""
+        return None if self.budget == math.inf else self.budget
+
+    @property
     def allowed(self) -> float | None:
         """The seconds the stage was given (``None``: unbounded)."""
         return None if self.deadline == math.inf else self.deadline - self.starts_at
@@ -115,7 +120,7 @@ class StageScope(DeadlineScope, _AlsoAsync):
                 events.StageStarted(
                     trace.call_id,
                     name=self.name,
-                    budget=None if self.budget == math.inf else self.budget,
+                    budget=self._asked,
                     allowed=self.allowed,
                     parent_id=None if parent is None else parent.call_id,
                     parent_attempt=current_attempt(),
@@ -142,19 +147,16 @@ class StageScope(DeadlineScope, _AlsoAsync):
             outcome = "cancelled"
         trace: Trace = self._trace  # type: ignore[assignment]  # a stage has its own
         ledger = self.ledger
-        name: str = self.stage  # type: ignore[assignment]  # a stage's scope has a name
         opened = ledger._open
-        if opened[-1] == name:
+        if opened[-1] == self.name:
             opened.pop()
         else:  # stages of concurrent tasks ended out of order
-            opened.remove(name)
+            opened.remove(self.name)
         started = self.starts_at
-        deadline = self.deadline
-        budget = self.budget
         record = self.record = StageRecord(  # positional: the cheapest on this path
-            name,
-            None if budget == math.inf else budget,
-            None if deadline == math.inf else deadline - started,
+            self.name,
+            self._asked,
+            self.allowed,
             started - ledger.started_at,
             now - started,
             outcome,

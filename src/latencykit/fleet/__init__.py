@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Literal, NamedTuple, Protocol, runtime_checkable
 
+from .. import _validation
 from ..events import StoreRecovered, StoreUnavailable
 
 __all__ = [
@@ -161,9 +162,13 @@ class SharedStore(Protocol):
     async def take(
         self, key: str, amount: float, *, rate: float, burst: float, max_wait: float
     ) -> float | None:
-        """Take from the token bucket ``key`` as
-        :meth:`~latencykit.policies.limiter.QuotaStore.take` does (a round trip, bounded by the
-        store's timeout); ``None`` if the store could not answer."""
+        """Take ``amount`` tokens from the token bucket ``key`` (``rate`` per second, up to
+        ``burst``) if they are there within ``max_wait`` seconds, and return the wait (a round
+        trip, bounded by the store's timeout); ``None`` if the store could not answer.
+
+        As the limiter's own buckets: the tokens are taken when the wait fits (the bucket may
+        go negative: the caller reserved the tokens that arrive meanwhile); a wait above
+        ``max_wait`` means nothing was taken."""
         ...
 
     def adjust(self, key: str, amount: float, *, rate: float, burst: float) -> None:
@@ -176,15 +181,14 @@ _current: SharedStore | None = None
 
 
 def use_store(store: SharedStore | None) -> SharedStore | None:
-    """Make ``store`` the process's default for every policy built without ``store=``, and
+    """Make ``store`` the process's default for every policy built without ``shared=``, and
     return the previous default.
 
     ``None`` (the initial default) keeps each process's state in its own memory. Policies
     look the default up at each use, so this may be called before or after they are built.
     """
     global _current
-    if store is not None and not isinstance(store, SharedStore):
-        raise TypeError(f"use_store: expected a SharedStore such as RedisStore, got {store!r}")
+    _validation.optional("use_store", store, SharedStore, "a SharedStore such as RedisStore")
     previous, _current = _current, store
     return previous
 

@@ -22,8 +22,9 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from .. import _validation, events
@@ -43,6 +44,8 @@ _MAX_LEASE = 32  # most budget tokens a process holds between two refreshes
 _MAX_BACKOFF = 2.0  # seconds between two attempts to reach a store that is down
 _IDLE_TTL = 3600.0  # seconds a key outlives its last write, beyond its own time spans
 _NO_LIMIT = "1e300"  # a quota adjustment's max wait: always taken
+
+H = TypeVar("H")
 
 
 class _Garbage(Exception):
@@ -124,7 +127,11 @@ class _Breaker:
         self._ops.append((op, -1, ""))
         self._store._wake_soon()
 
-    def _drain(self) -> list[tuple[str, int, str]]:
+    def _script(self, op: str, epoch: int, arg: str) -> tuple[Any, ...]:
+        """``breaker.lua``'s keys and arguments for ``op``."""
+        return (2, *self._keys, op, epoch, *self._args, arg, self._store._channel)
+
+    def _drain(self) -> list[tuple[str, tuple[Any, ...]]]:
         """The script calls to make: queued ops, then the outcomes by epoch (at least one
         ``sync``, which refreshes the view)."""
         ops = self._ops
@@ -139,7 +146,11 @@ class _Breaker:
             epoch = at
             codes.append(str(code))
         calls.append(("sync", epoch, "".join(codes)))
-        return calls
+        return [("breaker", self._script(*call)) for call in calls]
+
+    def _lost(self) -> None:
+        """The refresh failed (the outcomes it carried are dropped: the fleet's window is a
+        sample)."""
 
     def _update(self, reply: object, now: float, fresh_until: float) -> BreakerView:
         if not isinstance(reply, list) or len(reply) != 8:
@@ -177,6 +188,7 @@ class _Budget:
         "_balance",
         "_deposits",
         "_fresh_until",
+        "_giving_back",
         "_held",
         "_key",
         "_lock",
@@ -193,6 +205,7 @@ class _Budget:
         self._lock = threading.Lock()
         self._deposits = 0
         self._held = 0  # tokens leased from the fleet, not yet spent
+        self._giving_back = 0  # tokens the refresh in progress gives back
         self._used = 0  # tokens asked for since the last refresh
         self._balance = 0.0
         self._fresh_until = 0.0
@@ -220,19 +233,20 @@ class _Budget:
             return None
         return self._balance + self._held
 
-    def _drain(self) -> tuple[int, int, int]:
-        """``(deposits, tokens wanted, tokens given back)`` for the next script call."""
+    def _drain(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """The script call: deposits, tokens wanted and tokens given back."""
         with self._lock:
             deposits, self._deposits = self._deposits, 0
             target = min(_MAX_LEASE, max(1, 2 * self._used))
             self._used = 0
             excess = self._held - target
-            if excess > 0:
-                self._held = target
-                return deposits, 0, excess
-            return deposits, -excess, 0
+            self._giving_back = max(0, excess)
+            self._held -= self._giving_back
+        slot_ms, ratio, reserve, ttl_ms = self._args
+        args = (deposits, max(0, -excess), self._giving_back)
+        return [("budget", (1, self._key, slot_ms, ratio, reserve, *args, ttl_ms))]
 
-    def _update(self, reply: object, fresh_until: float) -> None:
+    def _update(self, reply: object, now: float, fresh_until: float) -> None:
         if not isinstance(reply, list) or len(reply) != 2 or type(reply[0]) is not int:
             raise _Garbage(f"budget script returned {type(reply).__name__}")
         try:
@@ -244,10 +258,10 @@ class _Budget:
             self._balance = balance
         self._fresh_until = fresh_until
 
-    def _lost(self, give_back: int) -> None:
+    def _lost(self) -> None:
         """The refresh failed: the tokens it was to give back are still held."""
         with self._lock:
-            self._held += give_back
+            self._held += self._giving_back
 
 
 class _Latency:
@@ -255,9 +269,10 @@ class _Latency:
     :class:`~latencykit.fleet.SharedLatency`): each refresh appends this process's new samples
     to the target's stream as one entry, and reads the entries the others appended."""
 
-    __slots__ = ("_followers", "_key", "_last", "_outgoing", "_window_ms")
+    __slots__ = ("_followers", "_id", "_key", "_last", "_outgoing", "_window_ms")
 
     def __init__(self, store: RedisStore, key: str, window: float) -> None:
+        self._id = store._id
         self._key = f"{store.namespace}:latency:{{{key}}}"
         self._window_ms = _ms(window)
         self._outgoing: deque[float] = deque(maxlen=_MAX_QUEUED)
@@ -274,11 +289,15 @@ class _Latency:
         self._followers = [*self._followers, queue]  # copied: the store thread iterates it
         return queue
 
-    def _drain(self) -> str:
+    def _drain(self) -> list[tuple[str, tuple[Any, ...]]]:
         outgoing = self._outgoing
-        return ",".join(f"{outgoing.popleft():.6g}" for _ in range(len(outgoing)))
+        batch = ",".join(f"{outgoing.popleft():.6g}" for _ in range(len(outgoing)))
+        return [("latency", (1, self._key, self._id, self._last, self._window_ms, batch))]
 
-    def _update(self, reply: object) -> None:
+    def _lost(self) -> None:
+        """The refresh failed (its samples are dropped: a window is a sample)."""
+
+    def _update(self, reply: object, now: float, fresh_until: float) -> None:
         if not isinstance(reply, list) or not reply or not isinstance(reply[0], bytes):
             raise _Garbage(f"latency script returned {type(reply).__name__}")
         try:
@@ -289,6 +308,27 @@ class _Latency:
         if samples:
             for queue in self._followers:
                 queue.extend(samples)
+
+
+class _Adjustments:
+    """The quota adjustments queued for the next refresh (``quota.lua`` never waits for
+    them)."""
+
+    __slots__ = ("queue",)
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[str, float, float, float]] = deque(maxlen=_MAX_QUEUED)
+
+    def _drain(self) -> list[tuple[str, tuple[Any, ...]]]:
+        queue = self.queue
+        return [("quota", (1, *queue.popleft(), _NO_LIMIT)) for _ in range(len(queue))]
+
+    def _lost(self) -> None:
+        """The refresh failed (its adjustments are dropped: the buckets refill anyway)."""
+
+    def _update(self, reply: object, now: float, fresh_until: float) -> None:
+        if not isinstance(reply, bytes):
+            raise _Garbage(f"quota script returned {type(reply).__name__}")
 
 
 class RedisStore:
@@ -339,7 +379,7 @@ class RedisStore:
                 "RedisStore.url must be a redis://, rediss:// or unix:// URL, got "
                 f"{_redact(url) if isinstance(url, str) else url!r}"
             )
-        if not isinstance(namespace, str) or not namespace or any(c.isspace() for c in namespace):
+        if _validation.text("RedisStore.namespace", namespace).split() != [namespace]:
             raise ValueError(f"RedisStore.namespace must be a word, got {namespace!r}")
         self.url = url
         self.namespace = namespace
@@ -349,18 +389,13 @@ class RedisStore:
         self.stale_after = (
             max(1.0, 5 * self.interval)
             if stale_after is None
-            else _validation.seconds("RedisStore.stale_after", stale_after)
+            else _validation.seconds("RedisStore.stale_after", stale_after, minimum=self.interval)
         )
-        if self.stale_after < self.interval:
-            raise ValueError(
-                f"RedisStore.stale_after ({self.stale_after:g}s) must not be shorter than "
-                f"RedisStore.interval ({self.interval:g}s)"
-            )
         self._breakers: dict[str, _Breaker] = {}
         self._budgets: dict[str, _Budget] = {}
         self._latencies: dict[str, _Latency] = {}
         self._id = uuid.uuid4().hex[:16]  # this process's (this store's) name in the streams
-        self._adjustments: deque[tuple[str, float, float, float]] = deque(maxlen=_MAX_QUEUED)
+        self._adjustments = _Adjustments()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Future[None] | None = None
@@ -379,33 +414,26 @@ class RedisStore:
 
     def breaker(self, key: str, options: BreakerOptions) -> _Breaker:
         """See :meth:`~latencykit.fleet.SharedStore.breaker`."""
-        found = self._breakers.get(key)
-        if found is None:
-            with self._lock:
-                found = self._breakers.setdefault(key, _Breaker(self, key, options))
-            self._start()
-            self._wake_soon()  # its first view within a round trip, not an interval
-        return found
+        return self._handle(self._breakers, key, lambda: _Breaker(self, key, options))
 
     def budget(self, key: str, *, ratio: float, ttl: float, reserve: float) -> _Budget:
         """See :meth:`~latencykit.fleet.SharedStore.budget`."""
-        found = self._budgets.get(key)
-        if found is None:
-            with self._lock:
-                found = self._budgets.setdefault(
-                    key, _Budget(self, key, ratio=ratio, ttl=ttl, reserve=reserve)
-                )
-            self._start()
-            self._wake_soon()
-        return found
+        return self._handle(
+            self._budgets, key, lambda: _Budget(self, key, ratio=ratio, ttl=ttl, reserve=reserve)
+        )
 
     def latency(self, key: str, *, window: float) -> _Latency:
         """See :meth:`~latencykit.fleet.SharedStore.latency`."""
-        found = self._latencies.get(key)
+        return self._handle(self._latencies, key, lambda: _Latency(self, key, window))
+
+    def _handle(self, handles: dict[str, H], key: str, make: Callable[[], H]) -> H:
+        """The handle of ``key``, made on first use (which starts the background task)."""
+        found = handles.get(key)
         if found is None:
             with self._lock:
-                found = self._latencies.setdefault(key, _Latency(self, key, window))
+                found = handles.setdefault(key, make())
             self._start()
+            self._wake_soon()  # its first view within a round trip, not an interval
         return found
 
     async def take(
@@ -422,7 +450,7 @@ class RedisStore:
     def adjust(self, key: str, amount: float, *, rate: float, burst: float) -> None:
         """See :meth:`~latencykit.fleet.SharedStore.adjust`."""
         self._start()
-        self._adjustments.append((self._quota_key(key), amount, rate, burst))
+        self._adjustments.queue.append((self._quota_key(key), amount, rate, burst))
 
     def _quota_key(self, key: str) -> str:
         return f"{self.namespace}:quota:{{{key}}}"
@@ -535,67 +563,34 @@ class RedisStore:
         if not self._shas:
             await self._load_scripts()
         pipe = self._client.pipeline(transaction=False)
-        plan: list[tuple[_Breaker | _Budget | _Latency | None, int]] = []
-        sha = self._shas["quota"]
-        adjustments = self._adjustments
-        for _ in range(len(adjustments)):
-            key, amount, rate, burst = adjustments.popleft()
-            pipe.evalsha(sha, 1, key, amount, rate, burst, _NO_LIMIT)
-            plan.append((None, 0))
-        sha = self._shas["breaker"]
-        for handle in list(self._breakers.values()):
-            for op, epoch, arg in handle._drain():
-                pipe.evalsha(sha, 2, *handle._keys, op, epoch, *handle._args, arg, self._channel)
-                plan.append((handle, 0))
-        sha = self._shas["budget"]
-        for budget in list(self._budgets.values()):
-            deposits, want, give_back = budget._drain()
-            slot_ms, ratio, reserve, ttl_ms = budget._args
-            pipe.evalsha(
-                sha, 1, budget._key, slot_ms, ratio, reserve, deposits, want, give_back, ttl_ms
-            )
-            plan.append((budget, give_back))
-        sha = self._shas["latency"]
-        for latency in list(self._latencies.values()):
-            pipe.evalsha(
-                sha, 1, latency._key, self._id, latency._last, latency._window_ms, latency._drain()
-            )
-            plan.append((latency, 0))
+        owners: list[_Adjustments | _Breaker | _Budget | _Latency] = [
+            self._adjustments,
+            *self._breakers.values(),
+            *self._budgets.values(),
+            *self._latencies.values(),
+        ]
+        plan: list[_Adjustments | _Breaker | _Budget | _Latency] = []
+        for owner in owners:
+            for script, args in owner._drain():
+                pipe.evalsha(self._shas[script], *args)
+                plan.append(owner)
         if not plan:
             await self._client.ping()
             return
         try:
             replies = await pipe.execute()
         except BaseException:
-            for owner, give_back in plan:
-                if isinstance(owner, _Budget) and give_back:
-                    owner._lost(give_back)
+            for owner in plan:
+                owner._lost()
             raise
         now = time.monotonic()
-        fresh_until = now + self.stale_after
-        for (owner, _), reply in zip(plan, replies, strict=True):
-            if isinstance(owner, _Breaker):
-                owner._update(reply, now, fresh_until)
-            elif isinstance(owner, _Latency):
-                owner._update(reply)
-            elif owner is not None:
-                owner._update(reply, fresh_until)
-            elif not isinstance(reply, bytes):
-                raise _Garbage(f"quota script returned {type(reply).__name__}")
+        for owner, reply in zip(plan, replies, strict=True):
+            owner._update(reply, now, now + self.stale_after)
 
     async def _probe(self, handle: _Breaker) -> tuple[bool, BreakerView] | None:
         try:
             reply = await asyncio.wait_for(
-                self._client.evalsha(
-                    self._shas["breaker"],
-                    2,
-                    *handle._keys,
-                    "probe",
-                    -1,
-                    *handle._args,
-                    "",
-                    self._channel,
-                ),
+                self._client.evalsha(self._shas["breaker"], *handle._script("probe", -1, "")),
                 self.timeout,
             )
             now = time.monotonic()

@@ -65,6 +65,7 @@ async def run_outage(
         "open_duration": 1.0,
         "half_open_calls": 2,
     }
+    lk.policies.breaker.reset_breakers()  # each run starts with new breakers (process-wide)
     llm = lk.LLM(
         f"openai/{PRIMARY}",
         api_base=fake.base_url,
@@ -73,7 +74,6 @@ async def run_outage(
         failover=[
             {"model": f"openai/{SECONDARY}", "api_base": fake.base_url, "api_key": "lab-key"}
         ],
-        # A private breaker per run (the registry would carry state over between runs).
         breaker=lambda key: lk.Breaker(key, **options),  # type: ignore[arg-type]
     )
     transitions: list[tuple[float, str, str]] = []

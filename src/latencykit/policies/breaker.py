@@ -1,7 +1,7 @@
-"""``breaker``: stop calling a target that is failing, and probe it before trusting it again.
+"""``Breaker``: stop calling a target that is failing, and probe it before trusting it again.
 
-A resilience4j-style circuit breaker, one per target key, shared process-wide through a small
-registry (:func:`breaker`):
+A resilience4j-style circuit breaker, one per target key, shared process-wide: ``Breaker(key,
+...)`` (``lk.breaker`` is the same class) returns the breaker of ``key``, made on first use.
 
 * **CLOSED**: calls go through; their outcomes fill a sliding window (the last ``window_size``
   calls, or the calls of the last ``window_size`` seconds). Once the window holds at least
@@ -19,21 +19,21 @@ Only provider-health errors count as failures (by default the transient ones: 42
 connection, timeouts, broken streams). Other errors (bad request, context length, content
 policy, authentication, bugs) and cancellations are *ignored*: they neither help nor hurt.
 
-Everything the breaker knows lives in a :class:`BreakerSnapshot` kept by a
-:class:`BreakerStore` (in memory by default), so that a shared store can later spread a
-breaker's state across processes.
+With a store shared by the fleet (``shared=``, or :func:`~latencykit.use_store`), the store
+decides the state for every process and each breaker mirrors it; while the store is
+unavailable, each breaker decides alone, from its own window.
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
+import inspect
 import math
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, NamedTuple, ParamSpec, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
 
 from .. import _validation, events
 from .. import fleet as _fleet
@@ -56,12 +56,9 @@ __all__ = [
     "BreakerMetrics",
     "BreakerPermit",
     "BreakerRejected",
-    "BreakerSnapshot",
     "BreakerState",
     "BreakerStateChanged",
-    "BreakerStore",
     "CircuitOpen",
-    "InMemoryBreakerStore",
     "breaker",
     "breakers",
     "reset_breakers",
@@ -82,104 +79,12 @@ _HALF_OPEN = BreakerState.HALF_OPEN
 _FORCED_OPEN = BreakerState.FORCED_OPEN
 
 
-# --- state and its store ----------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class BreakerSnapshot:
-    """Everything a breaker knows about its key, as plain data a store can keep or serialize.
-
-    A :class:`Breaker` reads it from its :class:`BreakerStore` at every operation, changes it,
-    and writes it back. Times are on the breaker's ``clock`` (the event loop's clock by default: a
-    store shared between processes needs a shared clock, such as ``time.time``).
-
-    Attributes:
-        shape: the window's layout (``"count/100"``, ``"time/60.0"``); a breaker finding
-            another shape in its store starts a fresh window (the state is kept).
-        state: the current :class:`BreakerState` (default ``CLOSED``).
-        period: counts state changes (and resets); a :class:`BreakerPermit` taken in an earlier
-            period is stale and its outcome is dropped.
-        since: when the current state was entered.
-        open_for: seconds the current (or last) open state lasts.
-        probes: half-open probe permits taken (in flight or finished) in this period.
-        probe_calls: probes finished and counted; ``probe_failures`` and ``probe_slow`` among
-            them failed or were slow.
-        probe_failures: counted probes that failed.
-        probe_slow: counted probes that were slow.
-        calls: calls in the window; ``failures`` and ``slow`` among them failed or were slow.
-        failures: failed calls in the window.
-        slow: slow calls in the window.
-        cursor: count window: the next slot to write; time window: the number of the newest
-            bucket (``floor(time / bucket width)``).
-        window: the window's contents, owned by the breaker: for a count window one code per
-            slot (``0`` empty, else ``1 | 2 if failed | 4 if slow``); for a time window
-            ``calls, failures, slow`` per bucket.
-    """
-
-    shape: str
-    state: BreakerState = _CLOSED
-    period: int = 0
-    since: float = 0.0
-    open_for: float = 0.0
-    probes: int = 0
-    probe_calls: int = 0
-    probe_failures: int = 0
-    probe_slow: int = 0
-    calls: int = 0
-    failures: int = 0
-    slow: int = 0
-    cursor: int = 0
-    window: list[int] = field(default_factory=list)
-
-
-@runtime_checkable
-class BreakerStore(Protocol):
-    """Where breakers keep their :class:`BreakerSnapshot`, by key. Synchronous and tiny.
-
-    A breaker calls ``get`` at each operation and ``put`` after each change, under its own lock
-    (so within a process the read-modify-write is atomic; across processes a shared store is
-    last-writer-wins).
-    """
-
-    def get(self, key: str) -> BreakerSnapshot | None:
-        """The snapshot stored for ``key``, or ``None`` if there is none yet."""
-        ...
-
-    def put(self, key: str, snapshot: BreakerSnapshot) -> None:
-        """Store ``snapshot`` for ``key``, replacing any previous one."""
-        ...
-
-
-class InMemoryBreakerStore:
-    """A :class:`BreakerStore` in a dict, for one process (the default).
-
-    ``get`` hands out the stored snapshot itself (no copy), so breakers sharing this store
-    share their state. ``snapshots`` is a read-only view of everything stored.
-    """
-
-    __slots__ = ("_snapshots", "snapshots")
-
-    def __init__(self) -> None:
-        self._snapshots: dict[str, BreakerSnapshot] = {}
-        self.snapshots: Mapping[str, BreakerSnapshot] = MappingProxyType(self._snapshots)
-
-    def __repr__(self) -> str:
-        return f"InMemoryBreakerStore(keys={sorted(self._snapshots)!r})"
-
-    def get(self, key: str) -> BreakerSnapshot | None:
-        """The snapshot stored for ``key``, or ``None``."""
-        return self._snapshots.get(key)
-
-    def put(self, key: str, snapshot: BreakerSnapshot) -> None:
-        """Store ``snapshot`` for ``key``."""
-        self._snapshots[key] = snapshot
-
-
 class BreakerPermit(NamedTuple):
     """Permission to make one call, from :meth:`Breaker.acquire`; hand it to ``record``.
 
     Attributes:
-        period: the breaker's period when it was taken (outcomes of stale permits are dropped).
+        period: the breaker's period (it counts state changes and resets) when it was taken:
+            the outcome of a permit from an earlier period is dropped.
         probe: whether it is one of the half-open probe permits.
         epoch: the fleet breaker's epoch when a shared store granted it (its outcome goes to
             the store); ``-1`` (the default) when the process-local state granted it.
@@ -218,51 +123,91 @@ def _rate(part: int, whole: int) -> float:
     return part / whole if whole else 0.0
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
-def _fraction(name: str, value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not 0 < value <= 1
-    ):
-        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
-    return float(value)
-
-
-# --- the breaker ------------------------------------------------------------------------------
+def _metrics(
+    state: BreakerState, calls: int, failures: int, slow: int, probes: int
+) -> BreakerMetrics:
+    return BreakerMetrics(
+        state,
+        calls,
+        calls - failures,
+        failures,
+        slow,
+        _rate(failures, calls),
+        _rate(slow, calls),
+        probes,
+    )
 
 
 class Breaker(PolicyDecorator):
-    """A circuit breaker for one target key; also a policy and a decorator.
+    """The circuit breaker of one target key, shared process-wide; a policy and a decorator.
 
-    ``Breaker(...)`` makes a private breaker; :func:`breaker` returns the one shared
-    process-wide for a key (use that unless you need an unshared one). The arguments are
-    :func:`breaker`'s; each is also a read-only attribute of the same name (``counts`` is the
-    predicate in force, ``store`` the store in use).
+    ``Breaker(key, ...)`` returns the breaker registered for ``key``, made on first use.
+    Called again with the same key and the same options it returns the same object; with
+    other options it raises ``ValueError`` naming the key and the options that differ
+    (configure a breaker once, e.g. ``OPENAI = lk.Breaker("openai", ...)``, and reuse it).
+    ``lk.breaker`` is this class. Each argument is also a read-only attribute of the same name
+    (``counts`` is the predicate in force).
 
     As a policy (``stage = Stage.BREAKER``) it asks for a permit, raises :class:`CircuitOpen`
     without calling ``next`` when refused, times the call with ``clock`` and records its
     outcome. Failover and custom code can drive it directly: :meth:`allows`, :meth:`acquire`,
     :meth:`record`.
+
+    Args:
+        key: the target the breaker guards (``"openai"``, a model string); non-empty.
+        window_type: ``"count"`` (the last ``window_size`` calls) or ``"time"`` (the calls of
+            the last ``window_size`` seconds, forgotten in steps of ``window_size / 20``).
+            Default ``"count"``.
+        window_size: calls (an int, count window) or seconds (time window). Default ``100``.
+        minimum_calls: calls the window must hold before the breaker may open (default
+            ``20``; at most ``window_size`` for a count window).
+        failure_rate: open when failures / calls reaches it, in ``(0, 1]`` (default ``0.5``).
+        slow_call_rate: open when slow calls / calls reaches it, in ``(0, 1]`` (default
+            ``1.0``: only when every call is slow).
+        slow_call_duration: seconds (or ``timedelta``) from which a counted call (success or
+            failure) is slow (default ``60``).
+        open_duration: seconds (or ``timedelta``) calls are refused once open, before probing
+            (default ``30``).
+        max_open_duration: when set, each re-open straight from half-open doubles the open
+            duration, up to this many seconds (default ``None``: always ``open_duration``).
+        half_open_calls: probe calls admitted when half-open (default ``3``); the breaker
+            closes when all have ended with rates under the thresholds, and re-opens as soon
+            as their rates are bound to reach one.
+        counts: which errors are failures: exception type(s) or a predicate (default
+            ``None``: transient errors, :func:`~latencykit.errors.is_transient`: 429, 5xx,
+            connection, timeout, broken stream). Other errors and cancellations are ignored:
+            not counted at all. :class:`CircuitOpen` from a breaker further in and
+            :class:`~latencykit.errors.LimitExceeded` from a limiter never count.
+        shared: a store shared by the fleet (:class:`~latencykit.RedisStore`) that decides
+            the breaker's state for every process (default ``None``: the process default,
+            :func:`~latencykit.use_store`, looked up at each use; none unless set). While it is
+            unavailable the breaker decides alone, from its local state.
+        clock: time source in seconds (default: the event loop's clock); durations of calls are
+            measured with it too.
     """
 
     stage = Stage.BREAKER
     __slots__ = (
         "_bucket_width",
+        "_calls",
         "_closed_permit",
+        "_cursor",
+        "_failures",
         "_fleet_handle",
-        "_fleet_options",
         "_lock",
         "_mirrored",
+        "_open_for",
         "_options",
-        "_shape",
+        "_period",
+        "_probe_calls",
+        "_probe_failures",
+        "_probe_slow",
+        "_probes",
+        "_since",
         "_size",
+        "_slow",
+        "_state",
+        "_window",
         "clock",
         "counts",
         "failure_rate",
@@ -274,13 +219,26 @@ class Breaker(PolicyDecorator):
         "shared",
         "slow_call_duration",
         "slow_call_rate",
-        "store",
         "window_size",
         "window_type",
     )
+    key: str
+    window_type: Literal["count", "time"]
+    window_size: float
+    minimum_calls: int
+    failure_rate: float
+    slow_call_rate: float
+    slow_call_duration: float
+    open_duration: float
+    max_open_duration: float | None
+    half_open_calls: int
+    counts: Callable[[BaseException], bool]
+    shared: _fleet.SharedStore | None
+    clock: Callable[[], float]
+    _options: dict[str, object]
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         key: str,
         *,
         window_type: Literal["count", "time"] = "count",
@@ -293,187 +251,155 @@ class Breaker(PolicyDecorator):
         max_open_duration: float | datetime.timedelta | None = None,
         half_open_calls: int = 3,
         counts: ErrorFilter | None = None,
-        store: BreakerStore | None = None,
         shared: _fleet.SharedStore | None = None,
         clock: Callable[[], float] = loop_clock,
-    ) -> None:
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"breaker.key must be a non-empty string, got {key!r}")
-        self.key = key
-        if window_type == "count":
-            self.window_size: float = _positive_int("breaker.window_size", window_size)
-            self._size = int(self.window_size)
-            self._bucket_width = 0.0
-        elif window_type == "time":
-            self.window_size = _validation.seconds("breaker.window_size", window_size)
-            self._size = TIME_BUCKETS
-            self._bucket_width = self.window_size / TIME_BUCKETS
-        else:
-            raise ValueError(f"breaker.window_type must be 'count' or 'time', got {window_type!r}")
-        self.window_type: Literal["count", "time"] = window_type
-        self.minimum_calls = _positive_int("breaker.minimum_calls", minimum_calls)
-        if window_type == "count" and self.minimum_calls > self.window_size:
-            raise ValueError(
-                f"breaker.minimum_calls ({self.minimum_calls}) must not exceed "
-                f"breaker.window_size ({self._size}) for a count window: it could never open"
-            )
-        self.failure_rate = _fraction("breaker.failure_rate", failure_rate)
-        self.slow_call_rate = _fraction("breaker.slow_call_rate", slow_call_rate)
+    ) -> Breaker:
+        self = super().__new__(cls)
+        self.key = _validation.text("breaker.key", key)
+        self.window_type = window_type
+        self.minimum_calls = _validation.count("breaker.minimum_calls", minimum_calls)
+        self._set_window(window_size)
+        self.failure_rate = _validation.number(
+            "breaker.failure_rate", failure_rate, 0, 1, above=True
+        )
+        self.slow_call_rate = _validation.number(
+            "breaker.slow_call_rate", slow_call_rate, 0, 1, above=True
+        )
         self.slow_call_duration = _validation.seconds(
             "breaker.slow_call_duration", slow_call_duration
         )
         self.open_duration = _validation.seconds("breaker.open_duration", open_duration)
-        self.max_open_duration: float | None = None
+        self.max_open_duration = None
         if max_open_duration is not None:
             self.max_open_duration = _validation.seconds(
-                "breaker.max_open_duration", max_open_duration
+                "breaker.max_open_duration", max_open_duration, minimum=self.open_duration
             )
-            if self.max_open_duration < self.open_duration:
-                raise ValueError(
-                    f"breaker.max_open_duration ({self.max_open_duration:g}s) must not be "
-                    f"shorter than breaker.open_duration ({self.open_duration:g}s)"
-                )
-        self.half_open_calls = _positive_int("breaker.half_open_calls", half_open_calls)
-        self.counts: Callable[[BaseException], bool] = (
-            is_transient if counts is None else error_predicate(counts, "breaker.counts")
+        self.half_open_calls = _validation.count("breaker.half_open_calls", half_open_calls)
+        self.counts = is_transient if counts is None else error_predicate(counts, "breaker.counts")
+        _validation.optional(
+            "breaker.shared", shared, _fleet.SharedStore, "a SharedStore (RedisStore)"
         )
-        if store is not None and not isinstance(store, BreakerStore):
-            raise TypeError(f"breaker.store must be a BreakerStore (get/put), got {store!r}")
-        self.store: BreakerStore = InMemoryBreakerStore() if store is None else store
-        if not callable(clock):
-            raise TypeError(f"breaker.clock must be a callable returning seconds, got {clock!r}")
-        self.clock = clock
-        if shared is not None and not isinstance(shared, _fleet.SharedStore):
-            raise TypeError(f"breaker.shared must be a SharedStore (RedisStore), got {shared!r}")
         self.shared = shared
-        self._fleet_options = _fleet.BreakerOptions(
-            window_type,
-            self.window_size,
-            self.minimum_calls,
-            self.failure_rate,
-            self.slow_call_rate,
-            self.open_duration,
-            self.max_open_duration,
-            self.half_open_calls,
-        )
-        self._fleet_handle: tuple[_fleet.SharedStore, _fleet.SharedBreaker] | None = None
-        self._mirrored = -1  # the fleet epoch last copied into the local snapshot
-        self._shape = f"{window_type}/{self.window_size!r}"
+        _validation.function("breaker.clock", clock)
+        self.clock = clock
+        self._options = {name: getattr(self, name) for name in _OPTIONS} | {"counts": counts}
+        self._start()
+        with _registry_lock:
+            existing = _registry.setdefault(self.key, self)
+        existing._same_options(self)
+        return existing
+
+    def _start(self) -> None:
+        """The state of a new breaker: closed, with an empty window."""
         self._lock = threading.Lock()
-        self._closed_permit = BreakerPermit(-1, False)
-        # What the registry compares: the options as given (normalised), not the defaults made.
-        self._options: tuple[tuple[str, object], ...] = (
-            ("window_type", window_type),
-            ("window_size", self.window_size),
-            ("minimum_calls", self.minimum_calls),
-            ("failure_rate", self.failure_rate),
-            ("slow_call_rate", self.slow_call_rate),
-            ("slow_call_duration", self.slow_call_duration),
-            ("open_duration", self.open_duration),
-            ("max_open_duration", self.max_open_duration),
-            ("half_open_calls", self.half_open_calls),
-            ("counts", counts),
-            ("store", store),
-            ("shared", shared),
-            ("clock", clock),
+        self._state, self._period, self._since, self._open_for = _CLOSED, 0, 0.0, self.open_duration
+        self._probes = self._probe_calls = self._probe_failures = self._probe_slow = 0
+        self._calls = self._failures = self._slow = 0
+        self._closed_permit = BreakerPermit(0, False)
+        self._fleet_handle: tuple[_fleet.SharedStore, _fleet.SharedBreaker] | None = None
+        self._mirrored = -1  # the fleet epoch last copied into the local state
+
+    def _set_window(self, size: object) -> None:
+        if self.window_type == "count":
+            self.window_size = self._size = _validation.count("breaker.window_size", size)
+            if self.minimum_calls > self._size:
+                raise ValueError(
+                    f"breaker.minimum_calls ({self.minimum_calls}) must not exceed "
+                    f"breaker.window_size ({self._size}) for a count window: it could never open"
+                )
+            self._bucket_width, self._cursor = 0.0, 0
+            self._window = [0] * self._size  # one code per call
+        elif self.window_type == "time":
+            self.window_size = _validation.seconds("breaker.window_size", size)
+            self._size, self._bucket_width = TIME_BUCKETS, self.window_size / TIME_BUCKETS
+            # The newest bucket's number: none yet, so the first call's clock sets it.
+            self._cursor = -(2**62)
+            self._window = [0] * (3 * TIME_BUCKETS)  # calls, failures, slow per bucket
+        else:
+            raise ValueError(
+                f"breaker.window_type must be 'count' or 'time', got {self.window_type!r}"
+            )
+
+    def _same_options(self, other: Breaker) -> None:
+        """Raise unless ``other`` (a new breaker of this key) was given the same options."""
+        if other is self or other._options == self._options:
+            return
+        differ = ", ".join(
+            f"{name}={new!r} (registered: {self._options[name]!r})"
+            for name, new in other._options.items()
+            if new != self._options[name]
+        )
+        raise ValueError(
+            f"breaker {self.key!r} is already registered with other options: {differ}; "
+            "configure it once and reuse the object"
         )
 
     def __repr__(self) -> str:
         return (
-            f"breaker({self.key!r}, window_type={self.window_type!r}, "
+            f"Breaker({self.key!r}, window_type={self.window_type!r}, "
             f"window_size={self.window_size!r}, failure_rate={self.failure_rate:g})"
         )
 
-    # --- snapshot plumbing (always under self._lock) --------------------------------------
+    # --- the local state (always under self._lock) ------------------------------------------
 
-    def _load(self) -> BreakerSnapshot:
-        snap = self.store.get(self.key)
-        if snap is None or snap.shape != self._shape:
-            snap = self._fresh(snap)
-            self.store.put(self.key, snap)
-        return snap
-
-    def _fresh(self, old: BreakerSnapshot | None) -> BreakerSnapshot:
-        now = self.clock()
-        snap = BreakerSnapshot(shape=self._shape, since=now, open_for=self.open_duration)
-        if old is not None:  # another layout in the store: keep the state, not the window
-            snap.state, snap.period, snap.since, snap.open_for = (
-                old.state,
-                old.period + 1,
-                old.since,
-                old.open_for,
-            )
+    def _clear_window(self) -> None:
+        self._window[:] = [0] * len(self._window)
+        self._calls = self._failures = self._slow = 0
         if self.window_type == "count":
-            snap.window = [0] * self._size
-        else:
-            snap.window = [0] * (3 * self._size)
-            snap.cursor = math.floor(now / self._bucket_width)
-        return snap
+            self._cursor = 0
 
-    def _clear_window(self, snap: BreakerSnapshot) -> None:
-        window = snap.window
-        for index in range(len(window)):
-            window[index] = 0
-        snap.calls = snap.failures = snap.slow = 0
-        if self.window_type == "count":
-            snap.cursor = 0
-
-    def _advance(self, snap: BreakerSnapshot, now: float) -> int:
+    def _advance(self, now: float) -> int:
         """Time window: drop the buckets that slid out; return the newest bucket's offset."""
         bucket = math.floor(now / self._bucket_width)
-        cursor = snap.cursor
+        cursor = self._cursor
         if bucket > cursor:
-            window, size = snap.window, self._size
-            for stale in range(cursor + 1, min(bucket, cursor + size) + 1):
+            window, size = self._window, self._size
+            for stale in range(max(cursor + 1, bucket - size + 1), bucket + 1):
                 at = (stale % size) * 3
-                snap.calls -= window[at]
-                snap.failures -= window[at + 1]
-                snap.slow -= window[at + 2]
+                self._calls -= window[at]
+                self._failures -= window[at + 1]
+                self._slow -= window[at + 2]
                 window[at] = window[at + 1] = window[at + 2] = 0
-            snap.cursor = cursor = bucket
+            self._cursor = cursor = bucket
         return (cursor % self._size) * 3  # a clock going backwards lands in the newest bucket
 
-    def _move(
-        self, snap: BreakerSnapshot, to: BreakerState, now: float
-    ) -> BreakerStateChanged | None:
+    def _move(self, to: BreakerState, now: float) -> BreakerStateChanged | None:
         """Enter state ``to``; return the event to emit (once the lock is released)."""
         event = None
         if events.listening():
-            if snap.state is _HALF_OPEN:
-                calls, failed, slow = snap.probe_calls, snap.probe_failures, snap.probe_slow
+            if self._state is _HALF_OPEN:
+                calls, failed, slow = self._probe_calls, self._probe_failures, self._probe_slow
             else:
-                calls, failed, slow = snap.calls, snap.failures, snap.slow
+                calls, failed, slow = self._calls, self._failures, self._slow
             trace = trace_var.get()
             event = BreakerStateChanged(
                 call_id=0 if trace is None else trace.call_id,
                 key=self.key,
-                from_state=snap.state,
+                from_state=self._state,
                 to_state=to,
                 failure_rate=_rate(failed, calls),
                 slow_call_rate=_rate(slow, calls),
                 calls=calls,
             )
         if to is _OPEN:
-            if snap.state is _HALF_OPEN and self.max_open_duration is not None:
-                snap.open_for = min(snap.open_for * 2, self.max_open_duration)
+            if self._state is _HALF_OPEN and self.max_open_duration is not None:
+                self._open_for = min(self._open_for * 2, self.max_open_duration)
             else:
-                snap.open_for = self.open_duration
+                self._open_for = self.open_duration
         elif to is _HALF_OPEN:
-            snap.probes = snap.probe_calls = snap.probe_failures = snap.probe_slow = 0
+            self._probes = self._probe_calls = self._probe_failures = self._probe_slow = 0
         elif to is _CLOSED:
-            self._clear_window(snap)
-            snap.open_for = self.open_duration
-        snap.since = now
-        snap.state = to
-        snap.period += 1  # after the state: the lock-free path of _admit relies on it
+            self._clear_window()
+            self._open_for = self.open_duration
+        self._since = now
+        self._state = to
+        self._period += 1  # after the state: the lock-free path of _admit_local relies on it
         return event
 
-    def _refresh(self, snap: BreakerSnapshot, now: float) -> BreakerStateChanged | None:
+    def _refresh(self, now: float) -> BreakerStateChanged | None:
         """OPEN -> HALF_OPEN once ``open_for`` has passed (lazily, when somebody looks)."""
-        if snap.state is _OPEN and now >= snap.since + snap.open_for:
-            event = self._move(snap, _HALF_OPEN, now)
-            self.store.put(self.key, snap)
-            return event
+        if self._state is _OPEN and now >= self._since + self._open_for:
+            return self._move(_HALF_OPEN, now)
         return None
 
     @staticmethod
@@ -492,22 +418,20 @@ class Breaker(PolicyDecorator):
             return None, None
         cached = self._fleet_handle
         if cached is None or cached[0] is not store:
-            cached = self._fleet_handle = (store, store.breaker(self.key, self._fleet_options))
+            fields = _fleet.BreakerOptions._fields
+            options = _fleet.BreakerOptions(*(getattr(self, name) for name in fields))
+            cached = self._fleet_handle = (store, store.breaker(self.key, options))
         handle = cached[1]
         return handle, handle.view()
 
     def _mirror(self, view: _fleet.BreakerView) -> None:
-        """Copy the fleet's state into the local snapshot (what ``state`` reports, and where
+        """Copy the fleet's state into the local state (what ``state`` reports, and where
         the breaker starts from if the store goes away), emitting the change."""
         with self._lock:
-            snap = self._load()
             to = BreakerState(view.state)
-            event = None
-            if snap.state is not to:
-                event = self._move(snap, to, self.clock())
+            event = None if self._state is to else self._move(to, self.clock())
             if to is _OPEN:  # open for what the fleet has left, from now
-                snap.since, snap.open_for = self.clock(), view.opens_in
-            self.store.put(self.key, snap)
+                self._since, self._open_for = self.clock(), view.opens_in
             self._mirrored = view.epoch
         self._emit(event)
 
@@ -518,21 +442,27 @@ class Breaker(PolicyDecorator):
             self._mirror(view)
         return view
 
-    async def _fleet_probe(self, handle: _fleet.SharedBreaker) -> BreakerPermit | CircuitOpen:
-        """Ask the fleet for a probe permit; decide locally if the store cannot answer."""
-        answer = await handle.probe()
-        if answer is None:
-            return self._admit_local()
-        granted, view = answer
-        if view.epoch != self._mirrored:
-            self._mirror(view)
-        if granted:
-            return BreakerPermit(self._period(), True, view.epoch)
-        return self._refused(BreakerState(view.state), None)
-
-    def _period(self) -> int:
-        snap = self.store.get(self.key)
-        return -1 if snap is None else snap.period
+    async def _permit(
+        self, admitted: BreakerPermit | CircuitOpen | _fleet.SharedBreaker
+    ) -> BreakerPermit:
+        """The permit :meth:`_admit` gave, or asked of the fleet (a probe; decided locally if
+        the store cannot answer); raise :class:`CircuitOpen` if refused."""
+        if isinstance(admitted, (BreakerPermit, CircuitOpen)):
+            permit = admitted
+        elif (answer := await admitted.probe()) is None:
+            permit = self._admit_local()
+        else:
+            granted, view = answer
+            if view.epoch != self._mirrored:
+                self._mirror(view)
+            permit = (
+                BreakerPermit(self._period, True, view.epoch)
+                if granted
+                else self._refused(BreakerState(view.state), None)
+            )
+        if isinstance(permit, CircuitOpen):
+            raise permit
+        return permit
 
     # --- public API -----------------------------------------------------------------------
 
@@ -542,9 +472,8 @@ class Breaker(PolicyDecorator):
         shared store, the fleet's state as of the store's last refresh."""
         self._synced()
         with self._lock:
-            snap = self._load()
-            event = self._refresh(snap, self.clock())
-            state = snap.state
+            event = self._refresh(self.clock())
+            state = self._state
         self._emit(event)
         return state
 
@@ -553,35 +482,15 @@ class Breaker(PolicyDecorator):
         a shared store, the fleet's window as of the store's last refresh."""
         view = self._synced()
         if view is not None:
-            calls, failures, slow = view.calls, view.failures, view.slow
-            return BreakerMetrics(
-                state=BreakerState(view.state),
-                calls=calls,
-                successes=calls - failures,
-                failures=failures,
-                slow_calls=slow,
-                failure_rate=_rate(failures, calls),
-                slow_call_rate=_rate(slow, calls),
-                probes=0,
-            )
+            state = BreakerState(view.state)
+            return _metrics(state, view.calls, view.failures, view.slow, 0)
         with self._lock:
-            snap = self._load()
             now = self.clock()
-            event = self._refresh(snap, now)
+            event = self._refresh(now)
             if self.window_type == "time":
-                self._advance(snap, now)
-                self.store.put(self.key, snap)
-            calls, failures, slow = snap.calls, snap.failures, snap.slow
-            result = BreakerMetrics(
-                state=snap.state,
-                calls=calls,
-                successes=calls - failures,
-                failures=failures,
-                slow_calls=slow,
-                failure_rate=_rate(failures, calls),
-                slow_call_rate=_rate(slow, calls),
-                probes=snap.probes - snap.probe_calls if snap.state is _HALF_OPEN else 0,
-            )
+                self._advance(now)
+            in_flight = self._probes - self._probe_calls if self._state is _HALF_OPEN else 0
+            result = _metrics(self._state, self._calls, self._failures, self._slow, in_flight)
         self._emit(event)
         return result
 
@@ -590,18 +499,15 @@ class Breaker(PolicyDecorator):
         :class:`BreakerRejected`). Failover uses it to skip open targets."""
         view = self._synced()
         if view is not None:
-            state = view.state
-            if state == "closed":
-                return True
-            if state == "open":
-                return view.opens_in <= 0.0  # the fleet would hand out probes
-            return state == "half_open" and view.free_probes > 0
+            return (
+                view.state == "closed"
+                or (view.state == "open" and view.opens_in <= 0.0)  # the fleet would probe
+                or (view.state == "half_open" and view.free_probes > 0)
+            )
         with self._lock:
-            snap = self._load()
-            event = self._refresh(snap, self.clock())
-            state = snap.state
-            allowed = state is _CLOSED or (
-                state is _HALF_OPEN and snap.probes < self.half_open_calls
+            event = self._refresh(self.clock())
+            allowed = self._state is _CLOSED or (
+                self._state is _HALF_OPEN and self._probes < self.half_open_calls
             )
         self._emit(event)
         return allowed
@@ -615,7 +521,7 @@ class Breaker(PolicyDecorator):
             self._mirror(view)
         state = view.state
         if state == "closed":
-            return BreakerPermit(self._period(), False, view.epoch)
+            return BreakerPermit(self._period, False, view.epoch)
         if state == "forced_open":
             return self._refused(_FORCED_OPEN, None)
         if state == "open" and view.opens_in > 0:
@@ -636,28 +542,23 @@ class Breaker(PolicyDecorator):
         # The hot path, CLOSED, changes nothing and takes no lock: it reads the period, then
         # the state (``_move`` writes them in the opposite order). A state read as CLOSED was
         # CLOSED in the period read, or that period is over and the permit is merely stale.
-        snap = self.store.get(self.key)
-        if snap is not None and snap.shape == self._shape:
-            period = snap.period
-            if snap.state is _CLOSED:
-                permit = self._closed_permit
-                if permit.period != period:
-                    permit = self._closed_permit = BreakerPermit(period, False)
-                return permit
+        period = self._period
+        if self._state is _CLOSED:
+            permit = self._closed_permit
+            if permit.period != period:
+                permit = self._closed_permit = BreakerPermit(period, False)
+            return permit
         with self._lock:
-            snap = self._load()
-            if snap.state is _CLOSED:
-                return BreakerPermit(snap.period, False)
             now = self.clock()
-            event = self._refresh(snap, now)
-            state = snap.state
-            if state is _HALF_OPEN and snap.probes < self.half_open_calls:
-                snap.probes += 1
-                self.store.put(self.key, snap)
-                granted: BreakerPermit | None = BreakerPermit(snap.period, True)
-            else:
-                granted = None
-                wait = max(0.0, snap.since + snap.open_for - now) if state is _OPEN else None
+            event = self._refresh(now)
+            state = self._state
+            granted = None
+            if state is _CLOSED:
+                granted = BreakerPermit(self._period, False)
+            elif state is _HALF_OPEN and self._probes < self.half_open_calls:
+                self._probes += 1
+                granted = BreakerPermit(self._period, True)
+            wait = max(0.0, self._since + self._open_for - now) if state is _OPEN else None
         self._emit(event)
         return self._refused(state, wait) if granted is None else granted
 
@@ -697,25 +598,13 @@ class Breaker(PolicyDecorator):
             self._record_shared(self._fleet_handle[1], permit, success, slow)
             return
         with self._lock:
-            snap = self.store.get(self.key)
-            if snap is None or snap.shape != self._shape:
-                snap = self._load()
-            if permit.period != snap.period:
+            if permit.period != self._period:
                 return  # stale: admitted in an earlier state spell
             if permit.probe:
-                event = self._probe_ended(snap, success, slow)
+                event = self._probe_ended(success, slow)
             else:
-                self._count(snap, success is False, slow)
-                event = None
-                calls = snap.calls
-                if calls >= self.minimum_calls and (
-                    snap.failures / calls >= self.failure_rate
-                    or snap.slow / calls >= self.slow_call_rate
-                ):
-                    event = self._move(snap, _OPEN, self.clock())
-            self.store.put(self.key, snap)
-        if event is not None:
-            events.emit(event)
+                event = self._count(success is False, slow)
+        self._emit(event)
 
     def _record_shared(
         self,
@@ -734,98 +623,83 @@ class Breaker(PolicyDecorator):
             return
         handle.outcome(permit.epoch, code)
         with self._lock:
-            snap = self._load()
-            if permit.period == snap.period and snap.state is _CLOSED:
-                self._count(snap, success is False, slow)
-                self.store.put(self.key, snap)
+            if permit.period == self._period and self._state is _CLOSED:
+                self._tally(success is False, slow)
 
-    def _probe_ended(
-        self, snap: BreakerSnapshot, success: bool | None, slow: bool
-    ) -> BreakerStateChanged | None:
-        if snap.probes <= snap.probe_calls:  # nothing outstanding: recorded twice
+    def _probe_ended(self, success: bool | None, slow: bool) -> BreakerStateChanged | None:
+        if self._probes <= self._probe_calls:  # nothing outstanding: recorded twice
             return None
         if success is None:
-            snap.probes -= 1  # released: another probe may take its place
+            self._probes -= 1  # released: another probe may take its place
             return None
-        snap.probe_calls += 1
-        snap.probe_failures += not success
-        snap.probe_slow += slow
+        self._probe_calls += 1
+        self._probe_failures += not success
+        self._probe_slow += slow
         n = self.half_open_calls
         # Reopen as soon as the rates over all n probes are bound to reach a threshold;
         # close once all n are counted and they did not.
         if (
-            snap.probe_failures / n >= self.failure_rate
-            or snap.probe_slow / n >= self.slow_call_rate
+            self._probe_failures / n >= self.failure_rate
+            or self._probe_slow / n >= self.slow_call_rate
         ):
-            return self._move(snap, _OPEN, self.clock())
-        if snap.probe_calls >= n:
-            return self._move(snap, _CLOSED, self.clock())
+            return self._move(_OPEN, self.clock())
+        if self._probe_calls >= n:
+            return self._move(_CLOSED, self.clock())
         return None
 
-    def _count(self, snap: BreakerSnapshot, failed: bool, slow: bool) -> None:
-        """Add one call to the window (updating the totals only where they change)."""
-        window = snap.window
+    def _count(self, failed: bool, slow: bool) -> BreakerStateChanged | None:
+        """Count a closed call; open if the window's rates reach a threshold."""
+        self._tally(failed, slow)
+        calls = self._calls
+        if calls >= self.minimum_calls and (
+            self._failures / calls >= self.failure_rate or self._slow / calls >= self.slow_call_rate
+        ):
+            return self._move(_OPEN, self.clock())
+        return None
+
+    def _tally(self, failed: bool, slow: bool) -> None:
+        """Add one call to the window."""
+        window = self._window
         if self._bucket_width:  # time window
-            at = self._advance(snap, self.clock())
+            at = self._advance(self.clock())
             window[at] += 1
-            snap.calls += 1
-            if failed:
-                window[at + 1] += 1
-                snap.failures += 1
-            if slow:
-                window[at + 2] += 1
-                snap.slow += 1
+            window[at + 1] += failed
+            window[at + 2] += slow
+            self._calls += 1
+            self._failures += failed
+            self._slow += slow
             return
-        at = snap.cursor
-        old = window[at]
+        at = self._cursor
+        old = window[at]  # a full window: the oldest call makes room
         window[at] = _CALL | (_FAILED if failed else 0) | (_SLOW if slow else 0)
-        snap.cursor = at + 1 if at + 1 < self._size else 0
-        if old:  # a full window: the oldest call makes room
-            change = failed - ((old & _FAILED) >> 1)
-            if change:
-                snap.failures += change
-            change = slow - ((old & _SLOW) >> 2)
-            if change:
-                snap.slow += change
-        else:
-            snap.calls += 1
-            if failed:
-                snap.failures += 1
-            if slow:
-                snap.slow += 1
+        self._cursor = at + 1 if at + 1 < self._size else 0
+        self._calls += not old
+        self._failures += failed - ((old & _FAILED) >> 1)
+        self._slow += slow - ((old & _SLOW) >> 2)
 
     def isolate(self) -> None:
         """Force the breaker open (``FORCED_OPEN``): every call is refused until :meth:`reset`.
         With a shared store, across the fleet (within one refresh)."""
-        handle = self._fleet_view()[0]
-        if handle is not None:
-            handle.force("isolate")
-        with self._lock:
-            snap = self._load()
-            now = self.clock()
-            pending = [self._refresh(snap, now)]
-            if snap.state is not _FORCED_OPEN:
-                pending.append(self._move(snap, _FORCED_OPEN, now))
-            self.store.put(self.key, snap)
-        self._emit(*pending)
+        self._force("isolate", _FORCED_OPEN)
 
     def reset(self) -> None:
         """Back to ``CLOSED`` with an empty window, from any state; calls in flight are then
         not counted. With a shared store, across the fleet (within one refresh)."""
+        self._force("reset", _CLOSED)
+
+    def _force(self, op: Literal["isolate", "reset"], to: BreakerState) -> None:
         handle = self._fleet_view()[0]
         if handle is not None:
-            handle.force("reset")
+            handle.force(op)
         with self._lock:
-            snap = self._load()
             now = self.clock()
-            pending = [self._refresh(snap, now)]
-            if snap.state is not _CLOSED:
-                pending.append(self._move(snap, _CLOSED, now))
-            else:
-                self._clear_window(snap)
-                snap.period += 1
-                snap.since = now
-            self.store.put(self.key, snap)
+            pending = [self._refresh(now)]
+            if self._state is not to:
+                pending.append(self._move(to, now))
+            elif to is _CLOSED:  # a new period with an empty window
+                self._clear_window()
+                self._period += 1
+                self._since = now
         self._emit(*pending)
 
     async def handle(self, call: Call, next: Next) -> Any:
@@ -833,10 +707,7 @@ class Breaker(PolicyDecorator):
         its outcome: success, a failure if ``counts(error)``, nothing if cancelled."""
         permit = self._admit()
         if type(permit) is not BreakerPermit:  # rare: the exact type test is the cheap one
-            if not isinstance(permit, (CircuitOpen, BreakerPermit)):
-                permit = await self._fleet_probe(permit)
-            if isinstance(permit, CircuitOpen):
-                raise permit
+            permit = await self._permit(permit)
         clock = self.clock
         started = clock()
         probing = probe_var.set(True) if permit.probe else None
@@ -885,99 +756,17 @@ class Breaker(PolicyDecorator):
             self.record(permit, None)
 
 
+breaker = Breaker
+"""The same class as :class:`Breaker` (``@lk.breaker("openai")``)."""
+
 # --- the process-wide registry ----------------------------------------------------------------
+
+# The options the registry compares (all but the key): normalised, and ``counts`` as given.
+_OPTIONS = tuple(inspect.signature(Breaker).parameters)[1:]
 
 _registry: dict[str, Breaker] = {}
 _registry_view: Mapping[str, Breaker] = MappingProxyType(_registry)
 _registry_lock = threading.Lock()
-
-
-def breaker(
-    key: str,
-    *,
-    window_type: Literal["count", "time"] = "count",
-    window_size: float | datetime.timedelta = 100,
-    minimum_calls: int = 20,
-    failure_rate: float = 0.5,
-    slow_call_rate: float = 1.0,
-    slow_call_duration: float | datetime.timedelta = 60.0,
-    open_duration: float | datetime.timedelta = 30.0,
-    max_open_duration: float | datetime.timedelta | None = None,
-    half_open_calls: int = 3,
-    counts: ErrorFilter | None = None,
-    store: BreakerStore | None = None,
-    shared: _fleet.SharedStore | None = None,
-    clock: Callable[[], float] = loop_clock,
-) -> Breaker:
-    """The circuit breaker of ``key``, shared process-wide (created on first use).
-
-    Calling it again with the same key and the same options returns the same object; with
-    different options it raises ``ValueError`` naming the key and the options that differ
-    (configure a breaker once, e.g. ``OPENAI = lk.breaker("openai", ...)``, and reuse it).
-
-    Args:
-        key: the target the breaker guards (``"openai"``, a model string); non-empty.
-        window_type: ``"count"`` (the last ``window_size`` calls) or ``"time"`` (the calls of
-            the last ``window_size`` seconds, forgotten in steps of ``window_size / 20``).
-            Default ``"count"``.
-        window_size: calls (an int, count window) or seconds (time window). Default ``100``.
-        minimum_calls: calls the window must hold before the breaker may open (default
-            ``20``; at most ``window_size`` for a count window).
-        failure_rate: open when failures / calls reaches it, in ``(0, 1]`` (default ``0.5``).
-        slow_call_rate: open when slow calls / calls reaches it, in ``(0, 1]`` (default
-            ``1.0``: only when every call is slow).
-        slow_call_duration: seconds (or ``timedelta``) from which a counted call (success or
-            failure) is slow (default ``60``).
-        open_duration: seconds (or ``timedelta``) calls are refused once open, before probing
-            (default ``30``).
-        max_open_duration: when set, each re-open straight from half-open doubles the open
-            duration, up to this many seconds (default ``None``: always ``open_duration``).
-        half_open_calls: probe calls admitted when half-open (default ``3``); the breaker
-            closes when all have ended with rates under the thresholds, and re-opens as soon
-            as their rates are bound to reach one.
-        counts: which errors are failures: exception type(s) or a predicate (default
-            ``None``: transient errors, :func:`~latencykit.errors.is_transient`: 429, 5xx,
-            connection, timeout, broken stream). Other errors and cancellations are ignored:
-            not counted at all. :class:`CircuitOpen` from a breaker further in and
-            :class:`~latencykit.errors.LimitExceeded` from a limiter never count.
-        store: where the process-local state lives (default ``None``: a private
-            :class:`InMemoryBreakerStore`).
-        shared: a store shared by the fleet (:class:`~latencykit.RedisStore`) that decides
-            the breaker's state for every process (default ``None``: the process default,
-            :func:`~latencykit.use_store`, looked up at each use; none unless set). While it is
-            unavailable the breaker decides alone, from its local state.
-        clock: time source in seconds (default: the event loop's clock); durations of calls are
-            measured with it too.
-    """
-    candidate = Breaker(
-        key,
-        window_type=window_type,
-        window_size=window_size,
-        minimum_calls=minimum_calls,
-        failure_rate=failure_rate,
-        slow_call_rate=slow_call_rate,
-        slow_call_duration=slow_call_duration,
-        open_duration=open_duration,
-        max_open_duration=max_open_duration,
-        half_open_calls=half_open_calls,
-        counts=counts,
-        store=store,
-        shared=shared,
-        clock=clock,
-    )
-    with _registry_lock:
-        existing = _registry.setdefault(key, candidate)
-    if existing is not candidate and existing._options != candidate._options:
-        differ = ", ".join(
-            f"{name}={new!r} (registered: {old!r})"
-            for (name, old), (_, new) in zip(existing._options, candidate._options, strict=True)
-            if old != new
-        )
-        raise ValueError(
-            f"breaker {key!r} is already registered with other options: {differ}; "
-            "configure it once and reuse the object"
-        )
-    return existing
 
 
 def breakers() -> Mapping[str, Breaker]:
@@ -986,7 +775,7 @@ def breakers() -> Mapping[str, Breaker]:
 
 
 def reset_breakers() -> None:
-    """Forget every registered breaker (for tests): the next :func:`breaker` call makes a
+    """Forget every registered breaker (for tests): the next ``Breaker(key, ...)`` makes a
     new one."""
     with _registry_lock:
         _registry.clear()

@@ -5,7 +5,8 @@ A :class:`Limiter` sits inside the breaker and failover, outside retry and the a
 takes, in this order:
 
 1. the tenant's **rate quotas** (:class:`Quota`: requests per second, tokens per minute), token
-   buckets kept in a :class:`QuotaStore`. A bucket knows how long until it can serve, so a wait
+   buckets kept in memory, or for the fleet by a shared store (``shared=``, or
+   :func:`~latencykit.use_store`). A bucket knows how long until it can serve, so a wait
    that does not fit (``max_wait``, the remaining budget) is refused at once;
 2. a slot of the tenant's **concurrency cap** (``Quota.concurrency``), FIFO per tenant;
 3. a slot of the **target's concurrency limit** (``concurrency``). Waiters for a target's slots
@@ -21,8 +22,8 @@ on), never retried by default and never counted by breakers.
 
 Slots are held until the call's result is final: a response returned, an error raised, the call
 cancelled, or, for a stream, the stream ended (closed, finished, broken, garbage-collected).
-Concurrency slots are process-local; the token buckets live behind :class:`QuotaStore`, whose
-single atomic operation a shared store (Redis and a Lua script) can implement for a fleet.
+Concurrency slots are process-local; the token buckets may be the fleet's (a Lua script on
+Redis takes from them atomically).
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import anyio
 
-from .. import _response, events
+from .. import _response, _validation, events
 from .. import fleet as _fleet
 from .._cancel import Backend, backend, clock, threadsafe_caller
 from .._context import deadline_var, trace_var
@@ -56,14 +57,12 @@ from ..stream import Stream, StreamOutcome
 
 __all__ = [
     "DEFAULT_TENANT",
-    "InMemoryQuotaStore",
     "LimitKind",
     "LimitRefused",
     "LimitWaited",
     "Limiter",
     "LimiterSnapshot",
     "Quota",
-    "QuotaStore",
     "current_tenant",
     "tenant",
 ]
@@ -81,14 +80,6 @@ _PRUNE_FROM = 1024
 # --- tenants -----------------------------------------------------------------------------------
 
 _tenant_var: ContextVar[str | None] = ContextVar("latencykit.tenant", default=None)
-
-
-def _check_tenant(name: object, field: str) -> str:
-    if not isinstance(name, str):
-        raise TypeError(f"{field} must be a non-empty string, got {name!r}")
-    if not name:
-        raise ValueError(f"{field} must be a non-empty string, got ''")
-    return name
 
 
 @contextlib.contextmanager
@@ -110,7 +101,7 @@ def tenant(name: str) -> contextlib.AbstractContextManager[str]:
     Raises:
         TypeError, ValueError: ``name`` is not a string, or is empty.
     """
-    return _tenant_scope(_check_tenant(name, "tenant.name"))
+    return _tenant_scope(_validation.text("tenant.name", name))
 
 
 def current_tenant() -> str | None:
@@ -129,24 +120,7 @@ def _default_tenant_of(call: Call) -> str | None:
     return None
 
 
-# --- quotas and their store --------------------------------------------------------------------
-
-
-def _positive(name: str, value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{name} must be a positive, finite number, got {value!r}")
-    return float(value)
-
-
-def _count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
+# --- quotas and their buckets --------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,30 +160,27 @@ class Quota:
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        rps, tpm = self.requests_per_second, self.tokens_per_minute
-        if rps is not None:
-            rps = _positive("Quota.requests_per_second", rps)
-            object.__setattr__(self, "requests_per_second", rps)
-        if tpm is not None:
-            tpm = _positive("Quota.tokens_per_minute", tpm)
-            object.__setattr__(self, "tokens_per_minute", tpm)
-        for field, rate, rate_field, default in (
-            ("request_burst", rps, "requests_per_second", None if rps is None else max(1.0, rps)),
-            ("token_burst", tpm, "tokens_per_minute", tpm),
+        for rate_field, field, low in (
+            ("requests_per_second", "request_burst", 1.0),
+            ("tokens_per_minute", "token_burst", 0.0),
         ):
-            burst = getattr(self, field)
-            if burst is None:
-                object.__setattr__(self, field, default)
-                continue
+            rate, burst = getattr(self, rate_field), getattr(self, field)
             if rate is None:
-                raise ValueError(f"Quota.{field} needs Quota.{rate_field}")
-            burst = _positive(f"Quota.{field}", burst)
-            if field == "request_burst" and burst < 1:
-                raise ValueError(f"Quota.request_burst must be >= 1 (one call), got {burst!r}")
-            object.__setattr__(self, field, burst)
+                if burst is not None:
+                    raise ValueError(f"Quota.{field} needs Quota.{rate_field}")
+                continue
+            rate = _validation.number(f"Quota.{rate_field}", rate, above=True)
+            if burst is None:  # a second's worth of requests (at least one), a minute's of tokens
+                burst = max(low, rate)
+            object.__setattr__(self, rate_field, rate)
+            object.__setattr__(
+                self, field, _validation.number(f"Quota.{field}", burst, low, above=not low)
+            )
         if self.concurrency is not None:
-            _count("Quota.concurrency", self.concurrency)
-        object.__setattr__(self, "weight", _positive("Quota.weight", self.weight))
+            _validation.count("Quota.concurrency", self.concurrency)
+        object.__setattr__(
+            self, "weight", _validation.number("Quota.weight", self.weight, above=True)
+        )
 
     @property
     def rated(self) -> bool:
@@ -217,68 +188,48 @@ class Quota:
         return self.requests_per_second is not None or self.tokens_per_minute is not None
 
 
-@runtime_checkable
-class QuotaStore(Protocol):
-    """Where the tenants' token buckets live, by key (``"<tenant>/requests"``,
-    ``"<tenant>/tokens"``). Synchronous and tiny: one atomic operation, plus a read.
+class _Buckets:
+    """The process-local token buckets, by key (``"<tenant>/requests"``, ``"<tenant>/tokens"``).
 
     A bucket holds up to ``burst`` tokens and refills at ``rate`` tokens per second; a bucket
-    never seen is full. A shared store (Redis: both methods are a few lines of Lua) spreads a
-    tenant's quota over a fleet; it may use its own clock instead of ``now`` (the limiter's is
-    the event loop's, which differs between processes).
-    """
-
-    def take(
-        self, key: str, amount: float, *, rate: float, burst: float, now: float, max_wait: float
-    ) -> float:
-        """Take ``amount`` tokens from bucket ``key`` if they are available within
-        ``max_wait`` seconds, and return the wait in seconds (``0.0``: available now).
-
-        Atomically: refill the bucket for the time since its last update (up to ``burst``);
-        compute ``wait``, the time until it holds ``amount`` (``0`` if it does); if ``wait <=
-        max_wait``, subtract ``amount`` (the bucket may go negative: the caller reserved tokens
-        that arrive during its wait; later callers queue behind it). Otherwise take nothing.
-        Either way return ``wait``: a result above ``max_wait`` means nothing was taken.
-        A negative ``amount`` gives tokens back (a refund), never above ``burst``, and
-        returns ``0.0``.
-        """
-        ...
-
-    def level(self, key: str, *, rate: float, burst: float, now: float) -> float:
-        """The tokens bucket ``key`` holds at ``now`` (negative while reserved ahead);
-        changes nothing."""
-        ...
-
-
-class InMemoryQuotaStore:
-    """A :class:`QuotaStore` in a dict, for one process (the default).
-
-    Full buckets are forgotten from time to time (a full bucket is what an unknown key
-    means), so a store keyed by many short-lived tenants (end-user ids) stays small.
+    never seen is full, so full buckets are forgotten from time to time (tenants may be end
+    users, many and brief). ``quota.lua`` is the same bucket for a fleet.
     """
 
     __slots__ = ("_buckets", "_lock", "_prune_at")
 
     def __init__(self) -> None:
-        # key -> [tokens, updated at, rate, burst]
-        self._buckets: dict[str, list[float]] = {}
+        self._buckets: dict[str, list[float]] = {}  # key -> [tokens, updated at, rate, burst]
         self._lock = threading.Lock()
         self._prune_at = _PRUNE_FROM
 
-    def __repr__(self) -> str:
-        return f"InMemoryQuotaStore(buckets={len(self._buckets)})"
+    def __len__(self) -> int:
+        return len(self._buckets)
 
     def take(
         self, key: str, amount: float, *, rate: float, burst: float, now: float, max_wait: float
     ) -> float:
-        """See :meth:`QuotaStore.take`."""
+        """Take ``amount`` tokens if they are there within ``max_wait`` seconds, and return
+        the wait (``0.0``: now).
+
+        The bucket refills for the time since its last update (up to ``burst``); if the wait
+        until it holds ``amount`` is at most ``max_wait``, ``amount`` is taken (the bucket may
+        go negative: the tokens that arrive during the wait are reserved; later callers queue
+        behind). Otherwise nothing is taken: a wait above ``max_wait`` says so. A negative
+        ``amount`` gives tokens back (never above ``burst``) and returns ``0.0``.
+        """
         with self._lock:
             bucket = self._buckets.get(key)
             if bucket is None:
                 if len(self._buckets) >= self._prune_at:
                     self._prune(now)
                 bucket = self._buckets[key] = [burst, now, rate, burst]
-            tokens = self._refill(bucket, now, rate, burst)
+            tokens = min(burst, bucket[0] + max(0.0, now - bucket[1]) * rate)
+            bucket[1:] = (
+                max(bucket[1], now),
+                rate,
+                burst,
+            )  # a clock read out of order never refills twice
             if amount <= 0:
                 bucket[0] = min(burst, tokens - amount)
                 return 0.0
@@ -287,20 +238,10 @@ class InMemoryQuotaStore:
             return wait
 
     def level(self, key: str, *, rate: float, burst: float, now: float) -> float:
-        """See :meth:`QuotaStore.level`."""
+        """The tokens bucket ``key`` holds at ``now`` (negative while reserved ahead)."""
         with self._lock:
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                return burst
-            tokens, at = bucket[0], bucket[1]
+            tokens, at = self._buckets.get(key, (burst, now))[:2]
             return min(burst, tokens + max(0.0, now - at) * rate)
-
-    @staticmethod
-    def _refill(bucket: list[float], now: float, rate: float, burst: float) -> float:
-        tokens = min(burst, bucket[0] + max(0.0, now - bucket[1]) * rate)
-        bucket[1] = max(bucket[1], now)  # a clock read out of order never refills twice
-        bucket[2], bucket[3] = rate, burst
-        return tokens
 
     def _prune(self, now: float) -> None:
         buckets = self._buckets
@@ -476,7 +417,7 @@ class Limiter(PolicyDecorator):
     a call refused on one target fails over to the next) or as a decorator on any async
     callable (the target is the function). One limiter's state is shared by every call
     through it: build it once. All arguments are keyword-only; each is also a read-only
-    attribute (``quotas`` as a read-only mapping, ``store`` the store in use).
+    attribute (``quotas`` as a read-only mapping).
 
     Args:
         concurrency: calls in flight at once per target key, an int for every target or a
@@ -499,8 +440,6 @@ class Limiter(PolicyDecorator):
             messages (and tools), plus ``max_completion_tokens`` or ``max_tokens`` times
             ``n`` when set; a decorated function then needs one). The charge is reconciled
             with the usage the response (or a stream's usage chunk) reports.
-        store: the :class:`QuotaStore` of the process-local token buckets (default ``None``:
-            a private :class:`InMemoryQuotaStore`).
         shared: a store shared by the fleet (:class:`~latencykit.RedisStore`) that holds the
             token buckets, so a tenant's quota is the fleet's (default ``None``: the process
             default, :func:`~latencykit.use_store`, looked up at each call). Taking from a
@@ -515,6 +454,7 @@ class Limiter(PolicyDecorator):
 
     stage = Stage.LIMITER
     __slots__ = (
+        "_buckets",
         "_lock",
         "_prune_at",
         "_quotas",
@@ -527,7 +467,6 @@ class Limiter(PolicyDecorator):
         "max_wait",
         "quotas",
         "shared",
-        "store",
         "tenant_of",
         "tenant_quota",
         "tokens_of",
@@ -542,53 +481,28 @@ class Limiter(PolicyDecorator):
         max_wait: float | datetime.timedelta | None = None,
         tenant_of: Callable[[Call], str | None] | None = None,
         tokens_of: Callable[[Call], int] | None = None,
-        store: QuotaStore | None = None,
         shared: _fleet.SharedStore | None = None,
     ) -> None:
-        if isinstance(concurrency, Mapping):
-            self.concurrency: int | Mapping[str, int] | None = MappingProxyType(
-                {
-                    _check_tenant(key, "Limiter.concurrency keys"): _count(
-                        f"Limiter.concurrency[{key!r}]", value
-                    )
-                    for key, value in concurrency.items()
-                }
-            )
-        elif concurrency is not None:
-            self.concurrency = _count("Limiter.concurrency", concurrency)
-        else:
-            self.concurrency = None
-        if tenant_quota is not None and not isinstance(tenant_quota, Quota):
-            raise TypeError(f"Limiter.tenant_quota must be a Quota, got {tenant_quota!r}")
+        self.concurrency = _concurrency(concurrency)
+        _validation.optional("Limiter.tenant_quota", tenant_quota, Quota, "a Quota")
         self.tenant_quota = tenant_quota
-        if quotas is not None and not isinstance(quotas, Mapping):
-            raise TypeError(f"Limiter.quotas must be a mapping of tenant to Quota, got {quotas!r}")
-        own: dict[str, Quota] = {}
-        for name, quota in (quotas or {}).items():
-            _check_tenant(name, "Limiter.quotas keys")
-            if not isinstance(quota, Quota):
-                raise TypeError(f"Limiter.quotas[{name!r}] must be a Quota, got {quota!r}")
-            own[name] = quota
-        self._quotas = own
-        self.quotas: Mapping[str, Quota] = MappingProxyType(own)
-        if self.concurrency is None and tenant_quota is None and not own:
+        self._quotas = _quotas(quotas)
+        self.quotas: Mapping[str, Quota] = MappingProxyType(self._quotas)
+        if self.concurrency is None and tenant_quota is None and not self._quotas:
             raise ValueError(
                 "Limiter needs a limit: concurrency, tenant_quota or quotas (it would do nothing)"
             )
-        self.max_wait = None if max_wait is None else _wait_seconds(max_wait)
-        for name, fn in (("tenant_of", tenant_of), ("tokens_of", tokens_of)):
-            if fn is not None and not callable(fn):
-                raise TypeError(f"Limiter.{name} must be a function of the call, got {fn!r}")
-        self.tenant_of = tenant_of
-        self.tokens_of = tokens_of
-        self._tenant_of = _default_tenant_of if tenant_of is None else tenant_of
-        self._tokens_of = _llm_tokens if tokens_of is None else tokens_of
-        if store is not None and not isinstance(store, QuotaStore):
-            raise TypeError(f"Limiter.store must be a QuotaStore (take/level), got {store!r}")
-        self.store: QuotaStore = InMemoryQuotaStore() if store is None else store
-        if shared is not None and not isinstance(shared, _fleet.SharedStore):
-            raise TypeError(f"Limiter.shared must be a SharedStore (RedisStore), got {shared!r}")
+        self.max_wait = None if max_wait is None else _validation.wait("Limiter.max_wait", max_wait)
+        _validation.function("Limiter.tenant_of", tenant_of)
+        _validation.function("Limiter.tokens_of", tokens_of)
+        self.tenant_of, self.tokens_of = tenant_of, tokens_of
+        self._tenant_of = tenant_of or _default_tenant_of
+        self._tokens_of = tokens_of or _llm_tokens
+        _validation.optional(
+            "Limiter.shared", shared, _fleet.SharedStore, "a SharedStore (RedisStore)"
+        )
         self.shared = shared
+        self._buckets = _Buckets()
         self._lock = threading.Lock()
         self._targets: dict[str, _Slots] = {}
         self._tenants: dict[str, _Slots] = {}
@@ -729,14 +643,8 @@ class Limiter(PolicyDecorator):
         now = loop.now()
         room = self._room(started, now)
         longest, longest_kind = 0.0, wanted[0][0]
-        shared = self.shared or _fleet._current
         for kind, key, amount, rate, burst in wanted:
-            wait = None
-            if shared is not None:  # None back: the store could not answer; count locally
-                wait = await shared.take(key, amount, rate=rate, burst=burst, max_wait=room)
-            fleet = wait is not None
-            if wait is None:
-                wait = self.store.take(key, amount, rate=rate, burst=burst, now=now, max_wait=room)
+            wait, fleet = await self._take(key, amount, rate, burst, now, room)
             if wait > room:  # nothing taken: it cannot fit, say so now rather than wait to fail
                 raise self._refused(call, who, kind, wait, now - started)
             charge = (key, amount, rate, burst, fleet)
@@ -748,6 +656,19 @@ class Limiter(PolicyDecorator):
         if longest > 0:
             await anyio.sleep(longest)  # the tokens are reserved: they are ours after it
             self._waited(call, who, longest_kind, longest)
+
+    async def _take(
+        self, key: str, amount: float, rate: float, burst: float, now: float, room: float
+    ) -> tuple[float, bool]:
+        """Take from bucket ``key``: the wait, and whether the fleet's bucket was taken from."""
+        shared = self.shared or _fleet._current
+        if shared is not None:
+            wait = await shared.take(key, amount, rate=rate, burst=burst, max_wait=room)
+            if wait is not None:  # None: the store could not answer; count locally
+                return wait, True
+        return self._buckets.take(
+            key, amount, rate=rate, burst=burst, now=now, max_wait=room
+        ), False
 
     def _tokens(self, call: Call) -> int:
         cost = self._tokens_of(call)
@@ -777,8 +698,12 @@ class Limiter(PolicyDecorator):
     ) -> _Slots:
         """Take a slot of the tenant's cap or of the target's limit, waiting if allowed."""
         who = permit.tenant
-        key = who if kind == "tenant_concurrency" else call.target.key
-        weight = 1.0 if quota is None or kind == "tenant_concurrency" else quota.weight
+        # The tenant's cap queues its calls FIFO; a target's limit serves tenants by weight.
+        key, weight = (
+            (who, 1.0)
+            if kind == "tenant_concurrency"
+            else (call.target.key, 1.0 if quota is None else quota.weight)
+        )
         own_end = math.inf if self.max_wait is None else started + self.max_wait
         with self._lock:
             slots = self._slots(kind, key, quota)
@@ -791,12 +716,7 @@ class Limiter(PolicyDecorator):
         if waiter is None:  # max_wait is used up (or 0): no waiting at all
             raise self._refused(call, who, kind, None, now - started)
         try:
-            if own_end < min(deadline_var.get(), anyio.current_effective_deadline()):
-                with loop.scope(deadline=own_end):
-                    await waiter.event.wait()
-            else:
-                # The enclosing deadline (or cancel scope) ends first: its cancellation wins.
-                await waiter.event.wait()
+            await _wait(waiter, own_end, loop)
         except BaseException:
             self._stop_waiting(slots, waiter, who, keep=False)
             raise
@@ -830,28 +750,20 @@ class Limiter(PolicyDecorator):
         if permit.released:
             return
         permit.released = True
-        target_slots, tenant_slots = permit.target_slots, permit.tenant_slots
         with self._lock:
-            first = None if target_slots is None else target_slots.release()
-            second = None if tenant_slots is None else tenant_slots.release()
-        if first is not None:
-            first.wake()
-        if second is not None:
-            second.wake()
+            woken = [
+                slots.release() for slots in (permit.target_slots, permit.tenant_slots) if slots
+            ]
+        for waiter in woken:
+            if waiter is not None:
+                waiter.wake()
         if refund:
             now = clock()
             for key, amount, rate, burst, fleet in permit.charges:
                 self._adjust(key, -amount, rate, burst, fleet, now)
-        elif (
-            permit.tokens is not None
-            and usage is not None
-            and usage.input_tokens is not None
-            and usage.output_tokens is not None
-        ):
-            key, charged, rate, burst, fleet = permit.tokens
-            extra = usage.input_tokens + usage.output_tokens - charged
-            if extra:  # charge (into debt if need be) or refund the difference
-                self._adjust(key, extra, rate, burst, fleet, clock())
+        elif permit.tokens is not None and (extra := _unbilled(permit.tokens[1], usage)):
+            key, _, rate, burst, fleet = permit.tokens  # charge (into debt) or refund the rest
+            self._adjust(key, extra, rate, burst, fleet, clock())
 
     def _adjust(
         self, key: str, amount: float, rate: float, burst: float, fleet: bool, now: float
@@ -861,7 +773,7 @@ class Limiter(PolicyDecorator):
         if fleet and store is not None:
             store.adjust(key, amount, rate=rate, burst=burst)
         else:
-            self.store.take(key, amount, rate=rate, burst=burst, now=now, max_wait=math.inf)
+            self._buckets.take(key, amount, rate=rate, burst=burst, now=now, max_wait=math.inf)
 
     # --- events and errors --------------------------------------------------------------------
 
@@ -881,10 +793,9 @@ class Limiter(PolicyDecorator):
                     waited=waited,
                 )
             )
-        if kind == "concurrency":
-            return LimitExceeded(key, "concurrency", wait=wait, waited=waited)
         limit = "concurrency" if kind == "tenant_concurrency" else kind
-        return LimitExceeded(key, limit, tenant=who, wait=wait, waited=waited)
+        of_tenant = None if kind == "concurrency" else who  # a target's limit: no tenant's
+        return LimitExceeded(key, limit, tenant=of_tenant, wait=wait, waited=waited)
 
     @staticmethod
     def _waited(call: Call, who: str, kind: LimitKind, waited: float) -> None:
@@ -905,7 +816,7 @@ class Limiter(PolicyDecorator):
     def snapshot(self, *tenants: str) -> LimiterSnapshot:
         """What the limiter holds now: slots in flight by target and tenant, waiters by
         tenant, and the rate buckets' levels of the tenants in flight or waiting, those in
-        ``quotas`` and ``tenants``. Cheap: no I/O but the store's ``level`` reads."""
+        ``quotas`` and ``tenants`` (the process's own buckets). Cheap: no I/O."""
         with self._lock:
             in_flight = {key: slots.in_use for key, slots in self._targets.items()}
             by_tenant = {who: slots.in_use for who, slots in self._tenants.items() if slots.in_use}
@@ -915,13 +826,23 @@ class Limiter(PolicyDecorator):
         for who in dict.fromkeys([*by_tenant, *waiting, *self.quotas, *tenants]):
             quota = self.quotas.get(who, self.tenant_quota)
             for _, key, rate, burst in () if quota is None else _buckets(who, quota):
-                buckets[key] = self.store.level(key, rate=rate, burst=burst, now=now)
+                buckets[key] = self._buckets.level(key, rate=rate, burst=burst, now=now)
         return LimiterSnapshot(
             in_flight=MappingProxyType(in_flight),
             tenants=MappingProxyType(by_tenant),
             waiting=MappingProxyType(waiting),
             buckets=MappingProxyType(buckets),
         )
+
+
+async def _wait(waiter: _Waiter, end: float, loop: Backend) -> None:
+    """Wait for ``waiter``'s slot until ``end`` at most (then return without one)."""
+    if end < min(deadline_var.get(), anyio.current_effective_deadline()):
+        with loop.scope(deadline=end):
+            await waiter.event.wait()
+    else:
+        # The enclosing deadline (or cancel scope) ends first: its cancellation wins.
+        await waiter.event.wait()
 
 
 def _buckets(who: str, quota: Quota) -> list[tuple[LimitKind, str, float, float]]:
@@ -936,16 +857,34 @@ def _buckets(who: str, quota: Quota) -> list[tuple[LimitKind, str, float, float]
     return found
 
 
-def _wait_seconds(value: object) -> float:
-    if isinstance(value, datetime.timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"Limiter.max_wait must be a number of seconds or a timedelta, got {value!r}"
+def _unbilled(charged: float, usage: Summary | None) -> float:
+    """The tokens a call used beyond its charge (negative: fewer); ``0`` when not reported."""
+    if usage is None or usage.input_tokens is None or usage.output_tokens is None:
+        return 0.0
+    return usage.input_tokens + usage.output_tokens - charged
+
+
+def _concurrency(value: int | Mapping[str, int] | None) -> int | Mapping[str, int] | None:
+    """``Limiter.concurrency``, checked (a mapping is copied, read-only)."""
+    if isinstance(value, Mapping):
+        return MappingProxyType(
+            {
+                _validation.text("Limiter.concurrency keys", key): _validation.count(
+                    f"Limiter.concurrency[{key!r}]", limit
+                )
+                for key, limit in value.items()
+            }
         )
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"Limiter.max_wait must be a finite number of seconds >= 0, got {value!r}")
-    return float(value)
+    return None if value is None else _validation.count("Limiter.concurrency", value)
+
+
+def _quotas(quotas: Mapping[str, Quota] | None) -> dict[str, Quota]:
+    """``Limiter.quotas``, checked and copied."""
+    _validation.optional("Limiter.quotas", quotas, Mapping, "a mapping of tenant to Quota")
+    for name, quota in (quotas or {}).items():
+        _validation.text("Limiter.quotas keys", name)
+        _validation.instance(f"Limiter.quotas[{name!r}]", quota, Quota, "a Quota")
+    return dict(quotas or {})
 
 
 def _llm_tokens(call: Call) -> int:
