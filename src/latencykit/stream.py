@@ -248,6 +248,13 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
     deadline expires; each carries the text delivered so far (``partial_text``) and the attempt
     history. A stream is never ended silently short of its end.
 
+    The pipeline builds it over an attempt's source with the stream guard's limits and what the
+    guard decides for a break and for the end: ``resume`` (default ``None``: a break is raised)
+    continues a broken stream from another attempt (:data:`Resume`), and ``raise_truncated``
+    (default ``False``) makes an answer cut at its output cap raise
+    :class:`~latencykit.errors.OutputTruncated` after its last chunk. Nothing is set on a stream
+    after it is built.
+
     Attributes:
         target: the key of the target that is answering.
         outcome: ``"open"`` until the stream ends, then how it ended (:data:`StreamOutcome`).
