@@ -13,35 +13,24 @@ enforced with cancel scopes instead.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import functools
 import os
 import warnings
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
-from . import _litellm, _openai, _validation, events
-from ._cancel import backend, clock, now, on_asyncio
-from ._context import (
-    Attempt,
-    Trace,
-    current_attempt,
-    deadline_var,
-    remaining,
-    task_var,
-)
-from ._litellm import LitellmChunks, SkipPrefix, is_set_up, litellm
-from ._litellm import acompletion as litellm_acompletion
+from . import _validation
+from ._cancel import clock, now
+from ._context import Attempt, Trace, current_attempt, remaining, task_var
+from ._litellm import LitellmTransport, litellm
+from ._openai import OpenAITransport
 from .errors import (
     ErrorFilter,
-    ErrorKind,
     OutputTruncated,
-    classify,
-    is_transient,
     malformed_answer,
     provider_error,
     scrub,
@@ -58,14 +47,14 @@ from .policies.hedge import Hedge, Quantile
 from .policies.retry import Retry
 from .routing import RouteDecision, RouterFunction, Routing
 from .stats import Recorder, StatsTable
-from .stream import Stream
+from .stream import ChunkSource, Stream
 from .target import Target, as_target
 
 if TYPE_CHECKING:
     from .config import LLMConfig
     from .policies.breaker import BreakerState
 
-__all__ = ["LLM", "CallReport", "Degrade", "report"]
+__all__ = ["LLM", "CallReport", "Degrade", "Transport", "report"]
 
 _REPORT_KEY = "latencykit"
 _ATTEMPT_KEY = "latencykit.attempt"
@@ -83,6 +72,34 @@ _TARGET_OWNED = {
     "api_key": "a key belongs to a target: pass LLM(api_key=...) or a failover target's",
     "api_base": "the endpoint belongs to a target: pass LLM(api_base=...) or a failover target's",
 }
+
+
+class Transport(Protocol):
+    """A lane: how an :class:`LLM` makes its attempts on the targets that name it
+    (``Target.transport``: ``"litellm"``, through ``litellm.acompletion``; ``"openai"``, the
+    fast lane). Each ``LLM`` owns one of each, and closes them with :meth:`LLM.aclose`.
+    ``timeout`` is the target's attempt timeout."""
+
+    def complete(
+        self, target: Target, arguments: Mapping[str, Any], timeout: float
+    ) -> Awaitable[Any]:
+        """A non-streaming attempt: litellm's ``ModelResponse``; raises what failed."""
+        ...
+
+    def open(
+        self, target: Target, arguments: Mapping[str, Any], timeout: float
+    ) -> ChunkSource | Awaitable[ChunkSource]:
+        """A streaming attempt's source, opened on its first read."""
+        ...
+
+    async def warm(self, target: Target, timeout: float, *, connect: bool, limit: float) -> None:
+        """Do the client's first-call work for ``target``, then (``connect``) open a
+        connection to it within ``limit`` seconds (see :meth:`LLM.warm`)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the connections it opened on this event loop."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,32 +227,13 @@ def report(result: object) -> CallReport:
         LookupError: the result did not come from latencykit.
     """
     if isinstance(result, Stream):
-        found = getattr(result, "report_info", None)
-        if not isinstance(found, tuple):
-            raise LookupError("this stream did not come from latencykit.LLM.acompletion")
-        trace, model = found
-        ttft = result.ttft
-        return CallReport(
-            target=result.target,
-            model=model,
-            attempts=tuple(trace.attempts),
-            answered_by=result.attempt,
-            degraded=trace.degraded,
-            fallback_reason=trace.fallback_reason,
-            duration=(trace.ended_at or clock()) - trace.started_at,
-            ttft=None if ttft is None else ttft + result.started_at - trace.started_at,
-            chunks=result.chunks,
-            cache=trace.cache,
-            route=trace.route,
-            truncated=result.finish_reason == "length",
-        )
+        return _stream_report(result)
     hidden = getattr(result, "_hidden_params", None)
-    if not isinstance(hidden, dict):
-        raise LookupError("this response did not come from latencykit.LLM.acompletion")
+    hidden = hidden if isinstance(hidden, dict) else {}
     found = hidden.get(_REPORT_KEY)
     if isinstance(found, CallReport):
         return found
-    if not (isinstance(found, tuple) and len(found) == 3 and isinstance(found[0], Trace)):
+    if not isinstance(found, _Answered):
         raise LookupError("this response did not come from latencykit.LLM.acompletion")
     trace, number, target = found
     choices = getattr(result, "choices", None) or ()
@@ -254,6 +252,35 @@ def report(result: object) -> CallReport:
     )
     hidden[_REPORT_KEY] = built
     return built
+
+
+class _Answered(NamedTuple):
+    """What :func:`report` builds a response's report from (kept in the response)."""
+
+    trace: Trace
+    number: int
+    target: str
+
+
+def _stream_report(stream: Stream[Any]) -> CallReport:
+    trace = stream.trace
+    if trace is None:
+        raise LookupError("this stream did not come from latencykit.LLM.acompletion")
+    ttft = stream.ttft
+    return CallReport(
+        target=stream.target,
+        model=stream.target,
+        attempts=tuple(trace.attempts),
+        answered_by=stream.attempt,
+        degraded=trace.degraded,
+        fallback_reason=trace.fallback_reason,
+        duration=(trace.ended_at or clock()) - trace.started_at,
+        ttft=None if ttft is None else ttft + stream.started_at - trace.started_at,
+        chunks=stream.chunks,
+        cache=trace.cache,
+        route=trace.route,
+        truncated=stream.finish_reason == "length",
+    )
 
 
 class LLM:
@@ -397,7 +424,6 @@ class LLM:
             transport=transport,
         )
         self.targets = _targets(primary, failover, self.timeout)
-        self._http = _openai.Clients()  # the fast lane's connection pools: closed by aclose()
         self._secrets = _secrets_of(self.targets, degrade)
         self._routes = [Route(t, functools.partial(self._to_target, t)) for t in self.targets]
         self._degraded = None if degrade is None else degrade.target(self.targets[0])
@@ -471,8 +497,28 @@ class LLM:
             policies.append(
                 Failover(*self._routes, on=failover_on, passthrough=True, is_open=is_open)
             )
-        policies.append(self.stream_guard)
+        policies.append(self._guard)
         return policies
+
+    @functools.cached_property
+    def _guard(self) -> StreamGuard:
+        """``stream_guard`` for this LLM's calls: a broken stream goes on from its targets, and
+        an answer cut at its cap raises (``on_truncated``)."""
+        return self.stream_guard.bound(
+            self.targets,
+            lambda target: functools.partial(self._open, target),
+            lambda call, trace: self._per_target.run_within(call, trace, reason="resume"),
+            raise_truncated=self.max_output_tokens is not None and self.on_truncated == "raise",
+        )
+
+    @functools.cached_property
+    def _transports(self) -> dict[str, Transport]:
+        """The lanes, by the name a target gives (``Target.transport``)."""
+        secrets = self._secrets
+        return {"litellm": LitellmTransport(secrets), "openai": OpenAITransport(secrets)}
+
+    def _timeout(self, target: Target) -> float:
+        return self.timeout if target.timeout is None else target.timeout
 
     @classmethod
     def from_config(
@@ -500,7 +546,8 @@ class LLM:
         are litellm's, shared by every caller in the process, and are left open.
 
         ``async with lk.LLM(...) as llm:`` closes them at the end of the block."""
-        await self._http.aclose()
+        for transport in self._transports.values():
+            await transport.aclose()
 
     async def __aenter__(self) -> LLM:
         return self
@@ -603,13 +650,8 @@ class LLM:
         async def warm_one(target: Target) -> None:
             started = now()
             try:
-                if target.transport == "openai":
-                    self._http.get()
-                    if connect:
-                        await _openai.open_connection(target, limit, self._http)
-                else:
-                    arguments = target.litellm_arguments(self.timeout)
-                    await _on_asyncio(_litellm.warm(arguments, connect=connect, timeout=limit))
+                transport = self._transports[target.transport]
+                await transport.warm(target, self._timeout(target), connect=connect, limit=limit)
             except Exception as exc:
                 done[target.key] = provider_error(exc, target=target.key, secrets=self._secrets)
             else:
@@ -644,6 +686,36 @@ class LLM:
         carrying the attempt history; a stream that breaks after its first chunk raises
         :class:`~latencykit.StreamBroken` with the partial text.
         """
+        target, stream, task = self._own_arguments(kwargs)
+        arguments = {**self._defaults, **kwargs}
+        call = Call(
+            self._attempt_on(target, stream),
+            (),
+            arguments,
+            target,
+            self._guard if stream else None,
+            self._recorder,  # every attempt of the call reports to it: stats() and the hedge
+        )
+        if task is None:
+            result, trace = await self._pipeline.run_traced(call)
+        else:
+            token = task_var.set(task)
+            try:
+                result, trace = await self._pipeline.run_traced(call)
+            finally:
+                task_var.reset(token)
+        if stream:
+            return result
+        hidden = result._hidden_params
+        # The report is built on demand by report(): most callers never ask for it.
+        hidden[_REPORT_KEY] = _Answered(trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
+        if self.max_output_tokens is not None and self.on_truncated == "raise":
+            self._check_truncation(result, arguments)
+        return result
+
+    def _own_arguments(self, kwargs: dict[str, Any]) -> tuple[Target, bool, str | None]:
+        """Take latencykit's own arguments out of ``kwargs``: the call's first target, whether
+        it streams, its task tag; refuse the arguments it owns."""
         for name in kwargs.keys() & (_RESERVED.keys() | _TARGET_OWNED.keys()):
             raise ValueError(
                 f"acompletion({name}=...) is not accepted: "
@@ -660,36 +732,7 @@ class LLM:
         task = kwargs.pop("task", None)
         if task is not None and self.router is None:
             raise ValueError("acompletion(task=...) is for a router: pass LLM(router=...)")
-        arguments = {**self._defaults, **kwargs}
-        call = Call(
-            self._attempt_on(target, stream),
-            (),
-            arguments,
-            target,
-            self.stream_guard if stream else None,
-            self._recorder,  # every attempt of the call reports to it: stats() and the hedge
-        )
-        if task is None:
-            result, trace = await self._pipeline.run_traced(call)
-        else:
-            token = task_var.set(task)
-            try:
-                result, trace = await self._pipeline.run_traced(call)
-            finally:
-                task_var.reset(token)
-        if stream:
-            result.report_info = (trace, result.target)
-            if self.max_output_tokens is not None and self.on_truncated == "raise":
-                result.on_finished = _raise_if_truncated
-            if self.stream_guard.on_break == "continue":
-                result.recover = functools.partial(self._continue, call, trace, set())
-            return result
-        hidden = result._hidden_params
-        # The report is built on demand by report(): most callers never ask for it.
-        hidden[_REPORT_KEY] = (trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
-        if self.max_output_tokens is not None and self.on_truncated == "raise":
-            self._check_truncation(result, arguments)
-        return result
+        return target, stream, task
 
     def _check_truncation(self, response: Any, arguments: Mapping[str, Any]) -> None:
         choices: list[Any] = list(getattr(response, "choices", None) or ())
@@ -712,15 +755,14 @@ class LLM:
         own = kwargs.get(name)
         cap = self.max_output_tokens if own is None else min(int(own), self.max_output_tokens)
         left = remaining()
-        if self.budget_aware and left is not None:
-            per_token = self._recorder.per_token.get(target.key)
-            if per_token is not None and per_token.count() >= _CAP_MIN_SAMPLES:
-                first = 0.0
-                ttft = self._recorder.ttft.get(target.key) if streaming else None
-                if ttft is not None and ttft.count() >= _CAP_MIN_SAMPLES:
-                    first = ttft.quantile(0.5) or 0.0
-                tokens = (left - first) * _CAP_HEADROOM / max(per_token.quantile(0.5) or 0, 1e-6)
-                cap = max(1, min(cap, int(tokens)))
+        if (
+            self.budget_aware
+            and left is not None
+            and (per_token := _median(self._recorder.per_token.get(target.key))) is not None
+        ):
+            first = _median(self._recorder.ttft.get(target.key)) if streaming else None
+            tokens = (left - (first or 0.0)) * _CAP_HEADROOM / max(per_token, 1e-6)
+            cap = max(1, min(cap, int(tokens)))
         kwargs[name] = cap
         return cap
 
@@ -731,8 +773,7 @@ class LLM:
         return call._replace(fn=self._attempt_on(target, call.stream is not None), target=target)
 
     def _open(self, target: Target, **kwargs: Any) -> Any:
-        """A streaming attempt's source: opened on its first ``__anext__`` (through litellm on
-        trio, in the asyncio bridge, whose pump hands the chunks over).
+        """A streaming attempt's source, from the target's transport, opened on its first read.
 
         The first attempt of the process to a model (litellm) or on the event loop (fast lane)
         first does the client's one-time set-up (see :meth:`warm`), and its source says when
@@ -741,56 +782,14 @@ class LLM:
         """
         if self.max_output_tokens is not None:
             self._cap(target, kwargs, streaming=True)
-        timeout = self.timeout if target.timeout is None else target.timeout
-        if target.transport == "openai":
-            request = _openai.Request(target, timeout, {**kwargs, "stream": True}, self._http)
-            chunks = _openai.OpenAIChunks(request, target, self._secrets)
-            if not self._http.ready():
-                self._http.get()
-                chunks.ready_at = now()
-            return chunks
-        arguments = target.litellm_arguments(self.timeout, kwargs)
-        if not is_set_up(target.model):
-            return self._set_up_then_open(target, arguments)
-        return self._litellm_source(target, arguments, None)
-
-    async def _set_up_then_open(self, target: Target, arguments: dict[str, Any]) -> Any:
-        with contextlib.suppress(Exception):  # an unknown provider: the real call raises it
-            await _on_asyncio(_litellm.set_up(target.litellm_arguments(self.timeout)))
-        return self._litellm_source(target, arguments, now())
-
-    def _litellm_source(
-        self, target: Target, arguments: dict[str, Any], ready_at: float | None
-    ) -> Any:
-        chunks = LitellmChunks(arguments, target, self._secrets)
-        chunks.ready_at = ready_at
-        if on_asyncio():
-            return chunks
-        from ._asyncio_bridge import BridgedStream
-
-        return BridgedStream(chunks)
+        return self._transports[target.transport].open(target, kwargs, self._timeout(target))
 
     async def _attempt(self, target: Target, **kwargs: Any) -> Any:
         cap = None if self.max_output_tokens is None else self._cap(target, kwargs, False)
         started = 0.0 if cap is None else clock()
+        transport = self._transports[target.transport]
         try:
-            if target.transport == "openai":
-                timeout = self.timeout if target.timeout is None else target.timeout
-                response = await _openai.complete(target, timeout, kwargs, self._http)
-            else:
-                if not is_set_up(target.model):
-                    # litellm's one-time set-up, apart: a cancel landing in a real call's
-                    # set-up (it runs in a thread) leaves litellm's request coroutine unawaited
-                    # ("coroutine ... was never awaited"); in the mock's, nothing.
-                    with contextlib.suppress(Exception):
-                        await _on_asyncio(_litellm.set_up(target.litellm_arguments(self.timeout)))
-                coro = litellm_acompletion(target.litellm_arguments(self.timeout, kwargs))
-                if on_asyncio():
-                    response = await coro  # the common case, without the bridge's extra frame
-                else:
-                    from ._asyncio_bridge import run_on_asyncio
-
-                    response = await run_on_asyncio(coro)
+            response = await transport.complete(target, kwargs, self._timeout(target))
         except Exception as exc:
             raise provider_error(exc, target=target.key, secrets=self._secrets) from exc
         if not response.choices:  # litellm takes an answer with no choices for one
@@ -804,73 +803,6 @@ class LLM:
                 self._recorder.output_rate(target.key, clock() - started, tokens)
         return response
 
-    async def _continue(
-        self,
-        call: Call,
-        trace: Trace,
-        broke: set[str],
-        broken: Stream[Any],
-        error: Exception,
-    ) -> AsyncIterator[Any] | None:
-        """A source continuing ``broken`` (see ``StreamGuard(on_break="continue")``), or
-        ``None`` when no target could within the budget and ``max_resumes``.
-
-        The targets are asked in failover order, those that broke this stream (``broke``: the
-        keys, kept across the stream's resumes) last: a target that cut or stalled once is
-        likely to do it again (the same overloaded replica, the same fault at the same point),
-        while regenerating elsewhere costs the same as on it. Each is asked through its own
-        breaker and retry policies, within the call's trace (its attempts join the call's)."""
-        loop = backend()
-        broke.add(broken.target)
-        if broken.resumes >= self.stream_guard.max_resumes or loop.now() >= broken.deadline:
-            return None
-        delivered = broken.partial_text
-        messages = list(call.kwargs.get("messages") or ())
-        known = any(t.key == call.target.key for t in self.targets)
-        # Stable: the failover order is kept among those that did not break it, and those that did.
-        targets = sorted(self.targets if known else [call.target], key=lambda t: t.key in broke)
-        deadline_token = deadline_var.set(broken.deadline)
-        try:
-            with loop.scope(deadline=broken.deadline):
-                for target in targets:
-                    modes = ("prefill", "regenerate") if target.supports("prefill") else ()
-                    for mode in modes or ("regenerate",):
-                        kwargs = dict(call.kwargs)
-                        if mode == "prefill" and delivered:
-                            kwargs["messages"] = [
-                                *messages,
-                                {"role": "assistant", "content": delivered},
-                            ]
-                        attempt = call._replace(
-                            fn=self._attempt_on(target, True), kwargs=kwargs, target=target
-                        )
-                        try:
-                            continued = await self._per_target.run_within(
-                                attempt, trace, reason="resume"
-                            )
-                        except Exception as exc:
-                            if mode == "prefill" and classify(exc) is ErrorKind.BAD_REQUEST:
-                                continue  # the target refused the prefill: regenerate instead
-                            if is_transient(exc):
-                                break  # this target cannot now: the next one
-                            return None  # not worth another target; the break stands
-                        if events.listening():
-                            events.emit(
-                                events.StreamResumed(
-                                    trace.call_id,
-                                    attempt=continued.attempt,
-                                    target=continued.target,
-                                    mode=mode,  # type: ignore[arg-type]
-                                    chunks=broken.chunks,
-                                )
-                            )
-                        if mode == "prefill" and delivered:
-                            return continued  # type: ignore[no-any-return]
-                        return SkipPrefix(continued, delivered)
-        finally:
-            deadline_var.reset(deadline_token)
-        return None
-
     async def _degraded_path(self, reason: FallbackReason, call: Call, next: Next) -> Any:
         assert self.degrade is not None and self._degraded is not None
         target = self._degraded
@@ -883,17 +815,11 @@ class LLM:
         )
 
 
-async def _on_asyncio(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Await ``coro`` on asyncio (on trio: in the asyncio bridge, where litellm runs)."""
-    from ._asyncio_bridge import run_on_asyncio
-
-    return await run_on_asyncio(coro)
-
-
-def _raise_if_truncated(stream: Stream[Any]) -> None:
-    """A stream's end: raise :class:`OutputTruncated` if it stopped at its output cap."""
-    if stream.finish_reason == "length":
-        raise OutputTruncated(None, stream.partial_text, max_tokens=None, budget_capped=False)
+def _median(window: Any) -> float | None:
+    """A latency window's median once it has enough samples to cap by, else ``None``."""
+    if window is None or window.count() < _CAP_MIN_SAMPLES:
+        return None
+    return window.quantile(0.5)  # type: ignore[no-any-return]
 
 
 def _known_arguments(litellm_module: Any) -> frozenset[str]:
