@@ -230,24 +230,14 @@ def _resumed(
         )
 
 
-def stream_guard(
-    *,
-    first_token: float | datetime.timedelta | None = None,
-    stall: float | datetime.timedelta | None = None,
-    on_break: OnBreak = "raise",
-    max_resumes: int = 2,
-) -> StreamGuard:
-    """A :class:`StreamGuard`; as a decorator on an async-generator function::
+stream_guard = StreamGuard
+"""``lk.stream_guard`` is :class:`StreamGuard` (one signature); as a decorator on an
+async-generator function::
 
-        @lk.deadline(30)
-        @lk.stream_guard(first_token=2.0, stall=5.0)
-        async def tokens(prompt: str) -> AsyncIterator[str]: ...
-
-    The arguments and defaults are :class:`StreamGuard`'s.
-    """
-    return StreamGuard(
-        first_token=first_token, stall=stall, on_break=on_break, max_resumes=max_resumes
-    )
+    @lk.deadline(30)
+    @lk.stream_guard(first_token=2.0, stall=5.0)
+    async def tokens(prompt: str) -> AsyncIterator[str]: ...
+"""
 
 
 def guard_stream(
