@@ -7,11 +7,13 @@ Ctrl-C stops it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import threading
 
 from ._behavior import Behavior, Fault
 from ._profiles import LlmperfProfile
+from ._quota import Quota
 from ._records import RecordedAttempt
 from ._server import FakeProvider
 
@@ -52,6 +54,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scale", type=float, default=1.0, help="time factor for --profile (default 1.0)"
     )
+    parser.add_argument(
+        "--ttft",
+        type=float,
+        default=0.0,
+        help="seconds to first token without --profile (default 0)",
+    )
+    parser.add_argument(
+        "--itl",
+        type=float,
+        default=0.0,
+        help="seconds between tokens without --profile (default 0)",
+    )
+    parser.add_argument(
+        "--knee",
+        type=int,
+        metavar="N",
+        help="latency grows in proportion past N requests in flight per model "
+        "(Behavior.concurrency_knee; default: none)",
+    )
+    parser.add_argument(
+        "--rpm", type=int, metavar="N", help="quota: requests per minute per API key (with --tpm)"
+    )
+    parser.add_argument(
+        "--tpm", type=int, metavar="N", help="quota: tokens per minute per API key (with --rpm)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
     parser.add_argument("--list-profiles", action="store_true", help="list llmperf runs and exit")
     parser.add_argument("--quiet", action="store_true", help="do not print one line per request")
@@ -60,16 +87,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_profiles:
         print("\n".join(LlmperfProfile.runs()))
         return 0
-    fake = FakeProvider(port=args.port, host=args.host, seed=args.seed)
+    if (args.rpm is None) != (args.tpm is None):
+        parser.error("--rpm and --tpm go together")
+    try:
+        quota = (
+            None
+            if args.rpm is None
+            else Quota(requests_per_minute=args.rpm, tokens_per_minute=args.tpm)
+        )
+        behavior = Behavior(ttft=args.ttft, itl=args.itl, concurrency_knee=args.knee)
+    except ValueError as exc:
+        parser.error(str(exc))
+    fake = FakeProvider(port=args.port, host=args.host, seed=args.seed, quota=quota)
     if args.profile:
         try:
-            fake.default = LlmperfProfile.load(args.profile, scale=args.scale)
+            profile = LlmperfProfile.load(args.profile, scale=args.scale)
         except ValueError as exc:
             parser.error(str(exc))
+        fake.default = profile
+        if args.knee is not None:
+            fake.default = lambda info: dataclasses.replace(
+                profile(info), concurrency_knee=args.knee
+            )
         what = f"llmperf profile {args.profile} x{args.scale:g}"
     else:
-        fake.default = Behavior()
-        what = "instant answers (Behavior())"
+        fake.default = behavior
+        what = f"answers after ttft {args.ttft:g}s, itl {args.itl:g}s"
+    if args.knee is not None:
+        what += f", slower past {args.knee} in flight per model"
+    if quota is not None:
+        what += f"; quota {args.rpm} requests and {args.tpm} tokens per minute per API key"
     try:
         fake.start()
     except OSError as exc:
@@ -82,17 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"default behaviour: {what}; Ctrl-C to stop", flush=True)
     printed: set[int] = set()
+    first = 0  # every attempt before it is printed: a long run's tick stays short
     done = threading.Event()
     try:
         while not done.wait(0.1):
             if args.quiet:
                 continue
-            for a in fake.attempts:
+            with fake._cond:
+                fresh = [a.snapshot() for a in fake._records[first:]]
+            for a in fresh:
                 if a.index not in printed and (
                     a.completed or a.disconnected or a.fault in _SERVER_ABORTS
                 ):
                     print(_line(a), flush=True)
                     printed.add(a.index)
+            while first in printed:
+                printed.discard(first)
+                first += 1
     except KeyboardInterrupt:
         pass
     finally:

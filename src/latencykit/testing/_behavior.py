@@ -86,6 +86,9 @@ ERROR_KINDS = ("server_error", "overloaded", "rate_limit", "content_filter", "co
 FLAVORS = ("vllm", "ollama", "gemini_list_errors")
 """The values of ``Behavior.flavor``, variants of a wire format."""
 
+LIMIT_HEADERS = ("honest", "missing", "full")
+"""The values of ``Behavior.limit_headers``, what the rate-limit headers say."""
+
 
 def _number(name: str, value: object, *, allow_none: bool = False, positive: bool = False) -> None:
     if value is None and allow_none:
@@ -251,6 +254,25 @@ class Behavior:
     """Answer 400 ``invalid_request_error`` ("does not support assistant message prefill"),
     after ``ttft``, to a request whose last message has role ``assistant``; the fault, if
     any, is not applied. Default ``False``: such a request gets its prefill continued."""
+    concurrency_knee: int | None = None
+    """The knee of the model's latency under load. Default ``None``: latency does not
+    depend on load.
+
+    With ``N``, a request that arrives while ``k`` requests of the same model are being
+    answered, itself included, gets its ``ttft`` and every ``itl`` multiplied by
+    ``max(1, k / N)``: unchanged up to ``N`` in flight, then growing in proportion, as a
+    server that serves ``N`` at a time. A request the quota refuses is not counted."""
+    limit_headers: str = "honest"
+    """What the rate-limit headers of a :class:`Quota` say, one of :data:`LIMIT_HEADERS`.
+    Default ``"honest"``: the room the key has left.
+
+    ``"missing"``: no ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` header (a 429 past the
+    quota keeps its ``retry-after`` and body); ``"full"``: a lie, every answer claims all
+    the room (remaining = limit, reset now) while the quota is still enforced."""
+    reset_skew: float = 0.0
+    """Seconds added to every reset the rate-limit headers report (OpenAI's durations,
+    floored at ``0s``; Anthropic's timestamps), as a provider whose clock is off. Default
+    ``0.0``; may be negative. ``retry-after`` is not moved."""
 
     def __post_init__(self) -> None:
         for name in ("ttft", "itl"):
@@ -290,6 +312,15 @@ class Behavior:
             raise ValueError(
                 f"Behavior.flavor must be one of {', '.join(FLAVORS)} or None, got {self.flavor!r}"
             )
+        _integer("concurrency_knee", self.concurrency_knee, minimum=1, allow_none=True)
+        if self.limit_headers not in LIMIT_HEADERS:
+            raise ValueError(
+                f"Behavior.limit_headers must be one of {', '.join(LIMIT_HEADERS)}, "
+                f"got {self.limit_headers!r}"
+            )
+        skew = self.reset_skew
+        if isinstance(skew, bool) or not isinstance(skew, (int, float)) or not math.isfinite(skew):
+            raise ValueError(f"Behavior.reset_skew must be a finite number, got {skew!r}")
         object.__setattr__(self, "headers", header_pairs(self.headers))
         if not isinstance(self.error, str) or self.error not in ERROR_KINDS:
             raise ValueError(

@@ -29,11 +29,12 @@ from ._http import (
     response_head,
 )
 from ._latency import sample_seconds
-from ._wire import ERROR_FAULTS, Meta, Piece, Wire, seconds_header, words
+from ._wire import ERROR_FAULTS, Meta, Piece, Wire, seconds_header, wait_header, words
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
+    from ._quota import Ledger, QuotaUsage, Refusal
     from ._records import AttemptState
     from ._server import FakeProvider
 
@@ -75,7 +76,16 @@ def _consume(task: asyncio.Task[bool]) -> None:
 class _Plan:
     """Everything decided when a chat request arrives (latencies are sampled up front)."""
 
-    __slots__ = ("behavior", "fault", "finish_reason", "gaps", "pieces", "rejects_prefill", "ttft")
+    __slots__ = (
+        "behavior",
+        "fault",
+        "finish_reason",
+        "gaps",
+        "pieces",
+        "rejects_prefill",
+        "reserved",
+        "ttft",
+    )
 
     def __init__(
         self,
@@ -110,6 +120,17 @@ class _Plan:
             self.pieces.append(("tool", behavior.tool_arguments))
         self.ttft = sample_seconds(behavior.ttft, rng)
         self.gaps = [sample_seconds(behavior.itl, rng) for _ in self.pieces]
+        # The output tokens a quota reserves on arrival: the client's cap, as OpenAI and
+        # Anthropic do, else the answer's length (settled to what is sent at the end).
+        self.reserved = len(self.pieces) if max_tokens is None else max(max_tokens, 0)
+
+    def crowd(self, in_flight: int) -> None:
+        """Slow the answer down by ``in_flight / knee`` past the behaviour's knee."""
+        knee = self.behavior.concurrency_knee
+        if knee is not None and in_flight > knee:
+            factor = in_flight / knee
+            self.ttft *= factor
+            self.gaps = [gap * factor for gap in self.gaps]
 
 
 class _Exchange:
@@ -132,6 +153,8 @@ class _Exchange:
         self.arrived_at = request.arrived_at
         self.wire = wire
         self.stream = stream
+        self.limit_headers: list[tuple[str, str]] | None = None  # None: no quota
+        self.reservation: tuple[Ledger, str, int] | None = None  # (ledger, key, tokens)
 
     # -- primitives
 
@@ -152,6 +175,8 @@ class _Exchange:
             changes["ended_at"] = now
         if changes or tokens:
             self.provider._update(self.attempt, tokens=tokens, **changes)
+        if final:
+            self.settle()
         try:
             self.conn.writer.write(data)
             await self.conn.writer.drain()
@@ -165,7 +190,30 @@ class _Exchange:
             ("Connection", "close" if close or not self.keep_alive else "keep-alive"),
             ("x-request-id", f"req_fake_{self.attempt.index}"),
             ("x-fake-attempt", str(self.attempt.index)),
+            *(self.limit_headers or ()),
         ]
+
+    def report(self, usage: QuotaUsage, behavior: Behavior) -> None:
+        """Tell the quota's room left in every header of the answer, as ``behavior`` says."""
+        mode = behavior.limit_headers
+        shown = usage.full() if mode == "full" else usage
+        missing = mode == "missing"
+        self.limit_headers = [] if missing else self.wire.limit_headers(shown, behavior.reset_skew)
+
+    def settle(self) -> None:
+        """Settle the quota's reservation with the tokens sent, once: before the answer's
+        last bytes, so a client that got them sees the quota settled."""
+        if self.reservation is not None:
+            ledger, key, reserved = self.reservation
+            self.reservation = None
+            ledger.settle(key, reserved - self.attempt.tokens_sent)
+
+    async def refuse(self, refusal: Refusal) -> bool:
+        """Answer at once the 429 of a request past the quota."""
+        status, body, extra = self.wire.quota_error(refusal)
+        if self.wire.retry_after_header:
+            extra.append(("retry-after", wait_header(refusal.wait)))
+        return await self.send_json(status, body, extra)
 
     async def send_json(
         self, status: int, body: bytes, extra: list[tuple[str, str]] | None = None
@@ -220,6 +268,8 @@ class _Exchange:
             status, body, extra = wire.fault_error(
                 fault, context_window=behavior.context_window, retry_after=behavior.retry_after
             )
+            if self.limit_headers is not None:  # the quota's headers replace the stand-ins
+                extra = [h for h in extra if not h[0].startswith("anthropic-ratelimit-")]
             if status == 200 and self.stream:  # a refusal answered in one event
                 return await self._respond_stream(plan, only=wire.stream_error(body))
             waits = fault in (Fault.HTTP_429, Fault.HTTP_503) and wire.retry_after_header
@@ -409,6 +459,7 @@ class Engine:
         self._stop_requested = False
         self._stopping = False
         self._tasks: set[asyncio.Task[object]] = set()
+        self._in_flight: dict[str, int] = {}  # model -> requests being answered
 
     # -- lifecycle (run() on the server thread, request_stop() from any thread)
 
@@ -608,8 +659,29 @@ class Engine:
             prefill=prefill,
             max_tokens=parsed_request.max_tokens,
         )
-        provider._update(attempt, fault=plan.fault)
-        return await self._watch(conn, attempt, exchange.respond(plan))
+        key = wire.api_key(request.headers, request.target.partition("?")[2])
+        return await self._answer(exchange, plan, key, prompt_tokens + plan.reserved)
+
+    async def _answer(self, exchange: _Exchange, plan: _Plan, key: str, cost: int) -> bool:
+        """Answer a planned request: a 429 past the key's quota, else the plan, slowed past
+        its knee; then settle the tokens reserved with those sent."""
+        conn, attempt, model = exchange.conn, exchange.attempt, exchange.attempt.model
+        ledger = self.provider._ledger
+        if ledger is not None:
+            usage, refusal = ledger.admit(key, cost)
+            exchange.report(usage, plan.behavior)
+            if refusal is not None:
+                return await self._watch(conn, attempt, exchange.refuse(refusal))
+            exchange.reservation = (ledger, key, plan.reserved)
+        self.provider._update(attempt, fault=plan.fault)
+        in_flight = self._in_flight
+        in_flight[model] = in_flight.get(model, 0) + 1
+        plan.crowd(in_flight[model])
+        try:
+            return await self._watch(conn, attempt, exchange.respond(plan))
+        finally:
+            in_flight[model] -= 1
+            exchange.settle()  # an answer cut short or abandoned
 
     async def _watch(
         self, conn: Connection, attempt: AttemptState, coro: Coroutine[object, object, bool]
