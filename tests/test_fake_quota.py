@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -454,3 +457,29 @@ def test_command_line_options() -> None:
         main(["--rpm", "600"])  # --rpm and --tpm go together
     with pytest.raises(SystemExit):
         main(["--rpm", "0", "--tpm", "10"])
+
+
+@pytest.mark.slow
+def test_command_line_runs_a_quota_and_a_knee() -> None:
+    command = [sys.executable, "-m", "latencykit.testing", "--port", "0", "--rpm", "1"]
+    command += ["--tpm", "1000", "--ttft", "0.01", "--knee", "4", "--output-tokens", "3"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
+        try:
+            assert process.stdout is not None
+            first = process.stdout.readline()
+            base_url = first.split("base_url=")[1].split()[0]
+            said = process.stdout.readline()
+            assert "3 tokens, ttft 0.01s" in said and "slower past 4 in flight" in said
+            assert "quota 1 requests and 1000 tokens per minute per API key" in said
+            body = {"model": "m", "messages": MESSAGES}
+            key = {"authorization": f"Bearer {KEY}"}
+            answer = httpx.post(f"{base_url}/chat/completions", json=body, headers=key)
+            assert answer.json()["choices"][0]["message"]["content"] == "tok0 tok1 tok2"
+            assert answer.headers["x-ratelimit-remaining-requests"] == "0"
+            refused = httpx.post(f"{base_url}/chat/completions", json=body, headers=key)
+            assert refused.status_code == 429
+            assert "status 200" in process.stdout.readline()  # one line per finished request
+            assert "status 429" in process.stdout.readline()
+        finally:
+            process.send_signal(signal.SIGINT)
+        assert process.wait(10) == 0

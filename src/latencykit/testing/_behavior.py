@@ -90,14 +90,33 @@ LIMIT_HEADERS = ("honest", "missing", "full")
 """The values of ``Behavior.limit_headers``, what the rate-limit headers say."""
 
 
-def _number(name: str, value: object, *, allow_none: bool = False, positive: bool = False) -> None:
+def _number(
+    name: str,
+    value: object,
+    *,
+    allow_none: bool = False,
+    positive: bool = False,
+    signed: bool = False,
+) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"Behavior.{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"Behavior.{name} must be a finite number {bound}, got {value!r}")
+    if not math.isfinite(value) or (value < 0 and not signed) or (positive and value == 0):
+        bound = "" if signed else " > 0" if positive else " >= 0"
+        raise ValueError(f"Behavior.{name} must be a finite number{bound}, got {value!r}")
+
+
+def _choice(
+    name: str, value: object, choices: tuple[str, ...], *, allow_none: bool = False
+) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, str) or value not in choices:
+        none = " or None" if allow_none else ""
+        raise ValueError(
+            f"Behavior.{name} must be one of {', '.join(choices)}{none}, got {value!r}"
+        )
 
 
 def _integer(name: str, value: object, *, minimum: int, allow_none: bool = False) -> None:
@@ -308,24 +327,12 @@ class Behavior:
             )
         if not isinstance(self.tool_arguments, str):
             raise ValueError(f"Behavior.tool_arguments must be a str, got {self.tool_arguments!r}")
-        if self.flavor is not None and self.flavor not in FLAVORS:
-            raise ValueError(
-                f"Behavior.flavor must be one of {', '.join(FLAVORS)} or None, got {self.flavor!r}"
-            )
+        _choice("flavor", self.flavor, FLAVORS, allow_none=True)
         _integer("concurrency_knee", self.concurrency_knee, minimum=1, allow_none=True)
-        if self.limit_headers not in LIMIT_HEADERS:
-            raise ValueError(
-                f"Behavior.limit_headers must be one of {', '.join(LIMIT_HEADERS)}, "
-                f"got {self.limit_headers!r}"
-            )
-        skew = self.reset_skew
-        if isinstance(skew, bool) or not isinstance(skew, (int, float)) or not math.isfinite(skew):
-            raise ValueError(f"Behavior.reset_skew must be a finite number, got {skew!r}")
+        _choice("limit_headers", self.limit_headers, LIMIT_HEADERS)
+        _number("reset_skew", self.reset_skew, signed=True)
         object.__setattr__(self, "headers", header_pairs(self.headers))
-        if not isinstance(self.error, str) or self.error not in ERROR_KINDS:
-            raise ValueError(
-                f"Behavior.error must be one of {', '.join(ERROR_KINDS)}, got {self.error!r}"
-            )
+        _choice("error", self.error, ERROR_KINDS)
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Behavior:

@@ -34,7 +34,7 @@ from ._wire import ERROR_FAULTS, Meta, Piece, Wire, seconds_header, wait_header,
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
-    from ._quota import Ledger, QuotaUsage, Refusal
+    from ._quota import Ledger, Refusal
     from ._records import AttemptState
     from ._server import FakeProvider
 
@@ -193,12 +193,16 @@ class _Exchange:
             *(self.limit_headers or ()),
         ]
 
-    def report(self, usage: QuotaUsage, behavior: Behavior) -> None:
-        """Tell the quota's room left in every header of the answer, as ``behavior`` says."""
-        mode = behavior.limit_headers
+    def admit(self, ledger: Ledger, key: str, prompt_tokens: int, plan: _Plan) -> Refusal | None:
+        """Charge the request to ``key``'s quota, or return why it is past it; either way the
+        answer's headers tell the room left, as ``plan.behavior.limit_headers`` says."""
+        usage, refusal = ledger.admit(key, prompt_tokens + plan.reserved)
+        mode, skew = plan.behavior.limit_headers, plan.behavior.reset_skew
         shown = usage.full() if mode == "full" else usage
-        missing = mode == "missing"
-        self.limit_headers = [] if missing else self.wire.limit_headers(shown, behavior.reset_skew)
+        self.limit_headers = [] if mode == "missing" else self.wire.limit_headers(shown, skew)
+        if refusal is None:
+            self.reservation = (ledger, key, plan.reserved)
+        return refusal
 
     def settle(self) -> None:
         """Settle the quota's reservation with the tokens sent, once: before the answer's
@@ -265,23 +269,29 @@ class _Exchange:
         if fault in ERROR_FAULTS:
             assert fault is not None
             await _sleep_until(first_at)
-            status, body, extra = wire.fault_error(
-                fault, context_window=behavior.context_window, retry_after=behavior.retry_after
-            )
-            if self.limit_headers is not None:  # the quota's headers replace the stand-ins
-                extra = [h for h in extra if not h[0].startswith("anthropic-ratelimit-")]
-            if status == 200 and self.stream:  # a refusal answered in one event
-                return await self._respond_stream(plan, only=wire.stream_error(body))
-            waits = fault in (Fault.HTTP_429, Fault.HTTP_503) and wire.retry_after_header
-            if waits and behavior.retry_after is not None:
-                extra.append(("Retry-After", seconds_header(behavior.retry_after)))
-            return await self.send_json(status, body, extra)
+            return await self._error_fault(plan, fault)
         if fault is Fault.ERROR_EVENT and not self.stream:
             await _sleep_until(first_at)
             return await self.send_json(*self.error_event(plan))
         if self.stream:
             return await self._respond_stream(plan)
         return await self._respond_json(plan)
+
+    async def _error_fault(self, plan: _Plan, fault: Fault) -> bool:
+        """Answer one of :data:`ERROR_FAULTS` (``ttft`` has passed)."""
+        behavior = plan.behavior
+        wire = self.wire
+        status, body, extra = wire.fault_error(
+            fault, context_window=behavior.context_window, retry_after=behavior.retry_after
+        )
+        if self.limit_headers is not None:  # the quota's headers replace the stand-ins
+            extra = [h for h in extra if not h[0].startswith("anthropic-ratelimit-")]
+        if status == 200 and self.stream:  # a refusal answered in one event
+            return await self._respond_stream(plan, only=wire.stream_error(body))
+        waits = fault in (Fault.HTTP_429, Fault.HTTP_503) and wire.retry_after_header
+        if waits and behavior.retry_after is not None:
+            extra.append(("Retry-After", seconds_header(behavior.retry_after)))
+        return await self.send_json(status, body, extra)
 
     def error_event(self, plan: _Plan) -> tuple[int, bytes]:
         return self.wire.error_event(
@@ -659,20 +669,17 @@ class Engine:
             prefill=prefill,
             max_tokens=parsed_request.max_tokens,
         )
-        key = wire.api_key(request.headers, request.target.partition("?")[2])
-        return await self._answer(exchange, plan, key, prompt_tokens + plan.reserved)
-
-    async def _answer(self, exchange: _Exchange, plan: _Plan, key: str, cost: int) -> bool:
-        """Answer a planned request: a 429 past the key's quota, else the plan, slowed past
-        its knee; then settle the tokens reserved with those sent."""
-        conn, attempt, model = exchange.conn, exchange.attempt, exchange.attempt.model
-        ledger = self.provider._ledger
+        ledger = provider._ledger
         if ledger is not None:
-            usage, refusal = ledger.admit(key, cost)
-            exchange.report(usage, plan.behavior)
+            key = wire.api_key(request.headers, request.target.partition("?")[2])
+            refusal = exchange.admit(ledger, key, prompt_tokens, plan)
             if refusal is not None:
                 return await self._watch(conn, attempt, exchange.refuse(refusal))
-            exchange.reservation = (ledger, key, plan.reserved)
+        return await self._answer(exchange, plan)
+
+    async def _answer(self, exchange: _Exchange, plan: _Plan) -> bool:
+        """Answer an admitted request as planned, slowed past its knee; settle its quota."""
+        conn, attempt, model = exchange.conn, exchange.attempt, exchange.attempt.model
         self.provider._update(attempt, fault=plan.fault)
         in_flight = self._in_flight
         in_flight[model] = in_flight.get(model, 0) + 1
