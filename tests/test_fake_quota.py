@@ -25,7 +25,7 @@ import pytest
 from litellm import exceptions as llm_errors
 
 import latencykit as lk
-from latencykit.testing import Behavior, FakeProvider, Quota, QuotaUsage
+from latencykit.testing import Behavior, FakeProvider, ProviderQuota, QuotaUsage
 from latencykit.testing.__main__ import main
 
 pytestmark = pytest.mark.anyio
@@ -41,7 +41,9 @@ COST = 10 + 16  # the prompt and the default 16-token answer
 @pytest.fixture
 def fake() -> Iterator[FakeProvider]:
     """6 requests and 600 tokens per minute per key: 1 request and 10 tokens per second."""
-    with FakeProvider(quota=Quota(requests_per_minute=6, tokens_per_minute=600)) as provider:
+    with FakeProvider(
+        quota=ProviderQuota(requests_per_minute=6, tokens_per_minute=600)
+    ) as provider:
         provider.freeze_quota()
         yield provider
 
@@ -113,7 +115,7 @@ async def test_openai_headers_tell_the_room_left(fake: FakeProvider, stream: boo
 
 
 async def test_openai_resets_are_go_durations() -> None:
-    quota = Quota(requests_per_minute=1, tokens_per_minute=600_000)  # 10,000 tokens per s
+    quota = ProviderQuota(requests_per_minute=1, tokens_per_minute=600_000)  # 10,000 tokens per s
     with FakeProvider(quota=quota) as fake:
         fake.freeze_quota()
         headers = (await send(fake)).headers
@@ -248,7 +250,7 @@ async def test_buckets_refill_continuously(fake: FakeProvider) -> None:
 
 
 async def test_the_real_clock_refills_when_not_frozen() -> None:
-    quota = Quota(requests_per_minute=600, tokens_per_minute=600_000)  # 10 requests per s
+    quota = ProviderQuota(requests_per_minute=600, tokens_per_minute=600_000)  # 10 requests per s
     with FakeProvider(quota=quota) as fake:
         for _ in range(600):
             fake._ledger.admit(KEY, 1)  # type: ignore[union-attr]
@@ -342,7 +344,7 @@ def test_setting_the_quota_and_validation() -> None:
     with pytest.raises(RuntimeError, match="no quota"):
         fake.quota_usage(KEY)
     fake.reset_quota()  # nothing to do
-    fake.quota = Quota(requests_per_minute=2, tokens_per_minute=3)
+    fake.quota = ProviderQuota(requests_per_minute=2, tokens_per_minute=3)
     assert fake.quota_usage(KEY) == QuotaUsage(2, 2, 0.0, 3, 3, 0.0)
     with pytest.raises(ValueError, match="seconds"):
         fake.advance_quota(-1)
@@ -350,7 +352,7 @@ def test_setting_the_quota_and_validation() -> None:
         fake.quota = {"requests_per_minute": 2}  # type: ignore[assignment]
     for bad in (0, 1.5, True, None):
         with pytest.raises(ValueError, match="requests_per_minute"):
-            Quota(requests_per_minute=bad, tokens_per_minute=1)  # type: ignore[arg-type]
+            ProviderQuota(requests_per_minute=bad, tokens_per_minute=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="limit_headers"):
         Behavior(limit_headers="sometimes")
     with pytest.raises(ValueError, match="reset_skew"):
@@ -435,7 +437,7 @@ async def answer(llm: lk.LLM, stream: bool) -> None:
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("wire", ["openai", "anthropic", "gemini"])
 async def test_llm_is_rate_limited_past_the_quota(wire: str, stream: bool) -> None:
-    quota = Quota(requests_per_minute=1, tokens_per_minute=100_000)
+    quota = ProviderQuota(requests_per_minute=1, tokens_per_minute=100_000)
     with FakeProvider(quota=quota) as fake:
         fake.freeze_quota()
         base = {

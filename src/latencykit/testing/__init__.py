@@ -3,7 +3,7 @@
 It speaks OpenAI's chat completions (``fake.base_url``), Anthropic's Messages
 (``fake.anthropic_base_url``) and Gemini's ``generateContent`` (``fake.gemini_base_url``),
 with the same scripted behaviours and faults in each, and optionally rate limits per API
-key (:class:`Quota`) told in each format's headers.
+key (:class:`ProviderQuota`) told in each format's headers.
 
 >>> from latencykit.testing import FakeProvider, Behavior, Fault
 >>> with FakeProvider() as fake:                      # doctest: +SKIP
@@ -20,7 +20,7 @@ from ._behavior import Behavior as Behavior
 from ._behavior import Fault as Fault
 from ._latency import Latency as Latency
 from ._profiles import LlmperfProfile as LlmperfProfile
-from ._quota import Quota as Quota
+from ._quota import ProviderQuota as ProviderQuota
 from ._quota import QuotaUsage as QuotaUsage
 from ._records import RecordedAttempt as RecordedAttempt
 from ._redis import RedisServer as RedisServer
@@ -36,7 +36,7 @@ __all__ = [
     "Latency",
     "LlmperfProfile",
     "Predicate",
-    "Quota",
+    "ProviderQuota",
     "QuotaUsage",
     "RecordedAttempt",
     "RedisServer",

@@ -13,7 +13,7 @@ import threading
 
 from ._behavior import Behavior, Fault
 from ._profiles import LlmperfProfile
-from ._quota import Quota
+from ._quota import ProviderQuota
 from ._records import RecordedAttempt
 from ._server import FakeProvider
 
@@ -101,7 +101,7 @@ def _configure(
         quota = (
             None
             if args.rpm is None
-            else Quota(requests_per_minute=args.rpm, tokens_per_minute=args.tpm)
+            else ProviderQuota(requests_per_minute=args.rpm, tokens_per_minute=args.tpm)
         )
         behavior = Behavior(
             ttft=args.ttft,

@@ -25,8 +25,9 @@ class Fault(str, enum.Enum):
 
     HTTP_429 = "http_429"
     """429 ``rate_limit_exceeded``, with ``Retry-After`` if ``Behavior.retry_after`` is set
-    (Anthropic: also ``anthropic-ratelimit-*`` headers; Gemini: the wait as
-    ``RetryInfo.retryDelay`` in the body, no header)."""
+    (Anthropic: also ``anthropic-ratelimit-*`` headers, made up unless a ``ProviderQuota`` tells its
+    own; Gemini: the wait as ``RetryInfo.retryDelay`` in the body, no header). A request
+    past a ``ProviderQuota`` gets a 429 without this fault."""
     HTTP_500 = "http_500"
     """500 ``server_error``."""
     HTTP_503 = "http_503"
@@ -282,7 +283,7 @@ class Behavior:
     ``max(1, k / N)``: unchanged up to ``N`` in flight, then growing in proportion, as a
     server that serves ``N`` at a time. A request the quota refuses is not counted."""
     limit_headers: str = "honest"
-    """What the rate-limit headers of a :class:`Quota` say, one of :data:`LIMIT_HEADERS`.
+    """What the rate-limit headers of a :class:`ProviderQuota` say, one of :data:`LIMIT_HEADERS`.
     Default ``"honest"``: the room the key has left.
 
     ``"missing"``: no ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` header (a 429 past the

@@ -2,7 +2,7 @@
 
 ``POST /v1beta/models/{model}:generateContent`` answers a ``GenerateContentResponse``;
 ``:streamGenerateContent?alt=sse`` sends one as each SSE ``data:`` event. The model is named
-by the URL; the key (``?key=`` or ``x-goog-api-key``) is not checked (a ``Quota`` counts by
+by the URL; the key (``?key=`` or ``x-goog-api-key``) is not checked (a ``ProviderQuota`` counts by
 it). ``candidates[0]`` holds ``content.parts`` (``text``, ``"thought": true`` parts,
 ``functionCall``); the last event carries ``finishReason`` and ``usageMetadata``; there is
 no end marker. Errors are ``{"error": {"code", "message", "status", "details"}}``.

@@ -1,4 +1,4 @@
-"""The fake provider's rate limits: :class:`Quota`, :class:`QuotaUsage` and the ledger.
+"""The fake provider's rate limits: :class:`ProviderQuota`, :class:`QuotaUsage` and the ledger.
 
 Each API key has two token buckets, requests and tokens, that start full and refill
 continuously at ``limit / 60`` per second, as OpenAI describes its limits. A request is
@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, kw_only=True)
-class Quota:
+class ProviderQuota:
     """Rate limits per API key, for ``FakeProvider(quota=...)``. Both fields are required.
 
     Every key (``Authorization: Bearer``, ``api-key``, Anthropic's ``x-api-key``, Gemini's
@@ -34,7 +34,7 @@ class Quota:
         for name in ("requests_per_minute", "tokens_per_minute"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Quota.{name} must be an int >= 1, got {value!r}")
+                raise ValueError(f"ProviderQuota.{name} must be an int >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -42,13 +42,13 @@ class QuotaUsage:
     """The room one API key has left, as the fake provider counts it (a snapshot)."""
 
     requests_limit: int
-    """``Quota.requests_per_minute``."""
+    """``ProviderQuota.requests_per_minute``."""
     requests_remaining: int
     """Whole requests in the bucket now."""
     requests_reset: float
     """Seconds until the requests bucket is full again (``0.0`` when it is)."""
     tokens_limit: int
-    """``Quota.tokens_per_minute``."""
+    """``ProviderQuota.tokens_per_minute``."""
     tokens_remaining: int
     """Whole tokens in the bucket now."""
     tokens_reset: float
@@ -116,7 +116,7 @@ class _Bucket:
 class Ledger:
     """Every key's buckets under one lock: the server thread charges, tests read."""
 
-    def __init__(self, quota: Quota) -> None:
+    def __init__(self, quota: ProviderQuota) -> None:
         self.quota = quota
         self._lock = threading.Lock()
         self._keys: dict[str, tuple[_Bucket, _Bucket]] = {}

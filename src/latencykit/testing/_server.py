@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from ._behavior import Behavior
-from ._quota import Ledger, Quota, QuotaUsage
+from ._quota import Ledger, ProviderQuota, QuotaUsage
 from ._records import AttemptState, RecordedAttempt
 from ._request import RequestInfo
 from ._script import Resolver, Script
@@ -86,7 +86,7 @@ class FakeProvider:
         host: Address to bind; default ``"127.0.0.1"``.
         seed: Seed of the RNG used to sample latencies and passed to callable scripts;
             default ``0``, so runs are reproducible.
-        quota: Rate limits per API key (:class:`Quota`), told in every answer's headers
+        quota: Rate limits per API key (:class:`ProviderQuota`), told in every answer's headers
             and enforced with 429s; default ``None``: no limit, no header.
 
     Use as a context manager (``with FakeProvider() as fake:``), which starts it and stops
@@ -94,7 +94,11 @@ class FakeProvider:
     """
 
     def __init__(
-        self, port: int = 0, host: str = "127.0.0.1", seed: int = 0, quota: Quota | None = None
+        self,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        seed: int = 0,
+        quota: ProviderQuota | None = None,
     ) -> None:
         self._requested_port = port
         self._host = host
@@ -272,23 +276,25 @@ class FakeProvider:
     # ------------------------------------------------------------------ quota
 
     @property
-    def quota(self) -> Quota | None:
+    def quota(self) -> ProviderQuota | None:
         """The rate limits per API key, or ``None`` (default): no limit, no header.
 
-        Setting it (also to another :class:`Quota`) starts every key with full buckets.
+        Setting it (also to another :class:`ProviderQuota`) starts every key with full buckets.
         """
         ledger = self._ledger
         return ledger.quota if ledger is not None else None
 
     @quota.setter
-    def quota(self, quota: Quota | None) -> None:
-        if quota is not None and not isinstance(quota, Quota):
-            raise TypeError(f"quota must be a Quota or None, got {quota!r}")
+    def quota(self, quota: ProviderQuota | None) -> None:
+        if quota is not None and not isinstance(quota, ProviderQuota):
+            raise TypeError(f"quota must be a ProviderQuota or None, got {quota!r}")
         self._ledger = Ledger(quota) if quota is not None else None
 
     def _quota_ledger(self) -> Ledger:
         if self._ledger is None:
-            raise RuntimeError("this FakeProvider has no quota: FakeProvider(quota=Quota(...))")
+            raise RuntimeError(
+                "this FakeProvider has no quota: FakeProvider(quota=ProviderQuota(...))"
+            )
         return self._ledger
 
     def quota_usage(self, api_key: str = "") -> QuotaUsage:
