@@ -2,7 +2,8 @@
 
 It speaks OpenAI's chat completions (``fake.base_url``), Anthropic's Messages
 (``fake.anthropic_base_url``) and Gemini's ``generateContent`` (``fake.gemini_base_url``),
-with the same scripted behaviours and faults in each.
+with the same scripted behaviours and faults in each, and optionally rate limits per API
+key (:class:`ProviderQuota`) told in each format's headers.
 
 >>> from latencykit.testing import FakeProvider, Behavior, Fault
 >>> with FakeProvider() as fake:                      # doctest: +SKIP
@@ -19,6 +20,8 @@ from ._behavior import Behavior as Behavior
 from ._behavior import Fault as Fault
 from ._latency import Latency as Latency
 from ._profiles import LlmperfProfile as LlmperfProfile
+from ._quota import ProviderQuota as ProviderQuota
+from ._quota import QuotaUsage as QuotaUsage
 from ._records import RecordedAttempt as RecordedAttempt
 from ._redis import RedisServer as RedisServer
 from ._request import RequestInfo as RequestInfo
@@ -33,6 +36,8 @@ __all__ = [
     "Latency",
     "LlmperfProfile",
     "Predicate",
+    "ProviderQuota",
+    "QuotaUsage",
     "RecordedAttempt",
     "RedisServer",
     "RequestInfo",

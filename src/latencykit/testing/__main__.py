@@ -7,11 +7,13 @@ Ctrl-C stops it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import threading
 
 from ._behavior import Behavior, Fault
 from ._profiles import LlmperfProfile
+from ._quota import ProviderQuota
 from ._records import RecordedAttempt
 from ._server import FakeProvider
 
@@ -34,8 +36,7 @@ def _line(a: RecordedAttempt) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit code."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m latencykit.testing",
         description="Run latencykit's fake LLM server (OpenAI, Anthropic and Gemini formats) "
@@ -52,24 +53,112 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scale", type=float, default=1.0, help="time factor for --profile (default 1.0)"
     )
+    parser.add_argument(
+        "--ttft",
+        type=float,
+        default=0.0,
+        help="seconds to first token without --profile (default 0)",
+    )
+    parser.add_argument(
+        "--itl",
+        type=float,
+        default=0.0,
+        help="seconds between tokens without --profile (default 0)",
+    )
+    parser.add_argument(
+        "--output-tokens",
+        type=int,
+        default=16,
+        metavar="N",
+        help="tokens per answer without --profile (default 16)",
+    )
+    parser.add_argument(
+        "--knee",
+        type=int,
+        metavar="N",
+        help="latency grows in proportion past N requests in flight per model "
+        "(Behavior.concurrency_knee; default: none)",
+    )
+    parser.add_argument(
+        "--rpm", type=int, metavar="N", help="quota: requests per minute per API key (with --tpm)"
+    )
+    parser.add_argument(
+        "--tpm", type=int, metavar="N", help="quota: tokens per minute per API key (with --rpm)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
     parser.add_argument("--list-profiles", action="store_true", help="list llmperf runs and exit")
     parser.add_argument("--quiet", action="store_true", help="do not print one line per request")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _configure(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> tuple[FakeProvider, str]:
+    """The provider the options ask for (not started), and a phrase saying what it does."""
+    if (args.rpm is None) != (args.tpm is None):
+        parser.error("--rpm and --tpm go together")
+    try:
+        quota = (
+            None
+            if args.rpm is None
+            else ProviderQuota(requests_per_minute=args.rpm, tokens_per_minute=args.tpm)
+        )
+        behavior = Behavior(
+            ttft=args.ttft,
+            itl=args.itl,
+            output_tokens=args.output_tokens,
+            concurrency_knee=args.knee,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    fake = FakeProvider(port=args.port, host=args.host, seed=args.seed, quota=quota)
+    if args.profile:
+        try:
+            profile = LlmperfProfile.load(args.profile, scale=args.scale)
+        except ValueError as exc:
+            parser.error(str(exc))
+        fake.default = profile
+        if args.knee is not None:
+            fake.default = lambda info: dataclasses.replace(
+                profile(info), concurrency_knee=args.knee
+            )
+        what = f"llmperf profile {args.profile} x{args.scale:g}"
+    else:
+        fake.default = behavior
+        what = f"{args.output_tokens} tokens, ttft {args.ttft:g}s, itl {args.itl:g}s"
+    if args.knee is not None:
+        what += f", slower past {args.knee} in flight per model"
+    if quota is not None:
+        what += f"; quota {args.rpm} requests and {args.tpm} tokens per minute per API key"
+    return fake, what
+
+
+def _follow(fake: FakeProvider) -> None:
+    """Print one line per finished request, until interrupted."""
+    printed: set[int] = set()
+    first = 0  # every attempt before it is printed: a long run's tick stays short
+    done = threading.Event()
+    while not done.wait(0.1):
+        with fake._cond:
+            fresh = [a.snapshot() for a in fake._records[first:]]
+        for a in fresh:
+            finished = a.completed or a.disconnected or a.fault in _SERVER_ABORTS
+            if finished and a.index not in printed:
+                print(_line(a), flush=True)
+                printed.add(a.index)
+        while first in printed:
+            printed.discard(first)
+            first += 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.list_profiles:
         print("\n".join(LlmperfProfile.runs()))
         return 0
-    fake = FakeProvider(port=args.port, host=args.host, seed=args.seed)
-    if args.profile:
-        try:
-            fake.default = LlmperfProfile.load(args.profile, scale=args.scale)
-        except ValueError as exc:
-            parser.error(str(exc))
-        what = f"llmperf profile {args.profile} x{args.scale:g}"
-    else:
-        fake.default = Behavior()
-        what = "instant answers (Behavior())"
+    fake, what = _configure(args, parser)
     try:
         fake.start()
     except OSError as exc:
@@ -81,18 +170,11 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     print(f"default behaviour: {what}; Ctrl-C to stop", flush=True)
-    printed: set[int] = set()
-    done = threading.Event()
     try:
-        while not done.wait(0.1):
-            if args.quiet:
-                continue
-            for a in fake.attempts:
-                if a.index not in printed and (
-                    a.completed or a.disconnected or a.fault in _SERVER_ABORTS
-                ):
-                    print(_line(a), flush=True)
-                    printed.add(a.index)
+        if args.quiet:
+            threading.Event().wait()
+        else:
+            _follow(fake)
     except KeyboardInterrupt:
         pass
     finally:

@@ -10,6 +10,8 @@ A ``message`` JSON answer, or SSE events ``message_start``, ``content_block_star
 from __future__ import annotations
 
 import datetime
+import math
+import time
 
 from ._behavior import Fault
 from ._http import REASONS
@@ -31,6 +33,8 @@ from ._wire import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
+
+    from ._quota import QuotaUsage, Refusal
 
 _PATHS = frozenset({"/v1/messages", "/messages"})
 
@@ -67,11 +71,18 @@ _ERRORS: dict[Fault | str, tuple[int, str, str]] = {
 _SIGNATURE = "RmFrZVNpZ25hdHVyZQ=="  # a stand-in for the opaque signature of a thinking block
 
 
+def timestamp(seconds_from_now: float) -> str:
+    """An RFC 3339 UTC time that many seconds from now, rounded up to the second, as
+    Anthropic writes its resets: ``2026-11-26T01:02:03Z``."""
+    moment = math.ceil(time.time() + seconds_from_now)
+    stamp = datetime.datetime.fromtimestamp(moment, datetime.timezone.utc).isoformat()
+    return stamp.replace("+00:00", "Z")
+
+
 def _rate_limit_headers(retry_after: float | None) -> list[tuple[str, str]]:
-    """The ``anthropic-ratelimit-*`` headers of a 429: no requests left until the reset."""
-    wait = 60.0 if retry_after is None else retry_after
-    reset = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=wait)
-    stamp = reset.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    """The ``anthropic-ratelimit-*`` headers of an injected 429 (no quota configured): no
+    requests left until the reset."""
+    stamp = timestamp(60.0 if retry_after is None else retry_after)
     headers = []
     for name, limit in (("requests", 50), ("tokens", 40000), ("input-tokens", 30000)):
         headers += [
@@ -119,6 +130,39 @@ class AnthropicWire(Wire):
             max_tokens=integer(body.get("max_tokens")),
             include_usage=True,
         )
+
+    # -- rate limits
+
+    def api_key(self, headers: Mapping[str, str], query: str) -> str:
+        return headers.get("x-api-key") or super().api_key(headers, query)
+
+    def limit_headers(self, usage: QuotaUsage, skew: float) -> list[tuple[str, str]]:
+        # One token budget: the tokens, input-tokens and output-tokens families all tell it
+        # (Anthropic's tokens-* is the most restrictive of its input and output limits).
+        requests = timestamp(usage.requests_reset + skew)
+        tokens = timestamp(usage.tokens_reset + skew)
+        headers = [
+            ("anthropic-ratelimit-requests-limit", str(usage.requests_limit)),
+            ("anthropic-ratelimit-requests-remaining", str(usage.requests_remaining)),
+            ("anthropic-ratelimit-requests-reset", requests),
+        ]
+        for name in ("tokens", "input-tokens", "output-tokens"):
+            headers += [
+                (f"anthropic-ratelimit-{name}-limit", str(usage.tokens_limit)),
+                (f"anthropic-ratelimit-{name}-remaining", str(usage.tokens_remaining)),
+                (f"anthropic-ratelimit-{name}-reset", tokens),
+            ]
+        return headers
+
+    def quota_error(self, refusal: Refusal) -> Reply:
+        message = (
+            f"This request would exceed your organization's rate limit of {refusal.limit} "
+            f"{refusal.limit_name} per minute. For details, refer to: "
+            "https://docs.claude.com/en/api/rate-limits. You can see the response headers for "
+            "current usage. Please reduce the prompt length or the maximum tokens requested, "
+            "or try again later."
+        )
+        return 429, self._error("rate_limit_error", message), []
 
     # -- errors
 

@@ -25,8 +25,9 @@ class Fault(str, enum.Enum):
 
     HTTP_429 = "http_429"
     """429 ``rate_limit_exceeded``, with ``Retry-After`` if ``Behavior.retry_after`` is set
-    (Anthropic: also ``anthropic-ratelimit-*`` headers; Gemini: the wait as
-    ``RetryInfo.retryDelay`` in the body, no header)."""
+    (Anthropic: also ``anthropic-ratelimit-*`` headers, made up unless a ``ProviderQuota`` tells its
+    own; Gemini: the wait as ``RetryInfo.retryDelay`` in the body, no header). A request
+    past a ``ProviderQuota`` gets a 429 without this fault."""
     HTTP_500 = "http_500"
     """500 ``server_error``."""
     HTTP_503 = "http_503"
@@ -86,15 +87,37 @@ ERROR_KINDS = ("server_error", "overloaded", "rate_limit", "content_filter", "co
 FLAVORS = ("vllm", "ollama", "gemini_list_errors")
 """The values of ``Behavior.flavor``, variants of a wire format."""
 
+LIMIT_HEADERS = ("honest", "missing", "full")
+"""The values of ``Behavior.limit_headers``, what the rate-limit headers say."""
 
-def _number(name: str, value: object, *, allow_none: bool = False, positive: bool = False) -> None:
+
+def _number(
+    name: str,
+    value: object,
+    *,
+    allow_none: bool = False,
+    positive: bool = False,
+    signed: bool = False,
+) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"Behavior.{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"Behavior.{name} must be a finite number {bound}, got {value!r}")
+    if not math.isfinite(value) or (value < 0 and not signed) or (positive and value == 0):
+        bound = "" if signed else " > 0" if positive else " >= 0"
+        raise ValueError(f"Behavior.{name} must be a finite number{bound}, got {value!r}")
+
+
+def _choice(
+    name: str, value: object, choices: tuple[str, ...], *, allow_none: bool = False
+) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, str) or value not in choices:
+        none = " or None" if allow_none else ""
+        raise ValueError(
+            f"Behavior.{name} must be one of {', '.join(choices)}{none}, got {value!r}"
+        )
 
 
 def _integer(name: str, value: object, *, minimum: int, allow_none: bool = False) -> None:
@@ -251,6 +274,25 @@ class Behavior:
     """Answer 400 ``invalid_request_error`` ("does not support assistant message prefill"),
     after ``ttft``, to a request whose last message has role ``assistant``; the fault, if
     any, is not applied. Default ``False``: such a request gets its prefill continued."""
+    concurrency_knee: int | None = None
+    """The knee of the model's latency under load. Default ``None``: latency does not
+    depend on load.
+
+    With ``N``, a request that arrives while ``k`` requests of the same model are being
+    answered, itself included, gets its ``ttft`` and every ``itl`` multiplied by
+    ``max(1, k / N)``: unchanged up to ``N`` in flight, then growing in proportion, as a
+    server that serves ``N`` at a time. A request the quota refuses is not counted."""
+    limit_headers: str = "honest"
+    """What the rate-limit headers of a :class:`ProviderQuota` say, one of :data:`LIMIT_HEADERS`.
+    Default ``"honest"``: the room the key has left.
+
+    ``"missing"``: no ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` header (a 429 past the
+    quota keeps its ``retry-after`` and body); ``"full"``: a lie, every answer claims all
+    the room (remaining = limit, reset now) while the quota is still enforced."""
+    reset_skew: float = 0.0
+    """Seconds added to every reset the rate-limit headers report (OpenAI's durations,
+    floored at ``0s``; Anthropic's timestamps), as a provider whose clock is off. Default
+    ``0.0``; may be negative. ``retry-after`` is not moved."""
 
     def __post_init__(self) -> None:
         for name in ("ttft", "itl"):
@@ -286,15 +328,12 @@ class Behavior:
             )
         if not isinstance(self.tool_arguments, str):
             raise ValueError(f"Behavior.tool_arguments must be a str, got {self.tool_arguments!r}")
-        if self.flavor is not None and self.flavor not in FLAVORS:
-            raise ValueError(
-                f"Behavior.flavor must be one of {', '.join(FLAVORS)} or None, got {self.flavor!r}"
-            )
+        _choice("flavor", self.flavor, FLAVORS, allow_none=True)
+        _integer("concurrency_knee", self.concurrency_knee, minimum=1, allow_none=True)
+        _choice("limit_headers", self.limit_headers, LIMIT_HEADERS)
+        _number("reset_skew", self.reset_skew, signed=True)
         object.__setattr__(self, "headers", header_pairs(self.headers))
-        if not isinstance(self.error, str) or self.error not in ERROR_KINDS:
-            raise ValueError(
-                f"Behavior.error must be one of {', '.join(ERROR_KINDS)}, got {self.error!r}"
-            )
+        _choice("error", self.error, ERROR_KINDS)
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Behavior:

@@ -29,11 +29,12 @@ from ._http import (
     response_head,
 )
 from ._latency import sample_seconds
-from ._wire import ERROR_FAULTS, Meta, Piece, Wire, seconds_header, words
+from ._wire import ERROR_FAULTS, Meta, Piece, Wire, seconds_header, wait_header, words
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine
 
+    from ._quota import Ledger, Refusal
     from ._records import AttemptState
     from ._server import FakeProvider
 
@@ -75,7 +76,16 @@ def _consume(task: asyncio.Task[bool]) -> None:
 class _Plan:
     """Everything decided when a chat request arrives (latencies are sampled up front)."""
 
-    __slots__ = ("behavior", "fault", "finish_reason", "gaps", "pieces", "rejects_prefill", "ttft")
+    __slots__ = (
+        "behavior",
+        "fault",
+        "finish_reason",
+        "gaps",
+        "pieces",
+        "rejects_prefill",
+        "reserved",
+        "ttft",
+    )
 
     def __init__(
         self,
@@ -110,6 +120,17 @@ class _Plan:
             self.pieces.append(("tool", behavior.tool_arguments))
         self.ttft = sample_seconds(behavior.ttft, rng)
         self.gaps = [sample_seconds(behavior.itl, rng) for _ in self.pieces]
+        # The output tokens a quota reserves on arrival: the client's cap, as OpenAI and
+        # Anthropic do, else the answer's length (settled to what is sent at the end).
+        self.reserved = len(self.pieces) if max_tokens is None else max(max_tokens, 0)
+
+    def crowd(self, in_flight: int) -> None:
+        """Slow the answer down by ``in_flight / knee`` past the behaviour's knee."""
+        knee = self.behavior.concurrency_knee
+        if knee is not None and in_flight > knee:
+            factor = in_flight / knee
+            self.ttft *= factor
+            self.gaps = [gap * factor for gap in self.gaps]
 
 
 class _Exchange:
@@ -132,6 +153,8 @@ class _Exchange:
         self.arrived_at = request.arrived_at
         self.wire = wire
         self.stream = stream
+        self.limit_headers: list[tuple[str, str]] | None = None  # None: no quota
+        self.reservation: tuple[Ledger, str, int] | None = None  # (ledger, key, tokens)
 
     # -- primitives
 
@@ -152,6 +175,8 @@ class _Exchange:
             changes["ended_at"] = now
         if changes or tokens:
             self.provider._update(self.attempt, tokens=tokens, **changes)
+        if final:
+            self.settle()
         try:
             self.conn.writer.write(data)
             await self.conn.writer.drain()
@@ -165,7 +190,34 @@ class _Exchange:
             ("Connection", "close" if close or not self.keep_alive else "keep-alive"),
             ("x-request-id", f"req_fake_{self.attempt.index}"),
             ("x-fake-attempt", str(self.attempt.index)),
+            *(self.limit_headers or ()),
         ]
+
+    def admit(self, ledger: Ledger, key: str, prompt_tokens: int, plan: _Plan) -> Refusal | None:
+        """Charge the request to ``key``'s quota, or return why it is past it; either way the
+        answer's headers tell the room left, as ``plan.behavior.limit_headers`` says."""
+        usage, refusal = ledger.admit(key, prompt_tokens + plan.reserved)
+        mode, skew = plan.behavior.limit_headers, plan.behavior.reset_skew
+        shown = usage.full() if mode == "full" else usage
+        self.limit_headers = [] if mode == "missing" else self.wire.limit_headers(shown, skew)
+        if refusal is None:
+            self.reservation = (ledger, key, plan.reserved)
+        return refusal
+
+    def settle(self) -> None:
+        """Settle the quota's reservation with the tokens sent, once: before the answer's
+        last bytes, so a client that got them sees the quota settled."""
+        if self.reservation is not None:
+            ledger, key, reserved = self.reservation
+            self.reservation = None
+            ledger.settle(key, reserved - self.attempt.tokens_sent)
+
+    async def refuse(self, refusal: Refusal) -> bool:
+        """Answer at once the 429 of a request past the quota."""
+        status, body, extra = self.wire.quota_error(refusal)
+        if self.wire.retry_after_header:
+            extra.append(("retry-after", wait_header(refusal.wait)))
+        return await self.send_json(status, body, extra)
 
     async def send_json(
         self, status: int, body: bytes, extra: list[tuple[str, str]] | None = None
@@ -217,21 +269,29 @@ class _Exchange:
         if fault in ERROR_FAULTS:
             assert fault is not None
             await _sleep_until(first_at)
-            status, body, extra = wire.fault_error(
-                fault, context_window=behavior.context_window, retry_after=behavior.retry_after
-            )
-            if status == 200 and self.stream:  # a refusal answered in one event
-                return await self._respond_stream(plan, only=wire.stream_error(body))
-            waits = fault in (Fault.HTTP_429, Fault.HTTP_503) and wire.retry_after_header
-            if waits and behavior.retry_after is not None:
-                extra.append(("Retry-After", seconds_header(behavior.retry_after)))
-            return await self.send_json(status, body, extra)
+            return await self._error_fault(plan, fault)
         if fault is Fault.ERROR_EVENT and not self.stream:
             await _sleep_until(first_at)
             return await self.send_json(*self.error_event(plan))
         if self.stream:
             return await self._respond_stream(plan)
         return await self._respond_json(plan)
+
+    async def _error_fault(self, plan: _Plan, fault: Fault) -> bool:
+        """Answer one of :data:`ERROR_FAULTS` (``ttft`` has passed)."""
+        behavior = plan.behavior
+        wire = self.wire
+        status, body, extra = wire.fault_error(
+            fault, context_window=behavior.context_window, retry_after=behavior.retry_after
+        )
+        if self.limit_headers is not None:  # the quota's headers replace the stand-ins
+            extra = [h for h in extra if not h[0].startswith("anthropic-ratelimit-")]
+        if status == 200 and self.stream:  # a refusal answered in one event
+            return await self._respond_stream(plan, only=wire.stream_error(body))
+        waits = fault in (Fault.HTTP_429, Fault.HTTP_503) and wire.retry_after_header
+        if waits and behavior.retry_after is not None:
+            extra.append(("Retry-After", seconds_header(behavior.retry_after)))
+        return await self.send_json(status, body, extra)
 
     def error_event(self, plan: _Plan) -> tuple[int, bytes]:
         return self.wire.error_event(
@@ -409,6 +469,7 @@ class Engine:
         self._stop_requested = False
         self._stopping = False
         self._tasks: set[asyncio.Task[object]] = set()
+        self._in_flight: dict[str, int] = {}  # model -> requests being answered
 
     # -- lifecycle (run() on the server thread, request_stop() from any thread)
 
@@ -608,8 +669,26 @@ class Engine:
             prefill=prefill,
             max_tokens=parsed_request.max_tokens,
         )
-        provider._update(attempt, fault=plan.fault)
-        return await self._watch(conn, attempt, exchange.respond(plan))
+        ledger = provider._ledger
+        if ledger is not None:
+            key = wire.api_key(request.headers, request.target.partition("?")[2])
+            refusal = exchange.admit(ledger, key, prompt_tokens, plan)
+            if refusal is not None:
+                return await self._watch(conn, attempt, exchange.refuse(refusal))
+        return await self._answer(exchange, plan)
+
+    async def _answer(self, exchange: _Exchange, plan: _Plan) -> bool:
+        """Answer an admitted request as planned, slowed past its knee; settle its quota."""
+        conn, attempt, model = exchange.conn, exchange.attempt, exchange.attempt.model
+        self.provider._update(attempt, fault=plan.fault)
+        in_flight = self._in_flight
+        in_flight[model] = in_flight.get(model, 0) + 1
+        plan.crowd(in_flight[model])
+        try:
+            return await self._watch(conn, attempt, exchange.respond(plan))
+        finally:
+            in_flight[model] -= 1
+            exchange.settle()  # an answer cut short or abandoned
 
     async def _watch(
         self, conn: Connection, attempt: AttemptState, coro: Coroutine[object, object, bool]

@@ -2,13 +2,15 @@
 
 ``POST /v1beta/models/{model}:generateContent`` answers a ``GenerateContentResponse``;
 ``:streamGenerateContent?alt=sse`` sends one as each SSE ``data:`` event. The model is named
-by the URL; the key (``?key=`` or ``x-goog-api-key``) is not checked. ``candidates[0]``
-holds ``content.parts`` (``text``, ``"thought": true`` parts, ``functionCall``); the last
-event carries ``finishReason`` and ``usageMetadata``; there is no end marker. Errors are
-``{"error": {"code", "message", "status", "details"}}``.
+by the URL; the key (``?key=`` or ``x-goog-api-key``) is not checked (a ``ProviderQuota`` counts by
+it). ``candidates[0]`` holds ``content.parts`` (``text``, ``"thought": true`` parts,
+``functionCall``); the last event carries ``finishReason`` and ``usageMetadata``; there is
+no end marker. Errors are ``{"error": {"code", "message", "status", "details"}}``.
 """
 
 from __future__ import annotations
+
+from urllib.parse import parse_qsl
 
 from ._behavior import Fault
 from ._http import REASONS
@@ -127,6 +129,17 @@ class GeminiWire(Wire):
             max_tokens=cap,
             include_usage=True,
         )
+
+    # -- rate limits
+
+    def api_key(self, headers: Mapping[str, str], query: str) -> str:
+        key = headers.get("x-goog-api-key")
+        if key:
+            return key
+        for name, value in parse_qsl(query):
+            if name == "key":
+                return value
+        return super().api_key(headers, query)
 
     # -- errors
 

@@ -8,6 +8,8 @@ instead of ``reasoning_content``.
 
 from __future__ import annotations
 
+import math
+
 from ._behavior import Fault
 from ._http import REASONS
 from ._wire import (
@@ -26,6 +28,8 @@ from ._wire import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
+
+    from ._quota import QuotaUsage, Refusal
 
 CONTENT_POLICY_REASON = "flagged: violence"
 """The reason carried by ``Fault.CONTENT_POLICY`` errors."""
@@ -49,6 +53,20 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
     """An OpenAI error body ``{"error": {"message", "type", "param", "code"}}``."""
     return dumps({"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+def duration(seconds: float) -> str:
+    """A reset as OpenAI writes it, Go's duration format: ``20ms``, ``1s``, ``6m0s``,
+    ``1h2m3.5s`` (rounded up to the millisecond; ``0s`` for none)."""
+    ms = max(math.ceil(seconds * 1000 - 1e-6), 0)
+    if ms < 1000:
+        return f"{ms}ms" if ms else "0s"
+    hours, ms = divmod(ms, 3_600_000)
+    minutes, ms = divmod(ms, 60_000)
+    text = f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    if hours or minutes:
+        text = f"{minutes}m{text}"
+    return f"{hours}h{text}" if hours else text
 
 
 def reason(status: int) -> str:
@@ -187,6 +205,29 @@ class OpenAIWire(Wire):
             and isinstance(options, dict)
             and options.get("include_usage") is True,
         )
+
+    # -- rate limits
+
+    def limit_headers(self, usage: QuotaUsage, skew: float) -> list[tuple[str, str]]:
+        return [
+            ("x-ratelimit-limit-requests", str(usage.requests_limit)),
+            ("x-ratelimit-limit-tokens", str(usage.tokens_limit)),
+            ("x-ratelimit-remaining-requests", str(usage.requests_remaining)),
+            ("x-ratelimit-remaining-tokens", str(usage.tokens_remaining)),
+            ("x-ratelimit-reset-requests", duration(usage.requests_reset + skew)),
+            ("x-ratelimit-reset-tokens", duration(usage.tokens_reset + skew)),
+        ]
+
+    def quota_error(self, refusal: Refusal) -> Reply:
+        name = refusal.limit_name
+        message = (
+            f"Rate limit reached for {self.meta.model} in organization org-fake on {name} per "
+            f"min ({'RPM' if name == 'requests' else 'TPM'}): Limit {refusal.limit}, Used "
+            f"{refusal.used}, Requested {refusal.requested}. Please try again in "
+            f"{duration(refusal.wait)}. Visit https://platform.openai.com/account/rate-limits "
+            "to learn more."
+        )
+        return 429, self._error(429, message, name, "rate_limit_exceeded"), []
 
     # -- errors
 

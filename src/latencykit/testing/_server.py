@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from ._behavior import Behavior
+from ._quota import Ledger, ProviderQuota, QuotaUsage
 from ._records import AttemptState, RecordedAttempt
 from ._request import RequestInfo
 from ._script import Resolver, Script
@@ -85,12 +86,20 @@ class FakeProvider:
         host: Address to bind; default ``"127.0.0.1"``.
         seed: Seed of the RNG used to sample latencies and passed to callable scripts;
             default ``0``, so runs are reproducible.
+        quota: Rate limits per API key (:class:`ProviderQuota`), told in every answer's headers
+            and enforced with 429s; default ``None``: no limit, no header.
 
     Use as a context manager (``with FakeProvider() as fake:``), which starts it and stops
     it on exit, or call :meth:`start` and :meth:`stop`.
     """
 
-    def __init__(self, port: int = 0, host: str = "127.0.0.1", seed: int = 0) -> None:
+    def __init__(
+        self,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        seed: int = 0,
+        quota: ProviderQuota | None = None,
+    ) -> None:
         self._requested_port = port
         self._host = host
         self._seed = seed
@@ -107,6 +116,8 @@ class FakeProvider:
         self._engine: Engine | None = None
         self._port: int | None = None
         self._start_lock = threading.Lock()
+        self._ledger: Ledger | None = None
+        self.quota = quota
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -248,10 +259,12 @@ class FakeProvider:
             self._default = resolver
 
     def reset(self) -> None:
-        """Clear all scripts and recorded attempts, restart per-model counts and re-seed.
+        """Clear all scripts and recorded attempts, restart per-model counts, re-seed and
+        refill every key's quota (:meth:`reset_quota`).
 
-        :attr:`default` and the connection counters are kept.
+        :attr:`default`, :attr:`quota` and the connection counters are kept.
         """
+        self.reset_quota()
         with self._cond:
             self._scripts.clear()
             self._records.clear()
@@ -259,6 +272,56 @@ class FakeProvider:
             self._rng.seed(self._seed)
             self._version += 1
             self._cond.notify_all()
+
+    # ------------------------------------------------------------------ quota
+
+    @property
+    def quota(self) -> ProviderQuota | None:
+        """The rate limits per API key, or ``None`` (default): no limit, no header.
+
+        Setting it (also to another :class:`ProviderQuota`) starts every key with full buckets.
+        """
+        ledger = self._ledger
+        return ledger.quota if ledger is not None else None
+
+    @quota.setter
+    def quota(self, quota: ProviderQuota | None) -> None:
+        if quota is not None and not isinstance(quota, ProviderQuota):
+            raise TypeError(f"quota must be a ProviderQuota or None, got {quota!r}")
+        self._ledger = Ledger(quota) if quota is not None else None
+
+    def _quota_ledger(self) -> Ledger:
+        if self._ledger is None:
+            raise RuntimeError(
+                "this FakeProvider has no quota: FakeProvider(quota=ProviderQuota(...))"
+            )
+        return self._ledger
+
+    def quota_usage(self, api_key: str = "") -> QuotaUsage:
+        """The room ``api_key`` has left now (default ``""``: requests without a key).
+
+        A key never seen has full buckets. Raises ``RuntimeError`` without a quota.
+        """
+        return self._quota_ledger().usage(api_key)
+
+    def advance_quota(self, seconds: float) -> None:
+        """Move the quota's clock ``seconds`` forward (>= 0): every bucket refills as if
+        that time had passed. Latencies are not affected. Raises ``RuntimeError`` without
+        a quota."""
+        if not (isinstance(seconds, (int, float)) and seconds >= 0):
+            raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
+        self._quota_ledger().advance(seconds)
+
+    def freeze_quota(self, frozen: bool = True) -> None:
+        """Stop the quota's clock (default), or restart it with ``frozen=False``: while it
+        is stopped, buckets refill only through :meth:`advance_quota`, so the room and the
+        resets each answer tells are exact. Raises ``RuntimeError`` without a quota."""
+        self._quota_ledger().freeze(frozen)
+
+    def reset_quota(self) -> None:
+        """Refill every key's buckets (forget all usage). Does nothing without a quota."""
+        if self._ledger is not None:
+            self._ledger.clear()
 
     # ------------------------------------------------------------------ observation
 

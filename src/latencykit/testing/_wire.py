@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -19,6 +20,8 @@ from ._behavior import Fault
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
+
+    from ._quota import QuotaUsage, Refusal
 
 PieceKind = Literal["text", "reasoning", "tool"]
 Piece = tuple[PieceKind, str]
@@ -89,6 +92,11 @@ def seconds_header(value: float) -> str:
     if float(value).is_integer():
         return str(int(value))
     return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def wait_header(seconds: float) -> str:
+    """A ``retry-after`` of whole seconds, rounded up: no client comes back too early."""
+    return str(max(math.ceil(seconds), 1))
 
 
 def sse(data: bytes, event: str | None = None) -> bytes:
@@ -164,6 +172,24 @@ class Wire(abc.ABC):
     def start(self, meta: Meta) -> None:
         """Set the response's constants, before any rendering."""
         self.meta = meta
+
+    # -- rate limits
+
+    def api_key(self, headers: Mapping[str, str], query: str) -> str:
+        """The request's API key (``""`` if none): ``Authorization: Bearer`` or ``api-key``
+        (Azure's header); ``query`` is the URL's query string."""
+        auth = headers.get("authorization", "")
+        return auth[7:] if auth[:7].lower() == "bearer " else headers.get("api-key", "")
+
+    def limit_headers(self, usage: QuotaUsage, skew: float) -> list[tuple[str, str]]:
+        """The headers telling the room left, every reset moved by ``skew`` seconds
+        (default: none, as Gemini sends)."""
+        return []
+
+    def quota_error(self, refusal: Refusal) -> Reply:
+        """The 429 of a request past the quota (the engine adds ``retry-after``)."""
+        wait = math.ceil(refusal.wait * 1000) / 1000  # to the millisecond, rounded up
+        return self.fault_error(Fault.HTTP_429, context_window=None, retry_after=wait)
 
     # -- errors
 
