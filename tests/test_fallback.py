@@ -222,3 +222,17 @@ async def test_deadline_expiring_during_the_alternative(after: float | None) -> 
     assert info.value.budget == pytest.approx(0.3)
     assert info.value.elapsed >= 0.3
     assert len([e for e in seen if isinstance(e, lk.events.DeadlineExpired)]) == 1
+
+
+async def test_fallback_after_is_capped_by_an_enclosing_budget() -> None:
+    import anyio
+
+    @lk.fallback("cached", after=5.0)
+    async def ask() -> str:
+        await anyio.sleep(30)
+        return "fresh"
+
+    loop_started = anyio.current_time()
+    with lk.deadline(1.0):  # a separate scope, not in the fallback's pipeline
+        assert await ask() == "cached"
+    assert 0.4 <= anyio.current_time() - loop_started < 0.5 + 0.4

@@ -665,3 +665,15 @@ async def test_retries_a_500_from_a_provider_through_litellm(fake_provider: Fake
     assert len(sleep.waits) == 1
     [event] = scheduled(seen)
     assert (event.attempt, event.reason_kind) == (2, lk.ErrorKind.SERVER_ERROR)
+
+
+def test_invalid_policy_options_fail_at_construction_naming_the_field() -> None:
+    def sync_sleep(seconds: float) -> None: ...
+
+    # A sync sleep used to pass and fail at the first retry ("can't be used in 'await'").
+    with pytest.raises(TypeError, match=r"retry\.sleep must be an async function"):
+        lk.Retry(sleep=sync_sleep)  # type: ignore[arg-type]
+    # A tiny window used to overflow the budget's slot arithmetic (OverflowError).
+    with pytest.raises(ValueError, match=r"RetryBudget\.ttl must be at least 0\.01"):
+        lk.RetryBudget(0.1, ttl=1e-320)
+    lk.RetryBudget(0.1, ttl=0.01)  # the smallest window accepted

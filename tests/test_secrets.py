@@ -12,6 +12,7 @@ import pytest
 
 import latencykit as lk
 import latencykit.testing._server as fake_server
+from helpers import KEY
 from latencykit.errors import scrub
 from latencykit.testing import Behavior, FakeProvider, Fault
 
@@ -190,3 +191,30 @@ def test_the_fast_lane_goes_to_openai_without_an_api_base(model: str) -> None:
 def test_the_fast_lane_goes_anywhere_with_an_api_base(model: str) -> None:
     target = lk.Target(model, api_base="http://127.0.0.1:8000/v1", transport="openai")
     assert target.transport == "openai"
+
+
+def test_a_short_key_does_not_mangle_ordinary_text() -> None:
+    assert scrub("maximum context length is 4096 tokens", "k") == (
+        "maximum context length is 4096 tokens"
+    )
+    assert scrub("bad key k given", "k") == "bad key *** given"
+    assert scrub(f"Incorrect API key provided: {KEY}.", KEY) == "Incorrect API key provided: ***."
+
+
+def test_a_key_is_never_sent_to_another_host() -> None:
+    primary = lk.Target("openai/big", api_base="https://a.example/v1", api_key=KEY)
+    assert primary.replace(api_base="https://b.example/v1").api_key is None
+    assert primary.replace(model="openai/small").api_key == KEY  # same host: same key
+    moved = lk.Degrade(overrides={"api_base": "https://b.example/v1"}).target(primary)
+    assert moved.api_base == "https://b.example/v1" and moved.api_key is None
+    own = lk.Degrade(overrides={"api_base": "https://b.example/v1", "api_key": "sk-b-999999"})
+    assert own.target(primary).api_key == "sk-b-999999"
+
+
+def test_keys_stay_out_of_reprs() -> None:
+    degrade = lk.Degrade(model="openai/small", overrides={"api_key": "sk-secret-degraded-1"})
+    llm = lk.LLM(
+        "openai/big", api_key=KEY, degrade=degrade, failover=[{"model": "x/y", "api_key": "sk-2"}]
+    )
+    for text in (repr(llm), repr(degrade), repr(llm.targets)):
+        assert KEY not in text and "sk-secret-degraded-1" not in text and "sk-2'" not in text

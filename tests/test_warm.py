@@ -273,3 +273,40 @@ def test_suppress_debug_info_keeps_the_users_setting() -> None:
         assert module.suppress_debug_info is True
     finally:
         module.suppress_debug_info = before
+
+
+_FREEZE_PROBE = """
+import gc, os
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+import latencykit as lk
+before = gc.get_freeze_count()
+lk.LLM("openai/x", api_base="http://127.0.0.1:9/v1", api_key="sk-x")
+print(before, gc.get_freeze_count())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_the_heap_is_frozen_after_litellm_is_imported_unless_opted_out(
+    setting: str | None,
+) -> None:
+    # A full collection walks litellm's ~1 million objects (a pause of ~150 ms that delays
+    # every timer); frozen, they are skipped. Process-wide state: a fresh interpreter each.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "LATENCYKIT_GC_FREEZE"}
+    if setting is not None:
+        env["LATENCYKIT_GC_FREEZE"] = setting
+    result = subprocess.run(
+        [sys.executable, "-c", _FREEZE_PROBE], env=env, capture_output=True, text=True, timeout=110
+    )
+    assert result.returncode == 0, result.stderr
+    before, after = map(int, result.stdout.split())
+    assert before == 0
+    if setting is None:
+        assert after > 100_000  # litellm's import leaves about a million objects
+    else:
+        assert after == 0
