@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from . import _validation
 from . import fleet as _fleet
+from .fleet.redis import SharedBudget
 from ._cancel import clock as loop_clock
 from ._context import trace_var
 
@@ -42,23 +43,6 @@ class RetryBudget:
     Share one budget between a hedge and a retry policy to cap their sum.
     """
 
-    __slots__ = (
-        "_clock",
-        "_deposits",
-        "_fleet_handle",
-        "_fleet_key",
-        "_slot",
-        "_slot_width",
-        "_total_deposits",
-        "_total_withdrawals",
-        "_withdrawals",
-        "min_per_second",
-        "name",
-        "ratio",
-        "shared",
-        "ttl",
-    )
-
     def __init__(
         self,
         ratio: float = 0.1,
@@ -82,14 +66,12 @@ class RetryBudget:
         self._total_withdrawals = 0
         self._slot = int(clock() // self._slot_width)
         self.name = None if name is None else _validation.text("RetryBudget.name", name)
-        _validation.optional(
-            "RetryBudget.shared", shared, _fleet.SharedStore, "a SharedStore (RedisStore)"
-        )
+        _validation.optional("RetryBudget.shared", shared, _fleet.SharedStore, "a RedisStore")
         self.shared = shared
         self._fleet_key = name or (
             f"ratio={self.ratio:g},ttl={self.ttl:g},reserve={self.min_per_second:g}"
         )
-        self._fleet_handle: tuple[_fleet.SharedStore, _fleet.SharedBudget] | None = None
+        self._fleet_handle: tuple[_fleet.SharedStore, SharedBudget] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -108,7 +90,7 @@ class RetryBudget:
             self._slot = slot
         return slot % _SLOTS
 
-    def _fleet(self) -> _fleet.SharedBudget | None:
+    def _fleet(self) -> SharedBudget | None:
         store = self.shared or _fleet._current
         if store is None:
             return None

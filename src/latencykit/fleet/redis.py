@@ -24,15 +24,14 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from importlib import resources
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 from .. import _validation, events
 from .._asyncio_bridge import run_on_shared_loop, shared_loop
 from ..events import StoreRecovered, StoreUnavailable
-from . import BreakerOptions, BreakerView
 
-__all__ = ["RedisStore"]
+__all__ = ["BreakerOptions", "BreakerView", "RedisStore"]
 
 logger = logging.getLogger("latencykit")
 
@@ -48,6 +47,46 @@ _NO_LIMIT = "1e300"  # a quota adjustment's max wait: always taken
 H = TypeVar("H")
 
 
+class BreakerOptions(NamedTuple):
+    """The options of a breaker that the fleet's copy of its state needs (see
+    :func:`~latencykit.breaker` for each one's meaning and default)."""
+
+    window_type: Literal["count", "time"]
+    window_size: float
+    minimum_calls: int
+    failure_rate: float
+    slow_call_rate: float
+    open_duration: float
+    max_open_duration: float | None
+    half_open_calls: int
+
+
+class BreakerView(NamedTuple):
+    """A breaker's fleet state, as of the store's last refresh.
+
+    Attributes:
+        state: ``"closed"``, ``"open"``, ``"half_open"`` or ``"forced_open"`` (a
+            :class:`~latencykit.policies.breaker.BreakerState` value).
+        epoch: counts the fleet breaker's state changes; an outcome is counted only in the
+            epoch its permit was taken in.
+        opens_in: seconds, from when the view was read, until an ``"open"`` state ends (the
+            fleet then hands out probe permits); ``0.0`` when it is over and in the other
+            states. (The store keeps time on its own clock; a policy never reads it.)
+        free_probes: probe permits left while ``"half_open"``.
+        calls: calls in the fleet's window.
+        failures: failed calls among them.
+        slow: slow calls among them.
+    """
+
+    state: str
+    epoch: int
+    opens_in: float
+    free_probes: int
+    calls: int
+    failures: int
+    slow: int
+
+
 class _Garbage(Exception):
     """The store answered something no script of ours returns."""
 
@@ -56,20 +95,9 @@ def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
 
-class _Breaker:
-    """One breaker's state in a :class:`RedisStore` (a
-    :class:`~latencykit.fleet.SharedBreaker`)."""
-
-    __slots__ = (
-        "_args",
-        "_fresh_until",
-        "_keys",
-        "_ops",
-        "_outcomes",
-        "_store",
-        "_until",
-        "_view",
-    )
+class SharedBreaker:
+    """One breaker's state in a :class:`RedisStore`: what :class:`~latencykit.Breaker` asks of
+    the fleet."""
 
     def __init__(self, store: RedisStore, key: str, options: BreakerOptions) -> None:
         self._store = store
@@ -97,7 +125,8 @@ class _Breaker:
         self._fresh_until = 0.0
 
     def view(self) -> BreakerView | None:
-        """See :meth:`~latencykit.fleet.SharedBreaker.view`."""
+        """The fleet's state as last refreshed, or ``None`` when the store is unavailable or
+        its view is older than its staleness bound (the breaker then decides alone)."""
         now = time.monotonic()
         view = self._view
         if now > self._fresh_until or view is None:
@@ -107,23 +136,27 @@ class _Breaker:
         return view
 
     def outcome(self, epoch: int, code: int) -> None:
-        """See :meth:`~latencykit.fleet.SharedBreaker.outcome`."""
+        """Queue one call's outcome, taken in ``epoch``: ``code`` is ``1``, plus ``2`` if it
+        failed, plus ``4`` if it was slow. Written with the next batch."""
         self._outcomes.append((epoch, code))
 
     async def probe(self) -> tuple[bool, BreakerView] | None:
-        """See :meth:`~latencykit.fleet.SharedBreaker.probe`."""
+        """Ask the fleet for a half-open probe permit (a round trip, bounded by the store's
+        timeout): ``(granted, view)``, or ``None`` if the store could not answer."""
         store = self._store
         if not store.available:
             return None
         return await run_on_shared_loop(store._probe(self))
 
     def probe_ended(self, epoch: int, code: int) -> None:
-        """See :meth:`~latencykit.fleet.SharedBreaker.probe_ended`."""
+        """Report a probe's outcome (``code`` as for :meth:`outcome`, ``0``: ignored, the
+        permit released). Written at once, in the background."""
         self._ops.append(("probe_end", epoch, str(code)))
         self._store._wake_soon()
 
     def force(self, op: Literal["isolate", "reset"]) -> None:
-        """See :meth:`~latencykit.fleet.SharedBreaker.force`."""
+        """Force the fleet breaker open (``"isolate"``) or closed (``"reset"``), in the
+        background."""
         self._ops.append((op, -1, ""))
         self._store._wake_soon()
 
@@ -174,27 +207,14 @@ class _Breaker:
         return view
 
 
-class _Budget:
-    """One budget's state in a :class:`RedisStore` (a :class:`~latencykit.fleet.SharedBudget`).
+class SharedBudget:
+    """One budget's state in a :class:`RedisStore` (what :class:`~latencykit.RetryBudget` asks of the fleet).
 
     The process spends tokens it leased from the fleet at the last refresh, and leases twice
     what it asked for in the last interval, refusals included (at least one, at most
     ``_MAX_LEASE``), giving back the rest: no call waits for Redis, and an idle process holds
     one token.
     """
-
-    __slots__ = (
-        "_args",
-        "_balance",
-        "_deposits",
-        "_fresh_until",
-        "_giving_back",
-        "_held",
-        "_key",
-        "_lock",
-        "_store",
-        "_used",
-    )
 
     def __init__(
         self, store: RedisStore, key: str, *, ratio: float, ttl: float, reserve: float
@@ -211,12 +231,14 @@ class _Budget:
         self._fresh_until = 0.0
 
     def deposit(self) -> None:
-        """See :meth:`~latencykit.fleet.SharedBudget.deposit`."""
+        """Count one call (written with the next batch)."""
         with self._lock:
             self._deposits += 1
 
     def try_withdraw(self) -> bool | None:
-        """See :meth:`~latencykit.fleet.SharedBudget.try_withdraw`."""
+        """Take one extra request: ``True`` or ``False``, or ``None`` when the store is
+        unavailable (the budget then decides alone). Never a round trip: the process spends
+        tokens it leased from the fleet at the last refresh."""
         if time.monotonic() > self._fresh_until:
             return None
         with self._lock:
@@ -228,7 +250,7 @@ class _Budget:
         return False
 
     def balance(self) -> float | None:
-        """See :meth:`~latencykit.fleet.SharedBudget.balance`."""
+        """The fleet's balance as last refreshed, or ``None`` when unavailable."""
         if time.monotonic() > self._fresh_until:
             return None
         return self._balance + self._held
@@ -264,12 +286,10 @@ class _Budget:
             self._held += self._giving_back
 
 
-class _Latency:
-    """One pooled latency window in a :class:`RedisStore` (a
-    :class:`~latencykit.fleet.SharedLatency`): each refresh appends this process's new samples
+class SharedLatency:
+    """One pooled latency window in a :class:`RedisStore` (what adaptive hedging's
+    :class:`~latencykit.stats.Recorder` asks of the fleet): each refresh appends this process's new samples
     to the target's stream as one entry, and reads the entries the others appended."""
-
-    __slots__ = ("_followers", "_id", "_key", "_last", "_outgoing", "_window_ms")
 
     def __init__(self, store: RedisStore, key: str, window: float) -> None:
         self._id = store._id
@@ -280,11 +300,13 @@ class _Latency:
         self._last = "0"  # the last stream entry read
 
     def record(self, seconds: float) -> None:
-        """See :meth:`~latencykit.fleet.SharedLatency.record`."""
+        """Queue this process's sample (negative: censored, the attempt was abandoned after
+        that long); written with the next batch."""
         self._outgoing.append(seconds)
 
     def follow(self) -> deque[float]:
-        """See :meth:`~latencykit.fleet.SharedLatency.follow`."""
+        """A new queue that receives the other processes' samples (negative: censored) as the
+        store reads them; its owner drains it into its own window."""
         queue: deque[float] = deque(maxlen=_FOLLOWED)
         self._followers = [*self._followers, queue]  # copied: the store thread iterates it
         return queue
@@ -314,8 +336,6 @@ class _Adjustments:
     """The quota adjustments queued for the next refresh (``quota.lua`` never waits for
     them)."""
 
-    __slots__ = ("queue",)
-
     def __init__(self) -> None:
         self.queue: deque[tuple[str, float, float, float]] = deque(maxlen=_MAX_QUEUED)
 
@@ -332,8 +352,8 @@ class _Adjustments:
 
 
 class RedisStore:
-    """Fleet-wide state on a Redis (or Valkey) server: a
-    :class:`~latencykit.fleet.SharedStore`.
+    """Fleet-wide state on a Redis (or Valkey) server, what the policies' ``shared=`` takes
+    (and :func:`~latencykit.use_store`).
 
     Args:
         url: the server, as the ``redis`` client takes it (``redis://[[user]:password@]host:
@@ -391,9 +411,9 @@ class RedisStore:
             if stale_after is None
             else _validation.seconds("RedisStore.stale_after", stale_after, minimum=self.interval)
         )
-        self._breakers: dict[str, _Breaker] = {}
-        self._budgets: dict[str, _Budget] = {}
-        self._latencies: dict[str, _Latency] = {}
+        self._breakers: dict[str, SharedBreaker] = {}
+        self._budgets: dict[str, SharedBudget] = {}
+        self._latencies: dict[str, SharedLatency] = {}
         self._id = uuid.uuid4().hex[:16]  # this process's (this store's) name in the streams
         self._adjustments = _Adjustments()
         self._lock = threading.Lock()
@@ -410,21 +430,24 @@ class RedisStore:
     def __repr__(self) -> str:
         return f"RedisStore({_redact(self.url)!r}, namespace={self.namespace!r})"
 
-    # --- the SharedStore interface ------------------------------------------------------------
+    # --- what the policies ask of a store -------------------------------------------------------
 
-    def breaker(self, key: str, options: BreakerOptions) -> _Breaker:
-        """See :meth:`~latencykit.fleet.SharedStore.breaker`."""
-        return self._handle(self._breakers, key, lambda: _Breaker(self, key, options))
+    def breaker(self, key: str, options: BreakerOptions) -> SharedBreaker:
+        """The shared state of the breaker ``key`` (the same object for the same key)."""
+        return self._handle(self._breakers, key, lambda: SharedBreaker(self, key, options))
 
-    def budget(self, key: str, *, ratio: float, ttl: float, reserve: float) -> _Budget:
-        """See :meth:`~latencykit.fleet.SharedStore.budget`."""
+    def budget(self, key: str, *, ratio: float, ttl: float, reserve: float) -> SharedBudget:
+        """The shared state of the budget ``key`` (``reserve``: extra requests always allowed
+        per ``ttl``)."""
         return self._handle(
-            self._budgets, key, lambda: _Budget(self, key, ratio=ratio, ttl=ttl, reserve=reserve)
+            self._budgets,
+            key,
+            lambda: SharedBudget(self, key, ratio=ratio, ttl=ttl, reserve=reserve),
         )
 
-    def latency(self, key: str, *, window: float) -> _Latency:
-        """See :meth:`~latencykit.fleet.SharedStore.latency`."""
-        return self._handle(self._latencies, key, lambda: _Latency(self, key, window))
+    def latency(self, key: str, *, window: float) -> SharedLatency:
+        """The pooled latency window ``key`` (samples count for ``window`` seconds)."""
+        return self._handle(self._latencies, key, lambda: SharedLatency(self, key, window))
 
     def _handle(self, handles: dict[str, H], key: str, make: Callable[[], H]) -> H:
         """The handle of ``key``, made on first use (which starts the background task)."""
@@ -439,7 +462,13 @@ class RedisStore:
     async def take(
         self, key: str, amount: float, *, rate: float, burst: float, max_wait: float
     ) -> float | None:
-        """See :meth:`~latencykit.fleet.SharedStore.take`."""
+        """Take ``amount`` tokens from the token bucket ``key`` (``rate`` per second, up to
+        ``burst``) if they are there within ``max_wait`` seconds, and return the wait (a round
+        trip, bounded by the store's timeout); ``None`` if the store could not answer.
+
+        As the limiter's own buckets: the tokens are taken when the wait fits (the bucket may
+        go negative: the caller reserved the tokens that arrive meanwhile); a wait above
+        ``max_wait`` means nothing was taken."""
         self._start()
         if not self.available:
             return None
@@ -448,7 +477,8 @@ class RedisStore:
         )
 
     def adjust(self, key: str, amount: float, *, rate: float, burst: float) -> None:
-        """See :meth:`~latencykit.fleet.SharedStore.adjust`."""
+        """Charge ``amount`` more tokens to the bucket ``key`` (into debt if need be), or give
+        them back when negative; written with the next batch, never waited for."""
         self._start()
         self._adjustments.queue.append((self._quota_key(key), amount, rate, burst))
 
@@ -563,13 +593,13 @@ class RedisStore:
         if not self._shas:
             await self._load_scripts()
         pipe = self._client.pipeline(transaction=False)
-        owners: list[_Adjustments | _Breaker | _Budget | _Latency] = [
+        owners: list[_Adjustments | SharedBreaker | SharedBudget | SharedLatency] = [
             self._adjustments,
             *self._breakers.values(),
             *self._budgets.values(),
             *self._latencies.values(),
         ]
-        plan: list[_Adjustments | _Breaker | _Budget | _Latency] = []
+        plan: list[_Adjustments | SharedBreaker | SharedBudget | SharedLatency] = []
         for owner in owners:
             for script, args in owner._drain():
                 pipe.evalsha(self._shas[script], *args)
@@ -587,7 +617,7 @@ class RedisStore:
         for owner, reply in zip(plan, replies, strict=True):
             owner._update(reply, now, now + self.stale_after)
 
-    async def _probe(self, handle: _Breaker) -> tuple[bool, BreakerView] | None:
+    async def _probe(self, handle: SharedBreaker) -> tuple[bool, BreakerView] | None:
         try:
             reply = await asyncio.wait_for(
                 self._client.evalsha(self._shas["breaker"], *handle._script("probe", -1, "")),

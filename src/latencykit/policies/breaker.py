@@ -37,6 +37,7 @@ from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
 
 from .. import _validation, events
 from .. import fleet as _fleet
+from ..fleet.redis import BreakerOptions, BreakerView, SharedBreaker
 from .._cancel import clock as loop_clock
 from .._context import probe_var, trace_var
 from .._values import BreakerState
@@ -69,9 +70,6 @@ R = TypeVar("R")
 
 TIME_BUCKETS = 20
 """A time window moves in steps of ``window_size / TIME_BUCKETS`` seconds."""
-
-# Codes of a count window's slots: 0 = empty, else _CALL plus the flags.
-_CALL, _FAILED, _SLOW = 1, 2, 4
 
 _CLOSED = BreakerState.CLOSED
 _OPEN = BreakerState.OPEN
@@ -187,41 +185,6 @@ class Breaker(PolicyDecorator):
     """
 
     stage = Stage.BREAKER
-    __slots__ = (
-        "_bucket_width",
-        "_calls",
-        "_closed_permit",
-        "_cursor",
-        "_failures",
-        "_fleet_handle",
-        "_lock",
-        "_mirrored",
-        "_open_for",
-        "_options",
-        "_period",
-        "_probe_calls",
-        "_probe_failures",
-        "_probe_slow",
-        "_probes",
-        "_since",
-        "_size",
-        "_slow",
-        "_state",
-        "_window",
-        "clock",
-        "counts",
-        "failure_rate",
-        "half_open_calls",
-        "key",
-        "max_open_duration",
-        "minimum_calls",
-        "open_duration",
-        "shared",
-        "slow_call_duration",
-        "slow_call_rate",
-        "window_size",
-        "window_type",
-    )
     key: str
     window_type: Literal["count", "time"]
     window_size: float
@@ -296,10 +259,13 @@ class Breaker(PolicyDecorator):
         self._probes = self._probe_calls = self._probe_failures = self._probe_slow = 0
         self._calls = self._failures = self._slow = 0
         self._closed_permit = BreakerPermit(0, False)
-        self._fleet_handle: tuple[_fleet.SharedStore, _fleet.SharedBreaker] | None = None
+        self._fleet_handle: tuple[_fleet.SharedStore, SharedBreaker] | None = None
         self._mirrored = -1  # the fleet epoch last copied into the local state
 
     def _set_window(self, size: object) -> None:
+        """Both windows are rings of buckets of (calls, failures, slow calls): a count
+        window's bucket holds one call, a time window's ``window_size / TIME_BUCKETS``
+        seconds of calls."""
         if self.window_type == "count":
             self.window_size = self._size = _validation.count("breaker.window_size", size)
             if self.minimum_calls > self._size:
@@ -307,18 +273,17 @@ class Breaker(PolicyDecorator):
                     f"breaker.minimum_calls ({self.minimum_calls}) must not exceed "
                     f"breaker.window_size ({self._size}) for a count window: it could never open"
                 )
-            self._bucket_width, self._cursor = 0.0, 0
-            self._window = [0] * self._size  # one code per call
+            self._bucket_width = 0.0
         elif self.window_type == "time":
             self.window_size = _validation.seconds("breaker.window_size", size)
             self._size, self._bucket_width = TIME_BUCKETS, self.window_size / TIME_BUCKETS
-            # The newest bucket's number: none yet, so the first call's clock sets it.
-            self._cursor = -(2**62)
-            self._window = [0] * (3 * TIME_BUCKETS)  # calls, failures, slow per bucket
         else:
             raise ValueError(
                 f"breaker.window_type must be 'count' or 'time', got {self.window_type!r}"
             )
+        # The newest bucket's number: none yet, so the first call (or its clock) sets it.
+        self._cursor = -(2**62)
+        self._window = [0] * (3 * self._size)
 
     def _same_options(self, other: Breaker) -> None:
         """Raise unless ``other`` (a new breaker of this key) was given the same options."""
@@ -345,12 +310,9 @@ class Breaker(PolicyDecorator):
     def _clear_window(self) -> None:
         self._window[:] = [0] * len(self._window)
         self._calls = self._failures = self._slow = 0
-        if self.window_type == "count":
-            self._cursor = 0
 
-    def _advance(self, now: float) -> int:
-        """Time window: drop the buckets that slid out; return the newest bucket's offset."""
-        bucket = math.floor(now / self._bucket_width)
+    def _advance(self, bucket: int) -> int:
+        """Make ``bucket`` the newest: drop the buckets that slid out; return its offset."""
         cursor = self._cursor
         if bucket > cursor:
             window, size = self._window, self._size
@@ -362,6 +324,13 @@ class Breaker(PolicyDecorator):
                 window[at] = window[at + 1] = window[at + 2] = 0
             self._cursor = cursor = bucket
         return (cursor % self._size) * 3  # a clock going backwards lands in the newest bucket
+
+    def _bucket(self) -> int:
+        """The bucket a call ending now goes to (a count window: a new one, the oldest call
+        making room)."""
+        if self._bucket_width:
+            return math.floor(self.clock() / self._bucket_width)
+        return self._cursor + 1
 
     def _move(self, to: BreakerState, now: float) -> BreakerStateChanged | None:
         """Enter state ``to``; return the event to emit (once the lock is released)."""
@@ -410,23 +379,29 @@ class Breaker(PolicyDecorator):
 
     # --- the fleet's state (a shared store) ------------------------------------------------
 
-    def _fleet_view(self) -> tuple[_fleet.SharedBreaker | None, _fleet.BreakerView | None]:
-        """The shared store's handle and view of this breaker, ``(None, None)`` without a
-        store; the view is ``None`` while the store is unavailable (decide locally)."""
+    def _fleet_view(self) -> tuple[SharedBreaker | None, BreakerView | None]:
+        """The shared store's handle and view of this breaker (the view mirrored locally),
+        ``(None, None)`` without a store; the view is ``None`` while the store is unavailable
+        (decide locally)."""
         store = self.shared or _fleet._current
         if store is None:
             return None, None
         cached = self._fleet_handle
         if cached is None or cached[0] is not store:
-            fields = _fleet.BreakerOptions._fields
-            options = _fleet.BreakerOptions(*(getattr(self, name) for name in fields))
+            fields = BreakerOptions._fields
+            options = BreakerOptions(*(getattr(self, name) for name in fields))
             cached = self._fleet_handle = (store, store.breaker(self.key, options))
         handle = cached[1]
-        return handle, handle.view()
+        view = handle.view()
+        if view is not None:
+            self._mirror(view)
+        return handle, view
 
-    def _mirror(self, view: _fleet.BreakerView) -> None:
+    def _mirror(self, view: BreakerView) -> None:
         """Copy the fleet's state into the local state (what ``state`` reports, and where
         the breaker starts from if the store goes away), emitting the change."""
+        if view.epoch == self._mirrored:
+            return
         with self._lock:
             to = BreakerState(view.state)
             event = None if self._state is to else self._move(to, self.clock())
@@ -435,16 +410,7 @@ class Breaker(PolicyDecorator):
             self._mirrored = view.epoch
         self._emit(event)
 
-    def _synced(self) -> _fleet.BreakerView | None:
-        """The fleet's view, mirrored locally; ``None`` without one."""
-        view = self._fleet_view()[1]
-        if view is not None and view.epoch != self._mirrored:
-            self._mirror(view)
-        return view
-
-    async def _permit(
-        self, admitted: BreakerPermit | CircuitOpen | _fleet.SharedBreaker
-    ) -> BreakerPermit:
+    async def _permit(self, admitted: BreakerPermit | CircuitOpen | SharedBreaker) -> BreakerPermit:
         """The permit :meth:`_admit` gave, or asked of the fleet (a probe; decided locally if
         the store cannot answer); raise :class:`CircuitOpen` if refused."""
         if isinstance(admitted, (BreakerPermit, CircuitOpen)):
@@ -453,8 +419,7 @@ class Breaker(PolicyDecorator):
             permit = self._admit_local()
         else:
             granted, view = answer
-            if view.epoch != self._mirrored:
-                self._mirror(view)
+            self._mirror(view)
             permit = (
                 BreakerPermit(self._period, True, view.epoch)
                 if granted
@@ -470,7 +435,7 @@ class Breaker(PolicyDecorator):
     def state(self) -> BreakerState:
         """The current state (an expired ``OPEN`` turns ``HALF_OPEN`` when read). With a
         shared store, the fleet's state as of the store's last refresh."""
-        self._synced()
+        self._fleet_view()
         with self._lock:
             event = self._refresh(self.clock())
             state = self._state
@@ -480,15 +445,15 @@ class Breaker(PolicyDecorator):
     def metrics(self) -> BreakerMetrics:
         """The window's counts and rates now (a time window first drops expired calls). With
         a shared store, the fleet's window as of the store's last refresh."""
-        view = self._synced()
+        view = self._fleet_view()[1]
         if view is not None:
             state = BreakerState(view.state)
             return _metrics(state, view.calls, view.failures, view.slow, 0)
         with self._lock:
             now = self.clock()
             event = self._refresh(now)
-            if self.window_type == "time":
-                self._advance(now)
+            if self._bucket_width:  # a time window: drop the calls that slid out
+                self._advance(math.floor(now / self._bucket_width))
             in_flight = self._probes - self._probe_calls if self._state is _HALF_OPEN else 0
             result = _metrics(self._state, self._calls, self._failures, self._slow, in_flight)
         self._emit(event)
@@ -497,7 +462,7 @@ class Breaker(PolicyDecorator):
     def allows(self) -> bool:
         """Whether a call would be admitted now, without taking a permit (nor emitting
         :class:`BreakerRejected`). Failover uses it to skip open targets."""
-        view = self._synced()
+        view = self._fleet_view()[1]
         if view is not None:
             return (
                 view.state == "closed"
@@ -512,13 +477,11 @@ class Breaker(PolicyDecorator):
         self._emit(event)
         return allowed
 
-    def _admit(self) -> BreakerPermit | CircuitOpen | _fleet.SharedBreaker:
+    def _admit(self) -> BreakerPermit | CircuitOpen | SharedBreaker:
         """A permit, a refusal, or the fleet's handle when a probe permit must be asked of it."""
         handle, view = self._fleet_view()
         if view is None or handle is None:
             return self._admit_local()
-        if view.epoch != self._mirrored:
-            self._mirror(view)
         state = view.state
         if state == "closed":
             return BreakerPermit(self._period, False, view.epoch)
@@ -608,16 +571,14 @@ class Breaker(PolicyDecorator):
 
     def _record_shared(
         self,
-        handle: _fleet.SharedBreaker,
+        handle: SharedBreaker,
         permit: BreakerPermit,
         success: bool | None,
         slow: bool,
     ) -> None:
         """A fleet permit's outcome goes to the store, which decides the transitions; the
         local window counts it too, ready for when the store goes away."""
-        code = (
-            0 if success is None else _CALL | (0 if success else _FAILED) | (_SLOW if slow else 0)
-        )
+        code = 0 if success is None else 1 + 2 * (not success) + 4 * slow
         if permit.probe:
             handle.probe_ended(permit.epoch, code)
             return
@@ -659,23 +620,14 @@ class Breaker(PolicyDecorator):
 
     def _tally(self, failed: bool, slow: bool) -> None:
         """Add one call to the window."""
+        at = self._advance(self._bucket())
         window = self._window
-        if self._bucket_width:  # time window
-            at = self._advance(self.clock())
-            window[at] += 1
-            window[at + 1] += failed
-            window[at + 2] += slow
-            self._calls += 1
-            self._failures += failed
-            self._slow += slow
-            return
-        at = self._cursor
-        old = window[at]  # a full window: the oldest call makes room
-        window[at] = _CALL | (_FAILED if failed else 0) | (_SLOW if slow else 0)
-        self._cursor = at + 1 if at + 1 < self._size else 0
-        self._calls += not old
-        self._failures += failed - ((old & _FAILED) >> 1)
-        self._slow += slow - ((old & _SLOW) >> 2)
+        window[at] += 1
+        window[at + 1] += failed
+        window[at + 2] += slow
+        self._calls += 1
+        self._failures += failed
+        self._slow += slow
 
     def isolate(self) -> None:
         """Force the breaker open (``FORCED_OPEN``): every call is refused until :meth:`reset`.

@@ -453,24 +453,6 @@ class Limiter(PolicyDecorator):
     """
 
     stage = Stage.LIMITER
-    __slots__ = (
-        "_buckets",
-        "_lock",
-        "_prune_at",
-        "_quotas",
-        "_targets",
-        "_tenant_of",
-        "_tenants",
-        "_tokens_of",
-        "_waiting",
-        "concurrency",
-        "max_wait",
-        "quotas",
-        "shared",
-        "tenant_of",
-        "tenant_quota",
-        "tokens_of",
-    )
 
     def __init__(
         self,
@@ -498,9 +480,7 @@ class Limiter(PolicyDecorator):
         self.tenant_of, self.tokens_of = tenant_of, tokens_of
         self._tenant_of = tenant_of or _default_tenant_of
         self._tokens_of = tokens_of or _llm_tokens
-        _validation.optional(
-            "Limiter.shared", shared, _fleet.SharedStore, "a SharedStore (RedisStore)"
-        )
+        _validation.optional("Limiter.shared", shared, _fleet.SharedStore, "a RedisStore")
         self.shared = shared
         self._buckets = _Buckets()
         self._lock = threading.Lock()
