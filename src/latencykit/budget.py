@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 from . import _validation
 from . import fleet as _fleet
-from .fleet.redis import SharedBudget
 from ._cancel import clock as loop_clock
 from ._context import trace_var
+from .fleet.redis import SharedBudget
 
 __all__ = ["RetryBudget"]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from .. import _validation
 from ..events import StoreRecovered, StoreUnavailable
-from .redis import SharedLatency as SharedLatency
 from .redis import RedisStore as SharedStore  # the one store there is
+from .redis import SharedLatency as SharedLatency
 
 __all__ = [
     "SharedLatency",

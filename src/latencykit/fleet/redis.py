@@ -45,6 +45,7 @@ _IDLE_TTL = 3600.0  # seconds a key outlives its last write, beyond its own time
 _NO_LIMIT = "1e300"  # a quota adjustment's max wait: always taken
 
 H = TypeVar("H")
+T = TypeVar("T")
 
 
 class BreakerOptions(NamedTuple):
@@ -143,10 +144,13 @@ class SharedBreaker:
     async def probe(self) -> tuple[bool, BreakerView] | None:
         """Ask the fleet for a half-open probe permit (a round trip, bounded by the store's
         timeout): ``(granted, view)``, or ``None`` if the store could not answer."""
-        store = self._store
-        if not store.available:
-            return None
-        return await run_on_shared_loop(store._probe(self))
+        return await self._store._round_trip(
+            self._probed, "breaker", *self._script("probe", -1, "")
+        )
+
+    def _probed(self, reply: Any) -> tuple[bool, BreakerView]:
+        now = time.monotonic()
+        return reply[7] == 1, self._update(reply, now, now + self._store.stale_after)
 
     def probe_ended(self, epoch: int, code: int) -> None:
         """Report a probe's outcome (``code`` as for :meth:`outcome`, ``0``: ignored, the
@@ -208,7 +212,8 @@ class SharedBreaker:
 
 
 class SharedBudget:
-    """One budget's state in a :class:`RedisStore` (what :class:`~latencykit.RetryBudget` asks of the fleet).
+    """One budget's state in a :class:`RedisStore` (what :class:`~latencykit.RetryBudget`
+    asks of the fleet).
 
     The process spends tokens it leased from the fleet at the last refresh, and leases twice
     what it asked for in the last interval, refusals included (at least one, at most
@@ -288,8 +293,9 @@ class SharedBudget:
 
 class SharedLatency:
     """One pooled latency window in a :class:`RedisStore` (what adaptive hedging's
-    :class:`~latencykit.stats.Recorder` asks of the fleet): each refresh appends this process's new samples
-    to the target's stream as one entry, and reads the entries the others appended."""
+    :class:`~latencykit.stats.Recorder` asks of the fleet): each refresh appends this
+    process's new samples to the target's stream as one entry, and reads the entries the
+    others appended."""
 
     def __init__(self, store: RedisStore, key: str, window: float) -> None:
         self._id = store._id
@@ -470,11 +476,8 @@ class RedisStore:
         go negative: the caller reserved the tokens that arrive meanwhile); a wait above
         ``max_wait`` means nothing was taken."""
         self._start()
-        if not self.available:
-            return None
-        return await run_on_shared_loop(
-            self._take(self._quota_key(key), amount, rate, burst, max_wait)
-        )
+        args = (1, self._quota_key(key), amount, rate, burst, max_wait)
+        return await self._round_trip(_wait_of, "quota", *args)
 
     def adjust(self, key: str, amount: float, *, rate: float, burst: float) -> None:
         """Charge ``amount`` more tokens to the bucket ``key`` (into debt if need be), or give
@@ -617,35 +620,23 @@ class RedisStore:
         for owner, reply in zip(plan, replies, strict=True):
             owner._update(reply, now, now + self.stale_after)
 
-    async def _probe(self, handle: SharedBreaker) -> tuple[bool, BreakerView] | None:
-        try:
-            reply = await asyncio.wait_for(
-                self._client.evalsha(self._shas["breaker"], *handle._script("probe", -1, "")),
-                self.timeout,
-            )
-            now = time.monotonic()
-            view = handle._update(reply, now, now + self.stale_after)
-        except Exception as exc:  # the breaker decides alone
-            self._failed(exc)
+    async def _round_trip(self, parse: Callable[[Any], T], script: str, *args: Any) -> T | None:
+        """A call's round trip (bounded by ``timeout``): the script's reply, parsed; ``None``
+        when the store could not answer (the policy then decides alone)."""
+        if not self.available:
             return None
-        return reply[7] == 1, view
 
-    async def _take(
-        self, key: str, amount: float, rate: float, burst: float, max_wait: float
-    ) -> float | None:
-        try:
-            reply = await asyncio.wait_for(
-                self._client.evalsha(self._shas["quota"], 1, key, amount, rate, burst, max_wait),
-                self.timeout,
-            )
-            wait = float(reply)
-        except Exception as exc:  # the limiter decides alone
-            self._failed(exc)
-            return None
-        if not math.isfinite(wait) or wait < 0:
-            self._failed(_Garbage("quota script returned a negative or infinite wait"))
-            return None
-        return wait
+        async def call() -> T | None:  # on the store's loop, as everything touching its state
+            try:
+                reply = await asyncio.wait_for(
+                    self._client.evalsha(self._shas[script], *args), self.timeout
+                )
+                return parse(reply)
+            except Exception as exc:  # never let the store fail the call
+                self._failed(exc)
+                return None
+
+        return await run_on_shared_loop(call())
 
     # --- health --------------------------------------------------------------------------------
 
@@ -679,6 +670,14 @@ class RedisStore:
         logger.warning("latencykit: shared store %r answers again (after %.1fs)", self, down_for)
         if events.listening():
             events.emit(StoreRecovered(call_id=0, store=repr(self), down_for=down_for))
+
+
+def _wait_of(reply: Any) -> float:
+    """``quota.lua``'s reply: the wait, in seconds."""
+    wait = float(reply)
+    if not math.isfinite(wait) or wait < 0:
+        raise _Garbage("quota script returned a negative or infinite wait")
+    return wait
 
 
 def _redact(url: str) -> str:

@@ -37,7 +37,6 @@ from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
 
 from .. import _validation, events
 from .. import fleet as _fleet
-from ..fleet.redis import BreakerOptions, BreakerView, SharedBreaker
 from .._cancel import clock as loop_clock
 from .._context import probe_var, trace_var
 from .._values import BreakerState
@@ -49,6 +48,7 @@ from ..errors import (
     is_transient,
 )
 from ..events import BreakerRejected, BreakerStateChanged, Event
+from ..fleet.redis import BreakerOptions, BreakerView, SharedBreaker
 from ..pipeline import Call, Next, PolicyDecorator, Stage
 from ..stream import Stream, StreamOutcome
 

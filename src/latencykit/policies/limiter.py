@@ -513,9 +513,7 @@ class Limiter(PolicyDecorator):
             )
         quota = self._quotas.get(who, self.tenant_quota)
         permit = _Permit(who)
-        # The common case takes both slots at once, under one lock, without waiting.
-        if (quota is not None and quota.rated) or not self._take_slots(permit, call, quota):
-            await self._acquire(call, permit, quota)
+        await self._acquire(call, permit, quota)
         try:
             result = await next(call)
         except BaseException:
@@ -546,22 +544,6 @@ class Limiter(PolicyDecorator):
             except RuntimeError:  # the loop is closed: nothing of ours runs there any more
                 pass
         self._release(permit, usage)
-
-    def _take_slots(self, permit: _Permit, call: Call, quota: Quota | None) -> bool:
-        """Take the tenant's and the target's slots if both are free now."""
-        with self._lock:
-            tenant_slots = self._slots("tenant_concurrency", permit.tenant, quota)
-            target_slots = self._slots("concurrency", call.target.key, quota)
-            # Both or neither: a free slot means nobody waits for it (see _Slots.take).
-            if (
-                tenant_slots.in_use >= tenant_slots.limit
-                or target_slots.in_use >= target_slots.limit
-            ):
-                return False
-            tenant_slots.in_use += 1
-            target_slots.in_use += 1
-        permit.tenant_slots, permit.target_slots = tenant_slots, target_slots
-        return True
 
     async def _acquire(self, call: Call, permit: _Permit, quota: Quota | None) -> None:
         """Take the call's quotas and slots, waiting for them as allowed."""
