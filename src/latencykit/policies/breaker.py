@@ -365,17 +365,20 @@ class Breaker(PolicyDecorator):
         self._period += 1  # after the state: the lock-free path of _admit_local relies on it
         return event
 
-    def _refresh(self, now: float) -> BreakerStateChanged | None:
+    def _refresh(self) -> None:
         """OPEN -> HALF_OPEN once ``open_for`` has passed (lazily, when somebody looks)."""
-        if self._state is _OPEN and now >= self._since + self._open_for:
-            return self._move(_HALF_OPEN, now)
-        return None
+        if self._state is not _OPEN:
+            return
+        with self._lock:
+            now = self.clock()
+            expired = self._state is _OPEN and now >= self._since + self._open_for
+            event = self._move(_HALF_OPEN, now) if expired else None
+        self._emit(event)
 
     @staticmethod
-    def _emit(*pending: Event | None) -> None:
-        for event in pending:
-            if event is not None:
-                events.emit(event)
+    def _emit(event: Event | None) -> None:
+        if event is not None:
+            events.emit(event)
 
     # --- the fleet's state (a shared store) ------------------------------------------------
 
@@ -436,11 +439,8 @@ class Breaker(PolicyDecorator):
         """The current state (an expired ``OPEN`` turns ``HALF_OPEN`` when read). With a
         shared store, the fleet's state as of the store's last refresh."""
         self._fleet_view()
-        with self._lock:
-            event = self._refresh(self.clock())
-            state = self._state
-        self._emit(event)
-        return state
+        self._refresh()
+        return self._state
 
     def metrics(self) -> BreakerMetrics:
         """The window's counts and rates now (a time window first drops expired calls). With
@@ -449,15 +449,12 @@ class Breaker(PolicyDecorator):
         if view is not None:
             state = BreakerState(view.state)
             return _metrics(state, view.calls, view.failures, view.slow, 0)
+        self._refresh()
         with self._lock:
-            now = self.clock()
-            event = self._refresh(now)
             if self._bucket_width:  # a time window: drop the calls that slid out
-                self._advance(math.floor(now / self._bucket_width))
+                self._advance(math.floor(self.clock() / self._bucket_width))
             in_flight = self._probes - self._probe_calls if self._state is _HALF_OPEN else 0
-            result = _metrics(self._state, self._calls, self._failures, self._slow, in_flight)
-        self._emit(event)
-        return result
+            return _metrics(self._state, self._calls, self._failures, self._slow, in_flight)
 
     def allows(self) -> bool:
         """Whether a call would be admitted now, without taking a permit (nor emitting
@@ -469,13 +466,9 @@ class Breaker(PolicyDecorator):
                 or (view.state == "open" and view.opens_in <= 0.0)  # the fleet would probe
                 or (view.state == "half_open" and view.free_probes > 0)
             )
-        with self._lock:
-            event = self._refresh(self.clock())
-            allowed = self._state is _CLOSED or (
-                self._state is _HALF_OPEN and self._probes < self.half_open_calls
-            )
-        self._emit(event)
-        return allowed
+        self._refresh()
+        state = self._state
+        return state is _CLOSED or (state is _HALF_OPEN and self._probes < self.half_open_calls)
 
     def _admit(self) -> BreakerPermit | CircuitOpen | SharedBreaker:
         """A permit, a refusal, or the fleet's handle when a probe permit must be asked of it."""
@@ -511,9 +504,9 @@ class Breaker(PolicyDecorator):
             if permit.period != period:
                 permit = self._closed_permit = BreakerPermit(period, False)
             return permit
+        self._refresh()
         with self._lock:
             now = self.clock()
-            event = self._refresh(now)
             state = self._state
             granted = None
             if state is _CLOSED:
@@ -522,7 +515,6 @@ class Breaker(PolicyDecorator):
                 self._probes += 1
                 granted = BreakerPermit(self._period, True)
             wait = max(0.0, self._since + self._open_for - now) if state is _OPEN else None
-        self._emit(event)
         return self._refused(state, wait) if granted is None else granted
 
     def acquire(self) -> BreakerPermit | None:
@@ -596,27 +588,26 @@ class Breaker(PolicyDecorator):
         self._probe_calls += 1
         self._probe_failures += not success
         self._probe_slow += slow
-        n = self.half_open_calls
-        # Reopen as soon as the rates over all n probes are bound to reach a threshold;
-        # close once all n are counted and they did not.
-        if (
-            self._probe_failures / n >= self.failure_rate
-            or self._probe_slow / n >= self.slow_call_rate
-        ):
+        # Reopen as soon as the rates over all the probes are bound to reach a threshold;
+        # close once all are counted and they did not.
+        if self._trips(self.half_open_calls, self._probe_failures, self._probe_slow):
             return self._move(_OPEN, self.clock())
-        if self._probe_calls >= n:
+        if self._probe_calls >= self.half_open_calls:
             return self._move(_CLOSED, self.clock())
         return None
 
     def _count(self, failed: bool, slow: bool) -> BreakerStateChanged | None:
         """Count a closed call; open if the window's rates reach a threshold."""
         self._tally(failed, slow)
-        calls = self._calls
-        if calls >= self.minimum_calls and (
-            self._failures / calls >= self.failure_rate or self._slow / calls >= self.slow_call_rate
+        if self._calls >= self.minimum_calls and self._trips(
+            self._calls, self._failures, self._slow
         ):
             return self._move(_OPEN, self.clock())
         return None
+
+    def _trips(self, calls: int, failures: int, slow: int) -> bool:
+        """Whether these rates reach a threshold."""
+        return failures / calls >= self.failure_rate or slow / calls >= self.slow_call_rate
 
     def _tally(self, failed: bool, slow: bool) -> None:
         """Add one call to the window."""
@@ -643,16 +634,17 @@ class Breaker(PolicyDecorator):
         handle = self._fleet_view()[0]
         if handle is not None:
             handle.force(op)
+        self._refresh()
         with self._lock:
             now = self.clock()
-            pending = [self._refresh(now)]
+            event = None
             if self._state is not to:
-                pending.append(self._move(to, now))
+                event = self._move(to, now)
             elif to is _CLOSED:  # a new period with an empty window
                 self._clear_window()
                 self._period += 1
                 self._since = now
-        self._emit(*pending)
+        self._emit(event)
 
     async def handle(self, call: Call, next: Next) -> Any:
         """Run ``call`` if the breaker admits it (else raise :class:`CircuitOpen`), and record
@@ -665,19 +657,13 @@ class Breaker(PolicyDecorator):
         probing = probe_var.set(True) if permit.probe else None
         try:
             result = await next(call)
-        except Exception as exc:
+        except BaseException as exc:  # cancelled: neither a success nor a failure
             duration = clock() - started
-            outcome: bool | None = None
+            outcome = None
             try:
-                # A refusal from a breaker or a limiter further in says nothing about this
-                # target.
-                if not isinstance(exc, (CircuitOpen, LimitExceeded)) and self.counts(exc):
-                    outcome = False
+                outcome = self._failed(exc)
             finally:
                 self.record(permit, outcome, duration)
-            raise
-        except BaseException:
-            self.record(permit, None)  # cancelled: neither a success nor a failure
             raise
         finally:
             if probing is not None:
@@ -691,6 +677,13 @@ class Breaker(PolicyDecorator):
             self.record(permit, True, clock() - started)
         return result
 
+    def _failed(self, error: BaseException) -> Literal[False] | None:
+        """``False`` (a failure) if ``error`` counts, ``None`` (ignored) if not. A refusal
+        from a breaker or a limiter further in says nothing about this target."""
+        if not isinstance(error, Exception) or isinstance(error, (CircuitOpen, LimitExceeded)):
+            return None
+        return False if self.counts(error) else None
+
     def _stream_ended(
         self,
         permit: BreakerPermit,
@@ -700,8 +693,7 @@ class Breaker(PolicyDecorator):
         error: BaseException | None,
     ) -> None:
         if outcome == "error" and error is not None:
-            failed = isinstance(error, Exception) and self.counts(error)
-            self.record(permit, False if failed else None, ttft)
+            self.record(permit, self._failed(error), ttft)
         elif outcome in ("ok", "closed"):
             self.record(permit, True, ttft)
         else:  # cancelled or abandoned: says nothing about the target

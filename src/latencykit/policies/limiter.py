@@ -393,18 +393,35 @@ class LimiterSnapshot:
 
 
 class _Permit:
-    """What one call holds: its slots and the bucket charges to refund or reconcile."""
+    """One call through the limiter: whom it is for, when it arrived, and what it holds (its
+    slots, and the bucket charges to refund or reconcile)."""
 
-    __slots__ = ("charges", "released", "target_slots", "tenant", "tenant_slots", "tokens")
+    __slots__ = (
+        "call",
+        "charges",
+        "loop",
+        "quota",
+        "released",
+        "started",
+        "target_slots",
+        "tenant",
+        "tenant_slots",
+        "tokens",
+    )
 
-    def __init__(self, tenant: str) -> None:
-        self.tenant = tenant
+    def __init__(self, call: Call, tenant: str, quota: Quota | None) -> None:
+        self.call, self.tenant, self.quota = call, tenant, quota
+        self.loop = backend()
+        self.started = self.loop.now()
         self.tenant_slots: _Slots | None = None
         self.target_slots: _Slots | None = None
         # key, amount, rate, burst, and whether a shared store holds the bucket
         self.charges: list[tuple[str, float, float, float, bool]] = []
         self.tokens: tuple[str, float, float, float, bool] | None = None  # the token charge
         self.released = False
+
+    def waited(self) -> float:
+        return self.loop.now() - self.started
 
 
 _UNLIMITED = math.inf
@@ -468,9 +485,8 @@ class Limiter(PolicyDecorator):
         self.concurrency = _concurrency(concurrency)
         _validation.optional("Limiter.tenant_quota", tenant_quota, Quota, "a Quota")
         self.tenant_quota = tenant_quota
-        self._quotas = _quotas(quotas)
-        self.quotas: Mapping[str, Quota] = MappingProxyType(self._quotas)
-        if self.concurrency is None and tenant_quota is None and not self._quotas:
+        self.quotas: Mapping[str, Quota] = MappingProxyType(_quotas(quotas))
+        if self.concurrency is None and tenant_quota is None and not self.quotas:
             raise ValueError(
                 "Limiter needs a limit: concurrency, tenant_quota or quotas (it would do nothing)"
             )
@@ -478,8 +494,6 @@ class Limiter(PolicyDecorator):
         _validation.function("Limiter.tenant_of", tenant_of)
         _validation.function("Limiter.tokens_of", tokens_of)
         self.tenant_of, self.tokens_of = tenant_of, tokens_of
-        self._tenant_of = tenant_of or _default_tenant_of
-        self._tokens_of = tokens_of or _llm_tokens
         _validation.optional("Limiter.shared", shared, _fleet.SharedStore, "a RedisStore")
         self.shared = shared
         self._buckets = _Buckets()
@@ -504,16 +518,15 @@ class Limiter(PolicyDecorator):
         """Take the call's quotas and slots (waiting as allowed, else raising
         :class:`~latencykit.errors.LimitExceeded`), run ``next``, and give the slots back when
         the result is final (for a stream, when it ends)."""
-        who = self._tenant_of(call)
+        who = (self.tenant_of or _default_tenant_of)(call)
         if who is None:
             who = DEFAULT_TENANT
         elif not isinstance(who, str) or not who:
             raise TypeError(
                 f"Limiter.tenant_of must return a non-empty string or None, got {who!r}"
             )
-        quota = self._quotas.get(who, self.tenant_quota)
-        permit = _Permit(who)
-        await self._acquire(call, permit, quota)
+        permit = _Permit(call, who, self.quotas.get(who, self.tenant_quota))
+        await self._acquire(permit)
         try:
             result = await next(call)
         except BaseException:
@@ -545,19 +558,13 @@ class Limiter(PolicyDecorator):
                 pass
         self._release(permit, usage)
 
-    async def _acquire(self, call: Call, permit: _Permit, quota: Quota | None) -> None:
+    async def _acquire(self, permit: _Permit) -> None:
         """Take the call's quotas and slots, waiting for them as allowed."""
-        loop = backend()
-        started = loop.now()
         try:
-            if quota is not None and quota.rated:
-                await self._take_quotas(call, permit, quota, loop, started)
-            permit.tenant_slots = await self._enter(
-                call, permit, "tenant_concurrency", quota, loop, started
-            )
-            permit.target_slots = await self._enter(
-                call, permit, "concurrency", quota, loop, started
-            )
+            if permit.quota is not None and permit.quota.rated:
+                await self._take_quotas(permit, permit.quota)
+            permit.tenant_slots = await self._enter(permit, "tenant_concurrency")
+            permit.target_slots = await self._enter(permit, "concurrency")
         except BaseException:
             self._release(permit, refund=True)
             raise
@@ -594,21 +601,24 @@ class Limiter(PolicyDecorator):
 
     # --- rates --------------------------------------------------------------------------------
 
-    async def _take_quotas(
-        self, call: Call, permit: _Permit, quota: Quota, loop: Backend, started: float
-    ) -> None:
-        who = permit.tenant
+    async def _take_quotas(self, permit: _Permit, quota: Quota) -> None:
         wanted = [
-            (kind, key, 1.0 if kind == "requests" else float(self._tokens(call)), rate, burst)
-            for kind, key, rate, burst in _buckets(who, quota)
+            (
+                kind,
+                key,
+                1.0 if kind == "requests" else float(self._tokens(permit.call)),
+                rate,
+                burst,
+            )
+            for kind, key, rate, burst in _buckets(permit.tenant, quota)
         ]
-        now = loop.now()
-        room = self._room(started, now)
+        now = permit.loop.now()
+        room = self._room(permit.started, now)
         longest, longest_kind = 0.0, wanted[0][0]
         for kind, key, amount, rate, burst in wanted:
             wait, fleet = await self._take(key, amount, rate, burst, now, room)
             if wait > room:  # nothing taken: it cannot fit, say so now rather than wait to fail
-                raise self._refused(call, who, kind, wait, now - started)
+                raise self._refused(permit, kind, wait)
             charge = (key, amount, rate, burst, fleet)
             permit.charges.append(charge)
             if kind == "tokens":
@@ -617,7 +627,7 @@ class Limiter(PolicyDecorator):
                 longest, longest_kind = wait, kind
         if longest > 0:
             await anyio.sleep(longest)  # the tokens are reserved: they are ours after it
-            self._waited(call, who, longest_kind, longest)
+            self._waited(permit, longest_kind, longest)
 
     async def _take(
         self, key: str, amount: float, rate: float, burst: float, now: float, room: float
@@ -633,7 +643,7 @@ class Limiter(PolicyDecorator):
         ), False
 
     def _tokens(self, call: Call) -> int:
-        cost = self._tokens_of(call)
+        cost = (self.tokens_of or _llm_tokens)(call)
         if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
             raise TypeError(f"Limiter.tokens_of must return an int >= 0, got {cost!r}")
         return cost
@@ -649,42 +659,33 @@ class Limiter(PolicyDecorator):
 
     # --- slots --------------------------------------------------------------------------------
 
-    async def _enter(
-        self,
-        call: Call,
-        permit: _Permit,
-        kind: LimitKind,
-        quota: Quota | None,
-        loop: Backend,
-        started: float,
-    ) -> _Slots:
+    async def _enter(self, permit: _Permit, kind: LimitKind) -> _Slots:
         """Take a slot of the tenant's cap or of the target's limit, waiting if allowed."""
-        who = permit.tenant
+        who, quota = permit.tenant, permit.quota
         # The tenant's cap queues its calls FIFO; a target's limit serves tenants by weight.
         key, weight = (
             (who, 1.0)
             if kind == "tenant_concurrency"
-            else (call.target.key, 1.0 if quota is None else quota.weight)
+            else (permit.call.target.key, 1.0 if quota is None else quota.weight)
         )
-        own_end = math.inf if self.max_wait is None else started + self.max_wait
+        own_end = math.inf if self.max_wait is None else permit.started + self.max_wait
         with self._lock:
             slots = self._slots(kind, key, quota)
             if slots.take():
                 return slots
-            now = loop.now()
-            waiter = None if own_end <= now else slots.enqueue(who, weight)
+            waiter = None if own_end <= permit.loop.now() else slots.enqueue(who, weight)
             if waiter is not None:
                 self._waiting[who] = self._waiting.get(who, 0) + 1
         if waiter is None:  # max_wait is used up (or 0): no waiting at all
-            raise self._refused(call, who, kind, None, now - started)
+            raise self._refused(permit, kind, None)
         try:
-            await _wait(waiter, own_end, loop)
+            await _wait(waiter, own_end, permit.loop)
         except BaseException:
             self._stop_waiting(slots, waiter, who, keep=False)
             raise
         if not self._stop_waiting(slots, waiter, who, keep=True):
-            raise self._refused(call, who, kind, None, loop.now() - started)
-        self._waited(call, who, kind, loop.now() - started)
+            raise self._refused(permit, kind, None)
+        self._waited(permit, kind, permit.waited())
         return slots
 
     def _stop_waiting(self, slots: _Slots, waiter: _Waiter, who: str, *, keep: bool) -> bool:
@@ -739,10 +740,8 @@ class Limiter(PolicyDecorator):
 
     # --- events and errors --------------------------------------------------------------------
 
-    def _refused(
-        self, call: Call, who: str, kind: LimitKind, wait: float | None, waited: float
-    ) -> LimitExceeded:
-        key = call.target.key
+    def _refused(self, permit: _Permit, kind: LimitKind, wait: float | None) -> LimitExceeded:
+        key, who, waited = permit.call.target.key, permit.tenant, permit.waited()
         if events.listening():
             trace = trace_var.get()
             events.emit(
@@ -760,14 +759,14 @@ class Limiter(PolicyDecorator):
         return LimitExceeded(key, limit, tenant=of_tenant, wait=wait, waited=waited)
 
     @staticmethod
-    def _waited(call: Call, who: str, kind: LimitKind, waited: float) -> None:
+    def _waited(permit: _Permit, kind: LimitKind, waited: float) -> None:
         if events.listening():
             trace = trace_var.get()
             events.emit(
                 LimitWaited(
                     0 if trace is None else trace.call_id,
-                    target=call.target.key,
-                    tenant=who,
+                    target=permit.call.target.key,
+                    tenant=permit.tenant,
                     limit=kind,
                     waited=waited,
                 )
