@@ -123,14 +123,13 @@ class SharedBreaker:
         self._ops: deque[tuple[str, int, str]] = deque()
         self._view: BreakerView | None = None
         self._until = 0.0  # time.monotonic() at which an open state ends
-        self._fresh_until = 0.0
 
     def view(self) -> BreakerView | None:
         """The fleet's state as last refreshed, or ``None`` when the store is unavailable or
         its view is older than its staleness bound (the breaker then decides alone)."""
         now = time.monotonic()
         view = self._view
-        if now > self._fresh_until or view is None:
+        if now > self._store._fresh_until or view is None:
             return None
         if view.state == "open":  # rare: the time left, as of now
             return view._replace(opens_in=max(0.0, self._until - now))
@@ -149,8 +148,7 @@ class SharedBreaker:
         )
 
     def _probed(self, reply: Any) -> tuple[bool, BreakerView]:
-        now = time.monotonic()
-        return reply[7] == 1, self._update(reply, now, now + self._store.stale_after)
+        return reply[7] == 1, self._update(reply)
 
     def probe_ended(self, epoch: int, code: int) -> None:
         """Report a probe's outcome (``code`` as for :meth:`outcome`, ``0``: ignored, the
@@ -189,7 +187,7 @@ class SharedBreaker:
         """The refresh failed (the outcomes it carried are dropped: the fleet's window is a
         sample)."""
 
-    def _update(self, reply: object, now: float, fresh_until: float) -> BreakerView:
+    def _update(self, reply: object) -> BreakerView:
         if not isinstance(reply, list) or len(reply) != 8:
             raise _Garbage(f"breaker script returned {type(reply).__name__}")
         state = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
@@ -197,7 +195,7 @@ class SharedBreaker:
         if state not in _STATES or not all(type(n) is int for n in numbers):
             raise _Garbage("breaker script returned an unknown state or a non-integer")
         epoch, remaining, free, calls, failures, slow, _ = numbers
-        self._until = now + remaining / 1000
+        self._until = time.monotonic() + remaining / 1000
         view = BreakerView(
             state=state,
             epoch=epoch,
@@ -207,7 +205,7 @@ class SharedBreaker:
             failures=failures,
             slow=slow,
         )
-        self._view, self._fresh_until = view, fresh_until
+        self._view = view
         return view
 
 
@@ -232,8 +230,7 @@ class SharedBudget:
         self._held = 0  # tokens leased from the fleet, not yet spent
         self._giving_back = 0  # tokens the refresh in progress gives back
         self._used = 0  # tokens asked for since the last refresh
-        self._balance = 0.0
-        self._fresh_until = 0.0
+        self._balance: float | None = None  # none until the first refresh
 
     def deposit(self) -> None:
         """Count one call (written with the next batch)."""
@@ -244,7 +241,7 @@ class SharedBudget:
         """Take one extra request: ``True`` or ``False``, or ``None`` when the store is
         unavailable (the budget then decides alone). Never a round trip: the process spends
         tokens it leased from the fleet at the last refresh."""
-        if time.monotonic() > self._fresh_until:
+        if self.balance() is None:
             return None
         with self._lock:
             self._used += 1
@@ -256,7 +253,7 @@ class SharedBudget:
 
     def balance(self) -> float | None:
         """The fleet's balance as last refreshed, or ``None`` when unavailable."""
-        if time.monotonic() > self._fresh_until:
+        if self._balance is None or time.monotonic() > self._store._fresh_until:
             return None
         return self._balance + self._held
 
@@ -273,7 +270,7 @@ class SharedBudget:
         args = (deposits, max(0, -excess), self._giving_back)
         return [("budget", (1, self._key, slot_ms, ratio, reserve, *args, ttl_ms))]
 
-    def _update(self, reply: object, now: float, fresh_until: float) -> None:
+    def _update(self, reply: object) -> None:
         if not isinstance(reply, list) or len(reply) != 2 or type(reply[0]) is not int:
             raise _Garbage(f"budget script returned {type(reply).__name__}")
         try:
@@ -283,7 +280,6 @@ class SharedBudget:
         with self._lock:
             self._held += reply[0]
             self._balance = balance
-        self._fresh_until = fresh_until
 
     def _lost(self) -> None:
         """The refresh failed: the tokens it was to give back are still held."""
@@ -325,7 +321,7 @@ class SharedLatency:
     def _lost(self) -> None:
         """The refresh failed (its samples are dropped: a window is a sample)."""
 
-    def _update(self, reply: object, now: float, fresh_until: float) -> None:
+    def _update(self, reply: object) -> None:
         if not isinstance(reply, list) or not reply or not isinstance(reply[0], bytes):
             raise _Garbage(f"latency script returned {type(reply).__name__}")
         try:
@@ -352,7 +348,7 @@ class _Adjustments:
     def _lost(self) -> None:
         """The refresh failed (its adjustments are dropped: the buckets refill anyway)."""
 
-    def _update(self, reply: object, now: float, fresh_until: float) -> None:
+    def _update(self, reply: object) -> None:
         if not isinstance(reply, bytes):
             raise _Garbage(f"quota script returned {type(reply).__name__}")
 
@@ -430,6 +426,7 @@ class RedisStore:
         self._shas: dict[str, str] = {}
         self._closed = False
         self._down_since: float | None = None
+        self._fresh_until = 0.0  # time.monotonic() until which the views may be used
         self.available = False
         """Whether the last exchange with the server succeeded (read-only)."""
 
@@ -616,9 +613,10 @@ class RedisStore:
             for owner in plan:
                 owner._lost()
             raise
-        now = time.monotonic()
+        fresh_until = time.monotonic() + self.stale_after
         for owner, reply in zip(plan, replies, strict=True):
-            owner._update(reply, now, now + self.stale_after)
+            owner._update(reply)
+        self._fresh_until = fresh_until
 
     async def _round_trip(self, parse: Callable[[Any], T], script: str, *args: Any) -> T | None:
         """A call's round trip (bounded by ``timeout``): the script's reply, parsed; ``None``
@@ -642,10 +640,7 @@ class RedisStore:
 
     def _failed(self, exc: BaseException) -> None:
         # Views age out by themselves; drop them now so policies go local at once.
-        for handle in list(self._breakers.values()):
-            handle._fresh_until = 0.0
-        for budget in list(self._budgets.values()):
-            budget._fresh_until = 0.0
+        self._fresh_until = 0.0
         self._shas.clear()  # a restarted server has lost them
         self.available = False
         if self._down_since is not None:
