@@ -167,20 +167,14 @@ class SharedBreaker:
         return (2, *self._keys, op, epoch, *self._args, arg, self._store._channel)
 
     def _drain(self) -> list[tuple[str, tuple[Any, ...]]]:
-        """The script calls to make: queued ops, then the outcomes by epoch (at least one
-        ``sync``, which refreshes the view)."""
-        ops = self._ops
+        """The script calls to make: queued ops, then one ``sync`` (which refreshes the view)
+        with the outcomes of the newest epoch queued: the script counts an outcome only in
+        the fleet's current epoch, which no older one can be."""
+        ops, outcomes = self._ops, self._outcomes
         calls = [ops.popleft() for _ in range(len(ops))]
-        outcomes = self._outcomes
-        epoch, codes = -1, list[str]()
-        for _ in range(len(outcomes)):
-            at, code = outcomes.popleft()
-            if at != epoch and codes:
-                calls.append(("sync", epoch, "".join(codes)))
-                codes = []
-            epoch = at
-            codes.append(str(code))
-        calls.append(("sync", epoch, "".join(codes)))
+        queued = [outcomes.popleft() for _ in range(len(outcomes))]
+        epoch = max((at for at, _ in queued), default=-1)
+        calls.append(("sync", epoch, "".join(str(code) for at, code in queued if at == epoch)))
         return [("breaker", self._script(*call)) for call in calls]
 
     def _lost(self) -> None:

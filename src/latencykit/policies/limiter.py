@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -75,6 +75,15 @@ DEFAULT_TENANT = "<default>"
 # Idle state (full buckets, tenants with nothing in flight) is forgotten once there are this many
 # entries, then again at twice as many as were kept: tenants may be end users, many and brief.
 _PRUNE_FROM = 1024
+V = TypeVar("V")
+
+
+def _forget(entries: dict[str, V], idle: Callable[[V], bool]) -> int:
+    """Forget the idle ``entries`` (tenants may be end users, many and brief); return the size
+    from which to look again: twice as many as were kept."""
+    for key in [key for key, value in entries.items() if idle(value)]:
+        del entries[key]
+    return max(_PRUNE_FROM, 2 * len(entries))
 
 
 # --- tenants -----------------------------------------------------------------------------------
@@ -221,15 +230,14 @@ class _Buckets:
         with self._lock:
             bucket = self._buckets.get(key)
             if bucket is None:
-                if len(self._buckets) >= self._prune_at:
-                    self._prune(now)
+                if len(self._buckets) >= self._prune_at:  # forget the full buckets
+                    self._prune_at = _forget(
+                        self._buckets, lambda b: b[0] + (now - b[1]) * b[2] >= b[3]
+                    )
                 bucket = self._buckets[key] = [burst, now, rate, burst]
             tokens = min(burst, bucket[0] + max(0.0, now - bucket[1]) * rate)
-            bucket[1:] = (
-                max(bucket[1], now),
-                rate,
-                burst,
-            )  # a clock read out of order never refills twice
+            # A clock read out of order never refills twice.
+            bucket[1:] = (max(bucket[1], now), rate, burst)
             if amount <= 0:
                 bucket[0] = min(burst, tokens - amount)
                 return 0.0
@@ -242,14 +250,6 @@ class _Buckets:
         with self._lock:
             tokens, at = self._buckets.get(key, (burst, now))[:2]
             return min(burst, tokens + max(0.0, now - at) * rate)
-
-    def _prune(self, now: float) -> None:
-        buckets = self._buckets
-        for key in [
-            k for k, (t, at, rate, burst) in buckets.items() if t + (now - at) * rate >= burst
-        ]:
-            del buckets[key]
-        self._prune_at = max(_PRUNE_FROM, 2 * len(buckets))
 
 
 # --- fair slots --------------------------------------------------------------------------------
@@ -574,8 +574,8 @@ class Limiter(PolicyDecorator):
         if kind == "tenant_concurrency":
             slots = self._tenants.get(key)
             if slots is None:
-                if len(self._tenants) >= self._prune_at:
-                    self._prune()
+                if len(self._tenants) >= self._prune_at:  # forget the idle tenants
+                    self._prune_at = _forget(self._tenants, lambda slots: slots.idle)
                 cap = quota.concurrency if quota is not None else None
                 slots = self._tenants[key] = _Slots(_UNLIMITED if cap is None else cap)
             return slots
@@ -584,20 +584,11 @@ class Limiter(PolicyDecorator):
             slots = self._targets[key] = _Slots(self._limit_of(key))
         return slots
 
-    def _prune(self) -> None:
-        """Forget idle tenants (under the lock): tenants may be end users, many and brief."""
-        tenants = self._tenants
-        for who in [who for who, slots in tenants.items() if slots.idle]:
-            del tenants[who]
-        self._prune_at = max(_PRUNE_FROM, 2 * len(tenants))
-
     def _limit_of(self, key: str) -> float:
         limit = self.concurrency
-        if limit is None:
-            return _UNLIMITED
-        if isinstance(limit, int):
-            return limit
-        return limit.get(key, _UNLIMITED)
+        if isinstance(limit, Mapping):
+            return limit.get(key, _UNLIMITED)
+        return _UNLIMITED if limit is None else limit
 
     # --- rates --------------------------------------------------------------------------------
 
