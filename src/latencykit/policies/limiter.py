@@ -36,7 +36,7 @@ import itertools
 import logging
 import math
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -51,7 +51,7 @@ from .._cancel import Backend, backend, clock, threadsafe_caller
 from .._context import deadline_var, trace_var
 from .._response import Summary
 from ..errors import LimitExceeded
-from ..events import LimitKind, LimitRefused, LimitWaited
+from ..events import Event, LimitKind, LimitRefused, LimitWaited
 from ..pipeline import Call, Next, PolicyDecorator, Stage
 from ..stream import Stream, StreamOutcome
 
@@ -304,19 +304,19 @@ class _Slots:
     the limiter holds its lock around every method.
     """
 
-    __slots__ = ("_heap", "_queues", "_seq", "_vtime", "in_use", "limit")
+    __slots__ = ("_heap", "_seq", "_vtime", "in_use", "limit", "queues")
 
     def __init__(self, limit: float) -> None:
         self.limit = limit
         self.in_use = 0
-        self._queues: dict[str, _Queue] = {}
+        self.queues: dict[str, _Queue] = {}
         self._heap: list[tuple[float, int, _Queue]] = []
         self._seq = itertools.count()
         self._vtime = 0.0
 
     @property
     def idle(self) -> bool:
-        return self.in_use == 0 and not self._queues
+        return self.in_use == 0 and not self.queues
 
     def take(self) -> bool:
         """Take a free slot, if there is one (a free slot means nobody waits: a freed slot is
@@ -328,9 +328,9 @@ class _Slots:
 
     def enqueue(self, key: str, weight: float) -> _Waiter:
         """Queue a waiter under ``key`` (a tenant)."""
-        queue = self._queues.get(key)
+        queue = self.queues.get(key)
         if queue is None:
-            queue = self._queues[key] = _Queue(key, weight, self._vtime)
+            queue = self.queues[key] = _Queue(key, weight, self._vtime)
         waiter = _Waiter(queue)
         queue.waiters.append(waiter)
         if not queue.queued:
@@ -345,8 +345,8 @@ class _Slots:
             pass_, _, queue = heapq.heappop(heap)
             queue.queued = False
             if not queue.waiters:  # its waiters gave up
-                if self._queues.get(queue.key) is queue:
-                    del self._queues[queue.key]
+                if self.queues.get(queue.key) is queue:
+                    del self.queues[queue.key]
                 continue
             waiter = queue.waiters.popleft()
             waiter.granted = True
@@ -356,7 +356,7 @@ class _Slots:
                 queue.queued = True
                 heapq.heappush(heap, (queue.pass_, next(self._seq), queue))
             else:
-                del self._queues[queue.key]
+                del self.queues[queue.key]
             return waiter
         self.in_use -= 1
         return None
@@ -501,7 +501,6 @@ class Limiter(PolicyDecorator):
         self._targets: dict[str, _Slots] = {}
         self._tenants: dict[str, _Slots] = {}
         self._prune_at = _PRUNE_FROM
-        self._waiting: dict[str, int] = {}
 
     def __repr__(self) -> str:
         concurrency = (
@@ -618,7 +617,7 @@ class Limiter(PolicyDecorator):
                 longest, longest_kind = wait, kind
         if longest > 0:
             await anyio.sleep(longest)  # the tokens are reserved: they are ours after it
-            self._waited(permit, longest_kind, longest)
+            _report(LimitWaited, permit, longest_kind, longest)
 
     async def _take(
         self, key: str, amount: float, rate: float, burst: float, now: float, room: float
@@ -665,29 +664,22 @@ class Limiter(PolicyDecorator):
             if slots.take():
                 return slots
             waiter = None if own_end <= permit.loop.now() else slots.enqueue(who, weight)
-            if waiter is not None:
-                self._waiting[who] = self._waiting.get(who, 0) + 1
         if waiter is None:  # max_wait is used up (or 0): no waiting at all
             raise self._refused(permit, kind, None)
         try:
             await _wait(waiter, own_end, permit.loop)
         except BaseException:
-            self._stop_waiting(slots, waiter, who, keep=False)
+            self._stop_waiting(slots, waiter, keep=False)
             raise
-        if not self._stop_waiting(slots, waiter, who, keep=True):
+        if not self._stop_waiting(slots, waiter, keep=True):
             raise self._refused(permit, kind, None)
-        self._waited(permit, kind, permit.waited())
+        _report(LimitWaited, permit, kind, permit.waited())
         return slots
 
-    def _stop_waiting(self, slots: _Slots, waiter: _Waiter, who: str, *, keep: bool) -> bool:
+    def _stop_waiting(self, slots: _Slots, waiter: _Waiter, *, keep: bool) -> bool:
         """The waiter stops waiting; return whether it holds a slot. A slot granted to it is
         kept if ``keep``, else handed on (it was cancelled); otherwise it leaves the queue."""
         with self._lock:
-            left = self._waiting[who] - 1
-            if left:
-                self._waiting[who] = left
-            else:
-                del self._waiting[who]
             if waiter.granted and keep:
                 return True
             woken = slots.leave(waiter)
@@ -732,36 +724,12 @@ class Limiter(PolicyDecorator):
     # --- events and errors --------------------------------------------------------------------
 
     def _refused(self, permit: _Permit, kind: LimitKind, wait: float | None) -> LimitExceeded:
-        key, who, waited = permit.call.target.key, permit.tenant, permit.waited()
-        if events.listening():
-            trace = trace_var.get()
-            events.emit(
-                LimitRefused(
-                    0 if trace is None else trace.call_id,
-                    target=key,
-                    tenant=who,
-                    limit=kind,
-                    wait=wait,
-                    waited=waited,
-                )
-            )
+        waited = permit.waited()
+        _report(LimitRefused, permit, kind, waited, wait=wait)
         limit = "concurrency" if kind == "tenant_concurrency" else kind
-        of_tenant = None if kind == "concurrency" else who  # a target's limit: no tenant's
+        of_tenant = None if kind == "concurrency" else permit.tenant  # a target's: no tenant's
+        key = permit.call.target.key
         return LimitExceeded(key, limit, tenant=of_tenant, wait=wait, waited=waited)
-
-    @staticmethod
-    def _waited(permit: _Permit, kind: LimitKind, waited: float) -> None:
-        if events.listening():
-            trace = trace_var.get()
-            events.emit(
-                LimitWaited(
-                    0 if trace is None else trace.call_id,
-                    target=permit.call.target.key,
-                    tenant=permit.tenant,
-                    limit=kind,
-                    waited=waited,
-                )
-            )
 
     # --- introspection ------------------------------------------------------------------------
 
@@ -772,7 +740,12 @@ class Limiter(PolicyDecorator):
         with self._lock:
             in_flight = {key: slots.in_use for key, slots in self._targets.items()}
             by_tenant = {who: slots.in_use for who, slots in self._tenants.items() if slots.in_use}
-            waiting = dict(self._waiting)
+            waiting = Counter(
+                who
+                for slots in (*self._targets.values(), *self._tenants.values())
+                for who, queue in slots.queues.items()
+                for _ in queue.waiters
+            )
         now = clock()
         buckets: dict[str, float] = {}
         for who in dict.fromkeys([*by_tenant, *waiting, *self.quotas, *tenants]):
@@ -782,9 +755,20 @@ class Limiter(PolicyDecorator):
         return LimiterSnapshot(
             in_flight=MappingProxyType(in_flight),
             tenants=MappingProxyType(by_tenant),
-            waiting=MappingProxyType(waiting),
+            waiting=MappingProxyType(dict(waiting)),
             buckets=MappingProxyType(buckets),
         )
+
+
+def _report(
+    event: Callable[..., Event], permit: _Permit, kind: LimitKind, waited: float, **more: Any
+) -> None:
+    """Emit :class:`LimitRefused` or :class:`LimitWaited` for ``permit``'s call."""
+    if events.listening():
+        trace = trace_var.get()
+        call_id = 0 if trace is None else trace.call_id
+        target, who = permit.call.target.key, permit.tenant
+        events.emit(event(call_id, target=target, tenant=who, limit=kind, waited=waited, **more))
 
 
 async def _wait(waiter: _Waiter, end: float, loop: Backend) -> None:
