@@ -60,10 +60,8 @@ class RetryBudget:
         self.ttl = _validation.seconds("RetryBudget.ttl", ttl, minimum=0.01)
         self._clock = clock
         self._slot_width = self.ttl / _SLOTS
-        self._deposits = [0] * _SLOTS
+        self._deposits = [0] * _SLOTS  # per slot of the window (ten: summing them is cheap)
         self._withdrawals = [0] * _SLOTS
-        self._total_deposits = 0
-        self._total_withdrawals = 0
         self._slot = int(clock() // self._slot_width)
         self.name = None if name is None else _validation.text("RetryBudget.name", name)
         _validation.optional("RetryBudget.shared", shared, _fleet.SharedStore, "a RedisStore")
@@ -71,7 +69,6 @@ class RetryBudget:
         self._fleet_key = name or (
             f"ratio={self.ratio:g},ttl={self.ttl:g},reserve={self.min_per_second:g}"
         )
-        self._fleet_handle: tuple[_fleet.SharedStore, SharedBudget] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -83,10 +80,7 @@ class RetryBudget:
         slot = int(self._clock() // self._slot_width)
         if slot != self._slot:
             for stale in range(self._slot + 1, min(slot, self._slot + _SLOTS) + 1):
-                index = stale % _SLOTS
-                self._total_deposits -= self._deposits[index]
-                self._total_withdrawals -= self._withdrawals[index]
-                self._deposits[index] = self._withdrawals[index] = 0
+                self._deposits[stale % _SLOTS] = self._withdrawals[stale % _SLOTS] = 0
             self._slot = slot
         return slot % _SLOTS
 
@@ -94,16 +88,8 @@ class RetryBudget:
         store = self.shared or _fleet._current
         if store is None:
             return None
-        cached = self._fleet_handle
-        if cached is None or cached[0] is not store:
-            handle = store.budget(
-                self._fleet_key,
-                ratio=self.ratio,
-                ttl=self.ttl,
-                reserve=self.min_per_second * self.ttl,
-            )
-            cached = self._fleet_handle = (store, handle)
-        return cached[1]
+        reserve = self.min_per_second * self.ttl
+        return store.budget(self._fleet_key, ratio=self.ratio, ttl=self.ttl, reserve=reserve)
 
     @property
     def balance(self) -> float:
@@ -116,17 +102,13 @@ class RetryBudget:
 
     def _local_balance(self) -> float:
         self._advance()
-        return (
-            self._total_deposits * self.ratio
-            + self.min_per_second * self.ttl
-            - self._total_withdrawals
-        )
+        deposits, withdrawals = sum(self._deposits), sum(self._withdrawals)
+        return deposits * self.ratio + self.min_per_second * self.ttl - withdrawals
 
     def deposit(self) -> None:
         """Count one call (earns ``ratio`` of an extra request)."""
         index = self._advance()
         self._deposits[index] += 1
-        self._total_deposits += 1
         shared = self._fleet()
         if shared is not None:
             shared.deposit()
@@ -161,7 +143,5 @@ class RetryBudget:
             return False
         # Counted here too, granted by the fleet or not: the local count is where the budget
         # starts from if the store goes away.
-        index = self._slot % _SLOTS
-        self._withdrawals[index] += 1
-        self._total_withdrawals += 1
+        self._withdrawals[self._slot % _SLOTS] += 1
         return True

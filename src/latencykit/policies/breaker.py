@@ -259,7 +259,8 @@ class Breaker(PolicyDecorator):
         self._probes = self._probe_calls = self._probe_failures = self._probe_slow = 0
         self._calls = self._failures = self._slow = 0
         self._closed_permit = BreakerPermit(0, False)
-        self._fleet_handle: tuple[_fleet.SharedStore, SharedBreaker] | None = None
+        fields = BreakerOptions._fields
+        self._fleet_options = BreakerOptions(*(getattr(self, name) for name in fields))
         self._mirrored = -1  # the fleet epoch last copied into the local state
 
     def _set_window(self, size: object) -> None:
@@ -382,19 +383,18 @@ class Breaker(PolicyDecorator):
 
     # --- the fleet's state (a shared store) ------------------------------------------------
 
+    def _fleet_handle(self) -> SharedBreaker | None:
+        """This breaker's state in the shared store, ``None`` without a store."""
+        store = self.shared or _fleet._current
+        return None if store is None else store.breaker(self.key, self._fleet_options)
+
     def _fleet_view(self) -> tuple[SharedBreaker | None, BreakerView | None]:
         """The shared store's handle and view of this breaker (the view mirrored locally),
         ``(None, None)`` without a store; the view is ``None`` while the store is unavailable
         (decide locally)."""
-        store = self.shared or _fleet._current
-        if store is None:
+        handle = self._fleet_handle()
+        if handle is None:
             return None, None
-        cached = self._fleet_handle
-        if cached is None or cached[0] is not store:
-            fields = BreakerOptions._fields
-            options = BreakerOptions(*(getattr(self, name) for name in fields))
-            cached = self._fleet_handle = (store, store.breaker(self.key, options))
-        handle = cached[1]
         view = handle.view()
         if view is not None:
             self._mirror(view)
@@ -549,8 +549,8 @@ class Breaker(PolicyDecorator):
         if success is None and not permit.probe:
             return  # an ignored call that held no probe slot: nothing to do
         slow = duration >= self.slow_call_duration
-        if permit.epoch >= 0 and self._fleet_handle is not None:
-            self._record_shared(self._fleet_handle[1], permit, success, slow)
+        if permit.epoch >= 0 and (handle := self._fleet_handle()) is not None:
+            self._record_shared(handle, permit, success, slow)
             return
         with self._lock:
             if permit.period != self._period:
@@ -631,7 +631,7 @@ class Breaker(PolicyDecorator):
         self._force("reset", _CLOSED)
 
     def _force(self, op: Literal["isolate", "reset"], to: BreakerState) -> None:
-        handle = self._fleet_view()[0]
+        handle = self._fleet_handle()
         if handle is not None:
             handle.force(op)
         self._refresh()
