@@ -7,7 +7,7 @@ Run it from the repository root::
 The 1,000-chunk SSE body of ``fast_lane_throughput.py`` (all events in one HTTP chunk) is fed
 from memory in 64 KiB pieces to each layer in turn: an httpx response's ``aiter_lines`` (the
 work of the throughput benchmark's ceiling), the fast lane's SSE splitting, splitting and
-decoding, the source's ``read_nowait`` (what a ``Stream`` takes without an await), the source
+decoding, the source's ``buffered`` (what a ``Stream`` takes without an await), the source
 iterated alone, a ``Stream`` over it, and a ``Stream`` whose consumer reads each chunk's text.
 Nanoseconds per chunk, the median of 30 rounds taking turns.
 """
@@ -21,11 +21,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
+import httpx
 from fast_lane_throughput import SERVER
 
 from latencykit import _openai
 from latencykit.chunks import OPENAI_CHUNKS, decode_chunk
-from latencykit.stream import _NOTHING, Stream
+from latencykit.stream import NOTHING, Stream
 from latencykit.target import Target
 
 # The server script's events, built by its own code (one source for both benchmarks).
@@ -36,6 +37,9 @@ PIECES = [BODY[i : i + 65536] for i in range(0, len(BODY), 65536)]
 TARGET = Target("openai/m", api_base="http://127.0.0.1:9/v1", api_key="k", transport="openai")
 
 
+CLIENT = httpx.AsyncClient()  # never sends: the body is read from memory
+
+
 async def body() -> AsyncIterator[bytes]:
     for piece in PIECES:
         yield piece
@@ -43,7 +47,7 @@ async def body() -> AsyncIterator[bytes]:
 
 def source() -> Any:
     """An ``OpenAIChunks`` reading the body from memory (as if its response had opened)."""
-    request = _openai.Request(TARGET, 60, {"messages": [], "stream": True}, _openai.Clients())
+    request = _openai.Request(TARGET, 60, {"messages": [], "stream": True}, CLIENT)
     chunks = _openai.OpenAIChunks(request, TARGET, ())
     chunks._body = body()
     return chunks
@@ -75,11 +79,11 @@ async def split_and_decode() -> int:
     return len(events)
 
 
-async def read_nowait() -> int:
+async def buffered() -> int:
     chunks, n = source(), 0
     async for piece in chunks._body:
         chunks._split(piece)
-    while chunks.read_nowait() is not _NOTHING:
+    while chunks.buffered() is not NOTHING:
         n += 1
     return n
 
@@ -110,7 +114,7 @@ LAYERS: dict[str, Callable[[], Awaitable[int]]] = {
     "httpx aiter_lines (the ceiling's work)": httpx_lines,
     "SSE split": split,
     "SSE split + decode (typed chunks)": split_and_decode,
-    "split + read_nowait (what a Stream takes)": read_nowait,
+    "split + buffered (what a Stream takes)": buffered,
     "OpenAIChunks iterated alone": source_alone,
     "Stream over OpenAIChunks": stream,
     "Stream, the consumer reading each text": stream_read,

@@ -115,7 +115,7 @@ LANES = ("HTTP/1.1 (the fast lane's pool)", "HTTP/2 (h2c, one client)")
 
 def use(llm: lk.LLM, clients: dict[str, httpx.AsyncClient], lane: str) -> None:
     """Make ``lane``'s client ``llm``'s fast-lane client on this event loop."""
-    llm._http._by_loop[_cancel.loop_key()] = clients[lane]
+    llm._transports["openai"]._by_loop[_cancel.loop_key()] = clients[lane]  # type: ignore[attr-defined]
 
 
 async def throughput(llm: lk.LLM, concurrency: int) -> float:
@@ -159,7 +159,7 @@ async def main(quick: bool, rounds: int, count: int) -> None:
             "openai/m", api_base=base, api_key=KEY, transport="openai", deadline=120, timeout=60
         )
         clients = {
-            LANES[0]: llm._http.get(),  # the fast lane's HTTP/1.1 client on this loop
+            LANES[0]: llm._transports["openai"].client(),  # type: ignore[attr-defined]  # the fast lane's HTTP/1.1 client on this loop
             LANES[1]: httpx.AsyncClient(
                 http1=False, http2=True, limits=httpx.Limits(max_connections=None), timeout=None
             ),

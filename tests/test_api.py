@@ -1,5 +1,5 @@
-"""The public surface: what ``lk.`` offers, that each policy's two spellings take the same
-arguments, and that every public name says what it does."""
+"""The public surface: what ``lk.`` offers, that a policy's lowercase name is its class, and
+that every public name says what it does."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ TOP_LEVEL = {
     "Degrade",
     "Stream",
     "report",
-    # policies: a function and its class, same arguments
+    # policies: a class that is also the decorator, and its lowercase name
     "deadline",
     "fallback",
     "hedge",
@@ -87,16 +87,16 @@ SUBMODULES = {
     "turn",
 }
 
-PAIRS = [
+# A policy is a class that is also the decorator: its lowercase name is the class itself.
+ALIASES = [
     ("deadline", "Deadline"),
     ("fallback", "Fallback"),
     ("hedge", "Hedge"),
     ("quantile", "Quantile"),
     ("retry", "Retry"),
-    ("breaker", "Breaker"),
     ("failover", "Failover"),
-    ("stream_guard", "StreamGuard"),
 ]
+PAIRS = [("breaker", "Breaker"), ("stream_guard", "StreamGuard")]
 
 
 def test_the_top_level_offers_what_users_call_and_catch() -> None:
@@ -112,14 +112,21 @@ def test_every_public_name_has_a_docstring() -> None:
         assert inspect.getdoc(getattr(lk, name)), name
 
 
+def _class(cls: str, function: str) -> Any:
+    # Classes that are not at the top level live in their policy's module.
+    home = {"Quantile": "hedge", "Deadline": "deadline", "Fallback": "fallback"}
+    return getattr(lk, cls, None) or getattr(getattr(lk.policies, home.get(cls, function)), cls)
+
+
+@pytest.mark.parametrize(("lower", "cls"), ALIASES)
+def test_a_policy_s_lowercase_name_is_its_class(lower: str, cls: str) -> None:
+    assert getattr(lk, lower) is _class(cls, lower)
+
+
 @pytest.mark.parametrize(("function", "cls"), PAIRS)
 def test_a_policy_function_and_its_class_take_the_same_arguments(function: str, cls: str) -> None:
     lower: Any = getattr(lk, function)
-    # Classes that are not at the top level live in their policy's module.
-    home = {"Quantile": "hedge", "Deadline": "deadline", "Fallback": "fallback"}
-    upper: Any = getattr(lk, cls, None) or getattr(
-        getattr(lk.policies, home.get(cls, function)), cls
-    )
+    upper: Any = _class(cls, function)
 
     def parameters(fn: Any) -> list[tuple[str, Any, Any]]:
         return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]

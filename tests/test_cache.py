@@ -23,6 +23,7 @@ from latencykit.cache import (
     normalize_text,
 )
 from latencykit.pipeline import Call, Pipeline
+from latencykit.stream import ChunkSource
 from latencykit.target import Target
 from latencykit.testing import Behavior, FakeProvider, Fault
 
@@ -516,8 +517,8 @@ async def test_truncated_answers_are_not_cached_unless_asked(finish_reason: str)
     assert second.choices[0].message.content == first.choices[0].message.content
 
 
-class Chunks:
-    """An async iterator of litellm chunks that a Stream reads as litellm's own."""
+class Chunks(ChunkSource):
+    """A source of litellm chunks that a Stream reads as litellm's own."""
 
     chunk_reader = LITELLM_CHUNKS
 
@@ -540,10 +541,7 @@ class Chunks:
             ]
         )
 
-    def __aiter__(self) -> Chunks:
-        return self
-
-    async def __anext__(self) -> Any:
+    async def pull(self) -> Any:
         await anyio.lowlevel.checkpoint()
         try:
             return next(self._chunks)

@@ -161,7 +161,7 @@ TRICKY = (
 
 def read_events(pieces: list[bytes]) -> tuple[list[tuple[Any, ...]], int, bool]:
     """What the fast lane's reader makes of a body arriving in ``pieces``: each chunk as
-    ``(text, finish)``, the malformed count, and whether it saw [DONE]."""
+    ``(text, finish)``, the count of skipped (malformed) events, and whether it saw [DONE]."""
     from latencykit._openai import OpenAIChunks
 
     source: Any = object.__new__(OpenAIChunks)
@@ -171,15 +171,15 @@ def read_events(pieces: list[bytes]) -> tuple[list[tuple[Any, ...]], int, bool]:
         if source._done:
             break  # the rest of the body is read, not parsed
         source._split(piece)
-        while (got := source.read_nowait()) is not _nothing():
+        while (got := source.buffered()) is not _nothing():
             read.append(tuple(got[1:]))
-    return read, source.malformed, source._done
+    return read, source.skipped, source._done
 
 
 def _nothing() -> Any:
-    from latencykit.stream import _NOTHING
+    from latencykit.stream import NOTHING
 
-    return _NOTHING
+    return NOTHING
 
 
 def test_sse_events_are_read_the_same_however_the_body_is_split() -> None:
@@ -256,7 +256,7 @@ def test_a_stream_switches_to_nodes_at_the_first_event_the_schema_does_not_fit()
     OpenAIChunks.__init__(source, None, None, ())  # type: ignore[arg-type]
     source._split(event("a") + event("b", ',"vendor":{"queue":1}') + event("c"))
     kinds = []
-    while (got := source.read_nowait()) is not _nothing():
+    while (got := source.buffered()) is not _nothing():
         kinds.append((type(got[0]).__name__, got[1]))
         if got[1] == "b":
             assert got[0].vendor.queue == 1  # kept, with attribute access

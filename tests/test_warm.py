@@ -129,7 +129,8 @@ async def main():
             from latencykit import _litellm
 
             # What the first call would otherwise set up first.
-            assert llm._http.ready() if transport == "openai" else _litellm.is_set_up("openai/m")
+            fast_lane = llm._transports["openai"]
+            assert fast_lane.ready() if transport == "openai" else _litellm.is_set_up("openai/m")
         stream = await llm.acompletion(messages=[{"role": "user", "content": "hi"}], stream=True)
         async with stream:
             async for _ in stream:

@@ -20,13 +20,13 @@ import contextlib
 import contextvars
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import anyio
 
 from ._cancel import keep, on_asyncio
-from .stream import _NOTHING
+from .stream import NOTHING, ChunkSource
 
 __all__ = ["BridgedStream", "run_on_asyncio", "run_on_shared_loop", "shared_loop"]
 
@@ -41,7 +41,8 @@ _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 
 
-def _shared_loop() -> asyncio.AbstractEventLoop:
+def shared_loop() -> asyncio.AbstractEventLoop:
+    """The library's own asyncio loop, in a daemon thread (started on first use)."""
     global _loop
     with _lock:
         if _loop is None or _loop.is_closed():
@@ -51,11 +52,6 @@ def _shared_loop() -> asyncio.AbstractEventLoop:
             ).start()
             _loop = loop
         return _loop
-
-
-def shared_loop() -> asyncio.AbstractEventLoop:
-    """The library's own asyncio loop, in a daemon thread (started on first use)."""
-    return _shared_loop()
 
 
 async def run_on_asyncio(coro: Coroutine[Any, Any, T]) -> T:
@@ -69,7 +65,7 @@ async def run_on_shared_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on the library's own asyncio loop (:func:`shared_loop`), whatever backend
     the caller runs on; cancelling the caller cancels it."""
     if on_asyncio():
-        future = asyncio.run_coroutine_threadsafe(coro, _shared_loop())
+        future = asyncio.run_coroutine_threadsafe(coro, shared_loop())
         return await asyncio.wrap_future(future)  # cancelling the wrapper cancels the task
     return await _from_trio(coro)
 
@@ -78,7 +74,7 @@ async def _from_trio(coro: Coroutine[Any, Any, T]) -> T:
     import trio
 
     token = trio.lowlevel.current_trio_token()
-    loop = _shared_loop()
+    loop = shared_loop()
     done = anyio.Event()
     tasks: list[asyncio.Task[T]] = []
 
@@ -124,14 +120,17 @@ class _Raised:
         self.error = error
 
 
-class BridgedStream:
+class BridgedStream(ChunkSource):
     """The trio side of an async iterator that runs on the shared asyncio loop.
 
     Construct it on trio; a pump task starts at once on the asyncio loop and reads ``source``
-    (opening it, for a lazily opened source) into a buffer. ``receive_nowait()`` takes a buffered
-    item without waiting; ``__anext__`` waits for one. ``aclose()`` cancels the pump, which
-    closes the source, and waits (shielded, bounded) until it has.
+    (opening it, for a lazily opened source) into a buffer. :meth:`buffered` takes a buffered
+    item without waiting; :meth:`pull` waits for one. ``aclose()`` cancels the pump, which
+    closes the source, and waits (shielded, bounded) until it has. Its items are read, and its
+    end judged, as the source's.
     """
+
+    buffered_with_read = False  # each item crossed over on its own
 
     __slots__ = (
         "_blocked",
@@ -139,25 +138,24 @@ class BridgedStream:
         "_items",
         "_loop",
         "_pumped",
+        "_source",
         "_space",
         "_task",
         "_token",
         "_wakeup",
         "_woken",
         "chunk_reader",
-        "end_error",
         "ready_at",
     )
 
-    def __init__(self, source: AsyncIterator[Any]) -> None:
+    def __init__(self, source: ChunkSource) -> None:
         import trio
 
-        self.chunk_reader = getattr(source, "chunk_reader", None)
-        # Asked once the stream ended (the pump is done with the source): why it ended short.
-        self.end_error = getattr(source, "end_error", None)
-        self.ready_at: float | None = getattr(source, "ready_at", None)  # as the source's
+        self._source = source
+        self.chunk_reader = source.chunk_reader
+        self.ready_at = source.ready_at
         self._token = trio.lowlevel.current_trio_token()
-        self._loop = loop = _shared_loop()
+        self._loop = loop = shared_loop()
         self._items: deque[Any] = deque()
         self._wakeup: Callable[[], object] | None = None  # set by a waiting reader
         self._woken: Callable[[], object] | None = None  # the last wakeup sent (pump side)
@@ -170,7 +168,7 @@ class BridgedStream:
 
     # --- the asyncio side ------------------------------------------------------------------------
 
-    def _start(self, source: AsyncIterator[Any]) -> None:
+    def _start(self, source: ChunkSource) -> None:
         self._space = asyncio.Event()
         self._task = task = self._loop.create_task(self._pump(source))
         # asyncio keeps only weak references to tasks: a pump waiting for its reader (on
@@ -180,7 +178,7 @@ class BridgedStream:
         keep(task)
         task.add_done_callback(self._finished)
 
-    async def _pump(self, source: AsyncIterator[Any]) -> None:
+    async def _pump(self, source: ChunkSource) -> None:
         try:
             while True:
                 try:
@@ -198,10 +196,8 @@ class BridgedStream:
                     self._blocked = True
                     await self._space.wait()
         finally:
-            aclose = getattr(source, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
+            with contextlib.suppress(Exception):
+                await source.aclose()
 
     def _push(self, item: Any) -> None:
         self._items.append(item)
@@ -229,14 +225,23 @@ class BridgedStream:
 
     # --- the trio side ---------------------------------------------------------------------------
 
-    def receive_nowait(self) -> Any:
-        """The next buffered item, or the stream module's ``_NOTHING`` when none is waiting.
+    def end_error(self) -> Exception | None:
+        """The source's (asked once the stream ended: the pump is done with the source)."""
+        return self._source.end_error()
+
+    def buffered(self) -> Any:
+        """The next buffered item, read: ``(item, text, finish_reason)``; or
+        :data:`~latencykit.stream.NOTHING` when none is waiting.
 
         Raises ``StopAsyncIteration`` at the end and the source's error where it failed.
         """
+        item = self._take()
+        return item if item is NOTHING else (item, *self.chunk_reader.read(item))
+
+    def _take(self) -> Any:
         items = self._items
         if not items:
-            return _NOTHING
+            return NOTHING
         item = items.popleft()
         if self._blocked and len(items) <= _LOW_WATER:
             self._blocked = False
@@ -250,15 +255,13 @@ class BridgedStream:
             raise item.error
         return item
 
-    def __aiter__(self) -> BridgedStream:
-        return self
-
-    async def __anext__(self) -> Any:
+    async def pull(self) -> Any:
+        """The next item, once the pump has brought it."""
         import trio
 
         while True:
-            item = self.receive_nowait()
-            if item is not _NOTHING:
+            item = self._take()
+            if item is not NOTHING:
                 return item
             if self._closed:
                 raise StopAsyncIteration

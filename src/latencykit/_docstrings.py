@@ -7,6 +7,8 @@ models (:mod:`latencykit.config`) and the docs site's defaults tables (docs/hook
 from __future__ import annotations
 
 import inspect
+import re
+import textwrap
 from collections.abc import Iterator
 
 __all__ = ["SECTIONS", "arguments"]
@@ -15,35 +17,16 @@ SECTIONS = ("Args:", "Arguments:", "Parameters:", "Attributes:")
 """The sections read, for functions and classes (``Args:``) and dataclasses (``Attributes:``)."""
 
 
-def _entries(lines: list[str], sections: tuple[str, ...]) -> Iterator[tuple[str, str]]:
-    """``(name, description)`` of each entry of the given sections of a docstring."""
-    i = 0
-    while i < len(lines):
-        header = lines[i].strip()
-        if header not in sections:
-            i += 1
-            continue
-        base = len(lines[i]) - len(lines[i].lstrip())
-        i += 1
-        name, text = "", list[str]()
-        entry_indent: int | None = None
-        while i < len(lines):
-            line = lines[i]
-            indent = len(line) - len(line.lstrip())
-            if line.strip() and indent <= base:
-                break  # the section is over
-            if entry_indent is None and line.strip():
-                entry_indent = indent
-            if line.strip() and indent == entry_indent:
-                if name:
-                    yield name, " ".join(text)
-                head, _, rest = line.strip().partition(":")
-                name, text = head, [rest.strip()]
-            elif line.strip():
-                text.append(line.strip())
-            i += 1
-        if name:
-            yield name, " ".join(text)
+def _entries(doc: str, sections: tuple[str, ...]) -> Iterator[tuple[str, str]]:
+    """``(name, description)`` of each entry of the given sections of a docstring: a section
+    runs while its lines are indented deeper than its header (blank lines included), and an
+    entry starts at the section's shallowest indent."""
+    header = "|".join(re.escape(section) for section in sections)
+    section = re.compile(rf"^( *)(?:{header}) *\n((?:\1 +\S.*\n|[ \t]*\n)*)", re.MULTILINE)
+    for found in section.finditer(doc + "\n"):
+        for entry in re.split(r"\n(?=\S)", textwrap.dedent(found[2]).strip()):
+            head, _, text = entry.partition(":")
+            yield head, " ".join(text.split())
 
 
 def arguments(doc: str | None, sections: tuple[str, ...] = SECTIONS) -> dict[str, str]:
@@ -54,7 +37,7 @@ def arguments(doc: str | None, sections: tuple[str, ...] = SECTIONS) -> dict[str
     for dataclasses, ``Attributes:`` (``Args:`` wins when both describe a name).
     """
     found: dict[str, str] = {}
-    for head, text in _entries(inspect.cleandoc(doc or "").splitlines(), sections):
+    for head, text in _entries(inspect.cleandoc(doc or ""), sections):
         for part in head.split(","):
             name = part.split("(")[0].strip().lstrip("*")
             if name.isidentifier():

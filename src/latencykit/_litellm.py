@@ -16,9 +16,11 @@ import types
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._cancel import run_soon
+from ._asyncio_bridge import BridgedStream, run_on_asyncio
+from ._cancel import now, on_asyncio, run_soon
 from .chunks import delta_content
 from .errors import StreamBroken, malformed_answer, stream_error
+from .stream import ChunkSource
 
 if TYPE_CHECKING:
     from .target import Target
@@ -26,13 +28,12 @@ if TYPE_CHECKING:
 __all__ = [
     "LITELLM_CHUNKS",
     "LitellmChunks",
-    "SkipPrefix",
+    "LitellmTransport",
     "acompletion",
-    "open_connection",
     "is_set_up",
     "litellm",
+    "open_connection",
     "set_up",
-    "warm",
 ]
 
 _UNKNOWN = object()
@@ -208,25 +209,25 @@ async def open_connection(arguments: Mapping[str, Any], timeout: float) -> bool:
             return False
         import os
 
-        # As litellm resolves them for an "openai" call (its main.completion).
+        env = os.environ.get
+        # As litellm resolves them for an "openai" call (its main.completion): the first set.
         client = get_client(
             is_async=True,
-            api_key=arguments.get("api_key")
-            or module.api_key
-            or module.openai_key
-            or os.environ.get("OPENAI_API_KEY"),
-            api_base=arguments.get("api_base")
-            or module.api_base
-            or os.environ.get("OPENAI_BASE_URL")
-            or os.environ.get("OPENAI_API_BASE")
-            or "https://api.openai.com/v1",
+            api_key=_first(
+                arguments.get("api_key"), module.api_key, module.openai_key, env("OPENAI_API_KEY")
+            ),
+            api_base=_first(
+                arguments.get("api_base"),
+                module.api_base,
+                env("OPENAI_BASE_URL"),
+                env("OPENAI_API_BASE"),
+                "https://api.openai.com/v1",
+            ),
             api_version=None,
             timeout=float(arguments["timeout"]),
             max_retries=0,
-            organization=module.organization or os.environ.get("OPENAI_ORGANIZATION") or None,
+            organization=_first(module.organization, env("OPENAI_ORGANIZATION")),
         )
-        import contextlib
-
         import openai
 
         with contextlib.suppress(openai.APIStatusError):  # it answered: the connection is open
@@ -236,10 +237,63 @@ async def open_connection(arguments: Mapping[str, Any], timeout: float) -> bool:
         _quiet.reset(token)
 
 
-async def warm(arguments: Mapping[str, Any], *, connect: bool, timeout: float) -> bool:
-    """:func:`set_up`, then (``connect``) :func:`open_connection`; returns whether it connected."""
-    await set_up(arguments)
-    return connect and await open_connection(arguments, timeout)
+def _first(*values: Any) -> Any:
+    """The first of ``values`` that is set (truthy), else ``None``."""
+    return next((value for value in values if value), None)
+
+
+class LitellmTransport:
+    """The litellm lane (``Target(transport="litellm")``): attempts through
+    ``litellm.acompletion``, on asyncio (on trio, in the asyncio bridge). litellm's HTTP clients
+    are its own, shared by every caller in the process: :meth:`aclose` leaves them open.
+    ``secrets``: the keys to scrub from errors (default none)."""
+
+    __slots__ = ("_secrets",)
+
+    def __init__(self, secrets: tuple[str, ...] = ()) -> None:
+        self._secrets = secrets
+
+    async def complete(self, target: Target, arguments: Mapping[str, Any], timeout: float) -> Any:
+        """One non-streaming attempt: litellm's ``ModelResponse``."""
+        # litellm's one-time set-up, apart: a cancel landing in a real call's set-up (it runs
+        # in a thread) leaves litellm's request coroutine unawaited; in the mock's, nothing.
+        await self._set_up(target, timeout)
+        return await run_on_asyncio(acompletion(target.litellm_arguments(timeout, arguments)))
+
+    async def open(
+        self, target: Target, arguments: Mapping[str, Any], timeout: float
+    ) -> ChunkSource:
+        """One streaming attempt's source, opened on its first read (on trio, bridged: the
+        bridge's pump hands the chunks over). The process's first call of a model first does
+        litellm's set-up (see :func:`set_up`): the source is ready (``ready_at``) after it."""
+        ready_at = now() if await self._set_up(target, timeout) else None
+        arguments = target.litellm_arguments(timeout, arguments)
+        chunks = LitellmChunks(arguments, target, self._secrets, ready_at)
+        return chunks if on_asyncio() else BridgedStream(chunks)
+
+    @staticmethod
+    async def _set_up(target: Target, timeout: float) -> bool:
+        """:func:`set_up` for ``target``'s model unless done; whether it was done now."""
+        if is_set_up(target.model):
+            return False
+        with contextlib.suppress(Exception):  # an unknown provider: the real call raises it
+            await run_on_asyncio(set_up(target.litellm_arguments(timeout)))
+        return True
+
+    async def warm(self, target: Target, timeout: float, *, connect: bool, limit: float) -> None:
+        """:func:`set_up`, then (``connect``) :func:`open_connection` within ``limit``
+        seconds."""
+        arguments = target.litellm_arguments(timeout)
+
+        async def warm() -> None:
+            await set_up(arguments)
+            if connect:
+                await open_connection(arguments, limit)
+
+        await run_on_asyncio(warm())
+
+    async def aclose(self) -> None:
+        """Nothing to close: litellm's clients are litellm's."""
 
 
 class _LitellmChunkReader:
@@ -302,7 +356,7 @@ def _field(model: Any, name: str, default: Any = None) -> Any:
 LITELLM_CHUNKS = _LitellmChunkReader()
 
 
-class LitellmChunks:
+class LitellmChunks(ChunkSource):
     """One streaming attempt through litellm, as an async iterator of its chunks.
 
     Opened on the first ``__anext__`` (``litellm.acompletion(..., stream=True)``); provider
@@ -310,10 +364,9 @@ class LitellmChunks:
     a finish chunk litellm made up for a cut connection raises
     :class:`~latencykit.StreamBroken` instead. Runs on asyncio (on trio, inside the bridge).
 
-    A :class:`~latencykit.Stream` reading it directly takes the three steps of ``__anext__``
-    apart (the source hooks ``pull`` and ``wrap_error``; its ``chunk_reader`` is bound to it)
-    so that a chunk reaches it through one coroutine frame of ours only (the one that keeps
-    litellm quiet).
+    A :class:`~latencykit.Stream` reading it directly takes the steps of ``__anext__`` apart
+    (``pull``, ``wrap_error``; its ``chunk_reader`` is bound to it) so that a chunk reaches it
+    through one coroutine frame of ours only (the one that keeps litellm quiet).
     """
 
     __slots__ = (
@@ -330,7 +383,13 @@ class LitellmChunks:
         "ready_at",
     )
 
-    def __init__(self, arguments: dict[str, Any], target: Target, secrets: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        arguments: dict[str, Any],
+        target: Target,
+        secrets: tuple[str, ...],
+        ready_at: float | None = None,
+    ) -> None:
         self._arguments = arguments
         self._target = target
         self._secrets = secrets
@@ -344,20 +403,7 @@ class LitellmChunks:
         self._closed = False
         self._content_type = ""  # the answer's, once open
         self.chunk_reader = _LitellmChunkReader(self)
-        # When the source was ready to send its request, if set-up came first (LLM: litellm's
-        # first call of a model); the attempt's first-token clock starts there.
-        self.ready_at: float | None = None
-
-    def __aiter__(self) -> LitellmChunks:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self.pull()
-        except StopAsyncIteration:
-            raise
-        except Exception as exc:
-            raise self.wrap_error(exc) from exc
+        self.ready_at = ready_at
 
     def pull(self) -> Awaitable[Any]:
         """litellm's next chunk, as litellm gives it (errors unwrapped, finish unchecked)."""
@@ -459,57 +505,3 @@ async def _next_quietly(wrapper: Any) -> Any:
 
 
 _ENDED_EARLY = "Stream ended before a finish_reason was received"
-
-
-class SkipPrefix:
-    """A regenerated answer with the text already delivered skipped: what continues a broken
-    stream on a target that cannot take an assistant prefill.
-
-    The regeneration must repeat ``prefix`` exactly; its chunks inside the prefix are dropped,
-    the one across its end is cut to what is new. If it says anything else, it raises
-    :class:`~latencykit.StreamBroken` with ``reason="recovery_diverged"``: two different
-    answers are never spliced.
-    """
-
-    __slots__ = ("_rest", "_stream", "attempt", "target")
-    guards_itself = True  # the regenerated stream does
-
-    def __init__(self, stream: Any, prefix: str) -> None:
-        self._stream = stream
-        self._rest = prefix
-        self.target: str = stream.target
-        self.attempt: int = stream.attempt
-
-    @property
-    def chunk_reader(self) -> Any:
-        """The regenerated stream's reader."""
-        return self._stream.chunk_reader
-
-    def __aiter__(self) -> SkipPrefix:
-        return self
-
-    async def __anext__(self) -> Any:
-        while True:
-            chunk = await self._stream.__anext__()
-            rest = self._rest
-            if not rest:
-                return chunk
-            text, finish = LITELLM_CHUNKS.read(chunk)
-            if text is None and finish is None:
-                continue  # a role-only or empty chunk: the consumer has had one
-            if not text or not rest.startswith(text[: len(rest)]):
-                raise StreamBroken(
-                    "the regenerated answer does not repeat the text already delivered",
-                    target=self.target,
-                    reason="recovery_diverged",
-                )
-            if len(text) <= len(rest):
-                self._rest = rest[len(text) :]
-                continue
-            self._rest = ""
-            chunk.choices[0].delta.content = text[len(rest) :]
-            return chunk
-
-    async def aclose(self) -> None:
-        """Close the regenerated stream."""
-        await self._stream.aclose()

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import msgspec
 
-from ._cancel import loop_key, run_soon
+from ._cancel import loop_key, now, run_soon
 from .chunks import OPENAI_CHUNKS, Node, decode_chunk, decode_node
 from .errors import (
     HTTPError,
@@ -35,13 +35,13 @@ from .errors import (
     scrub,
     stream_error,
 )
-from .stream import _NOTHING
+from .stream import NOTHING, ChunkSource
 from .target import without_credentials
 
 if TYPE_CHECKING:
     from .target import Target
 
-__all__ = ["Clients", "HTTPError", "OpenAIChunks", "Request", "complete", "open_connection"]
+__all__ = ["HTTPError", "OpenAIChunks", "OpenAITransport", "Request"]
 
 DEFAULT_BASE = "https://api.openai.com/v1"
 # litellm arguments that are not part of the request body.
@@ -60,22 +60,22 @@ _NOT_SENT = frozenset(
         "litellm_metadata",
     }
 )
-# --- the clients --------------------------------------------------------------------------------
 
 
-class Clients:
-    """The fast lane's HTTP clients of one owner (an :class:`~latencykit.LLM`): a connection
+class OpenAITransport:
+    """The fast lane, as the transport of one owner (an :class:`~latencykit.LLM`): a connection
     pool (HTTP/1.1 keep-alive) per event loop, built on the first request made on that loop,
-    closed by :meth:`aclose`."""
+    closed by :meth:`aclose`. ``secrets``: the keys to scrub from errors (default none)."""
 
-    __slots__ = ("_by_loop",)
+    __slots__ = ("_by_loop", "_secrets")
 
-    def __init__(self) -> None:
+    def __init__(self, secrets: tuple[str, ...] = ()) -> None:
+        self._secrets = secrets
         self._by_loop: weakref.WeakKeyDictionary[object, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()
         )
 
-    def get(self) -> httpx.AsyncClient:
+    def client(self) -> httpx.AsyncClient:
         """This event loop's client (building the first one imports httpcore and makes an SSL
         context: ~0.1 s)."""
         key = loop_key()
@@ -89,23 +89,40 @@ class Clients:
         """Whether this event loop's client exists."""
         return loop_key() in self._by_loop
 
+    async def complete(self, target: Target, arguments: Mapping[str, Any], timeout: float) -> Any:
+        """One non-streaming attempt: the provider's answer as a litellm ``ModelResponse``."""
+        request = Request(target, timeout, arguments, self.client())
+        response = await request.send(stream=False)
+        if response.status_code >= 400:
+            raise _error_of(response, response.content, target.api_key)
+        return _answer(response, target)
+
+    def open(self, target: Target, arguments: Mapping[str, Any], timeout: float) -> OpenAIChunks:
+        """One streaming attempt's source, opened on its first read. The loop's first client is
+        set-up, not the provider's time: the source is ready (``ready_at``) after it."""
+        ready = self.ready()
+        request = Request(target, timeout, {**arguments, "stream": True}, self.client())
+        return OpenAIChunks(request, target, self._secrets, None if ready else now())
+
+    async def warm(self, target: Target, timeout: float, *, connect: bool, limit: float) -> None:
+        """Build this loop's client, then (``connect``) open a keep-alive connection to
+        ``target``'s host, without a completion (it would cost tokens): ``GET
+        {api_base}/models`` with its key, whatever its status, read to the end so that the
+        connection goes back to the pool. Raises what connecting raised (refused, timed out
+        after ``limit`` seconds, ...)."""
+        client = self.client()
+        if connect:
+            request = Request(target, limit, {}, client)
+            url = request.url.removesuffix("/chat/completions") + "/models"
+            headers = {k: v for k, v in request.headers.items() if k != "Content-Type"}
+            await client.get(url, headers=headers, timeout=request.timeout)
+
     async def aclose(self) -> None:
         """Close this event loop's client and its connections (a client of another loop
         closes with its loop). A later request builds a new one."""
         found = self._by_loop.pop(loop_key(), None)
         if found is not None:
             await found.aclose()
-
-
-async def open_connection(target: Target, timeout: float, clients: Clients) -> None:
-    """Open a keep-alive connection to ``target``'s host in ``clients``' client, without a
-    completion (it would cost tokens): ``GET {api_base}/models`` with its key, whatever its
-    status, read to the end so that the connection goes back to the pool. Raises what
-    connecting raised (refused, timed out after ``timeout`` seconds, ...)."""
-    request = Request(target, timeout, {}, clients)
-    url = request.url.removesuffix("/chat/completions") + "/models"
-    headers = {k: v for k, v in request.headers.items() if k != "Content-Type"}
-    await clients.get().get(url, headers=headers, timeout=request.timeout)
 
 
 class Request:
@@ -117,12 +134,12 @@ class Request:
     send them as Basic auth in place of the key).
     """
 
-    __slots__ = ("body", "clients", "headers", "timeout", "url")
+    __slots__ = ("body", "client", "headers", "timeout", "url")
 
     def __init__(
-        self, target: Target, timeout: float, kwargs: Mapping[str, Any], clients: Clients
+        self, target: Target, timeout: float, kwargs: Mapping[str, Any], client: httpx.AsyncClient
     ) -> None:
-        self.clients = clients
+        self.client = client
         base = target.api_base or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE
         self.url = f"{without_credentials(base).rstrip('/')}/chat/completions"
         key = target.api_key or os.environ.get("OPENAI_API_KEY")
@@ -143,7 +160,7 @@ class Request:
         self.timeout = httpx.Timeout(timeout)
 
     def send(self, stream: bool) -> Awaitable[httpx.Response]:
-        http = self.clients.get()
+        http = self.client
         request = http.build_request(
             "POST", self.url, content=self.body, headers=self.headers, timeout=self.timeout
         )
@@ -160,17 +177,6 @@ def _error_of(response: httpx.Response, raw: bytes, secret: str | None) -> HTTPE
     # The status is shown by the ProviderError already: without a message, its reason phrase.
     message = body_message(body) or response.reason_phrase or "no error message"
     return HTTPError(message, response.status_code, body, response)
-
-
-async def complete(
-    target: Target, timeout: float, kwargs: Mapping[str, Any], clients: Clients
-) -> Any:
-    """One non-streaming attempt: the provider's answer as a litellm ``ModelResponse``."""
-    request = Request(target, timeout, kwargs, clients)
-    response = await request.send(stream=False)
-    if response.status_code >= 400:
-        raise _error_of(response, response.content, target.api_key)
-    return _answer(response, target)
 
 
 def _answer(response: httpx.Response, target: Target) -> Any:
@@ -196,19 +202,38 @@ def _answer(response: httpx.Response, target: Target) -> Any:
     return litellm().ModelResponse(**data)
 
 
-class OpenAIChunks:
+_LAST = b"\n\n"  # what ends the last event of a body that did not
+
+
+def sse_data(events: bytes) -> list[bytes]:
+    """The data of each of ``events``, complete SSE events (LF line ends, separated by a blank
+    line): data lines joined by LF; comments (keep-alives) and other fields skipped; a block
+    without a data line is no event."""
+    if events.startswith(b"data: "):
+        # The common case: every event is one "data: " line. Then each newline is in a
+        # separator, and each separator is followed by "data: ".
+        found = events[6:].split(b"\n\ndata: ")
+        if events.count(b"\n", 6) == 2 * (len(found) - 1):
+            return found
+    found = []
+    for block in events.split(b"\n\n"):
+        lines = [line[5:].lstrip() for line in block.split(b"\n") if line.startswith(b"data:")]
+        if lines:
+            found.append(b"\n".join(lines))
+    return found
+
+
+class OpenAIChunks(ChunkSource):
     """One streaming attempt on the fast lane, as an async iterator of chunks
     (:mod:`latencykit.chunks`: typed :class:`~latencykit.chunks.Chunk` s, or
     :class:`~latencykit.chunks.Node` s for events the typed schema does not fit).
 
     Opened on the first ``__anext__``. The body is read as bytes and split into SSE events
     here; each event is decoded once; keep-alive comments, other fields and empty events are
-    skipped; an event that does not parse is skipped and counted (:attr:`malformed`); an error
+    skipped; an event that does not parse is skipped and counted (:attr:`skipped`); an error
     event raises the provider's error; ``[DONE]`` (then the rest of the body is read, so the
-    connection is reused) or the end of the body ends it. Like
-    :class:`~latencykit._litellm.LitellmChunks`, its steps are exposed to the
-    :class:`~latencykit.Stream` reading it (``pull``, ``read_nowait``, ``wrap_error``); a
-    finish reason is always the provider's own (no library makes one up for a cut connection).
+    connection is reused) or the end of the body ends it. A finish reason is always the
+    provider's own (no library makes one up for a cut connection).
     """
 
     chunk_reader = OPENAI_CHUNKS
@@ -225,11 +250,17 @@ class OpenAIChunks:
         "_secrets",
         "_target",
         "_typed",
-        "malformed",
         "ready_at",
+        "skipped",
     )
 
-    def __init__(self, request: Request, target: Target, secrets: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        request: Request,
+        target: Target,
+        secrets: tuple[str, ...],
+        ready_at: float | None = None,
+    ) -> None:
         self._request = request
         self._target = target
         self._secrets = secrets
@@ -242,27 +273,14 @@ class OpenAIChunks:
         self._run_soon: Any = None  # schedules a close on the stream's loop, from any thread
         self._typed = True  # events decode as typed Chunks until one does not fit
         self._sample: bytes | None = b""  # the body's start, until an event arrives
-        self.malformed = 0
-        # When the source was ready to send its request, if set-up came first (LLM: the loop's
-        # first client); the attempt's first-token clock starts there.
-        self.ready_at: float | None = None
+        self.skipped = 0
+        self.ready_at = ready_at
 
-    def __aiter__(self) -> OpenAIChunks:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self.pull()
-        except StopAsyncIteration:
-            raise
-        except Exception as exc:
-            raise self.wrap_error(exc) from exc
-
-    def read_nowait(self) -> Any:
+    def buffered(self) -> Any:
         """The next chunk among the events already received, decoded and read as the
         :class:`~latencykit.Stream` reads it: ``(chunk, text, finish_reason)`` (see
-        :data:`~latencykit.chunks.OPENAI_CHUNKS`); else the stream module's
-        ``_NOTHING`` (then :meth:`pull` reads on). Raises an error event's error."""
+        :data:`~latencykit.chunks.OPENAI_CHUNKS`); else :data:`~latencykit.stream.NOTHING`
+        (then :meth:`pull` reads on). Raises an error event's error."""
         events = self._events
         while events:
             data = events.popleft()
@@ -288,12 +306,12 @@ class OpenAIChunks:
             node = self._node(data)
             if node is not None:
                 return (node, *OPENAI_CHUNKS.read(node))
-        return _NOTHING
+        return NOTHING
 
     def _node(self, data: bytes) -> Node | None:
         """An event's data decoded as a :class:`Node`; ``None`` for ``[DONE]`` (then the
         stream ends) and for an event that is not a JSON object (counted in
-        :attr:`malformed`). Raises an error event's error."""
+        :attr:`skipped`). Raises an error event's error."""
         try:
             decoded = decode_node(data)
         except msgspec.DecodeError:
@@ -301,10 +319,10 @@ class OpenAIChunks:
                 self._events.clear()
                 self._done = True
             else:
-                self.malformed += 1
+                self.skipped += 1
             return None
         if type(decoded) is not dict:
-            self.malformed += 1
+            self.skipped += 1
             return None
         node = Node(decoded)
         error = node.get("error")
@@ -315,30 +333,29 @@ class OpenAIChunks:
 
     async def pull(self) -> Any:
         """The next chunk (errors unwrapped)."""
-        while True:
-            if self._events:
-                read = self.read_nowait()
-                if read is not _NOTHING:
-                    return read[0]
-            body = self._body
-            if body is None:
-                body = await self._open()
-            if self._done:
-                async for _ in body:  # read the body to its end: the connection is reused
-                    pass
-                raise StopAsyncIteration
-            try:
-                data = await body.__anext__()
-            except StopAsyncIteration:
-                if not self._pending:
-                    raise
-                # The body ended without a blank line after its last event.
-                pending, self._pending = self._pending, b""
-                self._split(pending.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + b"\n\n")
-                continue
+        while (read := self.buffered()) is NOTHING:
+            data = await self._next_bytes()
             self._split(data)
-            if self._sample is not None:  # no event yet: keep what came, to say what it was
+            if self._sample is not None and data is not _LAST:
+                # No event yet: keep what came, to say what it was.
                 self._sample = None if self._events else (self._sample + data)[:200]
+        return read[0]
+
+    async def _next_bytes(self) -> bytes:
+        """The body's next bytes (opening it first); at its end, what completes an event left
+        open (``StopAsyncIteration`` after that, and after ``[DONE]``, once the rest of the
+        body is read: then the connection is reused)."""
+        body = self._body or await self._open()
+        if self._done:
+            async for _ in body:
+                pass
+            raise StopAsyncIteration
+        try:
+            return await body.__anext__()
+        except StopAsyncIteration:
+            if not self._pending:
+                raise
+            return _LAST  # the body ended without a blank line after its last event
 
     def _split(self, data: bytes) -> None:
         """Queue the data of the events completed by ``data``, the body's next bytes."""
@@ -346,31 +363,14 @@ class OpenAIChunks:
             data = self._pending + data
         keep = b""
         if b"\r" in data:  # CR or CRLF line ends: made LF (a CR at the end may start a CRLF)
-            if data.endswith(b"\r"):
-                data, keep = data[:-1], b"\r"
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            keep = b"\r" if data.endswith(b"\r") else b""
+            data = data[: len(data) - len(keep)].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         end = data.rfind(b"\n\n")  # the events before it are complete
         if end < 0:
             self._pending = data + keep
             return
         self._pending = data[end + 2 :] + keep
-        if data.startswith(b"data: "):
-            # The common case: every event is one "data: " line. Then each newline before
-            # `end` is in a separator, and each separator is followed by "data: ".
-            events = data[6:end].split(b"\n\ndata: ")
-            if data.count(b"\n", 6, end) == 2 * (len(events) - 1):
-                self._events.extend(events)
-                return
-        for block in data[:end].split(b"\n\n"):
-            # Data lines are joined by LF; comments (keep-alives) and other fields are
-            # skipped; an empty line at the start is the end of no event.
-            found: bytes | None = None
-            for line in block.split(b"\n"):
-                if line.startswith(b"data:"):
-                    payload = line[5:].lstrip()
-                    found = payload if found is None else found + b"\n" + payload
-            if found is not None:
-                self._events.append(found)
+        self._events.extend(sse_data(data[:end]))
 
     async def _open(self) -> AsyncIterator[bytes]:
         if self._closed:
@@ -407,8 +407,8 @@ class OpenAIChunks:
                 self._sample,
                 target=self._target.key,
             )
-        if self.malformed:
-            return not_json_event(self.malformed, target=self._target.key)
+        if self.skipped:
+            return not_json_event(self.skipped, target=self._target.key)
         return None
 
     async def aclose(self) -> None:

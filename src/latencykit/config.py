@@ -1,11 +1,13 @@
 """Configuration as data: an ``LLM`` and its policies from a dict, a YAML or JSON file, or
 environment variables, and back.
 
-Each option's default and description come from the constructor that takes it (its signature
-and its docstring's ``Args:``): the models here only say which options are data and of what
-type, so a default cannot drift between the code and the config. Models are frozen pydantic
-models that reject unknown keys, naming the field's path (``hedge.max_extra_lod: Extra inputs
-are not permitted``); the constructors then check what they always check.
+Each option is declared once, by the constructor that takes it: its annotated signature says
+its type and default, its docstring's ``Args:`` its description. The models here are derived
+from those signatures (:func:`_derive`), so an option cannot drift between the code and the
+config; only the options that are code (a predicate, a router function, a custom store, a
+clock) are left out. Models are frozen pydantic models that reject unknown keys, naming the
+field's path (``hedge.max_extra_lod: Extra inputs are not permitted``); the constructors then
+check what they always check.
 
 A number field takes a number: not a boolean, not a string (``"5"``), not infinity or NaN; an
 integer field takes an integer. Files are read as YAML 1.2 (``1:30``, ``1_000``, ``yes`` and
@@ -21,14 +23,21 @@ when the ``LLM`` is built (an inline ``api_key`` is refused).
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
+import dataclasses
+import datetime
 import difflib
 import functools
 import inspect
 import json
 import math
+import operator
 import os
 import re
+import sys
+import types
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn, TypeVar, overload
@@ -42,6 +51,7 @@ from pydantic import (
     Field,
     Strict,
     ValidationError,
+    create_model,
 )
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
@@ -54,11 +64,11 @@ from .fleet.redis import RedisStore
 from .llm import LLM, Degrade
 from .policies.breaker import breaker
 from .policies.guard import StreamGuard
-from .policies.hedge import hedge, quantile
+from .policies.hedge import Hedge, Quantile
 from .policies.limiter import Limiter, Quota
 from .policies.retry import Retry
 from .routing import Router, Rule
-from .target import Target, as_target
+from .target import TRANSPORTS, Target, as_target
 
 __all__ = [
     "BreakerConfig",
@@ -82,26 +92,6 @@ __all__ = [
 ENV_PREFIX = "LATENCYKIT_"
 """Prefix of the environment variables :meth:`LLMConfig.from_env` reads."""
 _NOT_OPTIONS = frozenset({GC_FREEZE_VARIABLE})  # latencykit's own variables, not config options
-
-
-# --- defaults and descriptions from the constructors -------------------------------------------
-
-
-@functools.cache
-def _arg_docs(owner: Callable[..., Any]) -> dict[str, str]:
-    """``name -> description`` from ``owner``'s docstring (``Args:``, else ``Attributes:``)."""
-    return arguments(inspect.getdoc(owner))
-
-
-def _option(owner: Callable[..., Any], name: str) -> Any:
-    """A pydantic ``Field`` with ``owner``'s default and description for argument ``name``."""
-    parameter = inspect.signature(owner).parameters[name]
-    default = parameter.default
-    if default is inspect.Parameter.empty:
-        default = ...
-    elif isinstance(default, (frozenset, set, tuple)):
-        default = list(default)
-    return Field(default=default, description=_arg_docs(owner).get(name))
 
 
 # --- error filters --------------------------------------------------------------------------
@@ -128,25 +118,12 @@ class KindFilter:
 Kinds = list[Annotated[ErrorKind, Strict(False)]]
 
 
-def _filter(kinds: Kinds | None) -> KindFilter | None:
-    return None if kinds is None else KindFilter(frozenset(kinds))
+class _ErrorFilter:
+    """Stands for :data:`~latencykit.errors.ErrorFilter` (a type alias written as a string)
+    while a signature is read: its config form is :data:`Kinds`."""
 
 
-def _kinds_of(value: object, where: str) -> Kinds | None:
-    if value is None:
-        return None
-    if isinstance(value, KindFilter):
-        return sorted(value.kinds, key=lambda kind: kind.value)
-    raise ValueError(f"{where} is code ({value!r}): it has no config form; use a list of kinds")
-
-
-# --- the models -----------------------------------------------------------------------------
-
-
-class _Model(BaseModel):
-    # strict: a number field takes a number, not a bool or "5" (as the constructors do).
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
-
+# --- secrets ----------------------------------------------------------------------------------
 
 _NO_KEY = (
     "a config never holds an API key: put the key in an environment variable and give that "
@@ -168,308 +145,328 @@ def _keyless(arguments: dict[str, Any]) -> dict[str, Any]:
 # unknown key would only be "Extra inputs are not permitted"); the schema leaves it out.
 InlineKey = Annotated[SkipJsonSchema[None], BeforeValidator(_refuse_key)]
 Arguments = Annotated[dict[str, Any], AfterValidator(_keyless)]
+_KEY_ENV = Field(
+    default=None,
+    description="The environment variable holding the API key (a config never holds it).",
+)
 
 
-def _seconds(value: object) -> object:
-    total = getattr(value, "total_seconds", None)
-    return total() if callable(total) else value
+# --- models derived from the constructors ------------------------------------------------------
+
+M = TypeVar("M", bound=BaseModel)
+Path_ = tuple[str | int, ...]  # a field's path in a config: ("failover", 0, "api_base")
 
 
-def _fields_of(model: type[_Model], obj: object, **overrides: Any) -> dict[str, Any]:
-    """``model``'s fields read off ``obj``'s attributes of the same names (then ``overrides``),
-    those equal to their defaults left out."""
-    found: dict[str, Any] = {}
-    for name, info in model.model_fields.items():
-        if name in overrides:
-            value = overrides[name]
-        elif hasattr(obj, name):
-            value = _seconds(getattr(obj, name))
-        else:
-            continue
-        if isinstance(value, (frozenset, set, tuple)):
-            value = sorted(value) if isinstance(value, (frozenset, set)) else list(value)
-        elif isinstance(value, Mapping):
-            value = dict(value)  # a MappingProxyType, say
-        if value is not None and value == info.default and not isinstance(value, bool):
-            continue
-        if value is None and info.default is None:
-            continue
-        if isinstance(value, bool) and value is info.default:
-            continue
-        found[name] = value
-    return found
+class _Model(BaseModel):
+    """A policy's options as data; :meth:`build` makes the policy, :meth:`of` reads one back."""
 
+    # strict: a number field takes a number, not a bool or "5" (as the constructors do).
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
-class QuantileConfig(_Model):
-    """An adaptive hedging delay (:func:`latencykit.quantile`)."""
+    if typing.TYPE_CHECKING:  # the fields derived from a constructor's signature
 
-    q: float = _option(quantile, "q")
-    min_samples: int = _option(quantile, "min_samples")
-    window: float = _option(quantile, "window")
-    max_samples: int = _option(quantile, "max_samples")
+        def __getattr__(self, name: str) -> Any: ...
+
+    def options(self) -> dict[str, Any]:
+        """The constructor's arguments this config gives, by name (nested configs built)."""
+        form = _FORMS[type(self)]
+        return {name: form.code(name, value) for name, value in self if name in form.parameters}
 
     def build(self) -> Any:
-        """The :class:`~latencykit.policies.hedge.Quantile`."""
-        return quantile(
-            self.q, min_samples=self.min_samples, window=self.window, max_samples=self.max_samples
-        )
-
-
-class HedgeConfig(_Model):
-    """:func:`latencykit.hedge`; ``delay`` is seconds or ``{"q": 0.9, ...}`` (adaptive)."""
-
-    delay: float | QuantileConfig = _option(hedge, "delay")
-    max_attempts: int = _option(hedge, "max_attempts")
-    max_extra_load: float = _option(hedge, "max_extra_load")
-    target: Literal["same", "next"] = _option(hedge, "target")
-    on: Kinds | None = _option(hedge, "on")
-
-    def build(self) -> Any:
-        """The :class:`~latencykit.Hedge`."""
-        delay = self.delay if isinstance(self.delay, float) else self.delay.build()
-        return hedge(
-            delay,
-            max_attempts=self.max_attempts,
-            max_extra_load=self.max_extra_load,
-            target=self.target,
-            on=_filter(self.on),
-        )
+        """The object this config describes (``load(path, model=RetryConfig).build()``)."""
+        form = _FORMS[type(self)]
+        found = self.options()
+        star = found.pop(form.star) if form.star else ()
+        first = [found.pop(name) for name in form.positional if name in found]
+        return form.owner(*first, *star, **found)
 
     @classmethod
-    def of(cls, policy: Any) -> HedgeConfig:
-        """The config of a :class:`~latencykit.Hedge`."""
-        delay = policy.delay
-        spec: Any = (
-            delay
-            if isinstance(delay, float)
-            else QuantileConfig(**_fields_of(QuantileConfig, delay))
-        )
-        return cls(
-            **_fields_of(
-                cls,
-                policy,
-                delay=spec,
-                max_extra_load=policy.budget.ratio,
-                on=_kinds_of(policy.on, "hedge.on"),
-            )
-        )
+    def of(cls: type[M], obj: object, where: str = "") -> M:
+        """The config of ``obj``, read off its attributes of the options' names: ``ValueError``
+        naming the first option that is code, with no config form."""
+        return cls(**_data_of(cls, obj, where or _FORMS[cls].owner.__name__))
 
 
+C = TypeVar("C", bound=_Model)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Form:
+    """How a derived model maps to its constructor."""
+
+    owner: Callable[..., Any]
+    parameters: frozenset[str]  # the fields that are the constructor's arguments
+    positional: tuple[str, ...]  # ... passed by position
+    star: str | None  # the ``*args`` field (a router's rules)
+    kinds: frozenset[str]  # error filters: a list of kinds in the config
+    sets: frozenset[str]  # sets: a list in the config
+
+    def code(self, name: str, value: Any) -> Any:
+        """A field's value as the constructor takes it."""
+        if value is not None and name in self.kinds:
+            return KindFilter(frozenset(value))
+        if value is not None and name in self.sets:
+            return frozenset(value)
+        return _built(value)
+
+
+_FORMS: dict[type[BaseModel], _Form] = {}
+_CONFIGS: dict[type, type[_Model]] = {}  # a policy's class -> its config model
+
+
+def _built(value: Any) -> Any:
+    if isinstance(value, _Model):
+        return value.build()
+    if isinstance(value, list):
+        return [_built(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _built(item) for key, item in value.items()}
+    return value
+
+
+def _options_of(
+    owner: Callable[..., Any],
+    *,
+    override: Mapping[str, Any] | None = None,
+    skip: frozenset[str] = frozenset(),
+) -> Callable[[type[C]], type[C]]:
+    """Derive the decorated model's fields from ``owner``'s options: one per parameter whose
+    type has a data form (or is given in ``override``), with the parameter's default and its
+    description in ``owner``'s docstring. ``skip``: parameters that are not options (a
+    breaker's key); fields the model declares itself are kept as they are."""
+
+    def derive(cls: type[C]) -> type[C]:
+        hints = _hints(owner)
+        docs = arguments(inspect.getdoc(owner))
+        fields: dict[str, Any] = {}
+        positional, star, kinds, sets = [], None, set(), set()
+        for parameter in inspect.signature(owner).parameters.values():
+            name, hint = parameter.name, hints.get(parameter.name)
+            data = (override or {}).get(name) or _data(hint)
+            if name in skip or name in cls.model_fields or data is None:
+                continue
+            if parameter.kind is parameter.VAR_POSITIONAL:
+                star, data = name, types.GenericAlias(list, (data,))
+            elif parameter.kind is not parameter.KEYWORD_ONLY:
+                positional.append(name)
+            fields[name] = (data, _field(owner, parameter, docs.get(name)))
+            members = _members(hint)
+            if _ErrorFilter in members:
+                kinds.add(name)
+            if any(typing.get_origin(m) in (set, frozenset) for m in members):
+                sets.add(name)
+        model: type[C] = create_model(
+            cls.__name__, __base__=cls, __doc__=cls.__doc__, __module__=__name__, **fields
+        )
+        _FORMS[model] = _Form(
+            owner, frozenset(fields), tuple(positional), star, frozenset(kinds), frozenset(sets)
+        )
+        if isinstance(owner, type):
+            _CONFIGS[owner] = model
+        return model
+
+    return derive
+
+
+_NEW = ("__init__", "__new__")
+
+
+def _hints(owner: Any) -> dict[str, Any]:
+    """The types of ``owner``'s parameters (:class:`_ErrorFilter` for an ``ErrorFilter``)."""
+    namespace = {**vars(sys.modules[owner.__module__]), "ErrorFilter": _ErrorFilter}
+    if isinstance(owner, type):  # the constructor that declares the options
+        owner = getattr(owner, next(n for k in owner.__mro__ for n in _NEW if n in vars(k)))
+    return typing.get_type_hints(owner, globalns=namespace)
+
+
+def _members(hint: Any) -> tuple[Any, ...]:
+    is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    return typing.get_args(hint) if is_union else (hint,)
+
+
+_COLLECTIONS = (set, frozenset, list, collections.abc.Sequence, collections.abc.Collection)
+
+
+def _data(hint: Any) -> Any:
+    """The config form of a parameter's type (``float | timedelta``: ``float``; a policy: its
+    config model; an error filter: :data:`Kinds`), or ``None``: code, no config form."""
+    if hint in (bool, int, float, str, type(None)) or typing.get_origin(hint) is Literal:
+        return hint
+    if hint is datetime.timedelta:
+        return float
+    if hint is _ErrorFilter:
+        return Kinds
+    return _CONFIGS.get(hint) or _generic_data(typing.get_origin(hint), typing.get_args(hint))
+
+
+def _generic_data(origin: Any, args: tuple[Any, ...]) -> Any:
+    """The config form of a union (its members' forms), a collection (a list) or a mapping
+    (a dict; of any litellm arguments: :data:`Arguments`)."""
+    if origin in (typing.Union, types.UnionType):
+        found = [m for m in dict.fromkeys(map(_data, args)) if m is not None]
+        return functools.reduce(operator.or_, found) if set(found) - {type(None)} else None
+    if origin in _COLLECTIONS and (item := _data(args[0])) is not None:
+        return types.GenericAlias(list, (item,))
+    if origin is collections.abc.Mapping:
+        return Arguments if args[1] is Any else _dict_of(_data(args[1]))
+    return None
+
+
+def _dict_of(value: Any) -> Any:
+    return None if value is None else types.GenericAlias(dict, (str, value))
+
+
+def _field(owner: Callable[..., Any], parameter: inspect.Parameter, doc: str | None) -> Any:
+    """A pydantic ``Field`` with the parameter's default (as data) and description."""
+    if parameter.kind is parameter.VAR_POSITIONAL:
+        return Field(default_factory=list, description=doc)
+    if dataclasses.is_dataclass(owner):
+        factory = next(f for f in dataclasses.fields(owner) if f.name == parameter.name)
+        if factory.default_factory is not dataclasses.MISSING:
+            empty = type(_as_data(factory.default_factory(), ""))  # dict or list
+            return Field(default_factory=empty, description=doc)
+    if parameter.default is parameter.empty:
+        return Field(default=..., description=doc)
+    return Field(default=_as_data(parameter.default, ""), description=doc)
+
+
+def _as_data(value: Any, where: str) -> Any:
+    """``value`` (an option as its object holds it) as config data: seconds for a
+    ``timedelta``, a list of kinds for a :class:`KindFilter`, a policy object's config;
+    ``ValueError`` naming ``where`` for code."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, KindFilter):
+        return sorted(value.kinds, key=lambda kind: kind.value)
+    if isinstance(value, (Mapping, frozenset, set, list, tuple)):
+        return _collection_as_data(value, where)
+    model = _CONFIGS.get(type(value))
+    if model is None:
+        raise ValueError(f"{where} is code ({value!r}): it has no config form")
+    return model.of(value, where)
+
+
+def _collection_as_data(value: Any, where: str) -> Any:
+    """A mapping as a dict, a set as a sorted list, a sequence as a list, items as data."""
+    if isinstance(value, Mapping):
+        return {key: _as_data(item, f"{where}.{key}") for key, item in value.items()}
+    if isinstance(value, (frozenset, set)):
+        return sorted(value)
+    return [_as_data(item, f"{where}[{i}]") for i, item in enumerate(value)]
+
+
+_MISSING = object()
+
+
+def _data_of(model: type[BaseModel], obj: object, where: str) -> dict[str, Any]:
+    """``model``'s fields read off ``obj`` (a mapping's keys or an object's attributes), as
+    data."""
+    get: Callable[[str, object], Any]
+    get = obj.get if isinstance(obj, Mapping) else functools.partial(getattr, obj)
+    found = {name: get(name, _MISSING) for name in model.model_fields}
+    return {k: _as_data(v, f"{where}.{k}") for k, v in found.items() if v is not _MISSING}
+
+
+# --- the models ---------------------------------------------------------------------------------
+
+
+@_options_of(Quantile)
+class QuantileConfig(_Model):
+    """An adaptive hedging delay (:class:`latencykit.quantile`)."""
+
+
+@_options_of(Hedge)
+class HedgeConfig(_Model):
+    """:class:`latencykit.hedge`; ``delay`` is seconds or ``{"q": 0.9, ...}`` (adaptive)."""
+
+
+@_options_of(Retry)
 class RetryConfig(_Model):
     """:class:`latencykit.Retry`."""
 
-    max_attempts: int = _option(Retry, "max_attempts")
-    initial: float = _option(Retry, "initial")
-    max_wait: float = _option(Retry, "max_wait")
-    multiplier: float = _option(Retry, "multiplier")
-    on: Kinds | None = _option(Retry, "on")
-    honor_retry_after: bool = _option(Retry, "honor_retry_after")
-    max_retry_after: float | None = _option(Retry, "max_retry_after")
-    slow_failure: float | None = _option(Retry, "slow_failure")
 
-    def build(self) -> Retry:
-        """The :class:`~latencykit.Retry`."""
-        options = self.model_dump(exclude={"on"})
-        return Retry(**options, on=_filter(self.on))
-
-    @classmethod
-    def of(cls, policy: Retry) -> RetryConfig:
-        """The config of a :class:`~latencykit.Retry`."""
-        return cls(**_fields_of(cls, policy, on=_kinds_of(policy.on, "retry.on")))
-
-
+@_options_of(breaker, skip=frozenset({"key"}))
 class BreakerConfig(_Model):
     """The options of each target's :func:`latencykit.breaker` (the key is the target's)."""
 
-    window_type: Literal["count", "time"] = _option(breaker, "window_type")
-    window_size: float = _option(breaker, "window_size")
-    minimum_calls: int = _option(breaker, "minimum_calls")
-    failure_rate: float = _option(breaker, "failure_rate")
-    slow_call_rate: float = _option(breaker, "slow_call_rate")
-    slow_call_duration: float = _option(breaker, "slow_call_duration")
-    open_duration: float = _option(breaker, "open_duration")
-    max_open_duration: float | None = _option(breaker, "max_open_duration")
-    half_open_calls: int = _option(breaker, "half_open_calls")
-    counts: Kinds | None = _option(breaker, "counts")
-
     def options(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`~latencykit.breaker` (a count window's size as an
-        int)."""
-        found = self.model_dump(exclude={"counts"})
-        if self.window_type == "count":
-            found["window_size"] = int(self.window_size)
-        found["counts"] = _filter(self.counts)
+        """The keyword arguments of :func:`~latencykit.breaker` but its key (a count window's
+        size as an int)."""
+        found = super().options()
+        if found["window_type"] == "count":
+            found["window_size"] = int(found["window_size"])
         return found
 
+    def build(self) -> dict[str, Any]:
+        """:meth:`options`: a breaker needs its key too (``lk.breaker(key, **config.build())``);
+        ``LLM(breaker=...)`` takes these options and gives each target's."""
+        return self.options()
 
+
+@_options_of(StreamGuard)
 class StreamGuardConfig(_Model):
     """:class:`latencykit.StreamGuard`."""
 
-    first_token: float | None = _option(StreamGuard, "first_token")
-    stall: float | None = _option(StreamGuard, "stall")
-    on_break: Literal["raise", "continue"] = _option(StreamGuard, "on_break")
-    max_resumes: int = _option(StreamGuard, "max_resumes")
 
-    def build(self) -> StreamGuard:
-        """The :class:`~latencykit.StreamGuard`."""
-        return StreamGuard(**self.model_dump())
-
-
+@_options_of(Degrade)
 class DegradeConfig(_Model):
     """:class:`latencykit.Degrade`."""
 
-    model: str | None = _option(Degrade, "model")
-    max_tokens: int | None = _option(Degrade, "max_tokens")
-    after: float | None = _option(Degrade, "after")
-    on: Kinds | None = _option(Degrade, "on")
-    overrides: Arguments = Field(
-        default_factory=dict, description=_arg_docs(Degrade).get("overrides")
-    )
-
-    def build(self) -> Degrade:
-        """The :class:`~latencykit.Degrade`."""
-        return Degrade(**self.model_dump(exclude={"on"}), on=_filter(self.on))
-
     @classmethod
-    def of(cls, degrade: Degrade) -> DegradeConfig:
+    def of(cls, obj: object, where: str = "LLM.degrade") -> DegradeConfig:
         """The config of a :class:`~latencykit.Degrade` (``ValueError`` if its overrides hold
         a secret: an ``api_key``, a password in ``api_base``)."""
-        if "api_key" in degrade.overrides:
-            raise ValueError(
-                "LLM.degrade.overrides.api_key is a secret, and a config never holds one"
-            )
-        _no_password(degrade.overrides.get("api_base"), "LLM.degrade.overrides.api_base")
-        return cls(**_fields_of(cls, degrade, on=_kinds_of(degrade.on, "degrade.on")))
+        overrides = getattr(obj, "overrides", {})
+        if "api_key" in overrides:
+            raise ValueError(f"{where}.overrides.api_key is a secret, and a config never holds one")
+        _no_password(overrides.get("api_base"), f"{where}.overrides.api_base")
+        return super().of(obj, where)
 
 
+@_options_of(Quota)
 class QuotaConfig(_Model):
     """:class:`latencykit.policies.limiter.Quota`."""
 
-    requests_per_second: float | None = _option(Quota, "requests_per_second")
-    tokens_per_minute: float | None = _option(Quota, "tokens_per_minute")
-    request_burst: float | None = _option(Quota, "request_burst")
-    token_burst: float | None = _option(Quota, "token_burst")
-    concurrency: int | None = _option(Quota, "concurrency")
-    weight: float = _option(Quota, "weight")
 
-    def build(self) -> Quota:
-        """The :class:`~latencykit.policies.limiter.Quota`."""
-        return Quota(**self.model_dump())
-
-
+@_options_of(Limiter)
 class LimiterConfig(_Model):
     """:class:`latencykit.policies.limiter.Limiter`."""
 
-    concurrency: int | dict[str, int] | None = _option(Limiter, "concurrency")
-    tenant_quota: QuotaConfig | None = _option(Limiter, "tenant_quota")
-    quotas: dict[str, QuotaConfig] | None = _option(Limiter, "quotas")
-    max_wait: float | None = _option(Limiter, "max_wait")
 
-    def build(self) -> Limiter:
-        """The :class:`~latencykit.policies.limiter.Limiter`."""
-        return Limiter(
-            concurrency=self.concurrency,
-            tenant_quota=None if self.tenant_quota is None else self.tenant_quota.build(),
-            quotas=None
-            if self.quotas is None
-            else {name: quota.build() for name, quota in self.quotas.items()},
-            max_wait=self.max_wait,
-        )
-
-
+@_options_of(ResponseCache)
 class CacheConfig(_Model):
     """:class:`latencykit.cache.ResponseCache` (in memory)."""
 
-    ttl: float | None = _option(ResponseCache, "ttl")
-    max_entries: int | None = _option(ResponseCache, "max_entries")
-    cache_degraded: bool = _option(ResponseCache, "cache_degraded")
-    cache_truncated: bool = _option(ResponseCache, "cache_truncated")
-    normalize_whitespace: bool = _option(ResponseCache, "normalize_whitespace")
-    store_timeout: float = _option(ResponseCache, "store_timeout")
 
-    def build(self) -> ResponseCache:
-        """The :class:`~latencykit.cache.ResponseCache`."""
-        return ResponseCache(**self.model_dump())
-
-
+@_options_of(Rule)
 class RuleConfig(_Model):
     """:class:`latencykit.routing.Rule`."""
 
-    to: str = _option(Rule, "to")
-    task: str | list[str] | None = _option(Rule, "task")
-    min_prompt_tokens: int | None = _option(Rule, "min_prompt_tokens")
-    max_prompt_tokens: int | None = _option(Rule, "max_prompt_tokens")
-    needs: list[str] = Field(default_factory=list, description=_arg_docs(Rule).get("needs"))
 
-    def build(self) -> Rule:
-        """The :class:`~latencykit.routing.Rule`."""
-        return Rule(
-            to=self.to,
-            task=self.task,
-            min_prompt_tokens=self.min_prompt_tokens,
-            max_prompt_tokens=self.max_prompt_tokens,
-            needs=frozenset(self.needs),
-        )
-
-
+@_options_of(Router)
 class RouterConfig(_Model):
     """:class:`latencykit.routing.Router`: ``rules`` in order, then the options."""
 
-    rules: list[RuleConfig] = Field(
-        default_factory=list, description="The rules, first match wins."
-    )
-    default: str | None = _option(Router, "default")
-    fit_budget: bool = _option(Router, "fit_budget")
-    quantile: float = _option(Router, "quantile")
-    min_samples: int = _option(Router, "min_samples")
 
-    def build(self) -> Router:
-        """The :class:`~latencykit.routing.Router`."""
-        return Router(
-            *(rule.build() for rule in self.rules),
-            default=self.default,
-            fit_budget=self.fit_budget,
-            quantile=self.quantile,
-            min_samples=self.min_samples,
-        )
+_TRANSPORT = Literal[TRANSPORTS]  # type: ignore[valid-type]
 
 
+@_options_of(Target, override={"api_key": InlineKey, "transport": _TRANSPORT})
 class TargetConfig(_Model):
     """A failover :class:`latencykit.Target`."""
 
-    model: str = _option(Target, "model")
-    name: str = _option(Target, "name")
-    api_base: str | None = _option(Target, "api_base")
-    api_key: InlineKey = None
-    api_key_env: str | None = Field(
-        default=None,
-        description="The environment variable holding the API key (a config never holds it).",
-    )
-    timeout: float | None = _option(Target, "timeout")
-    context_window: int | None = _option(Target, "context_window")
-    capabilities: list[str] = Field(
-        default_factory=list, description=_arg_docs(Target).get("capabilities")
-    )
-    arguments: Arguments = Field(
-        default_factory=dict, description=_arg_docs(Target).get("arguments")
-    )
-    transport: Literal["litellm", "openai"] = _option(Target, "transport")
+    api_key_env: str | None = _KEY_ENV
 
     def build(self) -> Target:
-        """The :class:`~latencykit.Target`."""
-        return Target(
-            self.model,
-            name=self.name,
-            api_base=self.api_base,
-            api_key=_key(self.api_key_env, f"failover target {self.name or self.model!r}"),
-            timeout=self.timeout,
-            context_window=self.context_window,
-            capabilities=frozenset(self.capabilities),
-            arguments=self.arguments,
-            transport=self.transport,
-        )
+        """The :class:`~latencykit.Target` (its key read from ``api_key_env``)."""
+        found = self.options()
+        where = f"failover target {found['name'] or found['model']!r}"
+        return Target(**{**found, "api_key": _key(self.api_key_env, where)})
 
 
+@_options_of(RedisStore)
 class StoreConfig(_Model):
     """A :class:`latencykit.RedisStore` shared by the fleet (``url`` or ``url_env``)."""
 
@@ -479,10 +476,6 @@ class StoreConfig(_Model):
     url_env: str | None = Field(
         default=None, description="The environment variable holding the URL."
     )
-    namespace: str = _option(RedisStore, "namespace")
-    interval: float = _option(RedisStore, "interval")
-    timeout: float = _option(RedisStore, "timeout")
-    stale_after: float | None = _option(RedisStore, "stale_after")
 
     def build(self) -> RedisStore:
         """The :class:`~latencykit.RedisStore` (nothing connects until a policy uses it)."""
@@ -494,31 +487,24 @@ class StoreConfig(_Model):
             url = self.url
         else:
             raise ValueError("store needs url or url_env")
-        return RedisStore(
-            url,
-            namespace=self.namespace,
-            interval=self.interval,
-            timeout=self.timeout,
-            stale_after=self.stale_after,
-        )
+        return RedisStore(url, **self.options())
 
-    @classmethod
-    def of(cls, store: object, url_env: str | None) -> StoreConfig:
-        """The config of a :class:`~latencykit.RedisStore` (its URL only if it holds no
-        password)."""
-        if not isinstance(store, RedisStore):
-            raise ValueError(f"LLM.shared is not a RedisStore ({store!r}): it has no config form")
-        fields = _fields_of(cls, store)
-        fields.pop("url", None)  # decided below: a URL may hold a password
-        if url_env is not None:
-            fields["url_env"] = url_env
-        elif urlsplit(store.url).password is not None:
-            raise ValueError("LLM.shared's URL holds a password: build it with url_env")
-        else:
-            fields["url"] = store.url
-        if store.stale_after == max(1.0, 5 * store.interval):
-            fields.pop("stale_after", None)  # the default, derived from the interval
-        return cls(**fields)
+
+def _store_config(store: object, url_env: str | None) -> StoreConfig:
+    """The config of ``LLM.shared`` (its URL only if it holds no password)."""
+    if not isinstance(store, RedisStore):
+        raise ValueError(f"LLM.shared is not a RedisStore ({store!r}): it has no config form")
+    fields = _data_of(StoreConfig, store, "LLM.shared")
+    fields.pop("url", None)  # decided below: a URL may hold a password
+    if url_env is not None:
+        fields["url_env"] = url_env
+    elif urlsplit(store.url).password is not None:
+        raise ValueError("LLM.shared's URL holds a password: build it with url_env")
+    else:
+        fields["url"] = store.url
+    if store.stale_after == max(1.0, 5 * store.interval):
+        fields.pop("stale_after", None)  # the default, derived from the interval
+    return StoreConfig(**fields)
 
 
 def _target_config(target: object, index: int, built_from: object) -> str | TargetConfig:
@@ -531,7 +517,7 @@ def _target_config(target: object, index: int, built_from: object) -> str | Targ
         target = as_target(target, where=where)
     if not isinstance(target, Target):
         raise ValueError(f"{where} has no config form: {target!r}")
-    fields = _fields_of(TargetConfig, target)
+    fields = _data_of(TargetConfig, target, where)
     env = built_from.api_key_env if isinstance(built_from, TargetConfig) else None
     fields["api_key_env"] = _key_env(fields.pop("api_key", None), env, f"{where}.api_key")
     _no_password(target.api_base, f"{where}.api_base")
@@ -566,73 +552,48 @@ def _no_password(url: object, where: str) -> None:
         raise ValueError(f"{where} holds a password, and a config never holds a secret")
 
 
+# LLM options whose config form is not their type's: a failover target is a model string or
+# a target's config, a breaker a dict of options, a limiter, cache, router or store built in
+# code has none (they come from the config the LLM was built from).
+_LLM_TYPES = {
+    "failover": list[str | TargetConfig],
+    "breaker": BreakerConfig | None,
+    "limiter": LimiterConfig | None,
+    "cache": CacheConfig | None,
+    "router": RouterConfig | None,
+    "shared": StoreConfig | None,
+    "api_key": InlineKey,
+    "transport": _TRANSPORT,
+}
+
+
+def _remembered(given: Mapping[str, Any], configs: Mapping[str, Any]) -> dict[str, Any]:
+    """The limiter, cache and router configs an LLM was built from (see :func:`_from_config`):
+    built in code, they have no config form."""
+    for name in ("limiter", "cache", "router"):
+        if given[name] is not None and configs.get(name) is None:
+            raise ValueError(f"LLM.{name} was built in code: it has no config form")
+    return {name: configs.get(name) for name in ("limiter", "cache", "router")}
+
+
+@_options_of(LLM, override=_LLM_TYPES)
 class LLMConfig(_Model):
     """Everything :class:`latencykit.LLM` takes that is data (see its arguments)."""
 
-    model: str = _option(LLM, "model")
-    deadline: float | None = _option(LLM, "deadline")
-    timeout: float = _option(LLM, "timeout")
-    degrade: DegradeConfig | None = _option(LLM, "degrade")
-    hedge: HedgeConfig | None = _option(LLM, "hedge")
-    failover: list[str | TargetConfig] = Field(
-        default_factory=list, description=_arg_docs(LLM).get("failover")
-    )
-    failover_on: Kinds | None = _option(LLM, "failover_on")
-    retry: RetryConfig | None = _option(LLM, "retry")
-    breaker: BreakerConfig | None = _option(LLM, "breaker")
-    stream_guard: StreamGuardConfig | None = _option(LLM, "stream_guard")
-    context_window: int | None = _option(LLM, "context_window")
-    capabilities: list[str] = Field(
-        default_factory=list, description=_arg_docs(LLM).get("capabilities")
-    )
-    api_base: str | None = _option(LLM, "api_base")
-    api_key: InlineKey = None
-    api_key_env: str | None = Field(
-        default=None,
-        description="The environment variable holding the API key (a config never holds it).",
-    )
-    transport: Literal["litellm", "openai"] = _option(LLM, "transport")
-    defaults: Arguments = Field(default_factory=dict, description=_arg_docs(LLM).get("defaults"))
-    limiter: LimiterConfig | None = _option(LLM, "limiter")
-    cache: CacheConfig | None = _option(LLM, "cache")
-    router: RouterConfig | None = _option(LLM, "router")
-    max_output_tokens: int | None = _option(LLM, "max_output_tokens")
-    budget_aware: bool = _option(LLM, "budget_aware")
-    on_truncated: Literal["raise", "accept"] = _option(LLM, "on_truncated")
-    shared: StoreConfig | None = _option(LLM, "shared")
+    api_key_env: str | None = _KEY_ENV
+    if typing.TYPE_CHECKING:  # the fields LLM's signature declares
+
+        def __init__(self, **data: Any) -> None: ...
 
     def build(self, kind: type[LLM] = LLM) -> LLM:
         """The :class:`~latencykit.LLM` this config describes (``kind``: a subclass to build
         instead; default ``LLM``)."""
-        return kind(
-            self.model,
-            deadline=self.deadline,
-            timeout=self.timeout,
-            degrade=None if self.degrade is None else self.degrade.build(),
-            hedge=None if self.hedge is None else self.hedge.build(),
-            failover=[t if isinstance(t, str) else t.build() for t in self.failover],
-            failover_on=_filter(self.failover_on),
-            retry=None if self.retry is None else self.retry.build(),
-            breaker=None if self.breaker is None else self.breaker.options(),
-            stream_guard=None if self.stream_guard is None else self.stream_guard.build(),
-            context_window=self.context_window,
-            capabilities=frozenset(self.capabilities),
-            api_base=self.api_base,
-            api_key=_key(self.api_key_env, "LLM"),
-            transport=self.transport,
-            defaults=self.defaults or None,
-            limiter=None if self.limiter is None else self.limiter.build(),
-            cache=None if self.cache is None else self.cache.build(),
-            router=None if self.router is None else self.router.build(),
-            max_output_tokens=self.max_output_tokens,
-            budget_aware=self.budget_aware,
-            on_truncated=self.on_truncated,
-            shared=None if self.shared is None else self.shared.build(),
-        )
+        return kind(**{**self.options(), "api_key": _key(self.api_key_env, "LLM")})
 
     @classmethod
-    def of(cls, llm: LLM) -> LLMConfig:
-        """The config of ``llm`` (what :meth:`LLM.to_config` returns, as a model).
+    def of(cls, obj: object, where: str = "LLM") -> LLMConfig:
+        """The config of an :class:`~latencykit.LLM` (what :meth:`LLM.to_config` returns, as a
+        model).
 
         Raises ``ValueError`` naming the first option that is code (a predicate, a router
         function, a custom policy object) and so has no config form, or that holds a secret. A
@@ -642,53 +603,25 @@ class LLMConfig(_Model):
         left out, because an ``LLM`` rebuilt without it would send no key, or litellm's lookup
         in the environment would pick one meant for another provider.
         """
-        given = llm._arguments
-        found: dict[str, Any] = {"model": given["model"]}
-        for name in ("deadline", "timeout"):
-            if given[name] is not None:
-                found[name] = _seconds(given[name])
-        for name in (
-            "context_window",
-            "api_base",
-            "transport",
-            "max_output_tokens",
-            "budget_aware",
-            "on_truncated",
-        ):
-            found[name] = given[name]
-        found["capabilities"] = sorted(given["capabilities"])
-        found["defaults"] = dict(given["defaults"] or {})
-        found["failover_on"] = _kinds_of(given["failover_on"], "LLM.failover_on")
+        if not isinstance(obj, LLM):
+            raise TypeError(f"LLMConfig.of takes an LLM, got {obj!r}")
+        given, configs = obj._arguments, obj._configs
+        plain = {k: v for k, v in given.items() if k not in _LLM_TYPES and k != "api_key_env"}
+        found = _data_of(cls, plain, where)
         found["api_key_env"] = _key_env(given["api_key"], given["api_key_env"], "LLM.api_key")
         _no_password(given["api_base"], "LLM.api_base")
-        if (degrade := given["degrade"]) is not None:
-            found["degrade"] = DegradeConfig.of(degrade)
-        if (policy := given["hedge"]) is not None:
-            found["hedge"] = HedgeConfig.of(policy)
-        if (retry := given["retry"]) is not None:
-            found["retry"] = RetryConfig.of(retry)
-        if (options := given["breaker"]) is not None:
-            if not isinstance(options, Mapping):
-                raise ValueError("LLM.breaker is a function: it has no config form")
-            counts = options.get("counts")
-            found["breaker"] = BreakerConfig(
-                **{**options, "counts": _kinds_of(counts, "LLM.breaker.counts")}
-            )
-        if (guard := given["stream_guard"]) is not None:
-            found["stream_guard"] = StreamGuardConfig(**_fields_of(StreamGuardConfig, guard))
-        built_from = llm._configs.get("failover") or [None] * len(given["failover"])
+        if given["breaker"] is not None and not isinstance(given["breaker"], Mapping):
+            raise ValueError("LLM.breaker is a function: it has no config form")
+        found["breaker"] = _as_data(given["breaker"], "LLM.breaker")
+        built_from = configs.get("failover") or [None] * len(given["failover"])
         found["failover"] = [
             _target_config(target, i, entry)
             for i, (target, entry) in enumerate(zip(given["failover"], built_from, strict=True))
         ]
         if given["shared"] is not None:
-            found["shared"] = StoreConfig.of(given["shared"], llm._configs.get("store_url_env"))
-        for name in ("limiter", "cache", "router"):
-            config = llm._configs.get(name)
-            if given[name] is not None and config is None:
-                raise ValueError(f"LLM.{name} was built in code: it has no config form")
-            found[name] = config
-        return cls(**{k: v for k, v in found.items() if v is not None})
+            found["shared"] = _store_config(given["shared"], configs.get("store_url_env"))
+        return cls(**found, **_remembered(given, configs))
+        return cls(**found)
 
     @classmethod
     def from_env(
@@ -702,10 +635,6 @@ class LLMConfig(_Model):
         mean ``LATENCYKIT_DEADLINE``?), except latencykit's own ``LATENCYKIT_GC_FREEZE``.
         """
         return load(dict(base or {}), env_prefix=prefix)
-
-
-M = TypeVar("M", bound=BaseModel)
-Path_ = tuple[str | int, ...]  # a field's path in a config: ("failover", 0, "api_base")
 
 
 @overload
@@ -963,31 +892,39 @@ def _yaml_problem(exc: Exception, text: str) -> str:
 def _env(prefix: str) -> tuple[dict[str, Any], dict[Path_, str]]:
     """The options set by environment variables starting with ``prefix``, and the variable
     that set each."""
-    import yaml
-
     found: dict[str, Any] = {}
     names: dict[Path_, str] = {}
     for name in sorted(os.environ):  # sorted: HEDGE before HEDGE__DELAY
         if not name.startswith(prefix) or name == prefix or name in _NOT_OPTIONS:
             continue
         path = tuple(name[len(prefix) :].lower().split("__"))
-        text = os.environ[name]
-        try:
-            value = _yaml(text) if text else ""
-        except yaml.YAMLError as exc:
-            raise ValueError(f"environment variable {name}{_yaml_problem(exc, text)}") from None
-        node: Any = found
-        for depth, part in enumerate(path, 1):
-            if not isinstance(node, dict) or (depth == len(path) and part in node):
-                other = next(v for k, v in names.items() if k == path[: len(k)])
-                raise ValueError(
-                    f"environment variables {other} and {name} both set {'.'.join(path)}"
-                )
-            if depth < len(path):
-                node = node.setdefault(part, {})
-        node[path[-1]] = value
+        if not _put(found, path, _env_value(name)):
+            other = next(v for k, v in names.items() if k == path[: len(k)])
+            raise ValueError(f"environment variables {other} and {name} both set {'.'.join(path)}")
         names[path] = name
     return found, names
+
+
+def _put(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> bool:
+    """Set ``path`` in ``tree`` to ``value``; ``False`` if it, or a field on its way, is set."""
+    node: Any = tree
+    for part in path[:-1]:
+        node = node.setdefault(part, {}) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or path[-1] in node:
+        return False
+    node[path[-1]] = value
+    return True
+
+
+def _env_value(name: str) -> Any:
+    """The value of environment variable ``name``, read as YAML (empty: ``""``)."""
+    import yaml
+
+    text = os.environ[name]
+    try:
+        return _yaml(text) if text else ""
+    except yaml.YAMLError as exc:
+        raise ValueError(f"environment variable {name}{_yaml_problem(exc, text)}") from None
 
 
 def _located(
@@ -1012,20 +949,7 @@ def _located(
     for loc, item in found:
         if loc != item["loc"] and any(len(o) > len(loc) and o[: len(loc)] == loc for o in tagged):
             continue
-        notes: list[str] = []
-        variable = next((names[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in names), None)
-        if variable is not None:
-            notes.append(f"environment variable {variable}")
-        elif (line := _line(loc, lines)) is not None:
-            notes.append(f"line {line}")
-        if item["type"] == "extra_forbidden" and loc:
-            known = _model_at(model, loc[:-1])
-            close = difflib.get_close_matches(str(loc[-1]), list(known.model_fields), n=1)
-            if close and variable is not None and prefix is not None:
-                spelled = "__".join([*(str(p) for p in loc[:-1]), close[0]]).upper()
-                notes.append(f"did you mean {prefix}{spelled}?")
-            elif close:
-                notes.append(f"did you mean {close[0]!r}?")
+        notes = _notes(loc, item["type"], model, lines, names, prefix)
         message = item["msg"] + (f" ({'; '.join(notes)})" if notes else "")
         details.append(
             {
@@ -1035,6 +959,37 @@ def _located(
             }
         )
     return ValidationError.from_exception_data(title, details)
+
+
+def _notes(
+    loc: Path_,
+    kind: str,
+    model: type[BaseModel],
+    lines: Mapping[Path_, int],
+    names: Mapping[Path_, str],
+    prefix: str | None,
+) -> list[str]:
+    """Where the value at ``loc`` came from, and for an unknown name the known one closest."""
+    notes: list[str] = []
+    variable = next((names[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in names), None)
+    if variable is not None:
+        notes.append(f"environment variable {variable}")
+    elif (line := _line(loc, lines)) is not None:
+        notes.append(f"line {line}")
+    if kind == "extra_forbidden" and loc:
+        known = _model_at(model, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), list(known.model_fields), n=1)
+        if close:
+            notes.append(_did_you_mean(loc[:-1], close[0], None if variable is None else prefix))
+    return notes
+
+
+def _did_you_mean(parent: Path_, name: str, prefix: str | None) -> str:
+    """The close match of a misspelt name: a field's, or (``prefix``) a variable's."""
+    if prefix is None:
+        return f"did you mean {name!r}?"
+    spelled = "__".join([*(str(p) for p in parent), name]).upper()
+    return f"did you mean {prefix}{spelled}?"
 
 
 def _in_data(loc: Path_, data: object) -> Path_:
@@ -1054,7 +1009,7 @@ def _in_data(loc: Path_, data: object) -> Path_:
 
 @functools.cache
 def _field_names() -> frozenset[str]:
-    return frozenset(name for model in _Model.__subclasses__() for name in model.model_fields)
+    return frozenset(name for model in _FORMS for name in model.model_fields)
 
 
 def _line(loc: Path_, lines: Mapping[Path_, int]) -> int | None:

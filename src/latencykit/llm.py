@@ -13,35 +13,24 @@ enforced with cancel scopes instead.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import functools
 import os
 import warnings
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
-from . import _litellm, _openai, _validation, events
-from ._cancel import backend, clock, now, on_asyncio
-from ._context import (
-    Attempt,
-    Trace,
-    current_attempt,
-    deadline_var,
-    remaining,
-    task_var,
-)
-from ._litellm import LitellmChunks, SkipPrefix, is_set_up, litellm
-from ._litellm import acompletion as litellm_acompletion
+from . import _validation
+from ._cancel import clock, now
+from ._context import Attempt, Trace, current_attempt, remaining, task_var
+from ._litellm import LitellmTransport, litellm
+from ._openai import OpenAITransport
 from .errors import (
     ErrorFilter,
-    ErrorKind,
     OutputTruncated,
-    classify,
-    is_transient,
     malformed_answer,
     provider_error,
     scrub,
@@ -58,14 +47,14 @@ from .policies.hedge import Hedge, Quantile
 from .policies.retry import Retry
 from .routing import RouteDecision, RouterFunction, Routing
 from .stats import Recorder, StatsTable
-from .stream import Stream
+from .stream import ChunkSource, Stream
 from .target import Target, as_target
 
 if TYPE_CHECKING:
     from .config import LLMConfig
     from .policies.breaker import BreakerState
 
-__all__ = ["LLM", "CallReport", "Degrade", "report"]
+__all__ = ["LLM", "CallReport", "Degrade", "Transport", "report"]
 
 _REPORT_KEY = "latencykit"
 _ATTEMPT_KEY = "latencykit.attempt"
@@ -85,6 +74,34 @@ _TARGET_OWNED = {
 }
 
 
+class Transport(Protocol):
+    """A lane: how an :class:`LLM` makes its attempts on the targets that name it
+    (``Target.transport``: ``"litellm"``, through ``litellm.acompletion``; ``"openai"``, the
+    fast lane). Each ``LLM`` owns one of each, and closes them with :meth:`LLM.aclose`.
+    ``timeout`` is the target's attempt timeout."""
+
+    def complete(
+        self, target: Target, arguments: Mapping[str, Any], timeout: float
+    ) -> Awaitable[Any]:
+        """A non-streaming attempt: litellm's ``ModelResponse``; raises what failed."""
+        ...
+
+    def open(
+        self, target: Target, arguments: Mapping[str, Any], timeout: float
+    ) -> ChunkSource | Awaitable[ChunkSource]:
+        """A streaming attempt's source, opened on its first read."""
+        ...
+
+    async def warm(self, target: Target, timeout: float, *, connect: bool, limit: float) -> None:
+        """Do the client's first-call work for ``target``, then (``connect``) open a
+        connection to it within ``limit`` seconds (see :meth:`LLM.warm`)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the connections it opened on this event loop."""
+        ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Degrade:
     """The degraded path of :class:`LLM`: the same call, rewritten to be cheaper and faster.
@@ -95,7 +112,7 @@ class Degrade:
         after: seconds to give the primary before switching (default ``None``: switch on errors
             only). Must be shorter than ``LLM(deadline=...)``.
         on: which primary errors switch to the degraded path (default ``None``: transient
-            errors; see :func:`~latencykit.fallback`).
+            errors; see :class:`~latencykit.fallback`).
         overrides: any other litellm arguments to set on the degraded call (default empty),
             e.g. ``{"api_base": ..., "api_key": ..., "temperature": 0}``. A degraded call sent
             to another ``api_base`` carries the ``api_key`` given here, or none: never the
@@ -111,22 +128,17 @@ class Degrade:
     overrides: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
-        if self.model is not None and (not isinstance(self.model, str) or not self.model):
-            raise ValueError(f"Degrade.model must be a non-empty model string, got {self.model!r}")
-        if self.max_tokens is not None and (
-            isinstance(self.max_tokens, bool)
-            or not isinstance(self.max_tokens, int)
-            or self.max_tokens < 1
-        ):
-            raise ValueError(f"Degrade.max_tokens must be a positive int, got {self.max_tokens!r}")
+        if self.model is not None:
+            _validation.text("Degrade.model", self.model, "model string")
+        if self.max_tokens is not None:
+            _validation.count("Degrade.max_tokens", self.max_tokens)
         if self.after is not None:
             object.__setattr__(self, "after", _validation.seconds("Degrade.after", self.after))
-        if not isinstance(self.overrides, Mapping):
-            raise TypeError(f"Degrade.overrides must be a mapping, got {self.overrides!r}")
-        bad = sorted(set(self.overrides) & set(_RESERVED))
+        overrides = _validation.mapping("Degrade.overrides", self.overrides)
+        bad = sorted(set(overrides) & set(_RESERVED))
         if bad:
             raise ValueError(f"Degrade.overrides cannot set {bad[0]!r}: {_RESERVED[bad[0]]}")
-        object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
+        object.__setattr__(self, "overrides", MappingProxyType(dict(overrides)))
         if self.model is None and self.max_tokens is None and not self.overrides:
             raise ValueError("Degrade needs at least one of model, max_tokens or overrides")
 
@@ -215,32 +227,13 @@ def report(result: object) -> CallReport:
         LookupError: the result did not come from latencykit.
     """
     if isinstance(result, Stream):
-        found = getattr(result, "report_info", None)
-        if not isinstance(found, tuple):
-            raise LookupError("this stream did not come from latencykit.LLM.acompletion")
-        trace, model = found
-        ttft = result.ttft
-        return CallReport(
-            target=result.target,
-            model=model,
-            attempts=tuple(trace.attempts),
-            answered_by=result.attempt,
-            degraded=trace.degraded,
-            fallback_reason=trace.fallback_reason,
-            duration=(trace.ended_at or clock()) - trace.started_at,
-            ttft=None if ttft is None else ttft + result.started_at - trace.started_at,
-            chunks=result.chunks,
-            cache=trace.cache,
-            route=trace.route,
-            truncated=result.finish_reason == "length",
-        )
+        return _stream_report(result)
     hidden = getattr(result, "_hidden_params", None)
-    if not isinstance(hidden, dict):
-        raise LookupError("this response did not come from latencykit.LLM.acompletion")
+    hidden = hidden if isinstance(hidden, dict) else {}
     found = hidden.get(_REPORT_KEY)
     if isinstance(found, CallReport):
         return found
-    if not (isinstance(found, tuple) and len(found) == 3 and isinstance(found[0], Trace)):
+    if not isinstance(found, _Answered):
         raise LookupError("this response did not come from latencykit.LLM.acompletion")
     trace, number, target = found
     choices = getattr(result, "choices", None) or ()
@@ -261,6 +254,35 @@ def report(result: object) -> CallReport:
     return built
 
 
+class _Answered(NamedTuple):
+    """What :func:`report` builds a response's report from (kept in the response)."""
+
+    trace: Trace
+    number: int
+    target: str
+
+
+def _stream_report(stream: Stream[Any]) -> CallReport:
+    trace = stream.trace
+    if trace is None:
+        raise LookupError("this stream did not come from latencykit.LLM.acompletion")
+    ttft = stream.ttft
+    return CallReport(
+        target=stream.target,
+        model=stream.target,
+        attempts=tuple(trace.attempts),
+        answered_by=stream.attempt,
+        degraded=trace.degraded,
+        fallback_reason=trace.fallback_reason,
+        duration=(trace.ended_at or clock()) - trace.started_at,
+        ttft=None if ttft is None else ttft + stream.started_at - trace.started_at,
+        chunks=stream.chunks,
+        cache=trace.cache,
+        route=trace.route,
+        truncated=stream.finish_reason == "length",
+    )
+
+
 class LLM:
     """A resilient front for ``litellm.acompletion``, streaming or not.
 
@@ -279,7 +301,7 @@ class LLM:
         failover: further targets, in order, each a model string, a dict of litellm
             arguments (``model``, ``api_base``, ``api_key``, ``timeout``, plus latencykit's
             ``name``, ``context_window`` and ``capabilities``) or a :class:`~latencykit.Target`
-            (default none). See :func:`~latencykit.failover` for what moves a call on.
+            (default none). See :class:`~latencykit.failover` for what moves a call on.
         failover_on: which errors move a call to the next target (default ``None``: transient
             errors and context length, the latter only to a larger model). Content policy,
             authentication and bad requests are raised at once unless you widen this.
@@ -378,79 +400,21 @@ class LLM:
         self._arguments: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
         self._arguments["api_key_env"] = None
         self._configs: dict[str, Any] = {}  # limiter, cache, router: the configs they came from
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"LLM.model must be a non-empty model string, got {model!r}")
-        if degrade is not None and not isinstance(degrade, Degrade):
-            raise TypeError(f"LLM.degrade must be a latencykit.Degrade, got {degrade!r}")
-        if hedge is not None and not isinstance(hedge, Hedge):
-            raise TypeError(f"LLM.hedge must be a latencykit.Hedge, got {hedge!r}")
-        if retry is not None and not isinstance(retry, Retry):
-            raise TypeError(f"LLM.retry must be a latencykit.Retry, got {retry!r}")
-        for name, policy in (("limiter", limiter), ("cache", cache)):
-            if policy is not None and not isinstance(policy, Policy):
-                raise TypeError(f"LLM.{name} must be a latencykit policy, got {policy!r}")
-        if stream_guard is not None and not isinstance(stream_guard, StreamGuard):
-            raise TypeError(
-                f"LLM.stream_guard must be a latencykit.StreamGuard, got {stream_guard!r}"
-            )
-        if isinstance(failover, (str, Mapping)) or not isinstance(failover, Sequence):
-            raise TypeError("LLM.failover must be a sequence of targets, e.g. ['openai/x']")
-        if hedge is not None and hedge.target == "next" and not failover:
-            raise ValueError("LLM.hedge.target='next' needs LLM(failover=[...]) targets")
-        if max_output_tokens is not None and (
-            isinstance(max_output_tokens, bool)
-            or not isinstance(max_output_tokens, int)
-            or max_output_tokens < 1
-        ):
-            raise ValueError(
-                f"LLM.max_output_tokens must be a positive int, got {max_output_tokens!r}"
-            )
-        if budget_aware and max_output_tokens is None:
-            raise ValueError("LLM.budget_aware needs LLM.max_output_tokens (the cap it lowers)")
-        if on_truncated not in ("raise", "accept"):
-            raise ValueError(f"LLM.on_truncated must be 'raise' or 'accept', got {on_truncated!r}")
-        if failover_on is not None and not failover:
-            raise ValueError(
-                "LLM.failover_on needs LLM(failover=[...]) targets: without them no error "
-                "moves a call anywhere"
-            )
-        defaults = dict(defaults or {})
+        _check_options(self._arguments)
         # Import litellm now (seconds, once per process) rather than inside the first call,
         # where the import would block the event loop and no deadline could preempt it.
-        for name in sorted(defaults.keys() & {*_RESERVED, *_TARGET_OWNED, "model", "stream"}):
-            raise ValueError(
-                f"LLM.defaults cannot set {name!r}: "
-                + (
-                    "pass stream=True to acompletion() for the calls that stream"
-                    if name == "stream"
-                    else _RESERVED.get(name) or _TARGET_OWNED.get(name) or "pass LLM(model=...)"
-                )
-            )
         self._litellm = litellm()
-        known = _known_arguments(self._litellm)
-        for index, spec in enumerate(failover):
-            if isinstance(spec, Mapping):
-                _check_spelling(spec, known, f"LLM.failover[{index}]", error=True)
-        _check_spelling(defaults, known, "LLM.defaults", error=False)
+        self._defaults = _checked_defaults(defaults, failover, _known_arguments(self._litellm))
         self.model = model
         self.timeout = _validation.seconds("LLM.timeout", timeout)
-        self.deadline = None if deadline is None else _validation.seconds("LLM.deadline", deadline)
+        self.deadline = _validation.optional_seconds("LLM.deadline", deadline)
         self.degrade = degrade
-        # One record of every attempt, per target: the hedge's delays and stats() read it. Its
-        # windows are as long as an adaptive hedge asks (default 60 s, 1000 samples).
-        adaptive = hedge.delay if hedge is not None and isinstance(hedge.delay, Quantile) else None
-        if shared is not None and not isinstance(shared, SharedStore):
-            raise TypeError(f"LLM.shared must be a SharedStore (RedisStore), got {shared!r}")
         self.shared = shared
-        self._recorder = (
-            Recorder(shared=shared)
-            if adaptive is None
-            else Recorder(window=adaptive.window, max_samples=adaptive.max_samples, shared=shared)
-        )
+        # One record of every attempt, per target: the hedge's delays and stats() read it.
+        self._recorder = _recorder_for(hedge, shared)
         self.hedge = None if hedge is None else hedge.reading(self._recorder)
         self._breakers: _TargetBreakers | None = None
-        self.stream_guard = stream_guard if stream_guard is not None else StreamGuard()
-        self._defaults = defaults
+        self.stream_guard = stream_guard or StreamGuard()
         primary = Target(
             model,
             api_base=api_base,
@@ -459,33 +423,15 @@ class LLM:
             capabilities=capabilities,  # type: ignore[arg-type]  # Target validates it
             transport=transport,
         )
-        # Every target has a concrete attempt timeout: litellm's client cache and the stream
-        # guard's defaults both need one.
-        self.targets: tuple[Target, ...] = tuple(
-            t if t.timeout is not None else t.replace(timeout=self.timeout)
-            for t in (
-                primary,
-                *(as_target(t, where=f"LLM.failover[{i}]") for i, t in enumerate(failover)),
-            )
-        )
-        keys = [t.key for t in self.targets]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"LLM targets must have distinct names, got {keys}")
-        self._http = _openai.Clients()  # the fast lane's connection pools: closed by aclose()
-        self._secrets = tuple(t.api_key for t in self.targets if t.api_key)
-        if degrade is not None and isinstance(degrade.overrides.get("api_key"), str):
-            self._secrets += (degrade.overrides["api_key"],)
+        self.targets = _targets(primary, failover, self.timeout)
+        self._secrets = _secrets_of(self.targets, degrade)
         self._routes = [Route(t, functools.partial(self._to_target, t)) for t in self.targets]
         self._degraded = None if degrade is None else degrade.target(self.targets[0])
         self.max_output_tokens = max_output_tokens
         self.budget_aware = bool(budget_aware)
         self.on_truncated = on_truncated
         self.router = router
-        routing = (
-            None
-            if router is None
-            else Routing(router, self.targets, self._to_target, self._recorder)
-        )
+        routing = router and Routing(router, self.targets, self._to_target, self._recorder)
         self._pipeline = Pipeline(
             [
                 *self._policies(failover_on, retry, breaker),
@@ -497,6 +443,42 @@ class LLM:
             p for p in self._pipeline.policies if int(p.stage) >= Stage.BREAKER
         )
 
+    def _fallback(self) -> Fallback | None:
+        """The degraded path as a fallback, its ``after`` within the deadline."""
+        degrade = self.degrade
+        if degrade is None:
+            return None
+        after = None if degrade.after is None else float(degrade.after)  # type: ignore[arg-type]
+        if self.deadline is not None and after is not None and after >= self.deadline:
+            raise ValueError(
+                f"LLM.degrade.after ({after:g}s) must be shorter than LLM.deadline "
+                f"({self.deadline:g}s)"
+            )
+        return Fallback(Reroute(self._degraded_path), after=after, on=degrade.on)
+
+    def _hedge_of_targets(self) -> Hedge | None:
+        """The hedge, sending its backups to the next targets with ``target="next"``."""
+        hedge, routes = self.hedge, self._routes
+        if hedge is None or hedge.target != "next":
+            return hedge
+        return hedge.with_rewrite(
+            lambda call, i: call if i == 0 else routes[i % len(routes)].call(call)
+        )
+
+    def _target_breakers(
+        self, breaker: Mapping[str, Any] | Callable[[str], Breaker] | None
+    ) -> _TargetBreakers | None:
+        """Each target's breaker (the fleet's with ``shared``), built now: invalid options
+        fail at construction, naming the field."""
+        if breaker is None:
+            return None
+        if isinstance(breaker, Mapping) and self.shared is not None:
+            breaker = {"shared": self.shared, **breaker}
+        breakers = _TargetBreakers(breaker)
+        for target in self.targets:
+            breakers.of(target.key)
+        return breakers
+
     def _policies(
         self,
         failover_on: ErrorFilter | None,
@@ -504,35 +486,10 @@ class LLM:
         breaker: Mapping[str, Any] | Callable[[str], Breaker] | None,
     ) -> list[Policy]:
         """The pipeline's policies, outermost first: the same objects the decorators use."""
-        policies: list[Policy] = []
-        if self.deadline is not None:
-            policies.append(Deadline(self.deadline))
-        degrade = self.degrade
-        if degrade is not None:
-            after = None if degrade.after is None else float(degrade.after)  # type: ignore[arg-type]
-            if self.deadline is not None and after is not None and after >= self.deadline:
-                raise ValueError(
-                    f"LLM.degrade.after ({after:g}s) must be shorter than LLM.deadline "
-                    f"({self.deadline:g}s)"
-                )
-            policies.append(Fallback(Reroute(self._degraded_path), after=after, on=degrade.on))
-        hedge = self.hedge
-        if hedge is not None:
-            if hedge.target == "next":
-                routes = self._routes
-                hedge = hedge.with_rewrite(
-                    lambda call, i: call if i == 0 else routes[i % len(routes)].call(call)
-                )
-            policies.append(hedge)
-        breakers = None
-        if breaker is not None:
-            if isinstance(breaker, Mapping) and self.shared is not None:
-                breaker = {"shared": self.shared, **breaker}
-            breakers = _TargetBreakers(breaker)
-            for target in self.targets:
-                breakers.of(target.key)  # invalid options fail now, naming the field
-            policies.append(breakers)
-            self._breakers = breakers
+        breakers = self._breakers = self._target_breakers(breaker)
+        deadline = None if self.deadline is None else Deadline(self.deadline)
+        outer = (deadline, self._fallback(), self._hedge_of_targets(), breakers)
+        policies: list[Policy] = [policy for policy in outer if policy is not None]
         if retry is not None:
             policies.append(retry)
         if len(self.targets) > 1:
@@ -540,8 +497,28 @@ class LLM:
             policies.append(
                 Failover(*self._routes, on=failover_on, passthrough=True, is_open=is_open)
             )
-        policies.append(self.stream_guard)
+        policies.append(self._guard)
         return policies
+
+    @functools.cached_property
+    def _guard(self) -> StreamGuard:
+        """``stream_guard`` for this LLM's calls: a broken stream goes on from its targets, and
+        an answer cut at its cap raises (``on_truncated``)."""
+        return self.stream_guard.bound(
+            self.targets,
+            lambda target: functools.partial(self._open, target),
+            lambda call, trace: self._per_target.run_within(call, trace, reason="resume"),
+            raise_truncated=self.max_output_tokens is not None and self.on_truncated == "raise",
+        )
+
+    @functools.cached_property
+    def _transports(self) -> dict[str, Transport]:
+        """The lanes, by the name a target gives (``Target.transport``)."""
+        secrets = self._secrets
+        return {"litellm": LitellmTransport(secrets), "openai": OpenAITransport(secrets)}
+
+    def _timeout(self, target: Target) -> float:
+        return self.timeout if target.timeout is None else target.timeout
 
     @classmethod
     def from_config(
@@ -569,7 +546,8 @@ class LLM:
         are litellm's, shared by every caller in the process, and are left open.
 
         ``async with lk.LLM(...) as llm:`` closes them at the end of the block."""
-        await self._http.aclose()
+        for transport in self._transports.values():
+            await transport.aclose()
 
     async def __aenter__(self) -> LLM:
         return self
@@ -672,13 +650,8 @@ class LLM:
         async def warm_one(target: Target) -> None:
             started = now()
             try:
-                if target.transport == "openai":
-                    self._http.get()
-                    if connect:
-                        await _openai.open_connection(target, limit, self._http)
-                else:
-                    arguments = target.litellm_arguments(self.timeout)
-                    await _on_asyncio(_litellm.warm(arguments, connect=connect, timeout=limit))
+                transport = self._transports[target.transport]
+                await transport.warm(target, self._timeout(target), connect=connect, limit=limit)
             except Exception as exc:
                 done[target.key] = provider_error(exc, target=target.key, secrets=self._secrets)
             else:
@@ -713,6 +686,36 @@ class LLM:
         carrying the attempt history; a stream that breaks after its first chunk raises
         :class:`~latencykit.StreamBroken` with the partial text.
         """
+        target, stream, task = self._own_arguments(kwargs)
+        arguments = {**self._defaults, **kwargs}
+        call = Call(
+            self._attempt_on(target, stream),
+            (),
+            arguments,
+            target,
+            self._guard if stream else None,
+            self._recorder,  # every attempt of the call reports to it: stats() and the hedge
+        )
+        if task is None:
+            result, trace = await self._pipeline.run_traced(call)
+        else:
+            token = task_var.set(task)
+            try:
+                result, trace = await self._pipeline.run_traced(call)
+            finally:
+                task_var.reset(token)
+        if stream:
+            return result
+        hidden = result._hidden_params
+        # The report is built on demand by report(): most callers never ask for it.
+        hidden[_REPORT_KEY] = _Answered(trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
+        if self.max_output_tokens is not None and self.on_truncated == "raise":
+            self._check_truncation(result, arguments)
+        return result
+
+    def _own_arguments(self, kwargs: dict[str, Any]) -> tuple[Target, bool, str | None]:
+        """Take latencykit's own arguments out of ``kwargs``: the call's first target, whether
+        it streams, its task tag; refuse the arguments it owns."""
         for name in kwargs.keys() & (_RESERVED.keys() | _TARGET_OWNED.keys()):
             raise ValueError(
                 f"acompletion({name}=...) is not accepted: "
@@ -729,36 +732,7 @@ class LLM:
         task = kwargs.pop("task", None)
         if task is not None and self.router is None:
             raise ValueError("acompletion(task=...) is for a router: pass LLM(router=...)")
-        arguments = {**self._defaults, **kwargs}
-        call = Call(
-            self._attempt_on(target, stream),
-            (),
-            arguments,
-            target,
-            self.stream_guard if stream else None,
-            self._recorder,  # every attempt of the call reports to it: stats() and the hedge
-        )
-        if task is None:
-            result, trace = await self._pipeline.run_traced(call)
-        else:
-            token = task_var.set(task)
-            try:
-                result, trace = await self._pipeline.run_traced(call)
-            finally:
-                task_var.reset(token)
-        if stream:
-            result.report_info = (trace, result.target)
-            if self.max_output_tokens is not None and self.on_truncated == "raise":
-                result.on_finished = _raise_if_truncated
-            if self.stream_guard.on_break == "continue":
-                result.recover = functools.partial(self._continue, call, trace, set())
-            return result
-        hidden = result._hidden_params
-        # The report is built on demand by report(): most callers never ask for it.
-        hidden[_REPORT_KEY] = (trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
-        if self.max_output_tokens is not None and self.on_truncated == "raise":
-            self._check_truncation(result, arguments)
-        return result
+        return target, stream, task
 
     def _check_truncation(self, response: Any, arguments: Mapping[str, Any]) -> None:
         choices: list[Any] = list(getattr(response, "choices", None) or ())
@@ -781,15 +755,14 @@ class LLM:
         own = kwargs.get(name)
         cap = self.max_output_tokens if own is None else min(int(own), self.max_output_tokens)
         left = remaining()
-        if self.budget_aware and left is not None:
-            per_token = self._recorder.per_token.get(target.key)
-            if per_token is not None and per_token.count() >= _CAP_MIN_SAMPLES:
-                first = 0.0
-                ttft = self._recorder.ttft.get(target.key) if streaming else None
-                if ttft is not None and ttft.count() >= _CAP_MIN_SAMPLES:
-                    first = ttft.quantile(0.5) or 0.0
-                tokens = (left - first) * _CAP_HEADROOM / max(per_token.quantile(0.5) or 0, 1e-6)
-                cap = max(1, min(cap, int(tokens)))
+        if (
+            self.budget_aware
+            and left is not None
+            and (per_token := _median(self._recorder.per_token.get(target.key))) is not None
+        ):
+            first = _median(self._recorder.ttft.get(target.key)) if streaming else None
+            tokens = (left - (first or 0.0)) * _CAP_HEADROOM / max(per_token, 1e-6)
+            cap = max(1, min(cap, int(tokens)))
         kwargs[name] = cap
         return cap
 
@@ -800,8 +773,7 @@ class LLM:
         return call._replace(fn=self._attempt_on(target, call.stream is not None), target=target)
 
     def _open(self, target: Target, **kwargs: Any) -> Any:
-        """A streaming attempt's source: opened on its first ``__anext__`` (through litellm on
-        trio, in the asyncio bridge, whose pump hands the chunks over).
+        """A streaming attempt's source, from the target's transport, opened on its first read.
 
         The first attempt of the process to a model (litellm) or on the event loop (fast lane)
         first does the client's one-time set-up (see :meth:`warm`), and its source says when
@@ -810,56 +782,14 @@ class LLM:
         """
         if self.max_output_tokens is not None:
             self._cap(target, kwargs, streaming=True)
-        timeout = self.timeout if target.timeout is None else target.timeout
-        if target.transport == "openai":
-            request = _openai.Request(target, timeout, {**kwargs, "stream": True}, self._http)
-            chunks = _openai.OpenAIChunks(request, target, self._secrets)
-            if not self._http.ready():
-                self._http.get()
-                chunks.ready_at = now()
-            return chunks
-        arguments = target.litellm_arguments(self.timeout, kwargs)
-        if not is_set_up(target.model):
-            return self._set_up_then_open(target, arguments)
-        return self._litellm_source(target, arguments, None)
-
-    async def _set_up_then_open(self, target: Target, arguments: dict[str, Any]) -> Any:
-        with contextlib.suppress(Exception):  # an unknown provider: the real call raises it
-            await _on_asyncio(_litellm.set_up(target.litellm_arguments(self.timeout)))
-        return self._litellm_source(target, arguments, now())
-
-    def _litellm_source(
-        self, target: Target, arguments: dict[str, Any], ready_at: float | None
-    ) -> Any:
-        chunks = LitellmChunks(arguments, target, self._secrets)
-        chunks.ready_at = ready_at
-        if on_asyncio():
-            return chunks
-        from ._asyncio_bridge import BridgedStream
-
-        return BridgedStream(chunks)
+        return self._transports[target.transport].open(target, kwargs, self._timeout(target))
 
     async def _attempt(self, target: Target, **kwargs: Any) -> Any:
         cap = None if self.max_output_tokens is None else self._cap(target, kwargs, False)
         started = 0.0 if cap is None else clock()
+        transport = self._transports[target.transport]
         try:
-            if target.transport == "openai":
-                timeout = self.timeout if target.timeout is None else target.timeout
-                response = await _openai.complete(target, timeout, kwargs, self._http)
-            else:
-                if not is_set_up(target.model):
-                    # litellm's one-time set-up, apart: a cancel landing in a real call's
-                    # set-up (it runs in a thread) leaves litellm's request coroutine unawaited
-                    # ("coroutine ... was never awaited"); in the mock's, nothing.
-                    with contextlib.suppress(Exception):
-                        await _on_asyncio(_litellm.set_up(target.litellm_arguments(self.timeout)))
-                coro = litellm_acompletion(target.litellm_arguments(self.timeout, kwargs))
-                if on_asyncio():
-                    response = await coro  # the common case, without the bridge's extra frame
-                else:
-                    from ._asyncio_bridge import run_on_asyncio
-
-                    response = await run_on_asyncio(coro)
+            response = await transport.complete(target, kwargs, self._timeout(target))
         except Exception as exc:
             raise provider_error(exc, target=target.key, secrets=self._secrets) from exc
         if not response.choices:  # litellm takes an answer with no choices for one
@@ -873,73 +803,6 @@ class LLM:
                 self._recorder.output_rate(target.key, clock() - started, tokens)
         return response
 
-    async def _continue(
-        self,
-        call: Call,
-        trace: Trace,
-        broke: set[str],
-        broken: Stream[Any],
-        error: Exception,
-    ) -> AsyncIterator[Any] | None:
-        """A source continuing ``broken`` (see ``StreamGuard(on_break="continue")``), or
-        ``None`` when no target could within the budget and ``max_resumes``.
-
-        The targets are asked in failover order, those that broke this stream (``broke``: the
-        keys, kept across the stream's resumes) last: a target that cut or stalled once is
-        likely to do it again (the same overloaded replica, the same fault at the same point),
-        while regenerating elsewhere costs the same as on it. Each is asked through its own
-        breaker and retry policies, within the call's trace (its attempts join the call's)."""
-        loop = backend()
-        broke.add(broken.target)
-        if broken.resumes >= self.stream_guard.max_resumes or loop.now() >= broken.deadline:
-            return None
-        delivered = broken.partial_text
-        messages = list(call.kwargs.get("messages") or ())
-        known = any(t.key == call.target.key for t in self.targets)
-        # Stable: the failover order is kept among those that did not break it, and those that did.
-        targets = sorted(self.targets if known else [call.target], key=lambda t: t.key in broke)
-        deadline_token = deadline_var.set(broken.deadline)
-        try:
-            with loop.scope(deadline=broken.deadline):
-                for target in targets:
-                    modes = ("prefill", "regenerate") if target.supports("prefill") else ()
-                    for mode in modes or ("regenerate",):
-                        kwargs = dict(call.kwargs)
-                        if mode == "prefill" and delivered:
-                            kwargs["messages"] = [
-                                *messages,
-                                {"role": "assistant", "content": delivered},
-                            ]
-                        attempt = call._replace(
-                            fn=self._attempt_on(target, True), kwargs=kwargs, target=target
-                        )
-                        try:
-                            continued = await self._per_target.run_within(
-                                attempt, trace, reason="resume"
-                            )
-                        except Exception as exc:
-                            if mode == "prefill" and classify(exc) is ErrorKind.BAD_REQUEST:
-                                continue  # the target refused the prefill: regenerate instead
-                            if is_transient(exc):
-                                break  # this target cannot now: the next one
-                            return None  # not worth another target; the break stands
-                        if events.listening():
-                            events.emit(
-                                events.StreamResumed(
-                                    trace.call_id,
-                                    attempt=continued.attempt,
-                                    target=continued.target,
-                                    mode=mode,  # type: ignore[arg-type]
-                                    chunks=broken.chunks,
-                                )
-                            )
-                        if mode == "prefill" and delivered:
-                            return continued  # type: ignore[no-any-return]
-                        return SkipPrefix(continued, delivered)
-        finally:
-            deadline_var.reset(deadline_token)
-        return None
-
     async def _degraded_path(self, reason: FallbackReason, call: Call, next: Next) -> Any:
         assert self.degrade is not None and self._degraded is not None
         target = self._degraded
@@ -952,17 +815,11 @@ class LLM:
         )
 
 
-async def _on_asyncio(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Await ``coro`` on asyncio (on trio: in the asyncio bridge, where litellm runs)."""
-    from ._asyncio_bridge import run_on_asyncio
-
-    return await run_on_asyncio(coro)
-
-
-def _raise_if_truncated(stream: Stream[Any]) -> None:
-    """A stream's end: raise :class:`OutputTruncated` if it stopped at its output cap."""
-    if stream.finish_reason == "length":
-        raise OutputTruncated(None, stream.partial_text, max_tokens=None, budget_capped=False)
+def _median(window: Any) -> float | None:
+    """A latency window's median once it has enough samples to cap by, else ``None``."""
+    if window is None or window.count() < _CAP_MIN_SAMPLES:
+        return None
+    return window.quantile(0.5)  # type: ignore[no-any-return]
 
 
 def _known_arguments(litellm_module: Any) -> frozenset[str]:
@@ -995,7 +852,108 @@ def _check_spelling(
         message = f"{where}: unknown argument {name!r}; did you mean {close[0]!r}?"
         if error:
             raise ValueError(message)
-        warnings.warn(message, UserWarning, stacklevel=3)
+        warnings.warn(message, UserWarning, stacklevel=4)  # the LLM(...) line
+
+
+# --- checking and assembling LLM's options ---------------------------------------------------
+
+# The options that take a latencykit object: its class, and how a message names it.
+_OPTION_KINDS: dict[str, tuple[type, str]] = {
+    "degrade": (Degrade, "a latencykit.Degrade"),
+    "hedge": (Hedge, "a latencykit.Hedge"),
+    "retry": (Retry, "a latencykit.Retry"),
+    "stream_guard": (StreamGuard, "a latencykit.StreamGuard"),
+    "limiter": (Policy, "a latencykit policy"),
+    "cache": (Policy, "a latencykit policy"),
+    "shared": (SharedStore, "a SharedStore (RedisStore)"),
+}
+
+
+def _check_options(options: Mapping[str, Any]) -> None:
+    """Check ``LLM``'s options one by one (each message names the field), then together."""
+    _validation.text("LLM.model", options["model"], "model string")
+    for name, (kind, what) in _OPTION_KINDS.items():
+        _validation.optional(f"LLM.{name}", options[name], kind, what)
+    failover = options["failover"]
+    if isinstance(failover, (str, Mapping)) or not isinstance(failover, Sequence):
+        raise TypeError("LLM.failover must be a sequence of targets, e.g. ['openai/x']")
+    if options["max_output_tokens"] is not None:
+        _validation.count("LLM.max_output_tokens", options["max_output_tokens"])
+    _validation.choice("LLM.on_truncated", options["on_truncated"], ("raise", "accept"))
+    _check_together(options)
+
+
+def _check_together(options: Mapping[str, Any]) -> None:
+    """The options that need another one."""
+    hedge = options["hedge"]
+    if hedge is not None and hedge.target == "next" and not options["failover"]:
+        raise ValueError("LLM.hedge.target='next' needs LLM(failover=[...]) targets")
+    if options["budget_aware"] and options["max_output_tokens"] is None:
+        raise ValueError("LLM.budget_aware needs LLM.max_output_tokens (the cap it lowers)")
+    if options["failover_on"] is not None and not options["failover"]:
+        raise ValueError(
+            "LLM.failover_on needs LLM(failover=[...]) targets: without them no error "
+            "moves a call anywhere"
+        )
+
+
+def _checked_defaults(
+    defaults: Mapping[str, Any] | None,
+    failover: Sequence[str | Mapping[str, Any] | Target],
+    known: frozenset[str],
+) -> dict[str, Any]:
+    """``LLM.defaults`` as a dict, refusing what latencykit or a target owns, after checking
+    the spelling of the failover targets' dicts (an error) and of the defaults (a warning)."""
+    found = dict(defaults or {})
+    for name in sorted(found.keys() & {*_RESERVED, *_TARGET_OWNED, "model", "stream"}):
+        raise ValueError(
+            f"LLM.defaults cannot set {name!r}: "
+            + (
+                "pass stream=True to acompletion() for the calls that stream"
+                if name == "stream"
+                else _RESERVED.get(name) or _TARGET_OWNED.get(name) or "pass LLM(model=...)"
+            )
+        )
+    for index, spec in enumerate(failover):
+        if isinstance(spec, Mapping):
+            _check_spelling(spec, known, f"LLM.failover[{index}]", error=True)
+    _check_spelling(found, known, "LLM.defaults", error=False)
+    return found
+
+
+def _recorder_for(hedge: Hedge | None, shared: SharedStore | None) -> Recorder:
+    """The LLM's record of every attempt: windows as long as an adaptive hedge asks (default
+    60 s, 1000 samples)."""
+    adaptive = hedge.delay if hedge is not None and isinstance(hedge.delay, Quantile) else None
+    if adaptive is None:
+        return Recorder(shared=shared)
+    return Recorder(window=adaptive.window, max_samples=adaptive.max_samples, shared=shared)
+
+
+def _targets(
+    primary: Target, failover: Sequence[str | Mapping[str, Any] | Target], timeout: float
+) -> tuple[Target, ...]:
+    """The primary, then the failover targets, each with a concrete attempt timeout (litellm's
+    client cache and the stream guard's defaults both need one), their names distinct."""
+    targets = tuple(
+        t if t.timeout is not None else t.replace(timeout=timeout)
+        for t in (
+            primary,
+            *(as_target(t, where=f"LLM.failover[{i}]") for i, t in enumerate(failover)),
+        )
+    )
+    keys = [t.key for t in targets]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"LLM targets must have distinct names, got {keys}")
+    return targets
+
+
+def _secrets_of(targets: Sequence[Target], degrade: Degrade | None) -> tuple[str, ...]:
+    """The keys an error message must never show."""
+    found = tuple(t.api_key for t in targets if t.api_key)
+    if degrade is not None and isinstance(degrade.overrides.get("api_key"), str):
+        found += (degrade.overrides["api_key"],)
+    return found
 
 
 class _TargetBreakers:

@@ -55,7 +55,7 @@ from ._context import (
     trace_var,
 )
 from .errors import LatencykitError, classify
-from .stream import ANY_ITEM, LazyStream, Stream
+from .stream import ChunkSource, LazyStream, Resume, Stream
 from .target import Target
 
 __all__ = [
@@ -114,17 +114,30 @@ class StreamLimits(Protocol):
     """The limits on a streaming call's attempts (``Call.stream``): a
     :class:`~latencykit.StreamGuard` (a policy, above the pipeline, which only needs this)."""
 
+    raise_truncated: bool
+    """Whether an answer cut at its output cap raises after its last chunk."""
+
     def limits(self, target: Target) -> tuple[float | None, float | None]:
         """``(first_token, stall)`` in seconds for an attempt on ``target`` (``None``: none)."""
+        ...
+
+    def resumer(self, call: Call, trace: Trace) -> Resume | None:
+        """What continues a broken stream of ``call`` (``None``: it is not continued)."""
         ...
 
 
 class _Unguarded:
     """A stream no guard bounds: its target's attempt timeout, as ``StreamGuard()`` gives."""
 
+    raise_truncated = False
+
     @staticmethod
     def limits(target: Target) -> tuple[float | None, float | None]:
         return target.timeout, target.timeout
+
+    @staticmethod
+    def resumer(call: Call, trace: Trace) -> None:
+        return None
 
 
 _UNGUARDED = _Unguarded()
@@ -432,10 +445,9 @@ async def _open_stream(
     # A source that did set-up of its own before its request (LLM's: litellm's first call of a
     # model, the loop's first HTTP client) says when it was ready (``ready_at``): the client's
     # set-up is not the provider's first-token time. The attempt's own start stays where it was.
-    ready_at = getattr(source, "ready_at", None)
+    ready_at = source.ready_at if isinstance(source, ChunkSource) else None
     stream: Stream[Any] = Stream(
         source,
-        reader=getattr(source, "chunk_reader", ANY_ITEM),
         first_token=first_token,
         stall=stall,
         deadline=deadline_var.get(),
@@ -443,6 +455,8 @@ async def _open_stream(
         target=call.target.key,
         trace=trace,
         attempt=number,
+        resume=guard.resumer(call, trace),
+        raise_truncated=guard.raise_truncated,
     )
     await stream.commit()
     return stream

@@ -35,11 +35,28 @@ from ._cancel import Watchdog, backend, loop_clock
 from ._response import Summary
 from ._response import summary as _summary
 from .chunks import OPENAI_CHUNKS, Node
+from .errors import (
+    AttemptTimeout,
+    DeadlineExceeded,
+    FirstTokenTimeout,
+    OutputTruncated,
+    StreamBroken,
+    StreamStalled,
+    is_transient,
+)
 
 if TYPE_CHECKING:
     from ._context import Trace
 
-__all__ = ["ChunkReader", "LazyStream", "Stream", "StreamOutcome"]
+__all__ = [
+    "NOTHING",
+    "ChunkReader",
+    "ChunkSource",
+    "LazyStream",
+    "SkipPrefix",
+    "Stream",
+    "StreamOutcome",
+]
 
 T = TypeVar("T")
 _Self = TypeVar("_Self", bound="_ClosedOnExit")
@@ -108,8 +125,95 @@ ANY_ITEM: ChunkReader = _AnyItem()
 CloseCallback = Callable[["Stream[Any]", StreamOutcome, "BaseException | None"], object]
 """``callback(stream, outcome, error)``, registered with :meth:`Stream.on_close`."""
 
-Recover = Callable[["Stream[Any]", Exception], Awaitable["AsyncIterator[Any] | None"]]
-"""``recover(broken, error)``: a source continuing ``broken`` (already committed), or ``None``."""
+Resume = Callable[["Stream[Any]", Exception], Awaitable["Stream[Any] | SkipPrefix | None"]]
+"""``resume(broken, error)``: a source continuing ``broken`` (already committed), or ``None``:
+what a stream is built with when a broken stream may be continued (the stream guard's
+``on_break="continue"``)."""
+
+
+NOTHING: Any = object()
+"""What :meth:`ChunkSource.buffered` returns when no item is buffered."""
+
+
+class ChunkSource:
+    """What a :class:`Stream` reads: an async iterator of chunks and what the stream may ask of
+    it. Each lane's source (and the asyncio bridge's) is one; any other async iterator is read
+    through a plain one (its items read by :data:`ANY_ITEM`).
+
+    A source is read without a coroutine frame of the stream's own per item: :meth:`pull` (the
+    next raw item; errors unwrapped), :meth:`wrap_error` (what such an error means), and
+    :meth:`buffered` (an item the source already holds, read without an await). Iterating a
+    source directly (``__anext__``) pulls and wraps.
+    """
+
+    __slots__ = ()
+    chunk_reader: ChunkReader = ANY_ITEM
+    """How its items are read (default :data:`ANY_ITEM`)."""
+    ready_at: float | None = None
+    """When it was ready to send its request, if set-up of its own came first (the loop's first
+    HTTP client, litellm's first call of a model): the attempt's first-token clock starts there
+    (default ``None``: the attempt's start)."""
+    guards_itself = False
+    """Whether it enforces its own limits (a :class:`Stream`): a stream reading it must not race
+    it with a timer of its own (default ``False``)."""
+    buffered_with_read = True
+    """Whether a :meth:`buffered` item arrived with the last read (the rest of one network
+    read: it carries that read's time) rather than on its own (a bridge's buffer: it arrives when
+    taken) (default ``True``)."""
+    skipped = 0
+    """Events it skipped because they did not parse (default ``0``)."""
+
+    def __aiter__(self) -> ChunkSource:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.pull()
+        except StopAsyncIteration:
+            raise
+        except Exception as exc:
+            raise self.wrap_error(exc) from exc
+
+    def pull(self) -> Awaitable[Any]:
+        """An awaitable of the next raw item (``StopAsyncIteration`` at the end)."""
+        raise NotImplementedError
+
+    def wrap_error(self, error: Exception) -> Exception:
+        """What ``error``, raised by :meth:`pull`, means to latencykit (default: itself)."""
+        return error
+
+    def buffered(self) -> Any:
+        """The next item the source already holds, read: ``(item, text, finish_reason)`` (see
+        :meth:`ChunkReader.read`), or :data:`NOTHING` (default): then :meth:`pull` reads on."""
+        return NOTHING
+
+    def end_error(self) -> Exception | None:
+        """Why it ended without the provider's finish when that is more than a cut (an answer
+        that is not an event stream); ``None`` (default): a cut."""
+        return None
+
+    async def aclose(self) -> None:
+        """Close it and its HTTP response (default: nothing to close)."""
+
+    def close_nowait(self) -> None:
+        """Schedule its close without waiting, from a finaliser (default: nothing)."""
+
+
+class _Iterated(ChunkSource):
+    """Any other async iterator, as a source."""
+
+    __slots__ = ("_iterator",)
+
+    def __init__(self, iterator: AsyncIterator[Any]) -> None:
+        self._iterator = iterator
+
+    def pull(self) -> Awaitable[Any]:
+        return self._iterator.__anext__()
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._iterator, "aclose", None)  # an async generator has one
+        if aclose is not None:
+            await aclose()
 
 
 class _ClosedOnExit:
@@ -130,7 +234,7 @@ class _ClosedOnExit:
         await self.aclose()
 
 
-class Stream(_ClosedOnExit, Generic[T]):
+class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
     """An async iterator of chunks with a lifetime: use ``async for``, ``async with``, and
     ``aclose()``.
 
@@ -144,6 +248,13 @@ class Stream(_ClosedOnExit, Generic[T]):
     deadline expires; each carries the text delivered so far (``partial_text``) and the attempt
     history. A stream is never ended silently short of its end.
 
+    The pipeline builds it over an attempt's source with the stream guard's limits and what the
+    guard decides for a break and for the end: ``resume`` (default ``None``: a break is raised)
+    continues a broken stream from another attempt (:data:`Resume`), and ``raise_truncated``
+    (default ``False``) makes an answer cut at its output cap raise
+    :class:`~latencykit.errors.OutputTruncated` after its last chunk. Nothing is set on a stream
+    after it is built.
+
     Attributes:
         target: the key of the target that is answering.
         outcome: ``"open"`` until the stream ends, then how it ended (:data:`StreamOutcome`).
@@ -155,13 +266,14 @@ class Stream(_ClosedOnExit, Generic[T]):
         output_tokens: output tokens the provider reported (``None`` until a usage chunk).
     """
 
-    guards_itself = True
-    """A stream enforces its own limits (what a stream reading it needs to know)."""
+    guards_itself = True  # a stream reading this one (a continuation) must not time it
 
     __slots__ = (
         "__weakref__",
+        "_batched",
         "_budget",
         "_buffer",
+        "_buffered",
         "_callbacks",
         "_committed",
         "_deadline",
@@ -172,17 +284,17 @@ class Stream(_ClosedOnExit, Generic[T]):
         "_last_at",
         "_live",
         "_now",
-        "_nowait",
         "_pieces",
         "_pull_next",
         "_read",
         "_read_at",
-        "_read_nowait",
         "_reader",
+        "_resume",
         "_scope",
         "_source",
         "_started",
         "_trace",
+        "_truncation",
         "_usage_item",
         "_watchdog",
         "_watchdog_of",
@@ -192,11 +304,8 @@ class Stream(_ClosedOnExit, Generic[T]):
         "error",
         "finish_reason",
         "first_token",
-        "on_finished",
         "outcome",
         "output_tokens",
-        "recover",
-        "report_info",
         "resumes",
         "stall",
         "target",
@@ -214,11 +323,12 @@ class Stream(_ClosedOnExit, Generic[T]):
         target: str = "",
         trace: Trace | None = None,
         attempt: int = 0,
+        resume: Resume | None = None,
+        raise_truncated: bool = False,
     ) -> None:
         loop = backend()
-        self._use(source)
         self._reader = reader
-        self._read = reader.read
+        self._use(source)
         self._now = _clock()
         self._scope = loop.scope
         self._watchdog_of = loop.watchdog
@@ -251,41 +361,35 @@ class Stream(_ClosedOnExit, Generic[T]):
         self.output_tokens: int | None = None
         self.outcome: StreamOutcome = "open"
         self.error: BaseException | None = None
-        self.recover: Recover | None = None
+        self._resume = resume
+        self._truncation = raise_truncated
         self.resumes = 0
-        self.report_info: Any = None  # set by the front that returned it (LLM: for report())
-        # Called once the stream finished (its last item read); what it raises, the reader
-        # gets in place of StopAsyncIteration (LLM: an answer cut at its output cap).
-        self.on_finished: Callable[[Stream[Any]], None] | None = None
 
     def _use(self, source: AsyncIterator[T]) -> None:
-        """Read from ``source`` (at the start, and when a recovery continues the stream).
-
-        A source may offer hooks that let the stream read it without a coroutine frame of its
-        own per item: ``pull()`` (an awaitable of the next raw item) and ``wrap_error(error)``
-        (what an error ``pull`` raised means); ``receive_nowait()`` (an item already buffered,
-        or ``_NOTHING``) for a source fed by another thread; and its ``chunk_reader``, which a
-        continuation's items are read with (at the start, the constructor's ``reader``).
-        """
+        """Read from ``source`` (at the start, and when a continuation goes on with the stream):
+        a :class:`ChunkSource`'s items are read with its ``chunk_reader``; any other async
+        iterator's with the constructor's ``reader``."""
+        if isinstance(source, ChunkSource):
+            self._reader = source.chunk_reader
+        else:
+            source = _Iterated(source)
         self._source = source
-        reader = getattr(source, "chunk_reader", None)
-        if reader is not None:
-            self._reader = reader
-            self._read = reader.read
+        self._read = self._reader.read
         # A continuation is itself a guarded Stream (stall, deadline): it ends itself, with
         # its attempt's outcome, and this stream must not race it with a timer of its own.
-        self._guarded = getattr(source, "guards_itself", False)
-        self._pull_next: Callable[[], Awaitable[T]] = getattr(source, "pull", source.__anext__)
-        self._wrap_error: Callable[[Exception], Exception] | None = getattr(
-            source, "wrap_error", None
-        )
-        self._nowait: Callable[[], Any] | None = getattr(source, "receive_nowait", None)
-        self._read_nowait: Callable[[], Any] | None = getattr(source, "read_nowait", None)
+        self._guarded = source.guards_itself
+        self._pull_next: Callable[[], Awaitable[T]] = source.pull
+        self._wrap_error = source.wrap_error
+        self._buffered: Callable[[], Any] = source.buffered
+        self._batched = source.buffered_with_read
+
+    def pull(self) -> Awaitable[T]:
+        """The next chunk (what ``__anext__`` returns): a stream is a source too."""
+        return self.__anext__()
 
     def _wrapped(self, error: Exception) -> Exception:
-        wrap = self._wrap_error
-        wrapped = error if wrap is None else wrap(error)
-        if type(wrapped) is _attempt_timeout() and wrapped.status_code is None:  # type: ignore[attr-defined]
+        wrapped = self._wrap_error(error)
+        if type(wrapped) is AttemptTimeout and wrapped.status_code is None:
             # The HTTP read timeout of a stream is the silence the guards watch for, whichever
             # fires first: before the first content chunk a first-token timeout, after it a stall.
             wrapped = self._silence(wrapped)
@@ -294,8 +398,6 @@ class Stream(_ClosedOnExit, Generic[T]):
         return wrapped
 
     def _silence(self, timeout: Exception) -> Exception:
-        from .errors import FirstTokenTimeout, StreamStalled
-
         quiet = self._now() - self._last_at
         if not self._committed:
             return FirstTokenTimeout(
@@ -311,16 +413,21 @@ class Stream(_ClosedOnExit, Generic[T]):
         return f"<latencykit.Stream {self.target!r} {self.outcome}, {self.chunks} chunks>"
 
     @property
-    def chunk_reader(self) -> ChunkReader:
+    def trace(self) -> Trace | None:
+        """The trace of the call this stream answers (``None``: none, outside a pipeline)."""
+        return self._trace
+
+    @property
+    def chunk_reader(self) -> ChunkReader:  # type: ignore[override]
         """How this stream's items are read (a stream reading this one reads them the same
         way: a continuation)."""
         return self._reader
 
     @property
-    def skipped(self) -> int:
+    def skipped(self) -> int:  # type: ignore[override]
         """Events the source skipped because they did not parse (the fast lane's SSE reader
         skips and counts them; through litellm a malformed event breaks the stream: ``0``)."""
-        return int(getattr(self._source, "malformed", 0))
+        return self._source.skipped
 
     # --- what the stream measured -------------------------------------------------------------
 
@@ -442,12 +549,9 @@ class Stream(_ClosedOnExit, Generic[T]):
         self._buffer.clear()
         if self._watchdog is not None:
             self._watchdog.close()
-        aclose = getattr(self._source, "aclose", None)
-        if aclose is None:
-            return
         with self._scope(shield=True, deadline=self._now() + _CLOSE_GRACE):
             try:
-                await aclose()
+                await self._source.aclose()
             except Exception:
                 logger.debug("latencykit: closing a stream's source failed", exc_info=True)
 
@@ -474,12 +578,10 @@ class Stream(_ClosedOnExit, Generic[T]):
             source=self,
             stacklevel=1,
         )
-        close_nowait = getattr(self._source, "close_nowait", None)
-        if close_nowait is not None:
-            try:
-                close_nowait()
-            except Exception:
-                logger.debug("latencykit: closing an abandoned stream failed", exc_info=True)
+        try:
+            self._source.close_nowait()
+        except Exception:
+            logger.debug("latencykit: closing an abandoned stream failed", exc_info=True)
         self._settle("abandoned", None)
 
     # --- reading ---------------------------------------------------------------------------------
@@ -487,14 +589,22 @@ class Stream(_ClosedOnExit, Generic[T]):
     def __aiter__(self) -> Stream[T]:
         return self
 
-    async def _pull(self, limit: float) -> T:
-        """The source's next item, waiting until ``limit`` at most (``_Expired`` after)."""
-        nowait = self._nowait
-        if nowait is not None:  # take what the source has buffered without a timer
-            item = nowait()
-            if item is not _NOTHING:
-                return item  # type: ignore[no-any-return]
-        return await self._wait(limit)
+    async def _take(self, limit: float) -> tuple[Any, str | None, str | None, float]:
+        """The source's next item, read, and when it arrived; waiting until ``limit`` at most
+        (``_Expired`` after) unless the source holds one already."""
+        read = self._buffered()
+        if read is not NOTHING:
+            item, text, finish = read
+            return item, text, finish, self._read_at if self._batched else self._arrived()
+        item = await self._wait(limit)
+        now = self._read_at = self._now()
+        text, finish = self._read(item)
+        return item, text, finish, now
+
+    def _arrived(self) -> float:
+        """An item arrived on its own (a bridge's buffer): it arrives when taken, now."""
+        now = self._read_at = self._now()
+        return now
 
     async def _wait(self, limit: float) -> T:
         """Wait for the source's next item until ``limit`` at most (``_Expired`` after)."""
@@ -561,34 +671,10 @@ class Stream(_ClosedOnExit, Generic[T]):
         if self._committed:
             return
         limit = math.inf if self.first_token is None else self._started + self.first_token
-        if within_deadline:
-            limit = min(limit, self._deadline)
         try:
-            while True:
-                try:
-                    item = await self._pull(limit)
-                except StopAsyncIteration:
-                    self._check_complete()
-                    break
-                except _Expired:
-                    raise
-                except Exception as exc:
-                    raise self._wrapped(exc)  # noqa: B904 (the cause is set when wrapped)
-                now = self._read_at = self._now()
-                content = self._observe(item, *self._read(item), now)
-                self._buffer.append(item)
-                if content:
-                    break
+            await self._read_to_content(min(limit, self._deadline) if within_deadline else limit)
         except _Expired:
-            from .errors import FirstTokenTimeout
-
-            error: BaseException = (
-                self._expired_error()
-                if self._now() >= self._deadline
-                else FirstTokenTimeout(
-                    f"no content chunk within {self.first_token:g}s", target=self.target
-                )
-            )
+            error = self._expired_error()
             await self._end("error", error)
             raise error from None
         except Exception as exc:
@@ -606,16 +692,31 @@ class Stream(_ClosedOnExit, Generic[T]):
                 )
             )
 
+    async def _read_to_content(self, limit: float) -> None:
+        """Read, keeping the items for the consumer, until a content chunk or the end of the
+        stream; raises what the source raised (wrapped), ``_Expired`` past ``limit``."""
+        while True:
+            try:
+                item, text, finish, now = await self._take(limit)
+            except StopAsyncIteration:
+                self._check_complete()
+                return
+            except _Expired:
+                raise
+            except Exception as exc:
+                raise self._wrapped(exc)  # noqa: B904 (the cause is set when wrapped)
+            self._buffer.append(item)
+            if self._observe(item, text, finish, now):
+                return
+
     def _call_id(self) -> int:
         return 0 if self._trace is None else self._trace.call_id
 
     def _check_complete(self) -> None:
         if self._reader.requires_finish and self.finish_reason is None:
-            from .errors import StreamBroken
-
-            end_error = getattr(self._source, "end_error", None)
-            if end_error is not None and (error := end_error()) is not None:
-                raise error
+            end_error = self._source.end_error()
+            if end_error is not None:
+                raise end_error
             raise StreamBroken(
                 "the stream ended without a finish_reason: the connection was cut",
                 target=self.target,
@@ -625,51 +726,34 @@ class Stream(_ClosedOnExit, Generic[T]):
     async def __anext__(self) -> T:
         # The per-chunk path of a committed stream is kept short: it is paid on every chunk.
         if self._buffer or not self._live:
-            if self._buffer:
-                return self._buffer.popleft()
-            if self.outcome != "open":
-                raise StopAsyncIteration
-            await self.commit(within_deadline=True)  # a lazily started stream (guard_stream)
-            return await self.__anext__()
-        read_nowait = self._read_nowait
+            return await self._next_uncommitted()
         try:
-            # An item the source already holds (the rest of a network read) is taken without
-            # a timer or an await: it arrived with that read, so it carries the read's time.
-            read = _NOTHING if read_nowait is None else read_nowait()
-            if read is not _NOTHING:
+            # An item the source already holds is taken without a timer or an await.
+            read = self._buffered()
+            if read is not NOTHING:
                 item, text, finish = read
-                now = self._read_at
+                now = self._read_at if self._batched else self._arrived()
             else:
-                nowait = self._nowait  # a bridge's buffer: items that arrived one by one
-                item = _NOTHING if nowait is None else nowait()
-                if item is _NOTHING:
-                    limit = self._limit()
-                    watchdog = self._watchdog
-                    if watchdog is not None:
-                        # asyncio: the per-stream timer around the source's own awaitable,
-                        # without a coroutine frame of ours (Watchdog.wait, unrolled).
-                        task = watchdog.arm(limit)
-                        try:
-                            item = await self._pull_next()
-                        except BaseException as exc:
-                            watchdog.raised(task, exc)
-                            raise
-                        watchdog.returned(task)
-                    elif limit == math.inf:
+                limit = self._limit()
+                watchdog = self._watchdog
+                if watchdog is not None:
+                    # asyncio: the per-stream timer around the source's own awaitable,
+                    # without a coroutine frame of ours (Watchdog.wait, unrolled).
+                    task = watchdog.arm(limit)
+                    try:
                         item = await self._pull_next()
-                    else:
-                        item = await self._wait(limit)
+                    except BaseException as exc:
+                        watchdog.raised(task, exc)
+                        raise
+                    watchdog.returned(task)
+                elif limit == math.inf:
+                    item = await self._pull_next()
+                else:
+                    item = await self._wait(limit)
                 now = self._read_at = self._now()
                 text, finish = self._read(item)
         except StopAsyncIteration:
-            try:
-                self._check_complete()
-            except Exception as exc:
-                return await self._broken(exc)
-            await self._end("ok", None)
-            if self.on_finished is not None:
-                self.on_finished(self)
-            raise
+            return await self._ended()
         except _Expired:
             return await self._broken(self._expired_error())
         except Exception as exc:
@@ -683,16 +767,36 @@ class Stream(_ClosedOnExit, Generic[T]):
             self._last_at = now
             self.chunks += 1
             self._pieces.append(text)
-            return item  # type: ignore[no-any-return]
-        try:
+        else:
             self._observe(item, text, finish, now)
-        except Exception as exc:  # a finish the provider never sent
-            return await self._broken(exc)
         return item  # type: ignore[no-any-return]
 
-    def _expired_error(self) -> Exception:
-        from .errors import DeadlineExceeded, StreamStalled
+    async def _next_uncommitted(self) -> T:
+        """The next item of a stream that is not open and committed: the chunks kept at
+        commit, the end, or (a lazily started stream: guard_stream) its commit first."""
+        if self._buffer:
+            return self._buffer.popleft()
+        if self.outcome != "open":
+            raise StopAsyncIteration
+        await self.commit(within_deadline=True)
+        return await self.__anext__()
 
+    async def _ended(self) -> T:
+        """The source ended: the stream is complete unless it was cut. An answer stopped at
+        its output cap raises :class:`~latencykit.errors.OutputTruncated` after its last
+        chunk when the stream was built with ``raise_truncated``."""
+        try:
+            self._check_complete()
+        except Exception as exc:
+            return await self._broken(exc)
+        await self._end("ok", None)
+        if self._truncation and self.finish_reason == "length":
+            raise OutputTruncated(None, self.partial_text, max_tokens=None, budget_capped=False)
+        raise StopAsyncIteration
+
+    def _expired_error(self) -> Exception:
+        """What a wait past its limit means: the deadline expired, else the first content
+        chunk is late (before the commit) or the stream stalled (after it)."""
         now = self._now()
         if now >= self._deadline:
             if events.listening():
@@ -701,8 +805,11 @@ class Stream(_ClosedOnExit, Generic[T]):
                         self._call_id(), budget=self._budget, elapsed=now - self._started
                     )
                 )
-            error: Exception = DeadlineExceeded(self._budget, now - self._started)
-            return error
+            return DeadlineExceeded(self._budget, now - self._started)
+        if not self._committed:
+            return FirstTokenTimeout(
+                f"no content chunk within {self.first_token:g}s", target=self.target
+            )
         if events.listening():
             events.emit(
                 events.StallDetected(
@@ -721,22 +828,21 @@ class Stream(_ClosedOnExit, Generic[T]):
 
     async def _broken(self, error: Exception) -> T:
         """The stream broke after commit: continue it from another attempt if it may (a
-        ``recover`` hook is set and the break is transient), else end it and raise ``error``
+        ``resume`` was given and the break is transient), else end it and raise ``error``
         with the partial answer attached."""
-        recover = self.recover
-        if recover is not None and _recoverable(error) and self.outcome == "open":
+        resume = self._resume
+        if resume is not None and _recoverable(error) and self.outcome == "open":
             await self._release()
             self._settle_attempt(error)
             try:
-                source = await recover(self, error)
+                source = await resume(self, error)
             except Exception as failed:
                 # The continuation failed too: the original break is what the consumer sees.
                 source = None
                 error.__context__ = failed
             if source is not None:
                 self.resumes += 1
-                self.target = getattr(source, "target", self.target)
-                self.attempt = getattr(source, "attempt", self.attempt)
+                self.target, self.attempt = source.target, source.attempt
                 self._use(source)
                 self._moved(self._now())
                 return await self.__anext__()
@@ -745,15 +851,7 @@ class Stream(_ClosedOnExit, Generic[T]):
         raise error
 
 
-def _attempt_timeout() -> type[Exception]:
-    from .errors import AttemptTimeout
-
-    return AttemptTimeout
-
-
 def _recoverable(error: Exception) -> bool:
-    from .errors import DeadlineExceeded, is_transient
-
     return (
         is_transient(error)
         and not isinstance(error, DeadlineExceeded)
@@ -784,12 +882,57 @@ def _clock() -> Callable[[], float]:
     return now
 
 
-class _NothingType:
-    __slots__ = ()
+class SkipPrefix(ChunkSource):
+    """A regenerated answer with the text already delivered skipped: what continues a broken
+    stream on a target that cannot take an assistant prefill.
 
+    The regeneration must repeat ``prefix`` exactly; its chunks inside the prefix are dropped,
+    the one across its end is cut to what is new. If it says anything else, it raises
+    :class:`~latencykit.StreamBroken` with ``reason="recovery_diverged"``: two different
+    answers are never spliced.
+    """
 
-_NOTHING: Any = _NothingType()
-"""What a bridged source's ``receive_nowait()`` returns when no item is buffered."""
+    __slots__ = ("_rest", "_stream", "attempt", "target")
+    guards_itself = True  # the regenerated stream does
+
+    def __init__(self, stream: Stream[Any], prefix: str) -> None:
+        self._stream = stream
+        self._rest = prefix
+        self.target = stream.target
+        self.attempt = stream.attempt
+
+    @property
+    def chunk_reader(self) -> ChunkReader:  # type: ignore[override]
+        """The regenerated stream's reader."""
+        return self._stream.chunk_reader
+
+    async def pull(self) -> Any:
+        """The regenerated stream's next chunk past the prefix."""
+        read = self._stream.chunk_reader.read
+        while True:
+            chunk = await self._stream.__anext__()
+            rest = self._rest
+            if not rest:
+                return chunk
+            text, finish = read(chunk)
+            if text is None and finish is None:
+                continue  # a role-only or empty chunk: the consumer has had one
+            if not text or not rest.startswith(text[: len(rest)]):
+                raise StreamBroken(
+                    "the regenerated answer does not repeat the text already delivered",
+                    target=self.target,
+                    reason="recovery_diverged",
+                )
+            if len(text) <= len(rest):
+                self._rest = rest[len(text) :]
+                continue
+            self._rest = ""
+            chunk.choices[0].delta.content = text[len(rest) :]
+            return chunk
+
+    async def aclose(self) -> None:
+        """Close the regenerated stream."""
+        await self._stream.aclose()
 
 
 class LazyStream(_ClosedOnExit, Generic[T]):

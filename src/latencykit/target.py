@@ -25,16 +25,6 @@ from .errors import scrub
 
 __all__ = ["Endpoint", "Target", "as_target"]
 
-_OWN_KEYS = (
-    "model",
-    "name",
-    "api_base",
-    "api_key",
-    "timeout",
-    "context_window",
-    "capabilities",
-    "transport",
-)
 TRANSPORTS = ("litellm", "openai")
 _FORBIDDEN = {"max_retries", "num_retries", "stream", "messages"}
 
@@ -87,41 +77,25 @@ class Target:
             raise ValueError(
                 f"target.transport must be one of {list(TRANSPORTS)}, got {self.transport!r}"
             )
-        if not isinstance(self.model, str):
-            raise TypeError(f"target.model must be a model string, got {self.model!r}")
-        if not isinstance(self.name, str):
-            raise TypeError(f"target.name must be a string, got {self.name!r}")
+        _validation.instance("target.model", self.model, str, "a model string")
+        _validation.instance("target.name", self.name, str, "a string")
         if not self.name:
             if not self.model:
                 raise ValueError("a target needs a model or a name")
             object.__setattr__(self, "name", self.model)
-        if self.api_base is not None and (not isinstance(self.api_base, str) or not self.api_base):
-            raise ValueError(f"target.api_base must be a non-empty URL, got {self.api_base!r}")
+        if self.api_base is not None:
+            _validation.text("target.api_base", self.api_base, "URL")
         if self.api_key is not None and not isinstance(self.api_key, str):
-            raise TypeError("target.api_key must be a string")
+            raise TypeError("target.api_key must be a string")  # not shown: it is a secret
         if self.transport == "openai":
             _check_fast_lane(self.model, self.api_base)
         if self.timeout is not None:
             object.__setattr__(self, "timeout", _validation.seconds("target.timeout", self.timeout))
-        window = self.context_window
-        if window is not None and (
-            isinstance(window, bool) or not isinstance(window, int) or window < 1
-        ):
-            raise ValueError(f"target.context_window must be a positive int, got {window!r}")
-        if isinstance(self.capabilities, str):
-            raise TypeError(
-                f"target.capabilities must be a set of tags, e.g. {{{self.capabilities!r}}}"
-            )
-        object.__setattr__(self, "capabilities", frozenset(self.capabilities))
-        if not isinstance(self.arguments, Mapping):
-            raise TypeError(f"target.arguments must be a mapping, got {self.arguments!r}")
-        bad = sorted(set(self.arguments) & (_FORBIDDEN | set(_OWN_KEYS)))
-        if bad:
-            raise ValueError(
-                f"target {self.name!r} cannot set {bad[0]!r} in arguments: "
-                + ("latencykit owns it" if bad[0] in _FORBIDDEN else "it is a Target field")
-            )
-        object.__setattr__(self, "arguments", MappingProxyType(dict(self.arguments)))
+        if self.context_window is not None:
+            _validation.count("target.context_window", self.context_window)
+        tags = _validation.tags("target.capabilities", self.capabilities)
+        object.__setattr__(self, "capabilities", tags)
+        object.__setattr__(self, "arguments", _own_arguments(self.name, self.arguments))
 
     def __repr__(self) -> str:
         # The dataclass's repr (without api_key), with the credentials of api_base hidden.
@@ -173,6 +147,22 @@ class Target:
             arguments["api_key"] = self.api_key
         arguments["timeout"] = self.timeout if self.timeout is not None else default_timeout
         return arguments
+
+
+# A target's own fields, which its ``arguments`` (other litellm arguments) cannot set.
+_OWN_KEYS = tuple(f.name for f in dataclasses.fields(Target) if f.name != "arguments")
+
+
+def _own_arguments(name: str, arguments: object) -> Mapping[str, Any]:
+    """A target's other litellm arguments, read-only (none that latencykit or a field owns)."""
+    found = _validation.mapping("target.arguments", arguments)
+    bad = sorted(set(found) & (_FORBIDDEN | set(_OWN_KEYS)))
+    if bad:
+        raise ValueError(
+            f"target {name!r} cannot set {bad[0]!r} in arguments: "
+            + ("latencykit owns it" if bad[0] in _FORBIDDEN else "it is a Target field")
+        )
+    return MappingProxyType(dict(found))
 
 
 _CREDENTIALS = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://)[^/?#]*@")
@@ -274,15 +264,11 @@ def as_target(spec: object, *, where: str = "target") -> Target:
     if isinstance(spec, Target):
         return spec
     if isinstance(spec, str):
-        if not spec:
-            raise ValueError(f"{where} must be a non-empty model string")
-        return Target(spec)
+        return Target(_validation.text(where, spec, "model string"))
     if isinstance(spec, Mapping):
         if "model" not in spec:
             raise ValueError(f"{where} needs a 'model', got keys {sorted(spec)}")
         own = {k: spec[k] for k in _OWN_KEYS if k in spec}
-        if "capabilities" in own and not isinstance(own["capabilities"], str):
-            own["capabilities"] = frozenset(own["capabilities"])
         extra = {k: v for k, v in spec.items() if k not in _OWN_KEYS}
         try:
             return Target(**own, arguments=extra)

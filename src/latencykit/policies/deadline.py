@@ -166,10 +166,20 @@ class DeadlineScope:
 
 
 class Deadline(PolicyDecorator):
-    """A total latency budget: a policy, a decorator, and a (sync) context manager.
+    """A total latency budget of ``seconds`` (float or ``timedelta``; no default: required): a
+    policy, a decorator and a (sync) context manager (``lk.deadline`` is this class).
 
-    Create it with :func:`deadline`. As a context manager it behaves like
-    ``anyio.fail_after``: enter it inside a task; each ``with`` block gets a fresh budget.
+    Use it as a decorator (``@lk.deadline(3.0)``), as a context manager
+    (``with lk.deadline(3.0):``, inside a task, like ``anyio.fail_after``) or as a policy in
+    :func:`~latencykit.compose`. Nested deadlines take the minimum; :func:`~latencykit.remaining`
+    tells the seconds left. On expiry everything inside is cancelled (structured cancellation:
+    in-flight HTTP requests are closed) and :class:`~latencykit.DeadlineExceeded` (a
+    ``TimeoutError``) is raised, naming the budget and the elapsed time and carrying the attempt
+    history. Each ``with`` block gets a fresh budget.
+
+    Raises:
+        ValueError: ``seconds`` is not positive and finite.
+        TypeError: ``seconds`` is not a number or ``timedelta``.
     """
 
     stage = Stage.DEADLINE
@@ -199,19 +209,5 @@ class Deadline(PolicyDecorator):
         return self._active.pop().__exit__(exc_type, exc, tb)
 
 
-def deadline(seconds: float | datetime.timedelta) -> Deadline:
-    """A total latency budget of ``seconds`` (float or ``timedelta``; no default: required).
-
-    Use it as a decorator (``@lk.deadline(3.0)``), as a context manager
-    (``with lk.deadline(3.0):``, inside a task, like ``anyio.fail_after``) or as a policy in
-    :func:`~latencykit.compose`. Nested deadlines take the minimum; :func:`~latencykit.remaining`
-    tells the seconds left. On expiry everything inside is cancelled (structured cancellation:
-    in-flight HTTP requests are closed) and :class:`~latencykit.DeadlineExceeded` (a
-    ``TimeoutError``) is raised, naming the budget and the elapsed time and carrying the attempt
-    history.
-
-    Raises:
-        ValueError: ``seconds`` is not positive and finite.
-        TypeError: ``seconds`` is not a number or ``timedelta``.
-    """
-    return Deadline(seconds)
+deadline = Deadline
+"""The same class: ``@lk.deadline(3.0)`` and ``with lk.deadline(3.0):`` read as they act."""

@@ -70,8 +70,24 @@ class Route:
 
 
 class Failover(PolicyDecorator):
-    """The failover policy: :func:`failover` (same arguments) and ``LLM(failover=[...])``
-    build it; see :func:`failover` for the arguments and their defaults."""
+    """Call the decorated function; when it fails with a transient error, call each alternative
+    (same arguments) in order until one answers: a policy and a decorator (``lk.failover`` is
+    this class; ``LLM(failover=[...])`` builds one).
+
+    Args:
+        alternatives: async callables taking the decorated function's arguments, tried after
+            it; or :class:`Route` objects, the first of which is the primary (what
+            ``LLM(failover=[...])`` builds: a route per target).
+        on: errors that move on to the next alternative (default ``None``: transient errors;
+            a context-length error only to a route with a larger context window). Other
+            errors are raised at once.
+        is_open: ``is_open(name)`` tells whether a route's breaker refuses calls now (default
+            ``None``: never); those routes are skipped without a request.
+        passthrough: a call addressed to none of the routes (a degraded call, say) goes
+            through untouched (default ``False``: it starts at the first route).
+
+    When every alternative fails, the first (primary) error is raised with the others attached.
+    """
 
     stage = Stage.FAILOVER
     __slots__ = ("_handles", "is_open", "passthrough", "routes")
@@ -117,50 +133,73 @@ class Failover(PolicyDecorator):
         skipped_open: list[str] = []
         previous: str | None = None
         for index, route in enumerate(routes):
-            window = route.target.context_window
-            if smaller_than is not None and not (window is not None and window > smaller_than):
-                self._event(route.name, previous, "context_window")
-                continue
-            if self.is_open is not None and self.is_open(route.name):
-                skipped_open.append(route.name)
-                self._event(route.name, previous, "breaker_open")
+            skipped = self._skipped(route, smaller_than)
+            if skipped is not None:
+                skipped_open += [route.name] if skipped == "breaker_open" else []
+                self._event(route.name, previous, skipped)
                 continue
             if previous is not None:
                 self._event(route.name, previous, None)
-            reason = reason_var.set("failover") if index else None
             try:
-                share = self._share(routes[index + 1 :])
-                if share is None:
-                    return await next(route.call(call))
-                loop = backend()
-                with loop.scope(deadline=loop.now() + share):
-                    return await next(route.call(call))
-                raise AttemptTimeout(
-                    f"no answer within its share of the deadline ({share:.3f}s): "
-                    "the targets after it need the rest",
-                    target=route.name,
-                )
+                return await self._within_share(route, call, next, routes[index + 1 :], index)
             except Exception as exc:
                 errors.append(exc)
                 previous = route.name
-                kind = classify(exc)
-                if kind is ErrorKind.CONTEXT_LENGTH:
-                    if window is None:
-                        break  # unknown window: nothing is known to be larger
-                    smaller_than = window
-                    continue
-                if kind is ErrorKind.NOT_FOUND:
-                    continue  # the model may exist on another target
-                if not self._handles(exc):
-                    attach_others(exc, errors[:-1])
-                    raise
-            finally:
-                if reason is not None:
-                    reason_var.reset(reason)
+                smaller_than = self._judged(exc, route, errors, smaller_than)
+                if smaller_than == _STOP:
+                    break
         if not errors:
             raise CircuitOpen.all_open(skipped_open)
         attach_others(errors[0], errors[1:])
         raise errors[0]
+
+    def _judged(
+        self, exc: Exception, route: Route, errors: list[Exception], smaller_than: int | None
+    ) -> int | None:
+        """After ``route`` failed with ``exc`` (the last of ``errors``): the context window a
+        later route must beat, ``_STOP`` when none can (a context-length error on an unknown
+        window); raises ``exc`` when it is not failed over."""
+        if classify(exc) is ErrorKind.CONTEXT_LENGTH:
+            window = route.target.context_window
+            return _STOP if window is None else window
+        if classify(exc) is not ErrorKind.NOT_FOUND and not self._handles(exc):
+            attach_others(exc, errors[:-1])  # NOT_FOUND: the model may exist on another
+            raise exc
+        return smaller_than
+
+    def _skipped(
+        self, route: Route, smaller_than: int | None
+    ) -> Literal["breaker_open", "context_window"] | None:
+        """Why ``route`` is passed over without a request, if it is."""
+        window = route.target.context_window
+        if smaller_than is not None and (window is None or window <= smaller_than):
+            return "context_window"
+        if self.is_open is not None and self.is_open(route.name):
+            return "breaker_open"
+        return None
+
+    async def _within_share(
+        self, route: Route, call: Call, next: Next, later: Sequence[Route], index: int
+    ) -> Any:
+        """The call on ``route``, the ``index``-th tried (``0``: the first; later ones are
+        failovers), within its share of the deadline, ``later`` routes to come (see
+        :meth:`_share`)."""
+        reason = reason_var.set("failover") if index else None
+        try:
+            share = self._share(later)
+            if share is None:
+                return await next(route.call(call))
+            loop = backend()
+            with loop.scope(deadline=loop.now() + share):
+                return await next(route.call(call))
+            raise AttemptTimeout(
+                f"no answer within its share of the deadline ({share:.3f}s): "
+                "the targets after it need the rest",
+                target=route.name,
+            )
+        finally:
+            if reason is not None:
+                reason_var.reset(reason)
 
     def _share(self, later: Sequence[Route]) -> float | None:
         """The most a route may take when routes follow it and a deadline bounds the call:
@@ -192,30 +231,8 @@ class Failover(PolicyDecorator):
             events.emit(events.TargetSkipped(call_id, target=to, reason=skipped))
 
 
-def failover(
-    *alternatives: Callable[..., Awaitable[Any]] | Route,
-    on: ErrorFilter | None = None,
-    is_open: Callable[[str], bool] | None = None,
-    passthrough: bool = False,
-) -> Failover:
-    """Call the decorated function; when it fails with a transient error, call each alternative
-    (same arguments) in order until one answers.
-
-    Args:
-        alternatives: async callables taking the decorated function's arguments, tried after
-            it; or :class:`Route` objects, the first of which is the primary (what
-            ``LLM(failover=[...])`` builds: a route per target).
-        on: errors that move on to the next alternative (default ``None``: transient errors;
-            a context-length error only to a route with a larger context window). Other
-            errors are raised at once.
-        is_open: ``is_open(name)`` tells whether a route's breaker refuses calls now (default
-            ``None``: never); those routes are skipped without a request.
-        passthrough: a call addressed to none of the routes (a degraded call, say) goes
-            through untouched (default ``False``: it starts at the first route).
-
-    When every alternative fails, the first (primary) error is raised with the others attached.
-    """
-    return Failover(*alternatives, on=on, is_open=is_open, passthrough=passthrough)
+failover = Failover
+"""The same class: ``@lk.failover(backup)`` reads as the decorator it is."""
 
 
 def _routes(alternatives: Sequence[Callable[..., Awaitable[Any]] | Route]) -> list[Route]:
@@ -235,6 +252,7 @@ def _routes(alternatives: Sequence[Callable[..., Awaitable[Any]] | Route]) -> li
     return routes
 
 
+_STOP = -1  # see Failover._judged
 _ANY = Target(name="<the decorated function>")
 
 

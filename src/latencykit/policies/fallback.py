@@ -82,8 +82,26 @@ def _alternative(alternative: object) -> Alternative:
 
 
 class Fallback(PolicyDecorator):
-    """The fallback policy: :func:`fallback` (same arguments) and ``lk.Degrade`` in ``LLM``
-    build it; see :func:`fallback` for the arguments and their defaults."""
+    """Answer from ``alternative`` when the primary is too slow or fails: a policy and a decorator
+    (``lk.fallback`` is this class; ``lk.Degrade`` in ``LLM`` builds one).
+
+    Args:
+        alternative: a callable (sync or async) called as
+            ``alternative(reason, *args, **kwargs)``, with the :class:`FallbackReason` first and
+            then the primary's own arguments; or any non-callable value, returned as is; or a
+            :class:`Reroute`, which goes on through the rest of the pipeline.
+        after: seconds (or ``timedelta``) to give the primary before cancelling it and switching
+            to the alternative. Default ``None``: no timer, switch on errors only. Must be
+            shorter than an enclosing :class:`~latencykit.deadline` of the same pipeline; when
+            the budget that encloses a call (any deadline, however set) is shorter than
+            ``after``, the primary gets half of what is left and the alternative the rest.
+        on: which primary errors switch to the alternative: exception type(s) or a predicate.
+            Default ``None``: transient errors (:func:`~latencykit.errors.is_transient`: rate
+            limits, 5xx, connection errors, timeouts). Errors not handled propagate unchanged.
+
+    If the alternative raises too, :class:`~latencykit.FallbackFailed` carries both errors.
+    Cancellation from outside (an enclosing deadline) is never treated as an error.
+    """
 
     stage = Stage.FALLBACK
     __slots__ = ("_alternative", "_handles", "after", "on")
@@ -177,29 +195,5 @@ class Fallback(PolicyDecorator):
             reason_var.reset(why)
 
 
-def fallback(
-    alternative: Callable[..., Any] | Reroute | object,
-    *,
-    after: float | datetime.timedelta | None = None,
-    on: ErrorFilter | None = None,
-) -> Fallback:
-    """Answer from ``alternative`` when the primary is too slow or fails.
-
-    Args:
-        alternative: a callable (sync or async) called as
-            ``alternative(reason, *args, **kwargs)``, with the :class:`FallbackReason` first and
-            then the primary's own arguments; or any non-callable value, returned as is; or a
-            :class:`Reroute`, which goes on through the rest of the pipeline.
-        after: seconds (or ``timedelta``) to give the primary before cancelling it and switching
-            to the alternative. Default ``None``: no timer, switch on errors only. Must be
-            shorter than an enclosing :func:`~latencykit.deadline` of the same pipeline; when
-            the budget that encloses a call (any deadline, however set) is shorter than
-            ``after``, the primary gets half of what is left and the alternative the rest.
-        on: which primary errors switch to the alternative: exception type(s) or a predicate.
-            Default ``None``: transient errors (:func:`~latencykit.errors.is_transient`: rate
-            limits, 5xx, connection errors, timeouts). Errors not handled propagate unchanged.
-
-    If the alternative raises too, :class:`~latencykit.FallbackFailed` carries both errors.
-    Cancellation from outside (an enclosing deadline) is never treated as an error.
-    """
-    return Fallback(alternative, after=after, on=on)
+fallback = Fallback
+"""The same class: ``@lk.fallback(cheap, after=2.0)`` reads as the decorator it is."""

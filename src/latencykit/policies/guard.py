@@ -10,16 +10,20 @@ clock: only content does.
 
 from __future__ import annotations
 
+import contextvars
+import copy
 import datetime
+import functools
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeVar
 
-from .. import _validation
-from .._cancel import now
-from .._context import deadline_var, trace_var
+from .. import _validation, events
+from .._cancel import backend, now
+from .._context import Trace, deadline_var, trace_var
+from ..errors import ErrorKind, classify, is_transient
 from ..pipeline import Call, Next, PolicyDecorator, Stage
-from ..stream import ANY_ITEM, ChunkReader, Stream
+from ..stream import ANY_ITEM, ChunkReader, Resume, SkipPrefix, Stream
 from ..target import Target
 
 __all__ = ["OnBreak", "StreamGuard", "guard_stream", "stream_guard"]
@@ -28,6 +32,12 @@ OnBreak = Literal["raise", "continue"]
 """What a stream does when it breaks after its first content chunk (see :class:`StreamGuard`)."""
 
 T = TypeVar("T")
+
+_continuing: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "latencykit_continuing", default=False
+)
+"""Set while a broken stream's continuation opens: the stream it opens is not continued itself
+(the stream it continues is)."""
 
 
 class StreamGuard(PolicyDecorator):
@@ -58,7 +68,16 @@ class StreamGuard(PolicyDecorator):
     """
 
     stage = Stage.ATTEMPT
-    __slots__ = ("first_token", "max_resumes", "on_break", "stall")
+    __slots__ = (
+        "_attempt_on",
+        "_run",
+        "_targets",
+        "first_token",
+        "max_resumes",
+        "on_break",
+        "raise_truncated",
+        "stall",
+    )
 
     def __init__(
         self,
@@ -82,6 +101,94 @@ class StreamGuard(PolicyDecorator):
         if isinstance(max_resumes, bool) or not isinstance(max_resumes, int) or max_resumes < 0:
             raise ValueError(f"StreamGuard.max_resumes must be an int >= 0, got {max_resumes!r}")
         self.max_resumes = max_resumes
+        self.raise_truncated = False
+        self._targets: Sequence[Target] = ()  # what bound() gives: see there
+        self._attempt_on: Callable[[Target], Callable[..., Any]] | None = None
+        self._run: Callable[[Call, Trace], Awaitable[Any]] | None = None
+
+    def bound(
+        self,
+        targets: Sequence[Target],
+        attempt_on: Callable[[Target], Callable[..., Any]],
+        run: Callable[[Call, Trace], Awaitable[Any]],
+        *,
+        raise_truncated: bool,
+    ) -> StreamGuard:
+        """This guard, for the calls of one front (:class:`~latencykit.LLM`): with
+        ``on_break="continue"`` a broken stream goes on from ``targets`` (in failover order),
+        whose streaming attempt ``attempt_on(target)`` makes, each run by ``run(call, trace)``
+        (the per-target policies, within the call's trace); ``raise_truncated``: an answer cut
+        at its output cap raises :class:`~latencykit.errors.OutputTruncated` after its last
+        chunk."""
+        guard = copy.copy(self)
+        guard._targets, guard._attempt_on, guard._run = targets, attempt_on, run
+        guard.raise_truncated = raise_truncated
+        return guard
+
+    def resumer(self, call: Call, trace: Trace) -> Resume | None:
+        """What continues a broken stream of ``call`` (``None``: it is not continued)."""
+        if self.on_break != "continue" or self._run is None or _continuing.get():
+            return None
+        return functools.partial(self._resume, call, trace, set())
+
+    async def _resume(
+        self, call: Call, trace: Trace, broke: set[str], broken: Stream[Any], error: Exception
+    ) -> Stream[Any] | SkipPrefix | None:
+        """A source continuing ``broken``, or ``None`` when no target could within the budget
+        and ``max_resumes``.
+
+        The targets are asked in failover order, those that broke this stream (``broke``: the
+        keys, kept across the stream's resumes) last: a target that cut or stalled once is
+        likely to do it again (the same overloaded replica, the same fault at the same point),
+        while regenerating elsewhere costs the same as on it. Each is asked through its own
+        breaker and retry policies, within the call's trace (its attempts join the call's); a
+        target that cannot now (a transient error) passes to the next, another error ends the
+        search (the break stands)."""
+        loop = backend()
+        broke.add(broken.target)
+        if broken.resumes >= self.max_resumes or loop.now() >= broken.deadline:
+            return None
+        known = any(t.key == call.target.key for t in self._targets)
+        # Stable: the failover order is kept among those that did not break it, and those that did.
+        targets = sorted(self._targets if known else [call.target], key=lambda t: t.key in broke)
+        deadline_token = deadline_var.set(broken.deadline)
+        continuing = _continuing.set(True)
+        try:
+            with loop.scope(deadline=broken.deadline):
+                for target in targets:
+                    try:
+                        return await self._resume_on(target, call, trace, broken)
+                    except Exception as exc:
+                        if not is_transient(exc):
+                            return None
+        finally:
+            _continuing.reset(continuing)
+            deadline_var.reset(deadline_token)
+        return None
+
+    async def _resume_on(
+        self, target: Target, call: Call, trace: Trace, broken: Stream[Any]
+    ) -> Stream[Any] | SkipPrefix:
+        """``broken`` continued on ``target``: with the text delivered as an assistant prefill
+        where it declares ``capabilities={"prefill"}`` (a target that refuses it, a 400, then
+        regenerates), otherwise regenerated with that text skipped."""
+        assert self._run is not None and self._attempt_on is not None
+        delivered = broken.partial_text
+        resuming = call._replace(fn=self._attempt_on(target), target=target)
+        if delivered and target.supports("prefill"):
+            prefill = {"role": "assistant", "content": delivered}
+            messages = [*(call.kwargs.get("messages") or ()), prefill]
+            try:
+                continued = await self._run(resuming.with_kwargs(messages=messages), trace)
+            except Exception as exc:
+                if classify(exc) is not ErrorKind.BAD_REQUEST:
+                    raise
+            else:
+                _resumed(trace, continued, "prefill", broken)
+                return continued  # type: ignore[no-any-return]
+        continued = await self._run(resuming, trace)
+        _resumed(trace, continued, "regenerate", broken)
+        return SkipPrefix(continued, delivered)
 
     def __repr__(self) -> str:
         return (
@@ -103,6 +210,24 @@ class StreamGuard(PolicyDecorator):
         if call.stream is None:
             return await next(call)
         return await next(call._replace(stream=self))
+
+
+def _resumed(
+    trace: Trace,
+    continued: Stream[Any],
+    mode: Literal["prefill", "regenerate"],
+    broken: Stream[Any],
+) -> None:
+    if events.listening():
+        events.emit(
+            events.StreamResumed(
+                trace.call_id,
+                attempt=continued.attempt,
+                target=continued.target,
+                mode=mode,
+                chunks=broken.chunks,
+            )
+        )
 
 
 def stream_guard(

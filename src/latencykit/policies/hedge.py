@@ -9,7 +9,7 @@ the p99 for a few percent more requests. Semantics (Polly v8, Finagle, gRPC):
   an unhandled one (bad request, content policy, context length, a bug) cancels everything and
   is raised at once; when every attempt fails, the primary's error is raised with the others
   attached;
-* the delay is fixed, or a quantile of the target's recent latencies (:func:`quantile`), with
+* the delay is fixed, or a quantile of the target's recent latencies (:class:`quantile`), with
   no hedging until enough samples arrived; while the tail is too light for a hedge at the
   quantile to win, the hedge waits until the primary itself is slow (so a hang is always
   covered);
@@ -50,33 +50,8 @@ Rewrite = Callable[[Call, int], Call]
 
 @dataclass(frozen=True, slots=True)
 class Quantile:
-    """An adaptive hedging delay: the ``q``-quantile of the target's recent latencies.
-
-    Build it with :func:`quantile`; see there for the fields and defaults.
-    """
-
-    q: float
-    _: KW_ONLY
-    min_samples: int = 20
-    window: float = 60.0
-    max_samples: int = 1000
-
-    def __post_init__(self) -> None:
-        if isinstance(self.q, bool) or not isinstance(self.q, (int, float)) or not 0 < self.q < 1:
-            raise ValueError(f"quantile.q must be a number in (0, 1), got {self.q!r}")
-        for name in ("min_samples", "max_samples"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"quantile.{name} must be an int >= 1, got {value!r}")
-        if self.min_samples > self.max_samples:
-            raise ValueError("quantile.min_samples must not exceed quantile.max_samples")
-        object.__setattr__(self, "window", _validation.seconds("quantile.window", self.window))
-
-
-def quantile(
-    q: float, *, min_samples: int = 20, window: float = 60.0, max_samples: int = 1000
-) -> Quantile:
-    """A hedging delay equal to the ``q``-quantile of the target's recent successful latencies.
+    """An adaptive hedging delay: the ``q``-quantile of the target's recent successful
+    latencies (``lk.quantile(0.9)``; ``lk.quantile`` is this class).
 
     Args:
         q: the quantile, ``0 < q < 1`` (``0.9``: hedge the slowest 10 % of attempts).
@@ -103,7 +78,24 @@ def quantile(
     light tail costs no extra load; once a slow attempt is in the window, the hedge goes at the
     quantile again. ``max_extra_load`` bounds the extra load either way.
     """
-    return Quantile(q, min_samples=min_samples, window=window, max_samples=max_samples)
+
+    q: float
+    _: KW_ONLY
+    min_samples: int = 20
+    window: float = 60.0
+    max_samples: int = 1000
+
+    def __post_init__(self) -> None:
+        _validation.number("quantile.q", self.q, low=0.0, high=1.0, open=True)
+        _validation.count("quantile.min_samples", self.min_samples)
+        _validation.count("quantile.max_samples", self.max_samples)
+        if self.min_samples > self.max_samples:
+            raise ValueError("quantile.min_samples must not exceed quantile.max_samples")
+        object.__setattr__(self, "window", _validation.seconds("quantile.window", self.window))
+
+
+quantile = Quantile
+"""The same class: ``lk.quantile(0.9)`` reads as the delay it is."""
 
 
 class _Attempts(Race):
@@ -154,25 +146,53 @@ class _Attempts(Race):
     def outcome(self) -> Any:
         """The winner's result; or, when every attempt failed, the primary's error (the first
         unhandled one, if any) raised with the others attached."""
-        if self.won >= 0:
-            if self.won and events.listening():
-                events.emit(
-                    events.HedgeWon(self.call_id, attempt=self.won + 1, attempts=len(self.starts))
-                )
-            return self.winner
+        if self.won < 0:
+            raise self._failure()
+        if self.won and events.listening():
+            events.emit(
+                events.HedgeWon(self.call_id, attempt=self.won + 1, attempts=len(self.starts))
+            )
+        return self.winner
+
+    def _failure(self) -> Exception:
+        """The primary's error (the first unhandled one, if any), the others attached."""
         by_attempt = sorted(self.lost, key=lambda lost: lost.index)
         errors = [lost.error for lost in by_attempt if lost.error is not None]
         fatal = [error for error in errors if not self.policy._handles(error)]
         raised = (fatal or errors)[0]
         attach_others(raised, [error for error in errors if error is not raised])
-        raise raised
+        return raised
 
 
 class Hedge(PolicyDecorator):
-    """The hedging policy; create it with :func:`hedge` (also ``LLM(hedge=lk.Hedge(...))``).
+    """Send a backup attempt when the primary is slower than ``delay``; first good answer wins:
+    a policy and a decorator (``@lk.hedge(delay=lk.quantile(0.9))``; ``lk.hedge`` is this class,
+    also ``LLM(hedge=lk.Hedge(...))``).
 
-    The arguments are :func:`hedge`'s. ``budget``, ``windows`` and ``ttft_windows`` are the live
-    state: the :class:`~latencykit.RetryBudget` shared by every call through this policy, the
+    Args:
+        delay: seconds (or ``timedelta``; ``0`` sends all attempts at once), or
+            :class:`quantile` for an adaptive delay per target.
+        max_attempts: attempts per call, the primary included (default ``2``; ``1`` disables
+            hedging but keeps the latency window warm).
+        max_extra_load: extra attempts allowed per call over a sliding 10 s window, as a
+            fraction (default ``0.1``: at most +10 % requests), plus a reserve of one hedge per
+            second (as Finagle's RetryBudget) so that a cold or quiet service can hedge at all;
+            ignored when ``budget`` is given.
+        budget: a :class:`~latencykit.RetryBudget` to draw from instead, e.g. shared with a
+            retry policy (default ``None``: a new one from ``max_extra_load``).
+        on: which attempt errors launch the next attempt at once (default ``None``: transient
+            errors); other errors cancel every attempt and are raised at once.
+        target: where backups go in ``lk.LLM`` (default ``"same"``: the primary's target;
+            ``"next"``: the next failover target). Decorated functions always call themselves.
+
+    Losers are cancelled and awaited before the call returns. When every attempt fails, the
+    primary's error is raised, with the others attached (``.others`` on latencykit errors,
+    ``latencykit_others`` and a note on other exceptions). Emits ``HedgeFired``, ``HedgeWon``
+    and ``HedgeSkipped`` (budget empty, or the deadline cannot fit another attempt).
+
+    Each option is an attribute of the same name (``max_extra_load``: the budget's ratio).
+    ``budget``, ``windows`` and ``ttft_windows`` are the live state: the
+    :class:`~latencykit.RetryBudget` shared by every call through this policy, the
     :class:`~latencykit.LatencyWindow` of each target's latencies, and for streaming calls the
     one of each target's times to first content chunk (a stream is hedged on its first token).
     The windows are a :class:`~latencykit.stats.Recorder`'s: the hedge's own, which the calls
@@ -205,34 +225,25 @@ class Hedge(PolicyDecorator):
         on: ErrorFilter | None = None,
         target: Literal["same", "next"] = "same",
     ) -> None:
-        if isinstance(delay, Quantile):
-            self.delay: float | Quantile = delay
-        else:
-            if isinstance(delay, (int, float)) and not isinstance(delay, bool) and delay == 0:
-                self.delay = 0.0
-            else:
-                self.delay = _validation.seconds("hedge.delay", delay)
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"hedge.max_attempts must be an int >= 1, got {max_attempts!r}")
-        if target not in ("same", "next"):
-            raise ValueError(f"hedge.target must be 'same' or 'next', got {target!r}")
-        if budget is not None and not isinstance(budget, RetryBudget):
-            raise TypeError(f"hedge.budget must be a latencykit.RetryBudget, got {budget!r}")
-        if budget is None:
-            try:
-                budget = RetryBudget(max_extra_load, min_per_second=_RESERVE_PER_SECOND)
-            except ValueError:
-                raise ValueError(
-                    f"hedge.max_extra_load must be a number in [0, 10], got {max_extra_load!r}"
-                ) from None
-        self.max_attempts = max_attempts
-        self.budget = budget
+        self.delay: float | Quantile = (
+            delay if isinstance(delay, Quantile) else _validation.wait("hedge.delay", delay)
+        )
+        self.max_attempts = _validation.count("hedge.max_attempts", max_attempts)
+        self.target = _validation.choice("hedge.target", target, ("same", "next"))
+        self.budget = _validation.optional("hedge.budget", budget, RetryBudget) or RetryBudget(
+            _validation.number("hedge.max_extra_load", max_extra_load, low=0.0, high=10.0),
+            min_per_second=_RESERVE_PER_SECOND,
+        )
         self.on = on
         self._handles = error_predicate(on, "hedge.on")
-        self.target = target
         self.rewrite: Rewrite | None = None  # set by with_rewrite()
-        spec = self.delay if isinstance(self.delay, Quantile) else quantile(0.5)
+        spec = self.delay if isinstance(self.delay, Quantile) else Quantile(0.5)
         self._use(Recorder(window=spec.window, max_samples=spec.max_samples), feed=True)
+
+    @property
+    def max_extra_load(self) -> float:
+        """The budget's ratio: extra attempts allowed per call."""
+        return self.budget.ratio
 
     def _use(self, recorder: Recorder, *, feed: bool) -> None:
         self._recorder = recorder
@@ -292,7 +303,7 @@ class Hedge(PolicyDecorator):
         """The hedging delay for ``target`` now (with ``ttft``: for a streaming call, from its
         times to first content chunk): for an adaptive delay, the quantile, or while the
         target's tail is too light for a hedge at the quantile to win, the quantile plus the
-        fastest recent attempt (:func:`quantile`); ``None`` (no hedging) while warming up or
+        fastest recent attempt (:class:`quantile`); ``None`` (no hedging) while warming up or
         with no completed attempt in the window."""
         if not isinstance(self.delay, Quantile):
             return self.delay
@@ -384,43 +395,5 @@ class Hedge(PolicyDecorator):
             events.emit(events.HedgeSkipped(call_id, attempt=index + 1, reason=reason))
 
 
-def hedge(
-    delay: float | datetime.timedelta | Quantile,
-    *,
-    max_attempts: int = 2,
-    max_extra_load: float = 0.1,
-    budget: RetryBudget | None = None,
-    on: ErrorFilter | None = None,
-    target: Literal["same", "next"] = "same",
-) -> Hedge:
-    """Send a backup attempt when the primary is slower than ``delay``; first good answer wins.
-
-    Args:
-        delay: seconds (or ``timedelta``; ``0`` sends all attempts at once), or
-            :func:`quantile` for an adaptive delay per target.
-        max_attempts: attempts per call, the primary included (default ``2``; ``1`` disables
-            hedging but keeps the latency window warm).
-        max_extra_load: extra attempts allowed per call over a sliding 10 s window, as a
-            fraction (default ``0.1``: at most +10 % requests), plus a reserve of one hedge per
-            second (as Finagle's RetryBudget) so that a cold or quiet service can hedge at all;
-            ignored when ``budget`` is given.
-        budget: a :class:`~latencykit.RetryBudget` to draw from instead, e.g. shared with a
-            retry policy (default ``None``: a new one from ``max_extra_load``).
-        on: which attempt errors launch the next attempt at once (default ``None``: transient
-            errors); other errors cancel every attempt and are raised at once.
-        target: where backups go in ``lk.LLM`` (default ``"same"``: the primary's target;
-            ``"next"``: the next failover target). Decorated functions always call themselves.
-
-    Losers are cancelled and awaited before the call returns. When every attempt fails, the
-    primary's error is raised, with the others attached (``.others`` on latencykit errors,
-    ``latencykit_others`` and a note on other exceptions). Emits ``HedgeFired``, ``HedgeWon``
-    and ``HedgeSkipped`` (budget empty, or the deadline cannot fit another attempt).
-    """
-    return Hedge(
-        delay,
-        max_attempts=max_attempts,
-        max_extra_load=max_extra_load,
-        budget=budget,
-        on=on,
-        target=target,
-    )
+hedge = Hedge
+"""The same class: ``@lk.hedge(delay=0.5)`` reads as the decorator it is."""

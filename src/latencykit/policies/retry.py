@@ -34,11 +34,11 @@ import datetime
 import math
 import random
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
 
-from .. import events
+from .. import _validation, events
 from .._cancel import backend
 from .._context import deadline_var, probe_var, reason_var, trace_var
 from ..budget import RetryBudget
@@ -50,9 +50,6 @@ if TYPE_CHECKING:
     import tenacity
 
 __all__ = ["GiveUpReason", "Retry", "RetryGaveUp", "RetryScheduled", "retry"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 Sleep: TypeAlias = Callable[[float], Awaitable[Any]]
 """An async sleep function, ``await sleep(seconds)`` (default ``anyio.sleep``)."""
@@ -87,31 +84,55 @@ def _retried_by_default(exc: BaseException) -> bool:
     )
 
 
-def _non_negative(name: str, value: object, *, allow_inf: bool = False) -> float:
-    if isinstance(value, datetime.timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
-    result = float(value)
-    if math.isnan(result) or result < 0 or (result == math.inf and not allow_inf):
-        bound = (
-            "a number of seconds >= 0 (math.inf: never)"
-            if allow_inf
-            else ("a finite number of seconds >= 0")
-        )
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
-    return result
+def _optional_wait(name: str, value: object, *, allow_inf: bool = False) -> float | None:
+    return None if value is None else _validation.wait(name, value, allow_inf=allow_inf)
 
 
 _GAVE_UP = object()  # what tenacity returns when our stop strategy ended the retries
 
 
 class Retry(PolicyDecorator):
-    """The retry policy; create it with :func:`retry` (the arguments are the same).
+    """Retry transient failures on the same target, with backoff, a budget and the deadline:
+    a policy and a decorator (``@lk.retry(max_attempts=3)``; ``lk.retry`` is this class).
 
-    Attributes:
-        budget: the live :class:`~latencykit.RetryBudget` every call through this policy draws
-            its retries from.
+    Args:
+        max_attempts: attempts in all, the first included (default ``3``; ``1`` never retries).
+        initial: ceiling of the first wait, in seconds or a ``timedelta`` (default ``0.5``).
+        max_wait: largest ceiling of a backoff wait (default ``8.0``); must be ``>= initial``.
+        multiplier: growth of the ceiling per retry, ``>= 1`` (default ``2.0``). The wait before
+            retry ``n`` is ``uniform(0, min(max_wait, initial * multiplier ** (n - 1)))``: full
+            jitter.
+        on: which errors are retried: exception type(s) or a predicate (default ``None``:
+            transient errors except timeouts and open circuits: a target that stayed silent for
+            its whole timeout, or whose breaker is open, is left to failover and hedging rather
+            than waited on again; pass ``on=lk.errors.is_transient`` to retry those too). Bad
+            requests, context-length, content-policy and authentication errors are never
+            retried, whatever ``on`` says; neither is cancellation.
+        honor_retry_after: wait at least the provider's ``Retry-After``
+            (:func:`~latencykit.errors.retry_after`) when the error carries one (default ``True``).
+        budget: the :class:`~latencykit.RetryBudget` retries draw from: every call deposits
+            once, every retry takes one token. Pass the same budget to a hedge to cap their sum.
+            Default ``None``: a new ``RetryBudget(0.2, min_per_second=1.0)`` for this policy
+            (+20 % requests, and a reserve of one retry per second).
+        max_retry_after: give up at once, rather than wait, when ``Retry-After`` is longer than
+            this many seconds (default ``None``: no cap, the deadline still applies).
+        slow_failure: an attempt that failed after running at least this many seconds (a
+            connection closed after a long silence, a 502 from a proxy that waited) is not
+            retried on the same target, as a timeout is not: failover and hedging move on
+            (``RetryGaveUp(reason="slow_failure")``). Default ``None``: half the target's
+            attempt timeout (``Target.timeout``; every :class:`~latencykit.LLM` target has
+            one), no limit for a target without one (a decorated function). ``math.inf``:
+            never. Timeouts themselves follow ``on``.
+        sleep: the async sleep used for waits (default ``anyio.sleep``); tests inject a fake.
+        rng: the ``random.Random`` the jitter draws from (default: a fresh one); tests seed it.
+
+    Never waits past the enclosing :class:`~latencykit.deadline`, nor retries when the wait plus
+    the previous attempt's duration would not fit before it: the last error is raised at once.
+    The error raised is always the last attempt's own, with the earlier ones attached
+    (``.others`` on latencykit errors, ``latencykit_others`` and a note on other exceptions).
+    Emits :class:`RetryScheduled` before each wait and :class:`RetryGaveUp` when it stops.
+    Each option is an attribute of the same name; ``budget`` is the live one every call
+    through this policy draws its retries from.
     """
 
     stage = Stage.RETRY
@@ -148,49 +169,27 @@ class Retry(PolicyDecorator):
         sleep: Sleep = anyio.sleep,
         rng: random.Random | None = None,
     ) -> None:
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"retry.max_attempts must be an int >= 1, got {max_attempts!r}")
-        self.max_attempts = max_attempts
-        self.initial = _non_negative("retry.initial", initial)
-        self.max_wait = _non_negative("retry.max_wait", max_wait)
+        self.max_attempts = _validation.count("retry.max_attempts", max_attempts)
+        self.initial = _validation.wait("retry.initial", initial)
+        self.max_wait = _validation.wait("retry.max_wait", max_wait)
         if self.max_wait < self.initial:
             raise ValueError(
                 f"retry.max_wait ({self.max_wait:g}s) must be >= retry.initial ({self.initial:g}s)"
             )
-        if (
-            isinstance(multiplier, bool)
-            or not isinstance(multiplier, (int, float))
-            or not math.isfinite(multiplier)
-            or multiplier < 1
-        ):
-            raise ValueError(f"retry.multiplier must be a finite number >= 1, got {multiplier!r}")
-        self.multiplier = float(multiplier)
-        if not isinstance(honor_retry_after, bool):
-            raise TypeError(f"retry.honor_retry_after must be a bool, got {honor_retry_after!r}")
-        self.honor_retry_after = honor_retry_after
-        self.max_retry_after = (
-            None
-            if max_retry_after is None
-            else _non_negative("retry.max_retry_after", max_retry_after)
+        self.multiplier = _validation.number("retry.multiplier", multiplier, low=1.0)
+        self.honor_retry_after = _validation.instance(
+            "retry.honor_retry_after", honor_retry_after, bool, "a bool"
         )
-        self.slow_failure = (
-            None
-            if slow_failure is None
-            else _non_negative("retry.slow_failure", slow_failure, allow_inf=True)
-        )
-        if budget is not None and not isinstance(budget, RetryBudget):
-            raise TypeError(f"retry.budget must be a latencykit.RetryBudget, got {budget!r}")
-        self.budget = (
-            budget
-            if budget is not None
-            else RetryBudget(_DEFAULT_RATIO, min_per_second=_DEFAULT_RESERVE)
+        self.max_retry_after = _optional_wait("retry.max_retry_after", max_retry_after)
+        self.slow_failure = _optional_wait("retry.slow_failure", slow_failure, allow_inf=True)
+        self.budget = _validation.optional("retry.budget", budget, RetryBudget) or RetryBudget(
+            _DEFAULT_RATIO, min_per_second=_DEFAULT_RESERVE
         )
         if not is_async_callable(sleep):
             raise TypeError(
                 f"retry.sleep must be an async function (like anyio.sleep), got {sleep!r}"
             )
-        if rng is not None and not isinstance(rng, random.Random):
-            raise TypeError(f"retry.rng must be a random.Random, got {rng!r}")
+        rng = _validation.optional("retry.rng", rng, random.Random, "a random.Random")
         self.on = on
         self._handles = _retried_by_default if on is None else error_predicate(on, "retry.on")
         self._sleep = sleep
@@ -421,69 +420,5 @@ def _call_id() -> int:
     return 0 if trace is None else trace.call_id
 
 
-def retry(
-    *,
-    max_attempts: int = 3,
-    initial: float | datetime.timedelta = 0.5,
-    max_wait: float | datetime.timedelta = 8.0,
-    multiplier: float = 2.0,
-    on: ErrorFilter | None = None,
-    honor_retry_after: bool = True,
-    budget: RetryBudget | None = None,
-    max_retry_after: float | datetime.timedelta | None = None,
-    slow_failure: float | datetime.timedelta | None = None,
-    sleep: Sleep = anyio.sleep,
-    rng: random.Random | None = None,
-) -> Retry:
-    """Retry transient failures on the same target, with backoff, a budget and the deadline.
-
-    Args:
-        max_attempts: attempts in all, the first included (default ``3``; ``1`` never retries).
-        initial: ceiling of the first wait, in seconds or a ``timedelta`` (default ``0.5``).
-        max_wait: largest ceiling of a backoff wait (default ``8.0``); must be ``>= initial``.
-        multiplier: growth of the ceiling per retry, ``>= 1`` (default ``2.0``). The wait before
-            retry ``n`` is ``uniform(0, min(max_wait, initial * multiplier ** (n - 1)))``: full
-            jitter.
-        on: which errors are retried: exception type(s) or a predicate (default ``None``:
-            transient errors except timeouts and open circuits: a target that stayed silent for
-            its whole timeout, or whose breaker is open, is left to failover and hedging rather
-            than waited on again; pass ``on=lk.errors.is_transient`` to retry those too). Bad
-            requests, context-length, content-policy and authentication errors are never
-            retried, whatever ``on`` says; neither is cancellation.
-        honor_retry_after: wait at least the provider's ``Retry-After``
-            (:func:`~latencykit.errors.retry_after`) when the error carries one (default ``True``).
-        budget: the :class:`~latencykit.RetryBudget` retries draw from: every call deposits
-            once, every retry takes one token. Pass the same budget to a hedge to cap their sum.
-            Default ``None``: a new ``RetryBudget(0.2, min_per_second=1.0)`` for this policy
-            (+20 % requests, and a reserve of one retry per second).
-        max_retry_after: give up at once, rather than wait, when ``Retry-After`` is longer than
-            this many seconds (default ``None``: no cap, the deadline still applies).
-        slow_failure: an attempt that failed after running at least this many seconds (a
-            connection closed after a long silence, a 502 from a proxy that waited) is not
-            retried on the same target, as a timeout is not: failover and hedging move on
-            (``RetryGaveUp(reason="slow_failure")``). Default ``None``: half the target's
-            attempt timeout (``Target.timeout``; every :class:`~latencykit.LLM` target has
-            one), no limit for a target without one (a decorated function). ``math.inf``:
-            never. Timeouts themselves follow ``on``.
-        sleep: the async sleep used for waits (default ``anyio.sleep``); tests inject a fake.
-        rng: the ``random.Random`` the jitter draws from (default: a fresh one); tests seed it.
-
-    Never waits past the enclosing :func:`~latencykit.deadline`, nor retries when the wait plus
-    the previous attempt's duration would not fit before it: the last error is raised at once.
-    The error raised is always the last attempt's own, with the earlier ones attached
-    (``.others`` on latencykit errors, ``latencykit_others`` and a note on other exceptions).
-    Emits :class:`RetryScheduled` before each wait and :class:`RetryGaveUp` when it stops.
-    """
-    return Retry(
-        max_attempts=max_attempts,
-        initial=initial,
-        max_wait=max_wait,
-        multiplier=multiplier,
-        on=on,
-        honor_retry_after=honor_retry_after,
-        budget=budget,
-        max_retry_after=max_retry_after,
-        slow_failure=slow_failure,
-        sleep=sleep,
-        rng=rng,
-    )
+retry = Retry
+"""The same class: ``@lk.retry(max_attempts=3)`` reads as the decorator it is."""
