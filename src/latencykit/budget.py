@@ -120,17 +120,13 @@ class RetryBudget:
         call's trace remembers which budgets it paid into). Outside a call: :meth:`deposit`.
         """
         trace = trace_var.get()
-        if trace is None:
-            self.deposit()
-            return
-        key = id(self)
-        paid = trace.paid_budgets
-        if paid is None:
-            trace.paid_budgets = {key}
-        elif key in paid:
-            return
-        else:
-            paid.add(key)
+        if trace is not None:
+            paid = trace.paid_budgets
+            if paid is None:
+                paid = trace.paid_budgets = set()
+            elif id(self) in paid:
+                return
+            paid.add(id(self))
         self.deposit()
 
     def try_withdraw(self) -> bool:
