@@ -923,14 +923,10 @@ def test_random_runs_keep_the_state_machine_legal(config: str, ops: list[Op]) ->
             assert metrics.successes >= 0
             if b.window_type == "count":
                 assert metrics.calls <= b.window_size
-                codes = [c for c in b._window if c]
-                assert len(codes) == b._calls
-                assert sum(1 for c in codes if c & 2) == b._failures
-                assert sum(1 for c in codes if c & 4) == b._slow
-            else:
-                assert sum(b._window[0::3]) == b._calls
-                assert sum(b._window[1::3]) == b._failures
-                assert sum(b._window[2::3]) == b._slow
+                assert max(b._window) <= 1  # one call per bucket
+            assert sum(b._window[0::3]) == b._calls
+            assert sum(b._window[1::3]) == b._failures
+            assert sum(b._window[2::3]) == b._slow
             if state is CLOSED:
                 assert (metrics.calls, metrics.failures, metrics.slow_calls) == model_counts()
             if state is OPEN:  # metrics() half-opens an expired open state

@@ -14,6 +14,7 @@ from . import _validation
 from . import fleet as _fleet
 from ._cancel import clock as loop_clock
 from ._context import trace_var
+from .fleet.redis import SharedBudget
 
 __all__ = ["RetryBudget"]
 
@@ -42,23 +43,6 @@ class RetryBudget:
     Share one budget between a hedge and a retry policy to cap their sum.
     """
 
-    __slots__ = (
-        "_clock",
-        "_deposits",
-        "_fleet_handle",
-        "_fleet_key",
-        "_slot",
-        "_slot_width",
-        "_total_deposits",
-        "_total_withdrawals",
-        "_withdrawals",
-        "min_per_second",
-        "name",
-        "ratio",
-        "shared",
-        "ttl",
-    )
-
     def __init__(
         self,
         ratio: float = 0.1,
@@ -76,20 +60,15 @@ class RetryBudget:
         self.ttl = _validation.seconds("RetryBudget.ttl", ttl, minimum=0.01)
         self._clock = clock
         self._slot_width = self.ttl / _SLOTS
-        self._deposits = [0] * _SLOTS
+        self._deposits = [0] * _SLOTS  # per slot of the window (ten: summing them is cheap)
         self._withdrawals = [0] * _SLOTS
-        self._total_deposits = 0
-        self._total_withdrawals = 0
         self._slot = int(clock() // self._slot_width)
         self.name = None if name is None else _validation.text("RetryBudget.name", name)
-        _validation.optional(
-            "RetryBudget.shared", shared, _fleet.SharedStore, "a SharedStore (RedisStore)"
-        )
+        _validation.optional("RetryBudget.shared", shared, _fleet.SharedStore, "a RedisStore")
         self.shared = shared
         self._fleet_key = name or (
             f"ratio={self.ratio:g},ttl={self.ttl:g},reserve={self.min_per_second:g}"
         )
-        self._fleet_handle: tuple[_fleet.SharedStore, _fleet.SharedBudget] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -101,27 +80,16 @@ class RetryBudget:
         slot = int(self._clock() // self._slot_width)
         if slot != self._slot:
             for stale in range(self._slot + 1, min(slot, self._slot + _SLOTS) + 1):
-                index = stale % _SLOTS
-                self._total_deposits -= self._deposits[index]
-                self._total_withdrawals -= self._withdrawals[index]
-                self._deposits[index] = self._withdrawals[index] = 0
+                self._deposits[stale % _SLOTS] = self._withdrawals[stale % _SLOTS] = 0
             self._slot = slot
         return slot % _SLOTS
 
-    def _fleet(self) -> _fleet.SharedBudget | None:
+    def _fleet(self) -> SharedBudget | None:
         store = self.shared or _fleet._current
         if store is None:
             return None
-        cached = self._fleet_handle
-        if cached is None or cached[0] is not store:
-            handle = store.budget(
-                self._fleet_key,
-                ratio=self.ratio,
-                ttl=self.ttl,
-                reserve=self.min_per_second * self.ttl,
-            )
-            cached = self._fleet_handle = (store, handle)
-        return cached[1]
+        reserve = self.min_per_second * self.ttl
+        return store.budget(self._fleet_key, ratio=self.ratio, ttl=self.ttl, reserve=reserve)
 
     @property
     def balance(self) -> float:
@@ -134,17 +102,13 @@ class RetryBudget:
 
     def _local_balance(self) -> float:
         self._advance()
-        return (
-            self._total_deposits * self.ratio
-            + self.min_per_second * self.ttl
-            - self._total_withdrawals
-        )
+        deposits, withdrawals = sum(self._deposits), sum(self._withdrawals)
+        return deposits * self.ratio + self.min_per_second * self.ttl - withdrawals
 
     def deposit(self) -> None:
         """Count one call (earns ``ratio`` of an extra request)."""
         index = self._advance()
         self._deposits[index] += 1
-        self._total_deposits += 1
         shared = self._fleet()
         if shared is not None:
             shared.deposit()
@@ -156,17 +120,13 @@ class RetryBudget:
         call's trace remembers which budgets it paid into). Outside a call: :meth:`deposit`.
         """
         trace = trace_var.get()
-        if trace is None:
-            self.deposit()
-            return
-        key = id(self)
-        paid = trace.paid_budgets
-        if paid is None:
-            trace.paid_budgets = {key}
-        elif key in paid:
-            return
-        else:
-            paid.add(key)
+        if trace is not None:
+            paid = trace.paid_budgets
+            if paid is None:
+                paid = trace.paid_budgets = set()
+            elif id(self) in paid:
+                return
+            paid.add(id(self))
         self.deposit()
 
     def try_withdraw(self) -> bool:
@@ -179,7 +139,5 @@ class RetryBudget:
             return False
         # Counted here too, granted by the fleet or not: the local count is where the budget
         # starts from if the store goes away.
-        index = self._slot % _SLOTS
-        self._withdrawals[index] += 1
-        self._total_withdrawals += 1
+        self._withdrawals[self._slot % _SLOTS] += 1
         return True

@@ -1,5 +1,5 @@
 -- A fleet-wide token bucket (a tenant's request or token quota), as
--- latencykit.policies.limiter.QuotaStore.take describes it.
+-- latencykit.RedisStore.take describes it (the limiter keeps the same bucket in memory).
 --
 -- KEYS[1]: a hash {tokens, at (server ms)}.
 -- ARGV: amount (negative: a refund), rate per second, burst, max wait in seconds.

@@ -24,15 +24,14 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from importlib import resources
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 from .. import _validation, events
 from .._asyncio_bridge import run_on_shared_loop, shared_loop
 from ..events import StoreRecovered, StoreUnavailable
-from . import BreakerOptions, BreakerView
 
-__all__ = ["RedisStore"]
+__all__ = ["BreakerOptions", "BreakerView", "RedisStore"]
 
 logger = logging.getLogger("latencykit")
 
@@ -46,6 +45,47 @@ _IDLE_TTL = 3600.0  # seconds a key outlives its last write, beyond its own time
 _NO_LIMIT = "1e300"  # a quota adjustment's max wait: always taken
 
 H = TypeVar("H")
+T = TypeVar("T")
+
+
+class BreakerOptions(NamedTuple):
+    """The options of a breaker that the fleet's copy of its state needs (see
+    :func:`~latencykit.breaker` for each one's meaning and default)."""
+
+    window_type: Literal["count", "time"]
+    window_size: float
+    minimum_calls: int
+    failure_rate: float
+    slow_call_rate: float
+    open_duration: float
+    max_open_duration: float | None
+    half_open_calls: int
+
+
+class BreakerView(NamedTuple):
+    """A breaker's fleet state, as of the store's last refresh.
+
+    Attributes:
+        state: ``"closed"``, ``"open"``, ``"half_open"`` or ``"forced_open"`` (a
+            :class:`~latencykit.policies.breaker.BreakerState` value).
+        epoch: counts the fleet breaker's state changes; an outcome is counted only in the
+            epoch its permit was taken in.
+        opens_in: seconds, from when the view was read, until an ``"open"`` state ends (the
+            fleet then hands out probe permits); ``0.0`` when it is over and in the other
+            states. (The store keeps time on its own clock; a policy never reads it.)
+        free_probes: probe permits left while ``"half_open"``.
+        calls: calls in the fleet's window.
+        failures: failed calls among them.
+        slow: slow calls among them.
+    """
+
+    state: str
+    epoch: int
+    opens_in: float
+    free_probes: int
+    calls: int
+    failures: int
+    slow: int
 
 
 class _Garbage(Exception):
@@ -56,20 +96,9 @@ def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
 
-class _Breaker:
-    """One breaker's state in a :class:`RedisStore` (a
-    :class:`~latencykit.fleet.SharedBreaker`)."""
-
-    __slots__ = (
-        "_args",
-        "_fresh_until",
-        "_keys",
-        "_ops",
-        "_outcomes",
-        "_store",
-        "_until",
-        "_view",
-    )
+class SharedBreaker:
+    """One breaker's state in a :class:`RedisStore`: what :class:`~latencykit.Breaker` asks of
+    the fleet."""
 
     def __init__(self, store: RedisStore, key: str, options: BreakerOptions) -> None:
         self._store = store
@@ -94,36 +123,42 @@ class _Breaker:
         self._ops: deque[tuple[str, int, str]] = deque()
         self._view: BreakerView | None = None
         self._until = 0.0  # time.monotonic() at which an open state ends
-        self._fresh_until = 0.0
 
     def view(self) -> BreakerView | None:
-        """See :meth:`~latencykit.fleet.SharedBreaker.view`."""
+        """The fleet's state as last refreshed, or ``None`` when the store is unavailable or
+        its view is older than its staleness bound (the breaker then decides alone)."""
         now = time.monotonic()
         view = self._view
-        if now > self._fresh_until or view is None:
+        if now > self._store._fresh_until or view is None:
             return None
         if view.state == "open":  # rare: the time left, as of now
             return view._replace(opens_in=max(0.0, self._until - now))
         return view
 
     def outcome(self, epoch: int, code: int) -> None:
-        """See :meth:`~latencykit.fleet.SharedBreaker.outcome`."""
+        """Queue one call's outcome, taken in ``epoch``: ``code`` is ``1``, plus ``2`` if it
+        failed, plus ``4`` if it was slow. Written with the next batch."""
         self._outcomes.append((epoch, code))
 
     async def probe(self) -> tuple[bool, BreakerView] | None:
-        """See :meth:`~latencykit.fleet.SharedBreaker.probe`."""
-        store = self._store
-        if not store.available:
-            return None
-        return await run_on_shared_loop(store._probe(self))
+        """Ask the fleet for a half-open probe permit (a round trip, bounded by the store's
+        timeout): ``(granted, view)``, or ``None`` if the store could not answer."""
+        return await self._store._round_trip(
+            self._probed, "breaker", *self._script("probe", -1, "")
+        )
+
+    def _probed(self, reply: Any) -> tuple[bool, BreakerView]:
+        return reply[7] == 1, self._update(reply)
 
     def probe_ended(self, epoch: int, code: int) -> None:
-        """See :meth:`~latencykit.fleet.SharedBreaker.probe_ended`."""
+        """Report a probe's outcome (``code`` as for :meth:`outcome`, ``0``: ignored, the
+        permit released). Written at once, in the background."""
         self._ops.append(("probe_end", epoch, str(code)))
         self._store._wake_soon()
 
     def force(self, op: Literal["isolate", "reset"]) -> None:
-        """See :meth:`~latencykit.fleet.SharedBreaker.force`."""
+        """Force the fleet breaker open (``"isolate"``) or closed (``"reset"``), in the
+        background."""
         self._ops.append((op, -1, ""))
         self._store._wake_soon()
 
@@ -132,27 +167,21 @@ class _Breaker:
         return (2, *self._keys, op, epoch, *self._args, arg, self._store._channel)
 
     def _drain(self) -> list[tuple[str, tuple[Any, ...]]]:
-        """The script calls to make: queued ops, then the outcomes by epoch (at least one
-        ``sync``, which refreshes the view)."""
-        ops = self._ops
+        """The script calls to make: queued ops, then one ``sync`` (which refreshes the view)
+        with the outcomes of the newest epoch queued: the script counts an outcome only in
+        the fleet's current epoch, which no older one can be."""
+        ops, outcomes = self._ops, self._outcomes
         calls = [ops.popleft() for _ in range(len(ops))]
-        outcomes = self._outcomes
-        epoch, codes = -1, list[str]()
-        for _ in range(len(outcomes)):
-            at, code = outcomes.popleft()
-            if at != epoch and codes:
-                calls.append(("sync", epoch, "".join(codes)))
-                codes = []
-            epoch = at
-            codes.append(str(code))
-        calls.append(("sync", epoch, "".join(codes)))
+        queued = [outcomes.popleft() for _ in range(len(outcomes))]
+        epoch = max((at for at, _ in queued), default=-1)
+        calls.append(("sync", epoch, "".join(str(code) for at, code in queued if at == epoch)))
         return [("breaker", self._script(*call)) for call in calls]
 
     def _lost(self) -> None:
         """The refresh failed (the outcomes it carried are dropped: the fleet's window is a
         sample)."""
 
-    def _update(self, reply: object, now: float, fresh_until: float) -> BreakerView:
+    def _update(self, reply: object) -> BreakerView:
         if not isinstance(reply, list) or len(reply) != 8:
             raise _Garbage(f"breaker script returned {type(reply).__name__}")
         state = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
@@ -160,7 +189,7 @@ class _Breaker:
         if state not in _STATES or not all(type(n) is int for n in numbers):
             raise _Garbage("breaker script returned an unknown state or a non-integer")
         epoch, remaining, free, calls, failures, slow, _ = numbers
-        self._until = now + remaining / 1000
+        self._until = time.monotonic() + remaining / 1000
         view = BreakerView(
             state=state,
             epoch=epoch,
@@ -170,31 +199,19 @@ class _Breaker:
             failures=failures,
             slow=slow,
         )
-        self._view, self._fresh_until = view, fresh_until
+        self._view = view
         return view
 
 
-class _Budget:
-    """One budget's state in a :class:`RedisStore` (a :class:`~latencykit.fleet.SharedBudget`).
+class SharedBudget:
+    """One budget's state in a :class:`RedisStore` (what :class:`~latencykit.RetryBudget`
+    asks of the fleet).
 
     The process spends tokens it leased from the fleet at the last refresh, and leases twice
     what it asked for in the last interval, refusals included (at least one, at most
     ``_MAX_LEASE``), giving back the rest: no call waits for Redis, and an idle process holds
     one token.
     """
-
-    __slots__ = (
-        "_args",
-        "_balance",
-        "_deposits",
-        "_fresh_until",
-        "_giving_back",
-        "_held",
-        "_key",
-        "_lock",
-        "_store",
-        "_used",
-    )
 
     def __init__(
         self, store: RedisStore, key: str, *, ratio: float, ttl: float, reserve: float
@@ -207,17 +224,18 @@ class _Budget:
         self._held = 0  # tokens leased from the fleet, not yet spent
         self._giving_back = 0  # tokens the refresh in progress gives back
         self._used = 0  # tokens asked for since the last refresh
-        self._balance = 0.0
-        self._fresh_until = 0.0
+        self._balance: float | None = None  # none until the first refresh
 
     def deposit(self) -> None:
-        """See :meth:`~latencykit.fleet.SharedBudget.deposit`."""
+        """Count one call (written with the next batch)."""
         with self._lock:
             self._deposits += 1
 
     def try_withdraw(self) -> bool | None:
-        """See :meth:`~latencykit.fleet.SharedBudget.try_withdraw`."""
-        if time.monotonic() > self._fresh_until:
+        """Take one extra request: ``True`` or ``False``, or ``None`` when the store is
+        unavailable (the budget then decides alone). Never a round trip: the process spends
+        tokens it leased from the fleet at the last refresh."""
+        if self.balance() is None:
             return None
         with self._lock:
             self._used += 1
@@ -228,8 +246,8 @@ class _Budget:
         return False
 
     def balance(self) -> float | None:
-        """See :meth:`~latencykit.fleet.SharedBudget.balance`."""
-        if time.monotonic() > self._fresh_until:
+        """The fleet's balance as last refreshed, or ``None`` when unavailable."""
+        if self._balance is None or time.monotonic() > self._store._fresh_until:
             return None
         return self._balance + self._held
 
@@ -246,7 +264,7 @@ class _Budget:
         args = (deposits, max(0, -excess), self._giving_back)
         return [("budget", (1, self._key, slot_ms, ratio, reserve, *args, ttl_ms))]
 
-    def _update(self, reply: object, now: float, fresh_until: float) -> None:
+    def _update(self, reply: object) -> None:
         if not isinstance(reply, list) or len(reply) != 2 or type(reply[0]) is not int:
             raise _Garbage(f"budget script returned {type(reply).__name__}")
         try:
@@ -256,7 +274,6 @@ class _Budget:
         with self._lock:
             self._held += reply[0]
             self._balance = balance
-        self._fresh_until = fresh_until
 
     def _lost(self) -> None:
         """The refresh failed: the tokens it was to give back are still held."""
@@ -264,12 +281,11 @@ class _Budget:
             self._held += self._giving_back
 
 
-class _Latency:
-    """One pooled latency window in a :class:`RedisStore` (a
-    :class:`~latencykit.fleet.SharedLatency`): each refresh appends this process's new samples
-    to the target's stream as one entry, and reads the entries the others appended."""
-
-    __slots__ = ("_followers", "_id", "_key", "_last", "_outgoing", "_window_ms")
+class SharedLatency:
+    """One pooled latency window in a :class:`RedisStore` (what adaptive hedging's
+    :class:`~latencykit.stats.Recorder` asks of the fleet): each refresh appends this
+    process's new samples to the target's stream as one entry, and reads the entries the
+    others appended."""
 
     def __init__(self, store: RedisStore, key: str, window: float) -> None:
         self._id = store._id
@@ -280,11 +296,13 @@ class _Latency:
         self._last = "0"  # the last stream entry read
 
     def record(self, seconds: float) -> None:
-        """See :meth:`~latencykit.fleet.SharedLatency.record`."""
+        """Queue this process's sample (negative: censored, the attempt was abandoned after
+        that long); written with the next batch."""
         self._outgoing.append(seconds)
 
     def follow(self) -> deque[float]:
-        """See :meth:`~latencykit.fleet.SharedLatency.follow`."""
+        """A new queue that receives the other processes' samples (negative: censored) as the
+        store reads them; its owner drains it into its own window."""
         queue: deque[float] = deque(maxlen=_FOLLOWED)
         self._followers = [*self._followers, queue]  # copied: the store thread iterates it
         return queue
@@ -297,7 +315,7 @@ class _Latency:
     def _lost(self) -> None:
         """The refresh failed (its samples are dropped: a window is a sample)."""
 
-    def _update(self, reply: object, now: float, fresh_until: float) -> None:
+    def _update(self, reply: object) -> None:
         if not isinstance(reply, list) or not reply or not isinstance(reply[0], bytes):
             raise _Garbage(f"latency script returned {type(reply).__name__}")
         try:
@@ -314,8 +332,6 @@ class _Adjustments:
     """The quota adjustments queued for the next refresh (``quota.lua`` never waits for
     them)."""
 
-    __slots__ = ("queue",)
-
     def __init__(self) -> None:
         self.queue: deque[tuple[str, float, float, float]] = deque(maxlen=_MAX_QUEUED)
 
@@ -326,14 +342,14 @@ class _Adjustments:
     def _lost(self) -> None:
         """The refresh failed (its adjustments are dropped: the buckets refill anyway)."""
 
-    def _update(self, reply: object, now: float, fresh_until: float) -> None:
+    def _update(self, reply: object) -> None:
         if not isinstance(reply, bytes):
             raise _Garbage(f"quota script returned {type(reply).__name__}")
 
 
 class RedisStore:
-    """Fleet-wide state on a Redis (or Valkey) server: a
-    :class:`~latencykit.fleet.SharedStore`.
+    """Fleet-wide state on a Redis (or Valkey) server, what the policies' ``shared=`` takes
+    (and :func:`~latencykit.use_store`).
 
     Args:
         url: the server, as the ``redis`` client takes it (``redis://[[user]:password@]host:
@@ -391,9 +407,9 @@ class RedisStore:
             if stale_after is None
             else _validation.seconds("RedisStore.stale_after", stale_after, minimum=self.interval)
         )
-        self._breakers: dict[str, _Breaker] = {}
-        self._budgets: dict[str, _Budget] = {}
-        self._latencies: dict[str, _Latency] = {}
+        self._breakers: dict[str, SharedBreaker] = {}
+        self._budgets: dict[str, SharedBudget] = {}
+        self._latencies: dict[str, SharedLatency] = {}
         self._id = uuid.uuid4().hex[:16]  # this process's (this store's) name in the streams
         self._adjustments = _Adjustments()
         self._lock = threading.Lock()
@@ -404,27 +420,31 @@ class RedisStore:
         self._shas: dict[str, str] = {}
         self._closed = False
         self._down_since: float | None = None
+        self._fresh_until = 0.0  # time.monotonic() until which the views may be used
         self.available = False
         """Whether the last exchange with the server succeeded (read-only)."""
 
     def __repr__(self) -> str:
         return f"RedisStore({_redact(self.url)!r}, namespace={self.namespace!r})"
 
-    # --- the SharedStore interface ------------------------------------------------------------
+    # --- what the policies ask of a store -------------------------------------------------------
 
-    def breaker(self, key: str, options: BreakerOptions) -> _Breaker:
-        """See :meth:`~latencykit.fleet.SharedStore.breaker`."""
-        return self._handle(self._breakers, key, lambda: _Breaker(self, key, options))
+    def breaker(self, key: str, options: BreakerOptions) -> SharedBreaker:
+        """The shared state of the breaker ``key`` (the same object for the same key)."""
+        return self._handle(self._breakers, key, lambda: SharedBreaker(self, key, options))
 
-    def budget(self, key: str, *, ratio: float, ttl: float, reserve: float) -> _Budget:
-        """See :meth:`~latencykit.fleet.SharedStore.budget`."""
+    def budget(self, key: str, *, ratio: float, ttl: float, reserve: float) -> SharedBudget:
+        """The shared state of the budget ``key`` (``reserve``: extra requests always allowed
+        per ``ttl``)."""
         return self._handle(
-            self._budgets, key, lambda: _Budget(self, key, ratio=ratio, ttl=ttl, reserve=reserve)
+            self._budgets,
+            key,
+            lambda: SharedBudget(self, key, ratio=ratio, ttl=ttl, reserve=reserve),
         )
 
-    def latency(self, key: str, *, window: float) -> _Latency:
-        """See :meth:`~latencykit.fleet.SharedStore.latency`."""
-        return self._handle(self._latencies, key, lambda: _Latency(self, key, window))
+    def latency(self, key: str, *, window: float) -> SharedLatency:
+        """The pooled latency window ``key`` (samples count for ``window`` seconds)."""
+        return self._handle(self._latencies, key, lambda: SharedLatency(self, key, window))
 
     def _handle(self, handles: dict[str, H], key: str, make: Callable[[], H]) -> H:
         """The handle of ``key``, made on first use (which starts the background task)."""
@@ -439,16 +459,20 @@ class RedisStore:
     async def take(
         self, key: str, amount: float, *, rate: float, burst: float, max_wait: float
     ) -> float | None:
-        """See :meth:`~latencykit.fleet.SharedStore.take`."""
+        """Take ``amount`` tokens from the token bucket ``key`` (``rate`` per second, up to
+        ``burst``) if they are there within ``max_wait`` seconds, and return the wait (a round
+        trip, bounded by the store's timeout); ``None`` if the store could not answer.
+
+        As the limiter's own buckets: the tokens are taken when the wait fits (the bucket may
+        go negative: the caller reserved the tokens that arrive meanwhile); a wait above
+        ``max_wait`` means nothing was taken."""
         self._start()
-        if not self.available:
-            return None
-        return await run_on_shared_loop(
-            self._take(self._quota_key(key), amount, rate, burst, max_wait)
-        )
+        args = (1, self._quota_key(key), amount, rate, burst, max_wait)
+        return await self._round_trip(_wait_of, "quota", *args)
 
     def adjust(self, key: str, amount: float, *, rate: float, burst: float) -> None:
-        """See :meth:`~latencykit.fleet.SharedStore.adjust`."""
+        """Charge ``amount`` more tokens to the bucket ``key`` (into debt if need be), or give
+        them back when negative; written with the next batch, never waited for."""
         self._start()
         self._adjustments.queue.append((self._quota_key(key), amount, rate, burst))
 
@@ -563,13 +587,13 @@ class RedisStore:
         if not self._shas:
             await self._load_scripts()
         pipe = self._client.pipeline(transaction=False)
-        owners: list[_Adjustments | _Breaker | _Budget | _Latency] = [
+        owners: list[_Adjustments | SharedBreaker | SharedBudget | SharedLatency] = [
             self._adjustments,
             *self._breakers.values(),
             *self._budgets.values(),
             *self._latencies.values(),
         ]
-        plan: list[_Adjustments | _Breaker | _Budget | _Latency] = []
+        plan: list[_Adjustments | SharedBreaker | SharedBudget | SharedLatency] = []
         for owner in owners:
             for script, args in owner._drain():
                 pipe.evalsha(self._shas[script], *args)
@@ -583,48 +607,34 @@ class RedisStore:
             for owner in plan:
                 owner._lost()
             raise
-        now = time.monotonic()
+        fresh_until = time.monotonic() + self.stale_after
         for owner, reply in zip(plan, replies, strict=True):
-            owner._update(reply, now, now + self.stale_after)
+            owner._update(reply)
+        self._fresh_until = fresh_until
 
-    async def _probe(self, handle: _Breaker) -> tuple[bool, BreakerView] | None:
-        try:
-            reply = await asyncio.wait_for(
-                self._client.evalsha(self._shas["breaker"], *handle._script("probe", -1, "")),
-                self.timeout,
-            )
-            now = time.monotonic()
-            view = handle._update(reply, now, now + self.stale_after)
-        except Exception as exc:  # the breaker decides alone
-            self._failed(exc)
+    async def _round_trip(self, parse: Callable[[Any], T], script: str, *args: Any) -> T | None:
+        """A call's round trip (bounded by ``timeout``): the script's reply, parsed; ``None``
+        when the store could not answer (the policy then decides alone)."""
+        if not self.available:
             return None
-        return reply[7] == 1, view
 
-    async def _take(
-        self, key: str, amount: float, rate: float, burst: float, max_wait: float
-    ) -> float | None:
-        try:
-            reply = await asyncio.wait_for(
-                self._client.evalsha(self._shas["quota"], 1, key, amount, rate, burst, max_wait),
-                self.timeout,
-            )
-            wait = float(reply)
-        except Exception as exc:  # the limiter decides alone
-            self._failed(exc)
-            return None
-        if not math.isfinite(wait) or wait < 0:
-            self._failed(_Garbage("quota script returned a negative or infinite wait"))
-            return None
-        return wait
+        async def call() -> T | None:  # on the store's loop, as everything touching its state
+            try:
+                reply = await asyncio.wait_for(
+                    self._client.evalsha(self._shas[script], *args), self.timeout
+                )
+                return parse(reply)
+            except Exception as exc:  # never let the store fail the call
+                self._failed(exc)
+                return None
+
+        return await run_on_shared_loop(call())
 
     # --- health --------------------------------------------------------------------------------
 
     def _failed(self, exc: BaseException) -> None:
         # Views age out by themselves; drop them now so policies go local at once.
-        for handle in list(self._breakers.values()):
-            handle._fresh_until = 0.0
-        for budget in list(self._budgets.values()):
-            budget._fresh_until = 0.0
+        self._fresh_until = 0.0
         self._shas.clear()  # a restarted server has lost them
         self.available = False
         if self._down_since is not None:
@@ -649,6 +659,14 @@ class RedisStore:
         logger.warning("latencykit: shared store %r answers again (after %.1fs)", self, down_for)
         if events.listening():
             events.emit(StoreRecovered(call_id=0, store=repr(self), down_for=down_for))
+
+
+def _wait_of(reply: Any) -> float:
+    """``quota.lua``'s reply: the wait, in seconds."""
+    wait = float(reply)
+    if not math.isfinite(wait) or wait < 0:
+        raise _Garbage("quota script returned a negative or infinite wait")
+    return wait
 
 
 def _redact(url: str) -> str:

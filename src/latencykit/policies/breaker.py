@@ -48,6 +48,7 @@ from ..errors import (
     is_transient,
 )
 from ..events import BreakerRejected, BreakerStateChanged, Event
+from ..fleet.redis import BreakerOptions, BreakerView, SharedBreaker
 from ..pipeline import Call, Next, PolicyDecorator, Stage
 from ..stream import Stream, StreamOutcome
 
@@ -69,9 +70,6 @@ R = TypeVar("R")
 
 TIME_BUCKETS = 20
 """A time window moves in steps of ``window_size / TIME_BUCKETS`` seconds."""
-
-# Codes of a count window's slots: 0 = empty, else _CALL plus the flags.
-_CALL, _FAILED, _SLOW = 1, 2, 4
 
 _CLOSED = BreakerState.CLOSED
 _OPEN = BreakerState.OPEN
@@ -187,41 +185,6 @@ class Breaker(PolicyDecorator):
     """
 
     stage = Stage.BREAKER
-    __slots__ = (
-        "_bucket_width",
-        "_calls",
-        "_closed_permit",
-        "_cursor",
-        "_failures",
-        "_fleet_handle",
-        "_lock",
-        "_mirrored",
-        "_open_for",
-        "_options",
-        "_period",
-        "_probe_calls",
-        "_probe_failures",
-        "_probe_slow",
-        "_probes",
-        "_since",
-        "_size",
-        "_slow",
-        "_state",
-        "_window",
-        "clock",
-        "counts",
-        "failure_rate",
-        "half_open_calls",
-        "key",
-        "max_open_duration",
-        "minimum_calls",
-        "open_duration",
-        "shared",
-        "slow_call_duration",
-        "slow_call_rate",
-        "window_size",
-        "window_type",
-    )
     key: str
     window_type: Literal["count", "time"]
     window_size: float
@@ -296,10 +259,14 @@ class Breaker(PolicyDecorator):
         self._probes = self._probe_calls = self._probe_failures = self._probe_slow = 0
         self._calls = self._failures = self._slow = 0
         self._closed_permit = BreakerPermit(0, False)
-        self._fleet_handle: tuple[_fleet.SharedStore, _fleet.SharedBreaker] | None = None
+        fields = BreakerOptions._fields
+        self._fleet_options = BreakerOptions(*(getattr(self, name) for name in fields))
         self._mirrored = -1  # the fleet epoch last copied into the local state
 
     def _set_window(self, size: object) -> None:
+        """Both windows are rings of buckets of (calls, failures, slow calls): a count
+        window's bucket holds one call, a time window's ``window_size / TIME_BUCKETS``
+        seconds of calls."""
         if self.window_type == "count":
             self.window_size = self._size = _validation.count("breaker.window_size", size)
             if self.minimum_calls > self._size:
@@ -307,18 +274,17 @@ class Breaker(PolicyDecorator):
                     f"breaker.minimum_calls ({self.minimum_calls}) must not exceed "
                     f"breaker.window_size ({self._size}) for a count window: it could never open"
                 )
-            self._bucket_width, self._cursor = 0.0, 0
-            self._window = [0] * self._size  # one code per call
+            self._bucket_width = 0.0
         elif self.window_type == "time":
             self.window_size = _validation.seconds("breaker.window_size", size)
             self._size, self._bucket_width = TIME_BUCKETS, self.window_size / TIME_BUCKETS
-            # The newest bucket's number: none yet, so the first call's clock sets it.
-            self._cursor = -(2**62)
-            self._window = [0] * (3 * TIME_BUCKETS)  # calls, failures, slow per bucket
         else:
             raise ValueError(
                 f"breaker.window_type must be 'count' or 'time', got {self.window_type!r}"
             )
+        # The newest bucket's number: none yet, so the first call (or its clock) sets it.
+        self._cursor = -(2**62)
+        self._window = [0] * (3 * self._size)
 
     def _same_options(self, other: Breaker) -> None:
         """Raise unless ``other`` (a new breaker of this key) was given the same options."""
@@ -345,12 +311,9 @@ class Breaker(PolicyDecorator):
     def _clear_window(self) -> None:
         self._window[:] = [0] * len(self._window)
         self._calls = self._failures = self._slow = 0
-        if self.window_type == "count":
-            self._cursor = 0
 
-    def _advance(self, now: float) -> int:
-        """Time window: drop the buckets that slid out; return the newest bucket's offset."""
-        bucket = math.floor(now / self._bucket_width)
+    def _advance(self, bucket: int) -> int:
+        """Make ``bucket`` the newest: drop the buckets that slid out; return its offset."""
         cursor = self._cursor
         if bucket > cursor:
             window, size = self._window, self._size
@@ -362,6 +325,13 @@ class Breaker(PolicyDecorator):
                 window[at] = window[at + 1] = window[at + 2] = 0
             self._cursor = cursor = bucket
         return (cursor % self._size) * 3  # a clock going backwards lands in the newest bucket
+
+    def _bucket(self) -> int:
+        """The bucket a call ending now goes to (a count window: a new one, the oldest call
+        making room)."""
+        if self._bucket_width:
+            return math.floor(self.clock() / self._bucket_width)
+        return self._cursor + 1
 
     def _move(self, to: BreakerState, now: float) -> BreakerStateChanged | None:
         """Enter state ``to``; return the event to emit (once the lock is released)."""
@@ -396,37 +366,45 @@ class Breaker(PolicyDecorator):
         self._period += 1  # after the state: the lock-free path of _admit_local relies on it
         return event
 
-    def _refresh(self, now: float) -> BreakerStateChanged | None:
+    def _refresh(self) -> None:
         """OPEN -> HALF_OPEN once ``open_for`` has passed (lazily, when somebody looks)."""
-        if self._state is _OPEN and now >= self._since + self._open_for:
-            return self._move(_HALF_OPEN, now)
-        return None
+        if self._state is not _OPEN:
+            return
+        with self._lock:
+            now = self.clock()
+            expired = self._state is _OPEN and now >= self._since + self._open_for
+            event = self._move(_HALF_OPEN, now) if expired else None
+        self._emit(event)
 
     @staticmethod
-    def _emit(*pending: Event | None) -> None:
-        for event in pending:
-            if event is not None:
-                events.emit(event)
+    def _emit(event: Event | None) -> None:
+        if event is not None:
+            events.emit(event)
 
     # --- the fleet's state (a shared store) ------------------------------------------------
 
-    def _fleet_view(self) -> tuple[_fleet.SharedBreaker | None, _fleet.BreakerView | None]:
-        """The shared store's handle and view of this breaker, ``(None, None)`` without a
-        store; the view is ``None`` while the store is unavailable (decide locally)."""
+    def _fleet_handle(self) -> SharedBreaker | None:
+        """This breaker's state in the shared store, ``None`` without a store."""
         store = self.shared or _fleet._current
-        if store is None:
-            return None, None
-        cached = self._fleet_handle
-        if cached is None or cached[0] is not store:
-            fields = _fleet.BreakerOptions._fields
-            options = _fleet.BreakerOptions(*(getattr(self, name) for name in fields))
-            cached = self._fleet_handle = (store, store.breaker(self.key, options))
-        handle = cached[1]
-        return handle, handle.view()
+        return None if store is None else store.breaker(self.key, self._fleet_options)
 
-    def _mirror(self, view: _fleet.BreakerView) -> None:
+    def _fleet_view(self) -> tuple[SharedBreaker | None, BreakerView | None]:
+        """The shared store's handle and view of this breaker (the view mirrored locally),
+        ``(None, None)`` without a store; the view is ``None`` while the store is unavailable
+        (decide locally)."""
+        handle = self._fleet_handle()
+        if handle is None:
+            return None, None
+        view = handle.view()
+        if view is not None:
+            self._mirror(view)
+        return handle, view
+
+    def _mirror(self, view: BreakerView) -> None:
         """Copy the fleet's state into the local state (what ``state`` reports, and where
         the breaker starts from if the store goes away), emitting the change."""
+        if view.epoch == self._mirrored:
+            return
         with self._lock:
             to = BreakerState(view.state)
             event = None if self._state is to else self._move(to, self.clock())
@@ -435,16 +413,7 @@ class Breaker(PolicyDecorator):
             self._mirrored = view.epoch
         self._emit(event)
 
-    def _synced(self) -> _fleet.BreakerView | None:
-        """The fleet's view, mirrored locally; ``None`` without one."""
-        view = self._fleet_view()[1]
-        if view is not None and view.epoch != self._mirrored:
-            self._mirror(view)
-        return view
-
-    async def _permit(
-        self, admitted: BreakerPermit | CircuitOpen | _fleet.SharedBreaker
-    ) -> BreakerPermit:
+    async def _permit(self, admitted: BreakerPermit | CircuitOpen | SharedBreaker) -> BreakerPermit:
         """The permit :meth:`_admit` gave, or asked of the fleet (a probe; decided locally if
         the store cannot answer); raise :class:`CircuitOpen` if refused."""
         if isinstance(admitted, (BreakerPermit, CircuitOpen)):
@@ -453,8 +422,7 @@ class Breaker(PolicyDecorator):
             permit = self._admit_local()
         else:
             granted, view = answer
-            if view.epoch != self._mirrored:
-                self._mirror(view)
+            self._mirror(view)
             permit = (
                 BreakerPermit(self._period, True, view.epoch)
                 if granted
@@ -470,55 +438,43 @@ class Breaker(PolicyDecorator):
     def state(self) -> BreakerState:
         """The current state (an expired ``OPEN`` turns ``HALF_OPEN`` when read). With a
         shared store, the fleet's state as of the store's last refresh."""
-        self._synced()
-        with self._lock:
-            event = self._refresh(self.clock())
-            state = self._state
-        self._emit(event)
-        return state
+        self._fleet_view()
+        self._refresh()
+        return self._state
 
     def metrics(self) -> BreakerMetrics:
         """The window's counts and rates now (a time window first drops expired calls). With
         a shared store, the fleet's window as of the store's last refresh."""
-        view = self._synced()
+        view = self._fleet_view()[1]
         if view is not None:
             state = BreakerState(view.state)
             return _metrics(state, view.calls, view.failures, view.slow, 0)
+        self._refresh()
         with self._lock:
-            now = self.clock()
-            event = self._refresh(now)
-            if self.window_type == "time":
-                self._advance(now)
+            if self._bucket_width:  # a time window: drop the calls that slid out
+                self._advance(math.floor(self.clock() / self._bucket_width))
             in_flight = self._probes - self._probe_calls if self._state is _HALF_OPEN else 0
-            result = _metrics(self._state, self._calls, self._failures, self._slow, in_flight)
-        self._emit(event)
-        return result
+            return _metrics(self._state, self._calls, self._failures, self._slow, in_flight)
 
     def allows(self) -> bool:
         """Whether a call would be admitted now, without taking a permit (nor emitting
         :class:`BreakerRejected`). Failover uses it to skip open targets."""
-        view = self._synced()
+        view = self._fleet_view()[1]
         if view is not None:
             return (
                 view.state == "closed"
                 or (view.state == "open" and view.opens_in <= 0.0)  # the fleet would probe
                 or (view.state == "half_open" and view.free_probes > 0)
             )
-        with self._lock:
-            event = self._refresh(self.clock())
-            allowed = self._state is _CLOSED or (
-                self._state is _HALF_OPEN and self._probes < self.half_open_calls
-            )
-        self._emit(event)
-        return allowed
+        self._refresh()
+        state = self._state
+        return state is _CLOSED or (state is _HALF_OPEN and self._probes < self.half_open_calls)
 
-    def _admit(self) -> BreakerPermit | CircuitOpen | _fleet.SharedBreaker:
+    def _admit(self) -> BreakerPermit | CircuitOpen | SharedBreaker:
         """A permit, a refusal, or the fleet's handle when a probe permit must be asked of it."""
         handle, view = self._fleet_view()
         if view is None or handle is None:
             return self._admit_local()
-        if view.epoch != self._mirrored:
-            self._mirror(view)
         state = view.state
         if state == "closed":
             return BreakerPermit(self._period, False, view.epoch)
@@ -548,9 +504,9 @@ class Breaker(PolicyDecorator):
             if permit.period != period:
                 permit = self._closed_permit = BreakerPermit(period, False)
             return permit
+        self._refresh()
         with self._lock:
             now = self.clock()
-            event = self._refresh(now)
             state = self._state
             granted = None
             if state is _CLOSED:
@@ -559,7 +515,6 @@ class Breaker(PolicyDecorator):
                 self._probes += 1
                 granted = BreakerPermit(self._period, True)
             wait = max(0.0, self._since + self._open_for - now) if state is _OPEN else None
-        self._emit(event)
         return self._refused(state, wait) if granted is None else granted
 
     def acquire(self) -> BreakerPermit | None:
@@ -594,8 +549,8 @@ class Breaker(PolicyDecorator):
         if success is None and not permit.probe:
             return  # an ignored call that held no probe slot: nothing to do
         slow = duration >= self.slow_call_duration
-        if permit.epoch >= 0 and self._fleet_handle is not None:
-            self._record_shared(self._fleet_handle[1], permit, success, slow)
+        if permit.epoch >= 0 and (handle := self._fleet_handle()) is not None:
+            self._record_shared(handle, permit, success, slow)
             return
         with self._lock:
             if permit.period != self._period:
@@ -608,16 +563,14 @@ class Breaker(PolicyDecorator):
 
     def _record_shared(
         self,
-        handle: _fleet.SharedBreaker,
+        handle: SharedBreaker,
         permit: BreakerPermit,
         success: bool | None,
         slow: bool,
     ) -> None:
         """A fleet permit's outcome goes to the store, which decides the transitions; the
         local window counts it too, ready for when the store goes away."""
-        code = (
-            0 if success is None else _CALL | (0 if success else _FAILED) | (_SLOW if slow else 0)
-        )
+        code = 0 if success is None else 1 + 2 * (not success) + 4 * slow
         if permit.probe:
             handle.probe_ended(permit.epoch, code)
             return
@@ -635,47 +588,37 @@ class Breaker(PolicyDecorator):
         self._probe_calls += 1
         self._probe_failures += not success
         self._probe_slow += slow
-        n = self.half_open_calls
-        # Reopen as soon as the rates over all n probes are bound to reach a threshold;
-        # close once all n are counted and they did not.
-        if (
-            self._probe_failures / n >= self.failure_rate
-            or self._probe_slow / n >= self.slow_call_rate
-        ):
+        # Reopen as soon as the rates over all the probes are bound to reach a threshold;
+        # close once all are counted and they did not.
+        if self._trips(self.half_open_calls, self._probe_failures, self._probe_slow):
             return self._move(_OPEN, self.clock())
-        if self._probe_calls >= n:
+        if self._probe_calls >= self.half_open_calls:
             return self._move(_CLOSED, self.clock())
         return None
 
     def _count(self, failed: bool, slow: bool) -> BreakerStateChanged | None:
         """Count a closed call; open if the window's rates reach a threshold."""
         self._tally(failed, slow)
-        calls = self._calls
-        if calls >= self.minimum_calls and (
-            self._failures / calls >= self.failure_rate or self._slow / calls >= self.slow_call_rate
+        if self._calls >= self.minimum_calls and self._trips(
+            self._calls, self._failures, self._slow
         ):
             return self._move(_OPEN, self.clock())
         return None
 
+    def _trips(self, calls: int, failures: int, slow: int) -> bool:
+        """Whether these rates reach a threshold."""
+        return failures / calls >= self.failure_rate or slow / calls >= self.slow_call_rate
+
     def _tally(self, failed: bool, slow: bool) -> None:
         """Add one call to the window."""
+        at = self._advance(self._bucket())
         window = self._window
-        if self._bucket_width:  # time window
-            at = self._advance(self.clock())
-            window[at] += 1
-            window[at + 1] += failed
-            window[at + 2] += slow
-            self._calls += 1
-            self._failures += failed
-            self._slow += slow
-            return
-        at = self._cursor
-        old = window[at]  # a full window: the oldest call makes room
-        window[at] = _CALL | (_FAILED if failed else 0) | (_SLOW if slow else 0)
-        self._cursor = at + 1 if at + 1 < self._size else 0
-        self._calls += not old
-        self._failures += failed - ((old & _FAILED) >> 1)
-        self._slow += slow - ((old & _SLOW) >> 2)
+        window[at] += 1
+        window[at + 1] += failed
+        window[at + 2] += slow
+        self._calls += 1
+        self._failures += failed
+        self._slow += slow
 
     def isolate(self) -> None:
         """Force the breaker open (``FORCED_OPEN``): every call is refused until :meth:`reset`.
@@ -688,19 +631,20 @@ class Breaker(PolicyDecorator):
         self._force("reset", _CLOSED)
 
     def _force(self, op: Literal["isolate", "reset"], to: BreakerState) -> None:
-        handle = self._fleet_view()[0]
+        handle = self._fleet_handle()
         if handle is not None:
             handle.force(op)
+        self._refresh()
         with self._lock:
             now = self.clock()
-            pending = [self._refresh(now)]
+            event = None
             if self._state is not to:
-                pending.append(self._move(to, now))
+                event = self._move(to, now)
             elif to is _CLOSED:  # a new period with an empty window
                 self._clear_window()
                 self._period += 1
                 self._since = now
-        self._emit(*pending)
+        self._emit(event)
 
     async def handle(self, call: Call, next: Next) -> Any:
         """Run ``call`` if the breaker admits it (else raise :class:`CircuitOpen`), and record
@@ -713,19 +657,13 @@ class Breaker(PolicyDecorator):
         probing = probe_var.set(True) if permit.probe else None
         try:
             result = await next(call)
-        except Exception as exc:
+        except BaseException as exc:  # cancelled: neither a success nor a failure
             duration = clock() - started
-            outcome: bool | None = None
+            outcome = None
             try:
-                # A refusal from a breaker or a limiter further in says nothing about this
-                # target.
-                if not isinstance(exc, (CircuitOpen, LimitExceeded)) and self.counts(exc):
-                    outcome = False
+                outcome = self._failed(exc)
             finally:
                 self.record(permit, outcome, duration)
-            raise
-        except BaseException:
-            self.record(permit, None)  # cancelled: neither a success nor a failure
             raise
         finally:
             if probing is not None:
@@ -739,6 +677,13 @@ class Breaker(PolicyDecorator):
             self.record(permit, True, clock() - started)
         return result
 
+    def _failed(self, error: BaseException) -> Literal[False] | None:
+        """``False`` (a failure) if ``error`` counts, ``None`` (ignored) if not. A refusal
+        from a breaker or a limiter further in says nothing about this target."""
+        if not isinstance(error, Exception) or isinstance(error, (CircuitOpen, LimitExceeded)):
+            return None
+        return False if self.counts(error) else None
+
     def _stream_ended(
         self,
         permit: BreakerPermit,
@@ -748,8 +693,7 @@ class Breaker(PolicyDecorator):
         error: BaseException | None,
     ) -> None:
         if outcome == "error" and error is not None:
-            failed = isinstance(error, Exception) and self.counts(error)
-            self.record(permit, False if failed else None, ttft)
+            self.record(permit, self._failed(error), ttft)
         elif outcome in ("ok", "closed"):
             self.record(permit, True, ttft)
         else:  # cancelled or abandoned: says nothing about the target

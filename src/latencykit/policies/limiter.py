@@ -36,12 +36,12 @@ import itertools
 import logging
 import math
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -51,7 +51,7 @@ from .._cancel import Backend, backend, clock, threadsafe_caller
 from .._context import deadline_var, trace_var
 from .._response import Summary
 from ..errors import LimitExceeded
-from ..events import LimitKind, LimitRefused, LimitWaited
+from ..events import Event, LimitKind, LimitRefused, LimitWaited
 from ..pipeline import Call, Next, PolicyDecorator, Stage
 from ..stream import Stream, StreamOutcome
 
@@ -75,6 +75,15 @@ DEFAULT_TENANT = "<default>"
 # Idle state (full buckets, tenants with nothing in flight) is forgotten once there are this many
 # entries, then again at twice as many as were kept: tenants may be end users, many and brief.
 _PRUNE_FROM = 1024
+V = TypeVar("V")
+
+
+def _forget(entries: dict[str, V], idle: Callable[[V], bool]) -> int:
+    """Forget the idle ``entries`` (tenants may be end users, many and brief); return the size
+    from which to look again: twice as many as were kept."""
+    for key in [key for key, value in entries.items() if idle(value)]:
+        del entries[key]
+    return max(_PRUNE_FROM, 2 * len(entries))
 
 
 # --- tenants -----------------------------------------------------------------------------------
@@ -221,15 +230,14 @@ class _Buckets:
         with self._lock:
             bucket = self._buckets.get(key)
             if bucket is None:
-                if len(self._buckets) >= self._prune_at:
-                    self._prune(now)
+                if len(self._buckets) >= self._prune_at:  # forget the full buckets
+                    self._prune_at = _forget(
+                        self._buckets, lambda b: b[0] + (now - b[1]) * b[2] >= b[3]
+                    )
                 bucket = self._buckets[key] = [burst, now, rate, burst]
             tokens = min(burst, bucket[0] + max(0.0, now - bucket[1]) * rate)
-            bucket[1:] = (
-                max(bucket[1], now),
-                rate,
-                burst,
-            )  # a clock read out of order never refills twice
+            # A clock read out of order never refills twice.
+            bucket[1:] = (max(bucket[1], now), rate, burst)
             if amount <= 0:
                 bucket[0] = min(burst, tokens - amount)
                 return 0.0
@@ -242,14 +250,6 @@ class _Buckets:
         with self._lock:
             tokens, at = self._buckets.get(key, (burst, now))[:2]
             return min(burst, tokens + max(0.0, now - at) * rate)
-
-    def _prune(self, now: float) -> None:
-        buckets = self._buckets
-        for key in [
-            k for k, (t, at, rate, burst) in buckets.items() if t + (now - at) * rate >= burst
-        ]:
-            del buckets[key]
-        self._prune_at = max(_PRUNE_FROM, 2 * len(buckets))
 
 
 # --- fair slots --------------------------------------------------------------------------------
@@ -304,19 +304,19 @@ class _Slots:
     the limiter holds its lock around every method.
     """
 
-    __slots__ = ("_heap", "_queues", "_seq", "_vtime", "in_use", "limit")
+    __slots__ = ("_heap", "_seq", "_vtime", "in_use", "limit", "queues")
 
     def __init__(self, limit: float) -> None:
         self.limit = limit
         self.in_use = 0
-        self._queues: dict[str, _Queue] = {}
+        self.queues: dict[str, _Queue] = {}
         self._heap: list[tuple[float, int, _Queue]] = []
         self._seq = itertools.count()
         self._vtime = 0.0
 
     @property
     def idle(self) -> bool:
-        return self.in_use == 0 and not self._queues
+        return self.in_use == 0 and not self.queues
 
     def take(self) -> bool:
         """Take a free slot, if there is one (a free slot means nobody waits: a freed slot is
@@ -328,9 +328,9 @@ class _Slots:
 
     def enqueue(self, key: str, weight: float) -> _Waiter:
         """Queue a waiter under ``key`` (a tenant)."""
-        queue = self._queues.get(key)
+        queue = self.queues.get(key)
         if queue is None:
-            queue = self._queues[key] = _Queue(key, weight, self._vtime)
+            queue = self.queues[key] = _Queue(key, weight, self._vtime)
         waiter = _Waiter(queue)
         queue.waiters.append(waiter)
         if not queue.queued:
@@ -345,8 +345,8 @@ class _Slots:
             pass_, _, queue = heapq.heappop(heap)
             queue.queued = False
             if not queue.waiters:  # its waiters gave up
-                if self._queues.get(queue.key) is queue:
-                    del self._queues[queue.key]
+                if self.queues.get(queue.key) is queue:
+                    del self.queues[queue.key]
                 continue
             waiter = queue.waiters.popleft()
             waiter.granted = True
@@ -356,7 +356,7 @@ class _Slots:
                 queue.queued = True
                 heapq.heappush(heap, (queue.pass_, next(self._seq), queue))
             else:
-                del self._queues[queue.key]
+                del self.queues[queue.key]
             return waiter
         self.in_use -= 1
         return None
@@ -393,18 +393,35 @@ class LimiterSnapshot:
 
 
 class _Permit:
-    """What one call holds: its slots and the bucket charges to refund or reconcile."""
+    """One call through the limiter: whom it is for, when it arrived, and what it holds (its
+    slots, and the bucket charges to refund or reconcile)."""
 
-    __slots__ = ("charges", "released", "target_slots", "tenant", "tenant_slots", "tokens")
+    __slots__ = (
+        "call",
+        "charges",
+        "loop",
+        "quota",
+        "released",
+        "started",
+        "target_slots",
+        "tenant",
+        "tenant_slots",
+        "tokens",
+    )
 
-    def __init__(self, tenant: str) -> None:
-        self.tenant = tenant
+    def __init__(self, call: Call, tenant: str, quota: Quota | None) -> None:
+        self.call, self.tenant, self.quota = call, tenant, quota
+        self.loop = backend()
+        self.started = self.loop.now()
         self.tenant_slots: _Slots | None = None
         self.target_slots: _Slots | None = None
         # key, amount, rate, burst, and whether a shared store holds the bucket
         self.charges: list[tuple[str, float, float, float, bool]] = []
         self.tokens: tuple[str, float, float, float, bool] | None = None  # the token charge
         self.released = False
+
+    def waited(self) -> float:
+        return self.loop.now() - self.started
 
 
 _UNLIMITED = math.inf
@@ -453,24 +470,6 @@ class Limiter(PolicyDecorator):
     """
 
     stage = Stage.LIMITER
-    __slots__ = (
-        "_buckets",
-        "_lock",
-        "_prune_at",
-        "_quotas",
-        "_targets",
-        "_tenant_of",
-        "_tenants",
-        "_tokens_of",
-        "_waiting",
-        "concurrency",
-        "max_wait",
-        "quotas",
-        "shared",
-        "tenant_of",
-        "tenant_quota",
-        "tokens_of",
-    )
 
     def __init__(
         self,
@@ -486,9 +485,8 @@ class Limiter(PolicyDecorator):
         self.concurrency = _concurrency(concurrency)
         _validation.optional("Limiter.tenant_quota", tenant_quota, Quota, "a Quota")
         self.tenant_quota = tenant_quota
-        self._quotas = _quotas(quotas)
-        self.quotas: Mapping[str, Quota] = MappingProxyType(self._quotas)
-        if self.concurrency is None and tenant_quota is None and not self._quotas:
+        self.quotas: Mapping[str, Quota] = MappingProxyType(_quotas(quotas))
+        if self.concurrency is None and tenant_quota is None and not self.quotas:
             raise ValueError(
                 "Limiter needs a limit: concurrency, tenant_quota or quotas (it would do nothing)"
             )
@@ -496,18 +494,13 @@ class Limiter(PolicyDecorator):
         _validation.function("Limiter.tenant_of", tenant_of)
         _validation.function("Limiter.tokens_of", tokens_of)
         self.tenant_of, self.tokens_of = tenant_of, tokens_of
-        self._tenant_of = tenant_of or _default_tenant_of
-        self._tokens_of = tokens_of or _llm_tokens
-        _validation.optional(
-            "Limiter.shared", shared, _fleet.SharedStore, "a SharedStore (RedisStore)"
-        )
+        _validation.optional("Limiter.shared", shared, _fleet.SharedStore, "a RedisStore")
         self.shared = shared
         self._buckets = _Buckets()
         self._lock = threading.Lock()
         self._targets: dict[str, _Slots] = {}
         self._tenants: dict[str, _Slots] = {}
         self._prune_at = _PRUNE_FROM
-        self._waiting: dict[str, int] = {}
 
     def __repr__(self) -> str:
         concurrency = (
@@ -524,18 +517,15 @@ class Limiter(PolicyDecorator):
         """Take the call's quotas and slots (waiting as allowed, else raising
         :class:`~latencykit.errors.LimitExceeded`), run ``next``, and give the slots back when
         the result is final (for a stream, when it ends)."""
-        who = self._tenant_of(call)
+        who = (self.tenant_of or _default_tenant_of)(call)
         if who is None:
             who = DEFAULT_TENANT
         elif not isinstance(who, str) or not who:
             raise TypeError(
                 f"Limiter.tenant_of must return a non-empty string or None, got {who!r}"
             )
-        quota = self._quotas.get(who, self.tenant_quota)
-        permit = _Permit(who)
-        # The common case takes both slots at once, under one lock, without waiting.
-        if (quota is not None and quota.rated) or not self._take_slots(permit, call, quota):
-            await self._acquire(call, permit, quota)
+        permit = _Permit(call, who, self.quotas.get(who, self.tenant_quota))
+        await self._acquire(permit)
         try:
             result = await next(call)
         except BaseException:
@@ -567,35 +557,13 @@ class Limiter(PolicyDecorator):
                 pass
         self._release(permit, usage)
 
-    def _take_slots(self, permit: _Permit, call: Call, quota: Quota | None) -> bool:
-        """Take the tenant's and the target's slots if both are free now."""
-        with self._lock:
-            tenant_slots = self._slots("tenant_concurrency", permit.tenant, quota)
-            target_slots = self._slots("concurrency", call.target.key, quota)
-            # Both or neither: a free slot means nobody waits for it (see _Slots.take).
-            if (
-                tenant_slots.in_use >= tenant_slots.limit
-                or target_slots.in_use >= target_slots.limit
-            ):
-                return False
-            tenant_slots.in_use += 1
-            target_slots.in_use += 1
-        permit.tenant_slots, permit.target_slots = tenant_slots, target_slots
-        return True
-
-    async def _acquire(self, call: Call, permit: _Permit, quota: Quota | None) -> None:
+    async def _acquire(self, permit: _Permit) -> None:
         """Take the call's quotas and slots, waiting for them as allowed."""
-        loop = backend()
-        started = loop.now()
         try:
-            if quota is not None and quota.rated:
-                await self._take_quotas(call, permit, quota, loop, started)
-            permit.tenant_slots = await self._enter(
-                call, permit, "tenant_concurrency", quota, loop, started
-            )
-            permit.target_slots = await self._enter(
-                call, permit, "concurrency", quota, loop, started
-            )
+            if permit.quota is not None and permit.quota.rated:
+                await self._take_quotas(permit, permit.quota)
+            permit.tenant_slots = await self._enter(permit, "tenant_concurrency")
+            permit.target_slots = await self._enter(permit, "concurrency")
         except BaseException:
             self._release(permit, refund=True)
             raise
@@ -605,8 +573,8 @@ class Limiter(PolicyDecorator):
         if kind == "tenant_concurrency":
             slots = self._tenants.get(key)
             if slots is None:
-                if len(self._tenants) >= self._prune_at:
-                    self._prune()
+                if len(self._tenants) >= self._prune_at:  # forget the idle tenants
+                    self._prune_at = _forget(self._tenants, lambda slots: slots.idle)
                 cap = quota.concurrency if quota is not None else None
                 slots = self._tenants[key] = _Slots(_UNLIMITED if cap is None else cap)
             return slots
@@ -615,38 +583,32 @@ class Limiter(PolicyDecorator):
             slots = self._targets[key] = _Slots(self._limit_of(key))
         return slots
 
-    def _prune(self) -> None:
-        """Forget idle tenants (under the lock): tenants may be end users, many and brief."""
-        tenants = self._tenants
-        for who in [who for who, slots in tenants.items() if slots.idle]:
-            del tenants[who]
-        self._prune_at = max(_PRUNE_FROM, 2 * len(tenants))
-
     def _limit_of(self, key: str) -> float:
         limit = self.concurrency
-        if limit is None:
-            return _UNLIMITED
-        if isinstance(limit, int):
-            return limit
-        return limit.get(key, _UNLIMITED)
+        if isinstance(limit, Mapping):
+            return limit.get(key, _UNLIMITED)
+        return _UNLIMITED if limit is None else limit
 
     # --- rates --------------------------------------------------------------------------------
 
-    async def _take_quotas(
-        self, call: Call, permit: _Permit, quota: Quota, loop: Backend, started: float
-    ) -> None:
-        who = permit.tenant
+    async def _take_quotas(self, permit: _Permit, quota: Quota) -> None:
         wanted = [
-            (kind, key, 1.0 if kind == "requests" else float(self._tokens(call)), rate, burst)
-            for kind, key, rate, burst in _buckets(who, quota)
+            (
+                kind,
+                key,
+                1.0 if kind == "requests" else float(self._tokens(permit.call)),
+                rate,
+                burst,
+            )
+            for kind, key, rate, burst in _buckets(permit.tenant, quota)
         ]
-        now = loop.now()
-        room = self._room(started, now)
+        now = permit.loop.now()
+        room = self._room(permit.started, now)
         longest, longest_kind = 0.0, wanted[0][0]
         for kind, key, amount, rate, burst in wanted:
             wait, fleet = await self._take(key, amount, rate, burst, now, room)
             if wait > room:  # nothing taken: it cannot fit, say so now rather than wait to fail
-                raise self._refused(call, who, kind, wait, now - started)
+                raise self._refused(permit, kind, wait)
             charge = (key, amount, rate, burst, fleet)
             permit.charges.append(charge)
             if kind == "tokens":
@@ -655,7 +617,7 @@ class Limiter(PolicyDecorator):
                 longest, longest_kind = wait, kind
         if longest > 0:
             await anyio.sleep(longest)  # the tokens are reserved: they are ours after it
-            self._waited(call, who, longest_kind, longest)
+            _report(LimitWaited, permit, longest_kind, longest)
 
     async def _take(
         self, key: str, amount: float, rate: float, burst: float, now: float, room: float
@@ -671,7 +633,7 @@ class Limiter(PolicyDecorator):
         ), False
 
     def _tokens(self, call: Call) -> int:
-        cost = self._tokens_of(call)
+        cost = (self.tokens_of or _llm_tokens)(call)
         if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
             raise TypeError(f"Limiter.tokens_of must return an int >= 0, got {cost!r}")
         return cost
@@ -687,53 +649,37 @@ class Limiter(PolicyDecorator):
 
     # --- slots --------------------------------------------------------------------------------
 
-    async def _enter(
-        self,
-        call: Call,
-        permit: _Permit,
-        kind: LimitKind,
-        quota: Quota | None,
-        loop: Backend,
-        started: float,
-    ) -> _Slots:
+    async def _enter(self, permit: _Permit, kind: LimitKind) -> _Slots:
         """Take a slot of the tenant's cap or of the target's limit, waiting if allowed."""
-        who = permit.tenant
+        who, quota = permit.tenant, permit.quota
         # The tenant's cap queues its calls FIFO; a target's limit serves tenants by weight.
         key, weight = (
             (who, 1.0)
             if kind == "tenant_concurrency"
-            else (call.target.key, 1.0 if quota is None else quota.weight)
+            else (permit.call.target.key, 1.0 if quota is None else quota.weight)
         )
-        own_end = math.inf if self.max_wait is None else started + self.max_wait
+        own_end = math.inf if self.max_wait is None else permit.started + self.max_wait
         with self._lock:
             slots = self._slots(kind, key, quota)
             if slots.take():
                 return slots
-            now = loop.now()
-            waiter = None if own_end <= now else slots.enqueue(who, weight)
-            if waiter is not None:
-                self._waiting[who] = self._waiting.get(who, 0) + 1
+            waiter = None if own_end <= permit.loop.now() else slots.enqueue(who, weight)
         if waiter is None:  # max_wait is used up (or 0): no waiting at all
-            raise self._refused(call, who, kind, None, now - started)
+            raise self._refused(permit, kind, None)
         try:
-            await _wait(waiter, own_end, loop)
+            await _wait(waiter, own_end, permit.loop)
         except BaseException:
-            self._stop_waiting(slots, waiter, who, keep=False)
+            self._stop_waiting(slots, waiter, keep=False)
             raise
-        if not self._stop_waiting(slots, waiter, who, keep=True):
-            raise self._refused(call, who, kind, None, loop.now() - started)
-        self._waited(call, who, kind, loop.now() - started)
+        if not self._stop_waiting(slots, waiter, keep=True):
+            raise self._refused(permit, kind, None)
+        _report(LimitWaited, permit, kind, permit.waited())
         return slots
 
-    def _stop_waiting(self, slots: _Slots, waiter: _Waiter, who: str, *, keep: bool) -> bool:
+    def _stop_waiting(self, slots: _Slots, waiter: _Waiter, *, keep: bool) -> bool:
         """The waiter stops waiting; return whether it holds a slot. A slot granted to it is
         kept if ``keep``, else handed on (it was cancelled); otherwise it leaves the queue."""
         with self._lock:
-            left = self._waiting[who] - 1
-            if left:
-                self._waiting[who] = left
-            else:
-                del self._waiting[who]
             if waiter.granted and keep:
                 return True
             woken = slots.leave(waiter)
@@ -777,39 +723,13 @@ class Limiter(PolicyDecorator):
 
     # --- events and errors --------------------------------------------------------------------
 
-    def _refused(
-        self, call: Call, who: str, kind: LimitKind, wait: float | None, waited: float
-    ) -> LimitExceeded:
-        key = call.target.key
-        if events.listening():
-            trace = trace_var.get()
-            events.emit(
-                LimitRefused(
-                    0 if trace is None else trace.call_id,
-                    target=key,
-                    tenant=who,
-                    limit=kind,
-                    wait=wait,
-                    waited=waited,
-                )
-            )
+    def _refused(self, permit: _Permit, kind: LimitKind, wait: float | None) -> LimitExceeded:
+        waited = permit.waited()
+        _report(LimitRefused, permit, kind, waited, wait=wait)
         limit = "concurrency" if kind == "tenant_concurrency" else kind
-        of_tenant = None if kind == "concurrency" else who  # a target's limit: no tenant's
+        of_tenant = None if kind == "concurrency" else permit.tenant  # a target's: no tenant's
+        key = permit.call.target.key
         return LimitExceeded(key, limit, tenant=of_tenant, wait=wait, waited=waited)
-
-    @staticmethod
-    def _waited(call: Call, who: str, kind: LimitKind, waited: float) -> None:
-        if events.listening():
-            trace = trace_var.get()
-            events.emit(
-                LimitWaited(
-                    0 if trace is None else trace.call_id,
-                    target=call.target.key,
-                    tenant=who,
-                    limit=kind,
-                    waited=waited,
-                )
-            )
 
     # --- introspection ------------------------------------------------------------------------
 
@@ -820,7 +740,12 @@ class Limiter(PolicyDecorator):
         with self._lock:
             in_flight = {key: slots.in_use for key, slots in self._targets.items()}
             by_tenant = {who: slots.in_use for who, slots in self._tenants.items() if slots.in_use}
-            waiting = dict(self._waiting)
+            waiting = Counter(
+                who
+                for slots in (*self._targets.values(), *self._tenants.values())
+                for who, queue in slots.queues.items()
+                for _ in queue.waiters
+            )
         now = clock()
         buckets: dict[str, float] = {}
         for who in dict.fromkeys([*by_tenant, *waiting, *self.quotas, *tenants]):
@@ -830,9 +755,20 @@ class Limiter(PolicyDecorator):
         return LimiterSnapshot(
             in_flight=MappingProxyType(in_flight),
             tenants=MappingProxyType(by_tenant),
-            waiting=MappingProxyType(waiting),
+            waiting=MappingProxyType(dict(waiting)),
             buckets=MappingProxyType(buckets),
         )
+
+
+def _report(
+    event: Callable[..., Event], permit: _Permit, kind: LimitKind, waited: float, **more: Any
+) -> None:
+    """Emit :class:`LimitRefused` or :class:`LimitWaited` for ``permit``'s call."""
+    if events.listening():
+        trace = trace_var.get()
+        call_id = 0 if trace is None else trace.call_id
+        target, who = permit.call.target.key, permit.tenant
+        events.emit(event(call_id, target=target, tenant=who, limit=kind, waited=waited, **more))
 
 
 async def _wait(waiter: _Waiter, end: float, loop: Backend) -> None:
