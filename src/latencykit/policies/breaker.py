@@ -136,7 +136,19 @@ def _metrics(
     )
 
 
-class Breaker(PolicyDecorator):
+class _Registered(type):
+    """Calling :class:`Breaker` gives the process-wide breaker of the key: the one built
+    first, once the new one's options are found the same."""
+
+    def __call__(cls, *args: Any, **options: Any) -> Any:
+        made = super().__call__(*args, **options)
+        with _registry_lock:
+            existing = _registry.setdefault(made.key, made)
+        existing._same_options(made)
+        return existing
+
+
+class Breaker(PolicyDecorator, metaclass=_Registered):
     """The circuit breaker of one target key, shared process-wide; a policy and a decorator.
 
     ``Breaker(key, ...)`` returns the breaker registered for ``key``, made on first use.
@@ -200,8 +212,8 @@ class Breaker(PolicyDecorator):
     clock: Callable[[], float]
     _options: dict[str, object]
 
-    def __new__(
-        cls,
+    def __init__(
+        self,
         key: str,
         *,
         window_type: Literal["count", "time"] = "count",
@@ -216,8 +228,7 @@ class Breaker(PolicyDecorator):
         counts: ErrorFilter | None = None,
         shared: _fleet.SharedStore | None = None,
         clock: Callable[[], float] = loop_clock,
-    ) -> Breaker:
-        self = super().__new__(cls)
+    ) -> None:
         self.key = _validation.text("breaker.key", key)
         self.window_type = window_type
         self.minimum_calls = _validation.count("breaker.minimum_calls", minimum_calls)
@@ -247,10 +258,6 @@ class Breaker(PolicyDecorator):
         self.clock = clock
         self._options = {name: getattr(self, name) for name in _OPTIONS} | {"counts": counts}
         self._start()
-        with _registry_lock:
-            existing = _registry.setdefault(self.key, self)
-        existing._same_options(self)
-        return existing
 
     def _start(self) -> None:
         """The state of a new breaker: closed, with an empty window."""
@@ -706,6 +713,13 @@ breaker = Breaker
 # --- the process-wide registry ----------------------------------------------------------------
 
 # The options the registry compares (all but the key): normalised, and ``counts`` as given.
+# What help(), the docs and the config read: the constructor's options (not the registry's
+# call, which only passes them on).
+Breaker.__signature__ = inspect.signature(
+    Breaker.__init__
+).replace(  # type: ignore[attr-defined]
+    parameters=tuple(inspect.signature(Breaker.__init__).parameters.values())[1:]
+)
 _OPTIONS = tuple(inspect.signature(Breaker).parameters)[1:]
 
 _registry: dict[str, Breaker] = {}
