@@ -27,7 +27,6 @@ from . import _validation
 from ._cancel import clock, now
 from ._context import Attempt, Trace, current_attempt, remaining, task_var
 from ._litellm import LitellmTransport, litellm
-from ._openai import OpenAITransport
 from .errors import (
     ErrorFilter,
     OutputTruncated,
@@ -514,6 +513,10 @@ class LLM:
     @functools.cached_property
     def _transports(self) -> dict[str, Transport]:
         """The lanes, by the name a target gives (``Target.transport``)."""
+        # The fast lane's module (httpx, msgspec: ~60 ms) loads with the first LLM, not with
+        # ``import latencykit``.
+        from ._openai import OpenAITransport
+
         secrets = self._secrets
         return {"litellm": LitellmTransport(secrets), "openai": OpenAITransport(secrets)}
 

@@ -712,15 +712,13 @@ breaker = Breaker
 
 # --- the process-wide registry ----------------------------------------------------------------
 
-# The options the registry compares (all but the key): normalised, and ``counts`` as given.
 # What help(), the docs and the config read: the constructor's options (not the registry's
 # call, which only passes them on).
-Breaker.__signature__ = inspect.signature(
-    Breaker.__init__
-).replace(  # type: ignore[attr-defined]
-    parameters=tuple(inspect.signature(Breaker.__init__).parameters.values())[1:]
-)
-_OPTIONS = tuple(inspect.signature(Breaker).parameters)[1:]
+_init = inspect.signature(Breaker.__init__)
+_signature = _init.replace(parameters=tuple(_init.parameters.values())[1:])
+Breaker.__signature__ = _signature  # type: ignore[attr-defined]
+# The options the registry compares (all but the key): normalised, and ``counts`` as given.
+_OPTIONS = tuple(_signature.parameters)[1:]
 
 _registry: dict[str, Breaker] = {}
 _registry_view: Mapping[str, Breaker] = MappingProxyType(_registry)
