@@ -471,7 +471,6 @@ class HTTPError(Exception):
         self, message: str, status_code: int | None, body: Any, response: Any = None
     ) -> None:
         super().__init__(message)
-        self.message = message
         self.status_code = status_code
         self.body = body
         self.response = response
@@ -581,13 +580,13 @@ class _Evidence(NamedTuple):
 
 class _Rule(NamedTuple):
     """One row of the table: ``kind`` if any of the signals matches (and, with ``only``, the
-    status is unknown or one of those)."""
+    status is unknown or one of those). ``names`` are error codes/types (lowercase) or client
+    class names (capitalised): the two never clash."""
 
     kind: ErrorKind
     statuses: Container[int] = ()
-    codes: frozenset[str] = frozenset()
+    names: frozenset[str] = frozenset()
     words: str | None = None  # a regular expression
-    classes: frozenset[str] = frozenset()
     only: range | None = None
 
     def matches(self, evidence: _Evidence) -> bool:
@@ -596,9 +595,8 @@ class _Rule(NamedTuple):
             return False
         return (
             (status is not None and status in self.statuses)
-            or not self.codes.isdisjoint(evidence.codes)
+            or not self.names.isdisjoint(evidence.codes.union(evidence.classes))
             or (self.words is not None and re.search(self.words, evidence.text) is not None)
-            or not self.classes.isdisjoint(evidence.classes)
         )
 
 
@@ -613,26 +611,26 @@ _RULES: tuple[_Rule, ...] = (
     #    provider's code/type first, then its wording, then litellm's own reading of it.
     _Rule(
         _K.CONTEXT_LENGTH,
-        codes=_names("context_length_exceeded context_window_exceeded exceed_context_size_error"),
+        names=_names("context_length_exceeded context_window_exceeded exceed_context_size_error"),
     ),
     _Rule(
         _K.CONTENT_POLICY,
-        codes=_names("content_filter content_policy_violation responsibleaipolicyviolation"),
+        names=_names("content_filter content_policy_violation responsibleaipolicyviolation"),
     ),
     _Rule(
         _K.NOT_FOUND,
-        codes=_names("model_not_found deploymentnotfound deployment_not_found not_found_error"),
+        names=_names("model_not_found deploymentnotfound deployment_not_found not_found_error"),
     ),
     _Rule(
         _K.AUTHENTICATION,
-        codes=_names("invalid_api_key authentication_error permission_error api_key_invalid"),
+        names=_names("invalid_api_key authentication_error permission_error api_key_invalid"),
     ),
     #    Wordings are looser than codes: they decide only on a 4xx (or without a status); a 5xx
     #    that merely mentions "too many tokens" stays a server error.
     _Rule(_K.CONTEXT_LENGTH, words=_CONTEXT_WORDS, only=_4XX),
     _Rule(_K.CONTENT_POLICY, words=_CONTENT_WORDS, only=_4XX),
-    _Rule(_K.CONTEXT_LENGTH, classes=_names("ContextWindowExceededError")),
-    _Rule(_K.CONTENT_POLICY, classes=_names("ContentPolicyViolationError")),
+    _Rule(_K.CONTEXT_LENGTH, names=_names("ContextWindowExceededError")),
+    _Rule(_K.CONTENT_POLICY, names=_names("ContentPolicyViolationError")),
     # 3. The HTTP status.
     _Rule(_K.NOT_FOUND, statuses={404}),
     _Rule(_K.TIMEOUT, statuses={504}),
@@ -640,30 +638,30 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(_K.BAD_REQUEST, statuses=_4XX),
     # 4. No HTTP status (an error event inside a stream, an error litellm raised itself): the
     #    class litellm or the OpenAI SDK chose, most specific first, then the error type.
-    _Rule(_K.STREAM_BROKEN, classes=_names("MidStreamFallbackError")),
-    _Rule(_K.RATE_LIMITED, classes=_names("RateLimitError")),
-    _Rule(_K.TIMEOUT, classes=_names("Timeout APITimeoutError")),
-    _Rule(_K.AUTHENTICATION, classes=_names("AuthenticationError PermissionDeniedError")),
-    _Rule(_K.NOT_FOUND, classes=_names("NotFoundError")),
-    _Rule(_K.CONNECTION, classes=_names("APIConnectionError")),
+    _Rule(_K.STREAM_BROKEN, names=_names("MidStreamFallbackError")),
+    _Rule(_K.RATE_LIMITED, names=_names("RateLimitError")),
+    _Rule(_K.TIMEOUT, names=_names("Timeout APITimeoutError")),
+    _Rule(_K.AUTHENTICATION, names=_names("AuthenticationError PermissionDeniedError")),
+    _Rule(_K.NOT_FOUND, names=_names("NotFoundError")),
+    _Rule(_K.CONNECTION, names=_names("APIConnectionError")),
     _Rule(
         _K.SERVER_ERROR,
-        classes=_names("InternalServerError ServiceUnavailableError BadGatewayError"),
+        names=_names("InternalServerError ServiceUnavailableError BadGatewayError"),
     ),
     _Rule(
         _K.BAD_REQUEST,
-        classes=_names("BadRequestError UnprocessableEntityError UnsupportedParamsError"),
+        names=_names("BadRequestError UnprocessableEntityError UnsupportedParamsError"),
     ),
-    _Rule(_K.RATE_LIMITED, codes=_names("rate_limit_exceeded rate_limit_error")),
+    _Rule(_K.RATE_LIMITED, names=_names("rate_limit_exceeded rate_limit_error")),
     _Rule(
-        _K.SERVER_ERROR, codes=_names("overloaded_error server_error api_error service_unavailable")
+        _K.SERVER_ERROR, names=_names("overloaded_error server_error api_error service_unavailable")
     ),
-    _Rule(_K.BAD_REQUEST, codes=_names("invalid_request_error")),
+    _Rule(_K.BAD_REQUEST, names=_names("invalid_request_error")),
 )
 del _K
 
-# The class names of the table: does a client library's class say what happened?
-_CLASS_NAMES = frozenset(name for rule in _RULES for name in rule.classes)
+# The names of the table: does a client library's class say what happened?
+_RULE_NAMES = frozenset(name for rule in _RULES for name in rule.names)
 _TEXT_LIMIT = 4000  # characters of each message searched for wordings
 _BODY_LIMIT = 100_000  # bytes of a response body decoded (a longer one is read as text)
 _LINE_LIMIT = 200  # characters of a text body's line taken as its message
@@ -752,7 +750,7 @@ def _answer_status(exc: BaseException, classes: tuple[str, ...]) -> int | None:
     """The HTTP status the error's answer had: the provider's (:func:`_http_status`); for a
     class the table does not know, its own; else the one its body states."""
     status = _http_status(exc)
-    if status is None and _CLASS_NAMES.isdisjoint(classes):
+    if status is None and _RULE_NAMES.isdisjoint(classes):
         status = _status_code(exc)
     return _stated_status(exc) if status is None else status
 
@@ -1065,15 +1063,10 @@ def _headers_of(exc: BaseException) -> Iterator[Mapping[str, Any]]:
     response = getattr(exc, "response", None)
     for owner, attr in ((exc, "litellm_response_headers"), (exc, "headers"), (response, "headers")):
         headers = getattr(owner, attr, None)
-        if headers is not None and hasattr(headers, "get"):
-            yield _lowercase(headers)
-
-
-def _lowercase(headers: Mapping[str, Any]) -> Mapping[str, Any]:
-    # httpx's headers ignore case already; a plain dict keeps the sender's.
-    if isinstance(headers, dict):
-        return {str(name).lower(): value for name, value in headers.items()}
-    return headers
+        if isinstance(headers, dict):  # httpx's headers ignore case already; a dict does not
+            yield {str(name).lower(): value for name, value in headers.items()}
+        elif headers is not None and hasattr(headers, "get"):
+            yield headers
 
 
 def _asked_wait(headers: Mapping[str, Any]) -> float | None:
@@ -1188,10 +1181,9 @@ def _scrub_value(value: object, secrets: re.Pattern[str] | None) -> object:
         return _scrub(value, secrets)
     if isinstance(value, Mapping):
         return {k: _scrub_value(v, secrets) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_scrub_value(v, secrets) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_scrub_value(v, secrets) for v in value)
+    if isinstance(value, (list, tuple)):
+        items = [_scrub_value(v, secrets) for v in value]
+        return items if isinstance(value, list) else tuple(items)
     return value
 
 
