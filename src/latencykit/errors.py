@@ -763,36 +763,29 @@ def _read_body(
     body: object, codes: set[str], texts: list[str], waits: list[float], depth: int = 0
 ) -> None:
     """Read a decoded error body wherever the common providers put things: the ``code``,
-    ``type`` and Google's ``details[].reason`` into ``codes`` (lowercase); the ``message`` (or
-    FastAPI's ``detail``, TGI's ``error`` string, a text body) into ``texts``; Google's
-    ``RetryInfo.retryDelay`` (seconds) into ``waits``."""
+    ``type`` and Google's ``details[].reason`` (``google.rpc.ErrorInfo``: "API_KEY_INVALID")
+    into ``codes`` (lowercase); the ``message`` (or FastAPI's ``detail``, TGI's ``error``
+    string, a text body) into ``texts``; Google's ``details[].retryDelay``
+    (``google.rpc.RetryInfo``: "2s") in seconds into ``waits``."""
     if isinstance(body, str):
         texts.append(body[:_TEXT_LIMIT])
         return
-    if depth > 2:
+    if depth > 3:  # a list of errors, its error, that error's details
         return
     if isinstance(body, list):  # Gemini answers a list of error objects
         nested = body[:3]
     elif isinstance(body, Mapping):
-        codes.update(code.lower() for code in _strings(body, "code", "type"))
+        codes.update(code.lower() for code in _strings(body, "code", "type", "reason"))
         texts.extend(message[:_TEXT_LIMIT] for message in _strings(body, "message", "detail"))
+        delays = map(_parse_wait, _strings(body, "retryDelay"))
+        waits.extend(wait for wait in delays if wait is not None)
         details = body.get("details")
-        for detail in details[:8] if isinstance(details, list) else ():
-            _read_detail(detail, codes, waits)
         nested = [body.get("error"), body.get("innererror")]
+        nested += details[:8] if isinstance(details, list) else []
     else:
         return
     for item in nested:
         _read_body(item, codes, texts, waits, depth + 1)
-
-
-def _read_detail(detail: object, codes: set[str], waits: list[float]) -> None:
-    """Read one of Google's ``details``: ``google.rpc.ErrorInfo``'s ``reason``
-    ("API_KEY_INVALID"), ``google.rpc.RetryInfo``'s ``retryDelay`` ("2s")."""
-    if isinstance(detail, Mapping):
-        codes.update(reason.lower() for reason in _strings(detail, "reason"))
-        delays = map(_parse_wait, _strings(detail, "retryDelay"))
-        waits.extend(wait for wait in delays if wait is not None)
 
 
 def _body_of(link: BaseException) -> object:
@@ -858,17 +851,13 @@ _RESOURCE_ERRORS = {
 }
 
 
-def _out_of_resources(exc: BaseException, depth: int = 0) -> str | None:
-    """What ran out, when the client itself could not open a socket (the cause chain holds an
-    ``OSError`` with errno ``EMFILE``/``ENFILE``); ``None`` otherwise."""
-    for link in _chain(exc):
+def _out_of_resources(exc: BaseException) -> str | None:
+    """What ran out, when the client itself could not open a socket (an ``OSError`` with errno
+    ``EMFILE``/``ENFILE`` among the exceptions of ``exc``'s traceback: trio's "all attempts to
+    connect ... failed" holds each attempt's error in a group); ``None`` otherwise."""
+    for link in _printed(exc):
         if isinstance(link, OSError) and link.errno in _RESOURCE_ERRORS:
             return _RESOURCE_ERRORS[link.errno]
-        # trio's "all attempts to connect ... failed" holds each attempt's error in a group.
-        group = getattr(link, "exceptions", None)
-        for inner in group[:8] if depth < 2 and isinstance(group, tuple) else ():
-            if isinstance(inner, BaseException) and (found := _out_of_resources(inner, depth + 1)):
-                return found
     return None
 
 
