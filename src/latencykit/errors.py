@@ -733,26 +733,21 @@ def _error_in_answer(exc: BaseException) -> bool:
     )
 
 
-def _stated_status(exc: BaseException) -> int | None:
-    """The HTTP status an error body says of itself, for an error that came without one: an
-    error event inside a stream (vLLM's and others' ``{"error": {"code": 500, ...}}``) reads
-    as that status would, on every lane."""
-    for link in _chain(exc):
+def _answer_status(exc: BaseException, classes: tuple[str, ...]) -> int | None:
+    """The HTTP status the error's answer had: the provider's (:func:`_http_status`); for a
+    class the table does not know, its own; else the one its body states of itself (an error
+    event inside a stream, vLLM's and others' ``{"error": {"code": 500, ...}}``, reads as that
+    status would, on every lane)."""
+    status = _http_status(exc)
+    if status is None and _RULE_NAMES.isdisjoint(classes):
+        status = _status_code(exc)
+    for link in _chain(exc) if status is None else ():
         body = _body_of(link)
         error = body.get("error", body) if isinstance(body, Mapping) else None
         code = _int(error.get("code")) if isinstance(error, Mapping) else None
         if code is not None and 400 <= code <= 599:
             return code
-    return None
-
-
-def _answer_status(exc: BaseException, classes: tuple[str, ...]) -> int | None:
-    """The HTTP status the error's answer had: the provider's (:func:`_http_status`); for a
-    class the table does not know, its own; else the one its body states."""
-    status = _http_status(exc)
-    if status is None and _RULE_NAMES.isdisjoint(classes):
-        status = _status_code(exc)
-    return _stated_status(exc) if status is None else status
+    return status
 
 
 def _strings(body: Mapping[Any, Any], *keys: str) -> list[str]:
@@ -770,18 +765,16 @@ def _read_body(
     if isinstance(body, str):
         texts.append(body[:_TEXT_LIMIT])
         return
-    if depth > 3:  # a list of errors, its error, that error's details
+    if depth > 4:  # a list of errors, an error, its inner error, its details, a detail
         return
-    if isinstance(body, list):  # Gemini answers a list of error objects
-        nested = body[:3]
+    if isinstance(body, list):  # Gemini answers a list of error objects; Google's details
+        nested = body[:8]
     elif isinstance(body, Mapping):
         codes.update(code.lower() for code in _strings(body, "code", "type", "reason"))
         texts.extend(message[:_TEXT_LIMIT] for message in _strings(body, "message", "detail"))
         delays = map(_parse_wait, _strings(body, "retryDelay"))
         waits.extend(wait for wait in delays if wait is not None)
-        details = body.get("details")
-        nested = [body.get("error"), body.get("innererror")]
-        nested += details[:8] if isinstance(details, list) else []
+        nested = [body.get("error"), body.get("innererror"), body.get("details")]
     else:
         return
     for item in nested:
