@@ -188,6 +188,7 @@ class _Model(BaseModel):
 
 
 C = TypeVar("C", bound=_Model)
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -621,7 +622,6 @@ class LLMConfig(_Model):
         if given["shared"] is not None:
             found["shared"] = _store_config(given["shared"], configs.get("store_url_env"))
         return cls(**found, **_remembered(given, configs))
-        return cls(**found)
 
     @classmethod
     def from_env(
@@ -833,10 +833,6 @@ def _yaml_loader() -> type[Any]:
     return Loader
 
 
-def _yaml(text: str) -> Any:
-    return _yaml_with_lines(text)[0]
-
-
 def _yaml_with_lines(text: str) -> tuple[Any, dict[Path_, int]]:
     """The document in ``text`` and the line of each field in it."""
     import yaml
@@ -922,7 +918,7 @@ def _env_value(name: str) -> Any:
 
     text = os.environ[name]
     try:
-        return _yaml(text) if text else ""
+        return _yaml_with_lines(text)[0] if text else ""
     except yaml.YAMLError as exc:
         raise ValueError(f"environment variable {name}{_yaml_problem(exc, text)}") from None
 
@@ -971,25 +967,21 @@ def _notes(
 ) -> list[str]:
     """Where the value at ``loc`` came from, and for an unknown name the known one closest."""
     notes: list[str] = []
-    variable = next((names[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in names), None)
+    variable, line = _deepest(loc, names), _deepest(loc, lines)
     if variable is not None:
         notes.append(f"environment variable {variable}")
-    elif (line := _line(loc, lines)) is not None:
+    elif line is not None:
         notes.append(f"line {line}")
     if kind == "extra_forbidden" and loc:
         known = _model_at(model, loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), list(known.model_fields), n=1)
-        if close:
-            notes.append(_did_you_mean(loc[:-1], close[0], None if variable is None else prefix))
+        for close in difflib.get_close_matches(str(loc[-1]), list(known.model_fields), n=1):
+            spelled = "__".join([*map(str, loc[:-1]), close]).upper()
+            notes.append(
+                f"did you mean {close!r}?"
+                if variable is None
+                else f"did you mean {prefix}{spelled}?"
+            )
     return notes
-
-
-def _did_you_mean(parent: Path_, name: str, prefix: str | None) -> str:
-    """The close match of a misspelt name: a field's, or (``prefix``) a variable's."""
-    if prefix is None:
-        return f"did you mean {name!r}?"
-    spelled = "__".join([*(str(p) for p in parent), name]).upper()
-    return f"did you mean {prefix}{spelled}?"
 
 
 def _in_data(loc: Path_, data: object) -> Path_:
@@ -1012,16 +1004,10 @@ def _field_names() -> frozenset[str]:
     return frozenset(name for model in _FORMS for name in model.model_fields)
 
 
-def _line(loc: Path_, lines: Mapping[Path_, int]) -> int | None:
-    """The line of the deepest field of ``loc`` found in ``lines`` (``loc`` may hold a union
-    member's name, as in ``("hedge", "delay", "QuantileConfig", "q")``, which no file has)."""
-    path: Path_ = ()
-    line = None
-    for part in loc:
-        if (*path, part) in lines:
-            path = (*path, part)
-            line = lines[path]
-    return line
+def _deepest(loc: Path_, table: Mapping[Path_, T]) -> T | None:
+    """What ``table`` holds for the deepest field of ``loc`` it has (a file's line or an
+    environment variable: a field left out, or set by a variable of its parent, has none)."""
+    return next((table[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in table), None)
 
 
 def _model_at(model: type[BaseModel], loc: Path_) -> type[BaseModel]:
