@@ -306,15 +306,13 @@ def _generic_data(origin: Any, args: tuple[Any, ...]) -> Any:
     if origin in (typing.Union, types.UnionType):
         found = [m for m in dict.fromkeys(map(_data, args)) if m is not None]
         return functools.reduce(operator.or_, found) if set(found) - {type(None)} else None
+    if origin is collections.abc.Mapping and args[1] is Any:
+        return Arguments
+    if origin is collections.abc.Mapping and (value := _data(args[1])) is not None:
+        return types.GenericAlias(dict, (str, value))
     if origin in _COLLECTIONS and (item := _data(args[0])) is not None:
         return types.GenericAlias(list, (item,))
-    if origin is collections.abc.Mapping:
-        return Arguments if args[1] is Any else _dict_of(_data(args[1]))
     return None
-
-
-def _dict_of(value: Any) -> Any:
-    return None if value is None else types.GenericAlias(dict, (str, value))
 
 
 def _field(owner: Callable[..., Any], parameter: inspect.Parameter, doc: str | None) -> Any:
@@ -894,22 +892,17 @@ def _env(prefix: str) -> tuple[dict[str, Any], dict[Path_, str]]:
         if not name.startswith(prefix) or name == prefix or name in _NOT_OPTIONS:
             continue
         path = tuple(name[len(prefix) :].lower().split("__"))
-        if not _put(found, path, _env_value(name)):
-            other = next(v for k, v in names.items() if k == path[: len(k)])
-            raise ValueError(f"environment variables {other} and {name} both set {'.'.join(path)}")
+        for other, set_by in names.items():  # one sets a field, or a field on the other's way
+            if path[: len(other)] == other or other[: len(path)] == path:
+                raise ValueError(
+                    f"environment variables {set_by} and {name} both set {'.'.join(path)}"
+                )
         names[path] = name
+        node = found
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = _env_value(name)
     return found, names
-
-
-def _put(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> bool:
-    """Set ``path`` in ``tree`` to ``value``; ``False`` if it, or a field on its way, is set."""
-    node: Any = tree
-    for part in path[:-1]:
-        node = node.setdefault(part, {}) if isinstance(node, dict) else None
-    if not isinstance(node, dict) or path[-1] in node:
-        return False
-    node[path[-1]] = value
-    return True
 
 
 def _env_value(name: str) -> Any:
