@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import operator
 from collections.abc import Collection, Mapping
 from typing import Any, TypeVar, cast
 
@@ -101,16 +100,24 @@ def number(
 ) -> float:
     """A finite number in ``[low, high]`` (default ``[0, inf)``) as a float; ``above``: the
     low bound excluded, ``open``: both bounds excluded."""
-    over = operator.gt if above or open else operator.ge
-    under = operator.lt if open else operator.le
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    found = float(value) if is_number else math.nan  # type: ignore[arg-type]
-    if not (math.isfinite(found) and over(found, low) and under(found, high)):
-        first, last = "(" if over is operator.gt else "[", ")" if open else "]"
+    first, last = "(" if above or open else "[", ")" if open else "]"
+    found = _real(value)
+    if not (math.isfinite(found) and _between(found, low, high, first + last)):
         raise ValueError(
             f"{name} must be a finite number in {first}{low:g}, {high:g}{last}, got {value!r}"
         )
     return found
+
+
+def _real(value: object) -> float:
+    """``value`` as a float, NaN for what is not a number (a bool is not)."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if is_number else math.nan  # type: ignore[arg-type]
+
+
+def _between(found: float, low: float, high: float, brackets: str) -> bool:
+    over = found > low if brackets[0] == "(" else found >= low
+    return over and (found < high if brackets[1] == ")" else found <= high)
 
 
 def choice(name: str, value: T, choices: Collection[object]) -> T:

@@ -31,7 +31,6 @@ import difflib
 import functools
 import inspect
 import json
-import math
 import operator
 import os
 import re
@@ -306,13 +305,15 @@ def _generic_data(origin: Any, args: tuple[Any, ...]) -> Any:
     if origin in (typing.Union, types.UnionType):
         found = [m for m in dict.fromkeys(map(_data, args)) if m is not None]
         return functools.reduce(operator.or_, found) if set(found) - {type(None)} else None
-    if origin is collections.abc.Mapping and args[1] is Any:
-        return Arguments
-    if origin is collections.abc.Mapping and (value := _data(args[1])) is not None:
-        return types.GenericAlias(dict, (str, value))
     if origin in _COLLECTIONS and (item := _data(args[0])) is not None:
         return types.GenericAlias(list, (item,))
+    if origin is collections.abc.Mapping:
+        return Arguments if args[1] is Any else _dict_of(_data(args[1]))
     return None
+
+
+def _dict_of(value: Any) -> Any:
+    return None if value is None else types.GenericAlias(dict, (str, value))
 
 
 def _field(owner: Callable[..., Any], parameter: inspect.Parameter, doc: str | None) -> Any:
@@ -776,27 +777,20 @@ def _yaml_loader() -> type[Any]:
     """A safe YAML loader of YAML 1.2's booleans and numbers, refusing a key given twice."""
     import yaml
 
-    def scalar(loader: Any, node: Any, pattern: str, what: str) -> str:
+    def checked(pattern: str, what: str, construct: Callable[[Any, Any], Any]) -> Any:
+        def constructor(loader: Any, node: Any) -> Any:
+            text = loader.construct_scalar(node)
+            if re.fullmatch(pattern, text) is None:  # an explicit tag: !!int 1_000
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{text!r} is not {what} in YAML 1.2", node.start_mark
+                )
+            return construct(loader, node)
+
+        return constructor
+
+    def to_int(loader: Any, node: Any) -> int:  # 010 is 10, as YAML 1.1's constructor says 8
         text: str = loader.construct_scalar(node)
-        if re.fullmatch(pattern, text) is None:  # an explicit tag: !!int 1_000
-            raise yaml.constructor.ConstructorError(
-                None, None, f"{text!r} is not {what} in YAML 1.2", node.start_mark
-            )
-        return text
-
-    def to_bool(loader: Any, node: Any) -> bool:
-        return scalar(loader, node, _BOOL, "a boolean").lower() == "true"
-
-    def to_int(loader: Any, node: Any) -> int:
-        text = scalar(loader, node, _INT, "an integer")
-        base = {"0o": 8, "0x": 16}.get(text[:2])
-        return int(text) if base is None else int(text[2:], base)
-
-    def to_float(loader: Any, node: Any) -> float:
-        text = scalar(loader, node, _FLOAT, "a number").lower()
-        if text.endswith(".inf"):
-            return -math.inf if text.startswith("-") else math.inf
-        return math.nan if text == ".nan" else float(text)
+        return int(text, 0) if text[:2] in ("0o", "0x") else int(text)
 
     class Loader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
@@ -819,15 +813,13 @@ def _yaml_loader() -> type[Any]:
         first: [(tag, regexp) for tag, regexp in resolvers if tag not in replaced]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
-    for name, pattern, first in (
-        ("bool", _BOOL, "tTfF"),
-        ("int", _INT, "-+0123456789"),
-        ("float", _FLOAT, "-+.0123456789"),
+    for name, pattern, first, what, construct in (
+        ("bool", _BOOL, "tTfF", "a boolean", yaml.SafeLoader.construct_yaml_bool),
+        ("int", _INT, "-+0123456789", "an integer", to_int),
+        ("float", _FLOAT, "-+.0123456789", "a number", yaml.SafeLoader.construct_yaml_float),
     ):
         Loader.add_implicit_resolver(_TAG + name, re.compile(f"^(?:{pattern})$"), list(first))
-    Loader.add_constructor(_TAG + "bool", to_bool)
-    Loader.add_constructor(_TAG + "int", to_int)
-    Loader.add_constructor(_TAG + "float", to_float)
+        Loader.add_constructor(_TAG + name, checked(pattern, what, construct))
     return Loader
 
 
