@@ -823,6 +823,11 @@ def _yaml_loader() -> type[Any]:
     return Loader
 
 
+def _yaml(text: str) -> Any:
+    """The document in ``text`` read as YAML 1.2 (also what ``lab tune --values`` reads)."""
+    return _yaml_with_lines(text)[0]
+
+
 def _yaml_with_lines(text: str) -> tuple[Any, dict[Path_, int]]:
     """The document in ``text`` and the line of each field in it."""
     import yaml
@@ -903,7 +908,7 @@ def _env_value(name: str) -> Any:
 
     text = os.environ[name]
     try:
-        return _yaml_with_lines(text)[0] if text else ""
+        return _yaml(text) if text else ""
     except yaml.YAMLError as exc:
         raise ValueError(f"environment variable {name}{_yaml_problem(exc, text)}") from None
 
