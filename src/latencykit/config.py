@@ -463,7 +463,7 @@ class TargetConfig(_Model):
         """The :class:`~latencykit.Target` (its key read from ``api_key_env``)."""
         found = self.options()
         where = f"failover target {found['name'] or found['model']!r}"
-        return Target(**{**found, "api_key": _key(self.api_key_env, where)})
+        return Target(**{**found, "api_key": _variable(self.api_key_env, f"{where}: api_key_env")})
 
 
 @_options_of(RedisStore)
@@ -479,13 +479,8 @@ class StoreConfig(_Model):
 
     def build(self) -> RedisStore:
         """The :class:`~latencykit.RedisStore` (nothing connects until a policy uses it)."""
-        if self.url_env is not None:
-            url = os.environ.get(self.url_env)
-            if url is None:
-                raise ValueError(f"store: url_env names {self.url_env!r}, which is not set")
-        elif self.url is not None:
-            url = self.url
-        else:
+        url = self.url if self.url_env is None else _variable(self.url_env, "store: url_env")
+        if url is None:
             raise ValueError("store needs url or url_env")
         return RedisStore(url, **self.options())
 
@@ -524,12 +519,14 @@ def _target_config(target: object, index: int, built_from: object) -> str | Targ
     return TargetConfig(**fields)
 
 
-def _key(env: str | None, where: str) -> str | None:
+def _variable(env: str | None, where: str) -> str | None:
+    """The value of environment variable ``env`` (``None`` for none), which must be set:
+    ``where`` is the field that names it (``"store: url_env"``)."""
     if env is None:
         return None
     found = os.environ.get(env)
     if found is None:
-        raise ValueError(f"{where}: api_key_env names {env!r}, which is not set")
+        raise ValueError(f"{where} names {env!r}, which is not set")
     return found
 
 
@@ -588,7 +585,9 @@ class LLMConfig(_Model):
     def build(self, kind: type[LLM] = LLM) -> LLM:
         """The :class:`~latencykit.LLM` this config describes (``kind``: a subclass to build
         instead; default ``LLM``)."""
-        return kind(**{**self.options(), "api_key": _key(self.api_key_env, "LLM")})
+        return kind(
+            **{**self.options(), "api_key": _variable(self.api_key_env, "LLM: api_key_env")}
+        )
 
     @classmethod
     def of(cls, obj: object, where: str = "LLM") -> LLMConfig:
