@@ -186,6 +186,19 @@ def test_a_shared_store_in_config(monkeypatch: pytest.MonkeyPatch) -> None:
         secret.to_config()
 
 
+def test_a_variable_a_config_names_must_be_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LK_UNSET", raising=False)
+    for data, where in (
+        ({"api_key_env": "LK_UNSET"}, "LLM: api_key_env"),
+        ({"failover": [{"model": "openai/b", "api_key_env": "LK_UNSET"}]}, "api_key_env"),
+        ({"shared": {"url_env": "LK_UNSET"}}, "store: url_env"),
+    ):
+        with pytest.raises(ValueError, match=f"{where} names 'LK_UNSET', which is not set"):
+            lk.LLM.from_config({"model": "openai/big", **data})
+    with pytest.raises(ValueError, match="store needs url or url_env"):
+        lk.LLM.from_config({"model": "openai/big", "shared": {}})
+
+
 def test_a_policy_alone_from_a_file_and_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -107,6 +107,10 @@ def test_two_variables_setting_one_field_are_an_error(monkeypatch: pytest.Monkey
     monkeypatch.setenv("LATENCYKIT_HEDGE__DELAY", "0.5")
     with pytest.raises(ValueError, match="LATENCYKIT_HEDGE and LATENCYKIT_HEDGE__DELAY"):
         LLMConfig.from_env(base={"model": "m"})
+    monkeypatch.delenv("LATENCYKIT_HEDGE")
+    monkeypatch.setenv("LATENCYKIT_hedge", "0.5")  # read after HEDGE__DELAY ("H" < "h")
+    with pytest.raises(ValueError, match="LATENCYKIT_HEDGE__DELAY and LATENCYKIT_hedge"):
+        LLMConfig.from_env(base={"model": "m"})
 
 
 @pytest.mark.parametrize(

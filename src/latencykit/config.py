@@ -31,7 +31,6 @@ import difflib
 import functools
 import inspect
 import json
-import math
 import operator
 import os
 import re
@@ -188,6 +187,7 @@ class _Model(BaseModel):
 
 
 C = TypeVar("C", bound=_Model)
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -463,7 +463,7 @@ class TargetConfig(_Model):
         """The :class:`~latencykit.Target` (its key read from ``api_key_env``)."""
         found = self.options()
         where = f"failover target {found['name'] or found['model']!r}"
-        return Target(**{**found, "api_key": _key(self.api_key_env, where)})
+        return Target(**{**found, "api_key": _variable(self.api_key_env, f"{where}: api_key_env")})
 
 
 @_options_of(RedisStore)
@@ -479,13 +479,8 @@ class StoreConfig(_Model):
 
     def build(self) -> RedisStore:
         """The :class:`~latencykit.RedisStore` (nothing connects until a policy uses it)."""
-        if self.url_env is not None:
-            url = os.environ.get(self.url_env)
-            if url is None:
-                raise ValueError(f"store: url_env names {self.url_env!r}, which is not set")
-        elif self.url is not None:
-            url = self.url
-        else:
+        url = self.url if self.url_env is None else _variable(self.url_env, "store: url_env")
+        if url is None:
             raise ValueError("store needs url or url_env")
         return RedisStore(url, **self.options())
 
@@ -524,12 +519,14 @@ def _target_config(target: object, index: int, built_from: object) -> str | Targ
     return TargetConfig(**fields)
 
 
-def _key(env: str | None, where: str) -> str | None:
+def _variable(env: str | None, where: str) -> str | None:
+    """The value of environment variable ``env`` (``None`` for none), which must be set:
+    ``where`` is the field that names it (``"store: url_env"``)."""
     if env is None:
         return None
     found = os.environ.get(env)
     if found is None:
-        raise ValueError(f"{where}: api_key_env names {env!r}, which is not set")
+        raise ValueError(f"{where} names {env!r}, which is not set")
     return found
 
 
@@ -588,7 +585,9 @@ class LLMConfig(_Model):
     def build(self, kind: type[LLM] = LLM) -> LLM:
         """The :class:`~latencykit.LLM` this config describes (``kind``: a subclass to build
         instead; default ``LLM``)."""
-        return kind(**{**self.options(), "api_key": _key(self.api_key_env, "LLM")})
+        return kind(
+            **{**self.options(), "api_key": _variable(self.api_key_env, "LLM: api_key_env")}
+        )
 
     @classmethod
     def of(cls, obj: object, where: str = "LLM") -> LLMConfig:
@@ -621,7 +620,6 @@ class LLMConfig(_Model):
         if given["shared"] is not None:
             found["shared"] = _store_config(given["shared"], configs.get("store_url_env"))
         return cls(**found, **_remembered(given, configs))
-        return cls(**found)
 
     @classmethod
     def from_env(
@@ -778,27 +776,20 @@ def _yaml_loader() -> type[Any]:
     """A safe YAML loader of YAML 1.2's booleans and numbers, refusing a key given twice."""
     import yaml
 
-    def scalar(loader: Any, node: Any, pattern: str, what: str) -> str:
+    def checked(pattern: str, what: str, construct: Callable[[Any, Any], Any]) -> Any:
+        def constructor(loader: Any, node: Any) -> Any:
+            text = loader.construct_scalar(node)
+            if re.fullmatch(pattern, text) is None:  # an explicit tag: !!int 1_000
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{text!r} is not {what} in YAML 1.2", node.start_mark
+                )
+            return construct(loader, node)
+
+        return constructor
+
+    def to_int(loader: Any, node: Any) -> int:  # 010 is 10, as YAML 1.1's constructor says 8
         text: str = loader.construct_scalar(node)
-        if re.fullmatch(pattern, text) is None:  # an explicit tag: !!int 1_000
-            raise yaml.constructor.ConstructorError(
-                None, None, f"{text!r} is not {what} in YAML 1.2", node.start_mark
-            )
-        return text
-
-    def to_bool(loader: Any, node: Any) -> bool:
-        return scalar(loader, node, _BOOL, "a boolean").lower() == "true"
-
-    def to_int(loader: Any, node: Any) -> int:
-        text = scalar(loader, node, _INT, "an integer")
-        base = {"0o": 8, "0x": 16}.get(text[:2])
-        return int(text) if base is None else int(text[2:], base)
-
-    def to_float(loader: Any, node: Any) -> float:
-        text = scalar(loader, node, _FLOAT, "a number").lower()
-        if text.endswith(".inf"):
-            return -math.inf if text.startswith("-") else math.inf
-        return math.nan if text == ".nan" else float(text)
+        return int(text, 0) if text[:2] in ("0o", "0x") else int(text)
 
     class Loader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
@@ -821,19 +812,18 @@ def _yaml_loader() -> type[Any]:
         first: [(tag, regexp) for tag, regexp in resolvers if tag not in replaced]
         for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
     }
-    for name, pattern, first in (
-        ("bool", _BOOL, "tTfF"),
-        ("int", _INT, "-+0123456789"),
-        ("float", _FLOAT, "-+.0123456789"),
+    for name, pattern, first, what, construct in (
+        ("bool", _BOOL, "tTfF", "a boolean", yaml.SafeLoader.construct_yaml_bool),
+        ("int", _INT, "-+0123456789", "an integer", to_int),
+        ("float", _FLOAT, "-+.0123456789", "a number", yaml.SafeLoader.construct_yaml_float),
     ):
         Loader.add_implicit_resolver(_TAG + name, re.compile(f"^(?:{pattern})$"), list(first))
-    Loader.add_constructor(_TAG + "bool", to_bool)
-    Loader.add_constructor(_TAG + "int", to_int)
-    Loader.add_constructor(_TAG + "float", to_float)
+        Loader.add_constructor(_TAG + name, checked(pattern, what, construct))
     return Loader
 
 
 def _yaml(text: str) -> Any:
+    """The document in ``text`` read as YAML 1.2 (also what ``lab tune --values`` reads)."""
     return _yaml_with_lines(text)[0]
 
 
@@ -898,22 +888,17 @@ def _env(prefix: str) -> tuple[dict[str, Any], dict[Path_, str]]:
         if not name.startswith(prefix) or name == prefix or name in _NOT_OPTIONS:
             continue
         path = tuple(name[len(prefix) :].lower().split("__"))
-        if not _put(found, path, _env_value(name)):
-            other = next(v for k, v in names.items() if k == path[: len(k)])
-            raise ValueError(f"environment variables {other} and {name} both set {'.'.join(path)}")
+        for other, set_by in names.items():  # one sets a field, or a field on the other's way
+            if path[: len(other)] == other or other[: len(path)] == path:
+                raise ValueError(
+                    f"environment variables {set_by} and {name} both set {'.'.join(path)}"
+                )
         names[path] = name
+        node = found
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = _env_value(name)
     return found, names
-
-
-def _put(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> bool:
-    """Set ``path`` in ``tree`` to ``value``; ``False`` if it, or a field on its way, is set."""
-    node: Any = tree
-    for part in path[:-1]:
-        node = node.setdefault(part, {}) if isinstance(node, dict) else None
-    if not isinstance(node, dict) or path[-1] in node:
-        return False
-    node[path[-1]] = value
-    return True
 
 
 def _env_value(name: str) -> Any:
@@ -971,25 +956,21 @@ def _notes(
 ) -> list[str]:
     """Where the value at ``loc`` came from, and for an unknown name the known one closest."""
     notes: list[str] = []
-    variable = next((names[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in names), None)
+    variable, line = _deepest(loc, names), _deepest(loc, lines)
     if variable is not None:
         notes.append(f"environment variable {variable}")
-    elif (line := _line(loc, lines)) is not None:
+    elif line is not None:
         notes.append(f"line {line}")
     if kind == "extra_forbidden" and loc:
         known = _model_at(model, loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), list(known.model_fields), n=1)
-        if close:
-            notes.append(_did_you_mean(loc[:-1], close[0], None if variable is None else prefix))
+        for close in difflib.get_close_matches(str(loc[-1]), list(known.model_fields), n=1):
+            spelled = "__".join([*map(str, loc[:-1]), close]).upper()
+            notes.append(
+                f"did you mean {close!r}?"
+                if variable is None
+                else f"did you mean {prefix}{spelled}?"
+            )
     return notes
-
-
-def _did_you_mean(parent: Path_, name: str, prefix: str | None) -> str:
-    """The close match of a misspelt name: a field's, or (``prefix``) a variable's."""
-    if prefix is None:
-        return f"did you mean {name!r}?"
-    spelled = "__".join([*(str(p) for p in parent), name]).upper()
-    return f"did you mean {prefix}{spelled}?"
 
 
 def _in_data(loc: Path_, data: object) -> Path_:
@@ -1012,16 +993,10 @@ def _field_names() -> frozenset[str]:
     return frozenset(name for model in _FORMS for name in model.model_fields)
 
 
-def _line(loc: Path_, lines: Mapping[Path_, int]) -> int | None:
-    """The line of the deepest field of ``loc`` found in ``lines`` (``loc`` may hold a union
-    member's name, as in ``("hedge", "delay", "QuantileConfig", "q")``, which no file has)."""
-    path: Path_ = ()
-    line = None
-    for part in loc:
-        if (*path, part) in lines:
-            path = (*path, part)
-            line = lines[path]
-    return line
+def _deepest(loc: Path_, table: Mapping[Path_, T]) -> T | None:
+    """What ``table`` holds for the deepest field of ``loc`` it has (a file's line or an
+    environment variable: a field left out, or set by a variable of its parent, has none)."""
+    return next((table[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in table), None)
 
 
 def _model_at(model: type[BaseModel], loc: Path_) -> type[BaseModel]:
