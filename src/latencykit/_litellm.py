@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 import types
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -120,11 +122,32 @@ class _QuietLitellm(types.ModuleType):
 
     @property
     def suppress_debug_info(self) -> Any:
-        return True if _quiet.get() else self.__dict__.get("suppress_debug_info", False)
+        if _quiet.get() or _in_our_stream():
+            return True
+        return self.__dict__.get("suppress_debug_info", False)
 
     @suppress_debug_info.setter
     def suppress_debug_info(self, value: Any) -> None:
         self.__dict__["suppress_debug_info"] = value
+
+
+_our_streams: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+"""litellm's stream wrappers that latencykit opened, by id: a chunk is read from one without
+setting ``_quiet`` (a frame and a context switch per chunk, ~0.8 us); its mid-stream error
+banner is found quiet by :func:`_in_our_stream` instead."""
+
+
+def _in_our_stream() -> bool:
+    # Read only where litellm is about to print a banner (an error): the stack is walked then,
+    # never per chunk.
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "__anext__":
+            owner = frame.f_locals.get("self")
+            if owner is not None and _our_streams.get(id(owner)) is owner:
+                return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def _quieten(module: Any) -> None:
@@ -366,7 +389,8 @@ class LitellmChunks(ChunkSource):
 
     A :class:`~latencykit.Stream` reading it directly takes the steps of ``__anext__`` apart
     (``pull``, ``wrap_error``; its ``chunk_reader`` is bound to it) so that a chunk reaches it
-    through one coroutine frame of ours only (the one that keeps litellm quiet).
+    without a coroutine frame of ours in between (litellm's banners stay quiet for it all the
+    same: see :func:`_in_our_stream`).
     """
 
     __slots__ = (
@@ -409,7 +433,7 @@ class LitellmChunks(ChunkSource):
         """litellm's next chunk, as litellm gives it (errors unwrapped, finish unchecked)."""
         wrapper = self._wrapper
         if wrapper is not None:
-            return _next_quietly(wrapper)
+            return wrapper.__anext__()  # type: ignore[no-any-return]
         return self._open()
 
     async def _open(self) -> Any:
@@ -422,6 +446,7 @@ class LitellmChunks(ChunkSource):
             wrapper = self._wrapper = self._answer = await litellm().acompletion(
                 **self._arguments, stream=True, max_retries=0
             )
+            _our_streams[id(wrapper)] = wrapper  # quiet mid-stream too (see _in_our_stream)
             try:
                 return await wrapper.__anext__()
             finally:  # litellm drops its parser at the stream's end: what it was is kept
@@ -492,16 +517,6 @@ class LitellmChunks(ChunkSource):
         if self._wrapper is not None and run is not None:
             with contextlib.suppress(RuntimeError):  # its loop is closed: the socket went with it
                 run(self.aclose)
-
-
-async def _next_quietly(wrapper: Any) -> Any:
-    # The one coroutine frame of ours per chunk (~0.3 us, next to litellm's ~500 us): litellm's
-    # banner for a stream failing mid-way is printed inside __anext__, in the reader's context.
-    token = _quiet.set(True)
-    try:
-        return await wrapper.__anext__()
-    finally:
-        _quiet.reset(token)
 
 
 _ENDED_EARLY = "Stream ended before a finish_reason was received"

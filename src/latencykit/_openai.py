@@ -15,6 +15,7 @@ the error's ``code``/``type`` and ``Retry-After``; keys are never shown.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import weakref
@@ -113,7 +114,7 @@ class OpenAITransport:
         client = self.client()
         if connect:
             request = Request(target, limit, {}, client)
-            url = request.url.removesuffix("/chat/completions") + "/models"
+            url = str(request.url).removesuffix("/chat/completions") + "/models"
             headers = {k: v for k, v in request.headers.items() if k != "Content-Type"}
             await client.get(url, headers=headers, timeout=request.timeout)
 
@@ -140,8 +141,7 @@ class Request:
         self, target: Target, timeout: float, kwargs: Mapping[str, Any], client: httpx.AsyncClient
     ) -> None:
         self.client = client
-        base = target.api_base or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE
-        self.url = f"{without_credentials(base).rstrip('/')}/chat/completions"
+        self.url = _chat_url(target.api_base or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE)
         key = target.api_key or os.environ.get("OPENAI_API_KEY")
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if key:
@@ -165,6 +165,13 @@ class Request:
             "POST", self.url, content=self.body, headers=self.headers, timeout=self.timeout
         )
         return http.send(request, stream=stream)
+
+
+@functools.lru_cache(maxsize=64)
+def _chat_url(base: str) -> httpx.URL:
+    """The chat-completions URL under ``base``, parsed once (httpx parses a string URL on every
+    request: ~10 us)."""
+    return httpx.URL(f"{without_credentials(base).rstrip('/')}/chat/completions")
 
 
 def _error_of(response: httpx.Response, raw: bytes, secret: str | None) -> HTTPError:
