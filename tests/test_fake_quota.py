@@ -327,9 +327,9 @@ async def test_reset_skew_moves_every_reset(fake: FakeProvider) -> None:
     headers = (await send(fake)).headers
     assert headers["x-ratelimit-reset-requests"] == "15s"
     assert headers["x-ratelimit-reset-tokens"] == "7.6s"  # 2.6 s + 5 s
-    before = time.time()
     headers = (await send(fake, "anthropic", behavior={"reset_skew": -30})).headers
-    assert stamp(headers["anthropic-ratelimit-requests-reset"]) <= before - 30 + 20 + 1
+    answered = time.time()  # the provider stamped its reset before this (rounded up)
+    assert stamp(headers["anthropic-ratelimit-requests-reset"]) <= answered - 30 + 20 + 1
     fake.script("m", Behavior(reset_skew=-30.0))
     assert (await send(fake)).headers["x-ratelimit-reset-requests"] == "0s"  # floored
 
