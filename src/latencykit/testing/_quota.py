@@ -89,6 +89,9 @@ class Refusal:
     than the limit: it is never admitted)."""
 
 
+_HAIR = 1e-9  # tokens: what float arithmetic may lose
+
+
 class _Bucket:
     __slots__ = ("at", "level", "limit", "rate")
 
@@ -106,8 +109,13 @@ class _Bucket:
         wait = max(min(amount, self.limit) - self.level, 0.0) / self.rate
         return Refusal(name, self.limit, self.limit - self.remaining(), amount, wait)
 
+    def has(self, amount: float) -> bool:
+        # A bucket refilled for exactly the wait it told holds the amount: the clock's
+        # floating-point arithmetic may leave it a hair short.
+        return self.level + _HAIR >= amount
+
     def remaining(self) -> int:
-        return max(math.floor(self.level + 1e-9), 0)
+        return max(math.floor(self.level + _HAIR), 0)
 
     def reset(self) -> float:
         return (self.limit - self.level) / self.rate
@@ -157,9 +165,9 @@ class Ledger:
         with self._lock:
             requests, budget = self._buckets(key)
             refusal = None
-            if requests.level < 1.0:
+            if not requests.has(1):
                 refusal = requests.refusal("requests", 1)
-            elif budget.level < tokens:
+            elif not budget.has(tokens):
                 refusal = budget.refusal("tokens", tokens)
             else:
                 requests.level -= 1.0
