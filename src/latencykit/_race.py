@@ -10,6 +10,7 @@ race decided before the timer fires costs a cancel scope and a timer (docs/bench
 
 from __future__ import annotations
 
+import abc
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable
@@ -64,7 +65,7 @@ class Lost:
     value: Any = None
 
 
-class Race:
+class Race(abc.ABC):
     """One race of up to ``limit`` contenders for one result.
 
     Contender 0 runs in the caller's task (:meth:`run`); contender ``i`` starts ``delay``
@@ -130,9 +131,9 @@ class Race:
         self.timer: Timer | None = None
         self.waiter: anyio.Event | None = None  # made only if the caller has to wait
 
+    @abc.abstractmethod
     def contender(self, index: int, reason: Reason) -> Awaitable[Any] | None:
         """The awaitable of contender ``index``, or ``None``: start no more."""
-        raise NotImplementedError
 
     def handled(self, error: Exception) -> bool:
         """Whether the race goes on after a contender raised ``error`` (default: always)."""

@@ -20,6 +20,7 @@ that have such a limit. The per-chunk path reads the clock, classifies the chunk
 
 from __future__ import annotations
 
+import abc
 import logging
 import math
 import sys
@@ -135,7 +136,7 @@ NOTHING: Any = object()
 """What :meth:`ChunkSource.buffered` returns when no item is buffered."""
 
 
-class ChunkSource:
+class ChunkSource(abc.ABC):
     """What a :class:`Stream` reads: an async iterator of chunks and what the stream may ask of
     it. Each lane's source (and the asyncio bridge's) is one; any other async iterator is read
     through a plain one (its items read by :data:`ANY_ITEM`).
@@ -174,9 +175,9 @@ class ChunkSource:
         except Exception as exc:
             raise self.wrap_error(exc) from exc
 
+    @abc.abstractmethod
     def pull(self) -> Awaitable[Any]:
         """An awaitable of the next raw item (``StopAsyncIteration`` at the end)."""
-        raise NotImplementedError
 
     def wrap_error(self, error: Exception) -> Exception:
         """What ``error``, raised by :meth:`pull`, means to latencykit (default: itself)."""
@@ -194,9 +195,11 @@ class ChunkSource:
 
     async def aclose(self) -> None:
         """Close it and its HTTP response (default: nothing to close)."""
+        return None
 
     def close_nowait(self) -> None:
         """Schedule its close without waiting, from a finaliser (default: nothing)."""
+        return None
 
 
 class _Iterated(ChunkSource):
