@@ -6,16 +6,15 @@ The rest is in documented submodules: ``latencykit.events`` (event types), ``lat
 policy's options, breaker registry and stores), ``latencykit.stats`` (latency windows,
 per-target statistics), ``latencykit.slow_calls`` (the slow-call log),
 ``latencykit.llm`` (``CallReport``), ``latencykit.turn`` (the stages' ``Ledger``),
-``latencykit.routing`` (``Router``, ``Rule``), ``latencykit.cache`` (``ResponseCache``) and
-``latencykit.fanout`` (``gather``'s markers), ``latencykit.fleet`` (state shared by a fleet
-of processes: ``SharedStore``, ``StoreUnavailable``);
-``latencykit.telemetry`` (OpenTelemetry, imported on first use).
+``latencykit.routing`` (``Router``, ``Rule``), ``latencykit.fanout`` (``gather``'s markers),
+``latencykit.fleet`` (state shared by a fleet of processes: ``SharedStore``,
+``StoreUnavailable``); ``latencykit.cache`` (``ResponseCache``) and ``latencykit.telemetry``
+(OpenTelemetry) are imported on first use.
 ``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
 """
 
 import typing as _typing
 
-from . import cache as cache
 from . import errors as errors
 from . import events as events
 from . import fanout as fanout
@@ -78,15 +77,17 @@ from .turn import ledger as ledger
 from .turn import stage as stage
 
 if _typing.TYPE_CHECKING:
+    from . import cache as cache
     from . import telemetry as telemetry
 else:
 
     def __getattr__(name: str) -> _typing.Any:
-        # latencykit.telemetry imports OpenTelemetry: only for those who use it.
-        if name == "telemetry":
+        # Loaded on first use, for those who use them: the cache imports its hashing and
+        # serialisation, telemetry imports OpenTelemetry.
+        if name in ("cache", "telemetry"):
             import importlib
 
-            return importlib.import_module(f"{__name__}.telemetry")
+            return importlib.import_module(f"{__name__}.{name}")
         raise AttributeError(f"module 'latencykit' has no attribute {name!r}")
 
 

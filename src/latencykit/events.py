@@ -1,8 +1,9 @@
 """Typed events that policies emit, and the one public way to receive them.
 
-Every policy reports what it did as a frozen ``msgspec.Struct``. Subscribers are plain callables; they run
-synchronously, in the task that emitted the event, so keep them cheap (append to a list, bump a
-counter, hand off to a queue). OpenTelemetry support subscribes here like any user hook.
+Every policy reports what it did as a frozen ``msgspec.Struct``. Subscribers are plain
+callables; they run synchronously, in the task that emitted the event, so keep them cheap
+(append to a list, bump a counter, hand off to a queue). OpenTelemetry support subscribes here
+like any user hook.
 
 When nobody subscribes, policies skip building events entirely, so an idle event bus costs one
 truth test per would-be event.
@@ -75,7 +76,7 @@ logger = logging.getLogger("latencykit")
 class Event(msgspec.Struct, frozen=True):
     """Base of every latencykit event: a frozen ``msgspec.Struct`` (fields by position or
     keyword, equality, hashing, a ``repr``; ``msgspec.structs.asdict`` and
-    ``msgspec.json.encode`` take it). Cheap to define and to build, unlike a dataclass.
+    ``msgspec.json.encode`` take it), cheaper to define and to build than a dataclass.
 
     Attributes:
         call_id: identifies the pipeline run (one user-level call) the event belongs to; all

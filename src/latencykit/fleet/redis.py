@@ -14,21 +14,24 @@ and then at most ``timeout`` seconds.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
+import os
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple, TypeVar
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
 
 from .. import _validation, events
-from .._asyncio_bridge import run_on_shared_loop, shared_loop
 from ..events import StoreRecovered, StoreUnavailable
+
+if TYPE_CHECKING:
+    import asyncio
+
+# asyncio, the bridge to the library's loop and urllib.parse are imported by the functions that
+# use them: import latencykit does not pay for them (redis imports them when a store is made).
 
 __all__ = ["BreakerOptions", "BreakerView", "RedisStore"]
 
@@ -389,6 +392,8 @@ class RedisStore:
             raise ImportError(
                 "RedisStore needs the redis package: pip install 'latencykit[redis]'"
             ) from exc
+        from urllib.parse import urlsplit
+
         if not isinstance(url, str) or urlsplit(url).scheme not in ("redis", "rediss", "unix"):
             raise ValueError(
                 "RedisStore.url must be a redis://, rediss:// or unix:// URL, got "
@@ -409,7 +414,7 @@ class RedisStore:
         self._breakers: dict[str, SharedBreaker] = {}
         self._budgets: dict[str, SharedBudget] = {}
         self._latencies: dict[str, SharedLatency] = {}
-        self._id = uuid.uuid4().hex[:16]  # this process's (this store's) name in the streams
+        self._id = os.urandom(8).hex()  # this process's (this store's) name in the streams
         self._adjustments = _Adjustments()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -483,6 +488,10 @@ class RedisStore:
     def _start(self) -> None:
         if self._task is not None or self._closed:
             return
+        import asyncio
+
+        from .._asyncio_bridge import shared_loop
+
         with self._lock:
             if self._task is None:
                 self._loop = shared_loop()
@@ -509,6 +518,8 @@ class RedisStore:
     # --- the background task (on the shared loop) ---------------------------------------------
 
     async def _run(self) -> None:
+        import asyncio
+
         import redis.asyncio
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
@@ -555,6 +566,8 @@ class RedisStore:
         """Refresh as soon as any process's script announces a state change (pub/sub), so a
         breaker opened by one process stops the others within a round trip, not an interval.
         Best effort: the periodic refresh does not depend on it."""
+        import asyncio
+
         import redis.asyncio
 
         wake = self._wake
@@ -618,6 +631,9 @@ class RedisStore:
         when the store could not answer (the policy then decides alone)."""
         if not self.available:
             return None
+        import asyncio
+
+        from .._asyncio_bridge import run_on_shared_loop
 
         async def call() -> T | None:  # on the store's loop, as everything touching its state
             try:
@@ -672,6 +688,8 @@ def _wait_of(reply: Any) -> float:
 
 def _redact(url: str) -> str:
     """``url`` without its password (nor user name)."""
+    from urllib.parse import urlsplit
+
     parts = urlsplit(url)
     if parts.password is None and parts.username is None:
         return url
