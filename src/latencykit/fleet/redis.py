@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias, TypeVar, cast
 
 from .. import _validation, events
 from ..events import StoreRecovered, StoreUnavailable
@@ -46,7 +46,7 @@ _MAX_BACKOFF = 2.0  # seconds between two attempts to reach a store that is down
 _IDLE_TTL = 3600.0  # seconds a key outlives its last write, beyond its own time spans
 _NO_LIMIT = "1e300"  # a quota adjustment's max wait: always taken
 
-H = TypeVar("H")
+H = TypeVar("H", bound="_Owner")
 T = TypeVar("T")
 
 
@@ -349,6 +349,10 @@ class _Adjustments:
             raise _Garbage(f"quota script returned {type(reply).__name__}")
 
 
+_Owner: TypeAlias = "_Adjustments | SharedBreaker | SharedBudget | SharedLatency"
+"""What a refresh drains and updates."""
+
+
 class RedisStore:
     """Fleet-wide state on a Redis (or Valkey) server, what the policies' ``shared=`` takes
     (and :func:`~latencykit.use_store`).
@@ -411,9 +415,8 @@ class RedisStore:
             if stale_after is None
             else _validation.seconds("RedisStore.stale_after", stale_after, minimum=self.interval)
         )
-        self._breakers: dict[str, SharedBreaker] = {}
-        self._budgets: dict[str, SharedBudget] = {}
-        self._latencies: dict[str, SharedLatency] = {}
+        # Every handle, by kind and key: each refresh writes what they queued and updates them.
+        self._handles: dict[tuple[str, str], _Owner] = {}
         self._id = os.urandom(8).hex()  # this process's (this store's) name in the streams
         self._adjustments = _Adjustments()
         self._lock = threading.Lock()
@@ -435,30 +438,28 @@ class RedisStore:
 
     def breaker(self, key: str, options: BreakerOptions) -> SharedBreaker:
         """The shared state of the breaker ``key`` (the same object for the same key)."""
-        return self._handle(self._breakers, key, lambda: SharedBreaker(self, key, options))
+        return self._handle("breaker", key, lambda: SharedBreaker(self, key, options))
 
     def budget(self, key: str, *, ratio: float, ttl: float, reserve: float) -> SharedBudget:
         """The shared state of the budget ``key`` (``reserve``: extra requests always allowed
         per ``ttl``)."""
         return self._handle(
-            self._budgets,
-            key,
-            lambda: SharedBudget(self, key, ratio=ratio, ttl=ttl, reserve=reserve),
+            "budget", key, lambda: SharedBudget(self, key, ratio=ratio, ttl=ttl, reserve=reserve)
         )
 
     def latency(self, key: str, *, window: float) -> SharedLatency:
         """The pooled latency window ``key`` (samples count for ``window`` seconds)."""
-        return self._handle(self._latencies, key, lambda: SharedLatency(self, key, window))
+        return self._handle("latency", key, lambda: SharedLatency(self, key, window))
 
-    def _handle(self, handles: dict[str, H], key: str, make: Callable[[], H]) -> H:
+    def _handle(self, kind: str, key: str, make: Callable[[], H]) -> H:
         """The handle of ``key``, made on first use (which starts the background task)."""
-        found = handles.get(key)
+        found = self._handles.get((kind, key))
         if found is None:
             with self._lock:
-                found = handles.setdefault(key, make())
+                found = self._handles.setdefault((kind, key), make())
             self._start()
             self._wake_soon()  # its first view within a round trip, not an interval
-        return found
+        return cast(H, found)
 
     async def take(
         self, key: str, amount: float, *, rate: float, burst: float, max_wait: float
@@ -601,14 +602,8 @@ class RedisStore:
         if not self._shas:
             await self._load_scripts()
         pipe = self._client.pipeline(transaction=False)
-        owners: list[_Adjustments | SharedBreaker | SharedBudget | SharedLatency] = [
-            self._adjustments,
-            *self._breakers.values(),
-            *self._budgets.values(),
-            *self._latencies.values(),
-        ]
-        plan: list[_Adjustments | SharedBreaker | SharedBudget | SharedLatency] = []
-        for owner in owners:
+        plan: list[_Owner] = []
+        for owner in [self._adjustments, *self._handles.values()]:
             for script, args in owner._drain():
                 pipe.evalsha(self._shas[script], *args)
                 plan.append(owner)
@@ -691,9 +686,6 @@ def _redact(url: str) -> str:
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
-    if parts.password is None and parts.username is None:
+    if "@" not in parts.netloc:
         return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return parts._replace(netloc=f"***@{host}").geturl()
+    return parts._replace(netloc=f"***@{parts.netloc.rpartition('@')[2]}").geturl()
