@@ -87,12 +87,11 @@ SUBMODULES = {
     "pipeline",
     "policies",
     "routing",
-    "slow_calls",
     "stats",
     "turn",
 }
 # Submodules loaded on first use: what they import is paid for only by those who use them.
-LAZY_SUBMODULES = {"cache", "telemetry"}
+LAZY_SUBMODULES = {"cache", "slow_calls", "telemetry"}
 
 # A policy is a class that is also the decorator: its lowercase name is the class itself.
 ALIASES = [

@@ -4,12 +4,11 @@ Public API only: what users call and catch daily, re-exported from the modules w
 The rest is in documented submodules: ``latencykit.events`` (event types), ``latencykit.errors``
 (classification), ``latencykit.pipeline`` (writing a policy), ``latencykit.policies.*`` (each
 policy's options, breaker registry and stores), ``latencykit.stats`` (latency windows,
-per-target statistics), ``latencykit.slow_calls`` (the slow-call log),
-``latencykit.llm`` (``CallReport``), ``latencykit.turn`` (the stages' ``Ledger``),
-``latencykit.routing`` (``Router``, ``Rule``), ``latencykit.fanout`` (``gather``'s markers),
-``latencykit.fleet`` (state shared by a fleet of processes: ``SharedStore``,
-``StoreUnavailable``); ``latencykit.cache`` (``ResponseCache``) and ``latencykit.telemetry``
-(OpenTelemetry) are imported on first use.
+per-target statistics), ``latencykit.llm`` (``CallReport``), ``latencykit.turn`` (the stages'
+``Ledger``), ``latencykit.routing`` (``Router``, ``Rule``), ``latencykit.fanout`` (``gather``'s
+markers), ``latencykit.fleet`` (state shared by a fleet of processes: ``SharedStore``,
+``StoreUnavailable``); ``latencykit.cache`` (``ResponseCache``), ``latencykit.slow_calls``
+(the slow-call log) and ``latencykit.telemetry`` (OpenTelemetry) are imported on first use.
 ``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
 """
 
@@ -23,7 +22,6 @@ from . import llm as llm
 from . import pipeline as pipeline
 from . import policies as policies
 from . import routing as routing
-from . import slow_calls as slow_calls
 from . import stats as stats
 from . import turn as turn
 from ._context import Attempt as Attempt
@@ -78,13 +76,13 @@ from .turn import stage as stage
 
 if _typing.TYPE_CHECKING:
     from . import cache as cache
+    from . import slow_calls as slow_calls
     from . import telemetry as telemetry
 else:
 
     def __getattr__(name: str) -> _typing.Any:
-        # Loaded on first use, for those who use them: the cache imports its hashing and
-        # serialisation, telemetry imports OpenTelemetry.
-        if name in ("cache", "telemetry"):
+        # Loaded on first use, by those who use them (telemetry imports OpenTelemetry).
+        if name in ("cache", "slow_calls", "telemetry"):
             import importlib
 
             return importlib.import_module(f"{__name__}.{name}")
