@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import msgspec
 import pytest
 
 import latencykit as lk
@@ -203,3 +204,39 @@ def test_failover_refuses_mixed_or_missing_alternatives() -> None:
         lk.failover()
     with pytest.raises(TypeError, match="all async callables or all Routes"):
         lk.failover(backup, lk.policies.failover.Route(lk.Target("openai/x")))
+
+
+def test_an_event_is_a_frozen_value_whose_repr_keeps_captured_text_out() -> None:
+    from latencykit.events import CallEnded, CallStarted
+    from latencykit.target import Endpoint
+
+    prompt = [{"role": "user", "content": "a secret prompt"}]
+    started = CallStarted(1, target="t", endpoint=Endpoint("m"), input_messages=prompt)
+    ended = CallEnded(
+        1,
+        target="t",
+        duration=0.5,
+        outcome="ok",
+        attempts=1,
+        degraded=False,
+        output_text="a secret",
+    )
+    assert repr(ended).startswith("CallEnded(call_id=1, target='t', duration=0.5, outcome='ok'")
+    assert "input_messages" not in repr(started)
+    assert "secret" not in repr(started) + repr(ended)
+    twin = CallEnded(
+        1,
+        target="t",
+        duration=0.5,
+        outcome="ok",
+        attempts=1,
+        degraded=False,
+        output_text="a secret",
+    )
+    assert ended == twin
+    assert hash(ended) == hash(twin)
+    assert ended != CallEnded(1, target="t", duration=0.5, outcome="ok", attempts=2, degraded=False)
+    with pytest.raises(AttributeError):
+        ended.target = "u"  # type: ignore[misc]
+    # Captured text is the subscriber's to keep: the fields, as a dict, hold it.
+    assert msgspec.structs.asdict(started)["input_messages"] == prompt

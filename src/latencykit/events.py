@@ -75,8 +75,8 @@ logger = logging.getLogger("latencykit")
 
 class Event(msgspec.Struct, frozen=True):
     """Base of every latencykit event: a frozen ``msgspec.Struct`` (fields by position or
-    keyword, equality, hashing, a ``repr``; ``msgspec.structs.asdict`` and
-    ``msgspec.json.encode`` take it), cheaper to define and to build than a dataclass.
+    keyword, equality, hashing, a ``repr``; ``msgspec.structs.asdict`` gives its fields),
+    cheaper to define and to build than a dataclass.
 
     Attributes:
         call_id: identifies the pipeline run (one user-level call) the event belongs to; all
