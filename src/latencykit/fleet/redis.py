@@ -525,17 +525,17 @@ class RedisStore:
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
+        # No call waits for a refresh: it may take longer than a call's round trip (a busy
+        # process, a big batch) before it counts as an outage, within the staleness bound.
+        refresh_timeout = max(self.timeout, self.stale_after)
         self._wake = asyncio.Event()
         self._client = redis.asyncio.Redis.from_url(
             self.url,
             # The refresh's bound; calls' round trips have their own (wait_for, timeout).
-            socket_timeout=max(self.timeout, self.stale_after),
+            socket_timeout=refresh_timeout,
             socket_connect_timeout=self.timeout,
             retry=Retry(NoBackoff(), 0),  # this task retries, on its own schedule
         )
-        # No call waits for a refresh: it may take longer than a call's round trip (a busy
-        # process, a big batch) before it counts as an outage, within the staleness bound.
-        refresh_timeout = max(self.timeout, self.stale_after)
         listener = asyncio.ensure_future(self._listen())
         delay = 0.0
         try:
