@@ -132,7 +132,6 @@ NOT_LOADED_AT_IMPORT = {
     "opentelemetry",  # latencykit.telemetry
     "redis",  # a RedisStore's connection
     "cachetools",  # the response cache's memory store
-    "hashlib",  # the response cache's keys
     "urllib.parse",  # a RedisStore's URL
     "urllib.request",
     *(f"latencykit.{name}" for name in (*LAZY_SUBMODULES, "config", "lab", "testing", "_openai")),
