@@ -3,10 +3,17 @@ that every public name says what it does."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import msgspec
 import pytest
 
 import latencykit as lk
@@ -73,7 +80,6 @@ TOP_LEVEL = {
 }
 
 SUBMODULES = {
-    "cache",
     "errors",
     "events",
     "fanout",
@@ -82,10 +88,11 @@ SUBMODULES = {
     "pipeline",
     "policies",
     "routing",
-    "slow_calls",
     "stats",
     "turn",
 }
+# Submodules loaded on first use: what they import is paid for only by those who use them.
+LAZY_SUBMODULES = {"cache", "slow_calls", "telemetry"}
 
 # A policy is a class that is also the decorator: its lowercase name is the class itself.
 ALIASES = [
@@ -106,6 +113,59 @@ def test_the_top_level_offers_what_users_call_and_catch() -> None:
     public = {name for name in vars(lk) if name.isidentifier() and not name.startswith("_")}
     assert {name for name in public if not isinstance(getattr(lk, name), ModuleType)} == TOP_LEVEL
     assert public >= SUBMODULES
+
+
+@pytest.mark.parametrize("name", sorted(LAZY_SUBMODULES))
+def test_a_lazy_submodule_loads_on_first_use(name: str) -> None:
+    module = getattr(lk, name)
+    assert module is importlib.import_module(f"latencykit.{name}")
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        lk.nothing  # type: ignore[attr-defined]  # noqa: B018
+
+
+# What `import latencykit` must not load (issue 27, item 5: import under 100 ms): each is loaded
+# on first use by what needs it.
+NOT_LOADED_AT_IMPORT = {
+    "litellm",  # seconds; the litellm lane loads it
+    "httpx",  # the fast lane's client
+    "pydantic",  # latencykit.config
+    "opentelemetry",  # latencykit.telemetry
+    "redis",  # a RedisStore's connection
+    "cachetools",  # the response cache's memory store
+    "urllib.parse",  # a RedisStore's URL
+    "urllib.request",
+    *(f"latencykit.{name}" for name in (*LAZY_SUBMODULES, "config", "lab", "testing", "_openai")),
+}
+
+
+def _fresh_python(code: str, tmp_path: Path) -> str:
+    """The output of ``code`` in a fresh interpreter, with cached bytecode (as from a wheel)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(tmp_path / "pycache")
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+def test_import_loads_none_of_the_heavy_modules(tmp_path: Path) -> None:
+    loaded = _fresh_python("import sys, latencykit; print(*sys.modules)", tmp_path).split()
+    assert NOT_LOADED_AT_IMPORT.isdisjoint(loaded), NOT_LOADED_AT_IMPORT.intersection(loaded)
+
+
+@pytest.mark.slow
+def test_import_takes_less_than_three_times_asyncio_s(tmp_path: Path) -> None:
+    """A timing guard with a wide margin (the machine may be loaded): the median, over fresh
+    interpreters run in turns, of ``import latencykit``'s time over ``import asyncio``'s, a
+    yardstick from the standard library measured in the same run (about 2 in 2026-11)."""
+    timed = "import time; t = time.perf_counter(); import {}; print(time.perf_counter() - t)"
+    ratios = []
+    for round in range(8):  # round 0 writes the bytecode
+        ours = float(_fresh_python(timed.format("latencykit"), tmp_path))
+        yardstick = float(_fresh_python(timed.format("asyncio"), tmp_path))
+        if round:
+            ratios.append(ours / yardstick)
+    assert statistics.median(ratios) < 3.0, ratios
 
 
 def test_every_public_name_has_a_docstring() -> None:
@@ -143,3 +203,39 @@ def test_failover_refuses_mixed_or_missing_alternatives() -> None:
         lk.failover()
     with pytest.raises(TypeError, match="all async callables or all Routes"):
         lk.failover(backup, lk.policies.failover.Route(lk.Target("openai/x")))
+
+
+def test_an_event_is_a_frozen_value_whose_repr_keeps_captured_text_out() -> None:
+    from latencykit.events import CallEnded, CallStarted
+    from latencykit.target import Endpoint
+
+    prompt = [{"role": "user", "content": "a secret prompt"}]
+    started = CallStarted(1, target="t", endpoint=Endpoint("m"), input_messages=prompt)
+    ended = CallEnded(
+        1,
+        target="t",
+        duration=0.5,
+        outcome="ok",
+        attempts=1,
+        degraded=False,
+        output_text="a secret",
+    )
+    assert repr(ended).startswith("CallEnded(call_id=1, target='t', duration=0.5, outcome='ok'")
+    assert "input_messages" not in repr(started)
+    assert "secret" not in repr(started) + repr(ended)
+    twin = CallEnded(
+        1,
+        target="t",
+        duration=0.5,
+        outcome="ok",
+        attempts=1,
+        degraded=False,
+        output_text="a secret",
+    )
+    assert ended == twin
+    assert hash(ended) == hash(twin)
+    assert ended != CallEnded(1, target="t", duration=0.5, outcome="ok", attempts=2, degraded=False)
+    with pytest.raises(AttributeError):
+        ended.target = "u"  # type: ignore[misc]
+    # Captured text is the subscriber's to keep: the fields, as a dict, hold it.
+    assert msgspec.structs.asdict(started)["input_messages"] == prompt

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import math
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -658,7 +658,7 @@ async def test_events_on_every_transition_and_rejection(clock: FakeClock) -> Non
     assert rejected[0].call_id in call_ids
     assert rejected[1].call_id == 0
     for emitted in (opened, rejected[0]):
-        for value in dataclasses.astuple(emitted):
+        for value in msgspec.structs.astuple(emitted):
             assert isinstance(value, (int, float, str))
 
 

@@ -91,6 +91,9 @@ def test_the_password_never_shows() -> None:
     store = lk.RedisStore("redis://user:s3cret@127.0.0.1:1/0")
     assert "s3cret" not in repr(store)
     assert "user" not in repr(store)
+    # The address stays as written (an IPv6 host keeps its brackets).
+    store = lk.RedisStore("redis://:s3cret@[::1]:6379/0")
+    assert repr(store) == "RedisStore('redis://***@[::1]:6379/0', namespace='latencykit')"
     with pytest.raises(ValueError, match=r"RedisStore\.url") as info:
         lk.RedisStore("http://user:s3cret@host/0")
     assert "s3cret" not in str(info.value)

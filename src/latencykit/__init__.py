@@ -4,18 +4,16 @@ Public API only: what users call and catch daily, re-exported from the modules w
 The rest is in documented submodules: ``latencykit.events`` (event types), ``latencykit.errors``
 (classification), ``latencykit.pipeline`` (writing a policy), ``latencykit.policies.*`` (each
 policy's options, breaker registry and stores), ``latencykit.stats`` (latency windows,
-per-target statistics), ``latencykit.slow_calls`` (the slow-call log),
-``latencykit.llm`` (``CallReport``), ``latencykit.turn`` (the stages' ``Ledger``),
-``latencykit.routing`` (``Router``, ``Rule``), ``latencykit.cache`` (``ResponseCache``) and
-``latencykit.fanout`` (``gather``'s markers), ``latencykit.fleet`` (state shared by a fleet
-of processes: ``SharedStore``, ``StoreUnavailable``);
-``latencykit.telemetry`` (OpenTelemetry, imported on first use).
+per-target statistics), ``latencykit.llm`` (``CallReport``), ``latencykit.turn`` (the stages'
+``Ledger``), ``latencykit.routing`` (``Router``, ``Rule``), ``latencykit.fanout`` (``gather``'s
+markers), ``latencykit.fleet`` (state shared by a fleet of processes: ``SharedStore``,
+``StoreUnavailable``); ``latencykit.cache`` (``ResponseCache``), ``latencykit.slow_calls``
+(the slow-call log) and ``latencykit.telemetry`` (OpenTelemetry) are imported on first use.
 ``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
 """
 
 import typing as _typing
 
-from . import cache as cache
 from . import errors as errors
 from . import events as events
 from . import fanout as fanout
@@ -24,7 +22,6 @@ from . import llm as llm
 from . import pipeline as pipeline
 from . import policies as policies
 from . import routing as routing
-from . import slow_calls as slow_calls
 from . import stats as stats
 from . import turn as turn
 from ._context import Attempt as Attempt
@@ -78,15 +75,17 @@ from .turn import ledger as ledger
 from .turn import stage as stage
 
 if _typing.TYPE_CHECKING:
+    from . import cache as cache
+    from . import slow_calls as slow_calls
     from . import telemetry as telemetry
 else:
 
     def __getattr__(name: str) -> _typing.Any:
-        # latencykit.telemetry imports OpenTelemetry: only for those who use it.
-        if name == "telemetry":
+        # Loaded on first use, by those who use them (telemetry imports OpenTelemetry).
+        if name in ("cache", "slow_calls", "telemetry"):
             import importlib
 
-            return importlib.import_module(f"{__name__}.telemetry")
+            return importlib.import_module(f"{__name__}.{name}")
         raise AttributeError(f"module 'latencykit' has no attribute {name!r}")
 
 

@@ -1,8 +1,9 @@
 """Typed events that policies emit, and the one public way to receive them.
 
-Every policy reports what it did as a frozen dataclass. Subscribers are plain callables; they run
-synchronously, in the task that emitted the event, so keep them cheap (append to a list, bump a
-counter, hand off to a queue). OpenTelemetry support subscribes here like any user hook.
+Every policy reports what it did as a frozen ``msgspec.Struct``. Subscribers are plain
+callables; they run synchronously, in the task that emitted the event, so keep them cheap
+(append to a list, bump a counter, hand off to a queue). OpenTelemetry support subscribes here
+like any user hook.
 
 When nobody subscribes, policies skip building events entirely, so an idle event bus costs one
 truth test per would-be event.
@@ -16,9 +17,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+import msgspec
 
 from ._handle import Handle
 
@@ -71,9 +73,10 @@ __all__ = [
 logger = logging.getLogger("latencykit")
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """Base of every latencykit event.
+class Event(msgspec.Struct, frozen=True):
+    """Base of every latencykit event: a frozen ``msgspec.Struct`` (fields by position or
+    keyword, equality, hashing, a ``repr``; ``msgspec.structs.asdict`` gives its fields),
+    cheaper to define and to build than a dataclass.
 
     Attributes:
         call_id: identifies the pipeline run (one user-level call) the event belongs to; all
@@ -82,12 +85,23 @@ class Event:
 
     call_id: int
 
+    def __repr__(self) -> str:
+        # Captured prompt and answer text never reach logs through a repr.
+        shown = (
+            f"{name}={getattr(self, name)!r}"
+            for name in self.__struct_fields__
+            if name not in _CONTENT
+        )
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+_CONTENT = frozenset({"input_messages", "output_text"})
+
 
 _NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class CallStarted(Event):
+class CallStarted(Event, frozen=True):
     """A pipeline run (one user-level call: an ``LLM.acompletion``, a decorated function's
     call) is starting.
 
@@ -109,14 +123,13 @@ class CallStarted(Event):
     target: str
     endpoint: Endpoint
     stream: bool = False
-    parameters: Mapping[str, Any] = field(default_factory=lambda: _NO_PARAMETERS)
+    parameters: Mapping[str, Any] = _NO_PARAMETERS
     parent_id: int | None = None
     parent_attempt: int = 0
-    input_messages: Any = field(default=None, repr=False)
+    input_messages: Any = None
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptStarted(Event):
+class AttemptStarted(Event, frozen=True):
     """An attempt (one execution of the wrapped call) is starting.
 
     Attributes:
@@ -133,8 +146,7 @@ class AttemptStarted(Event):
     endpoint: Endpoint | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptEnded(Event):
+class AttemptEnded(Event, frozen=True):
     """An attempt ended; ``record`` tells how (see :class:`~latencykit.Attempt`).
 
     Attributes:
@@ -147,8 +159,7 @@ class AttemptEnded(Event):
     gaps: tuple[float, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class FallbackUsed(Event):
+class FallbackUsed(Event, frozen=True):
     """The primary path was abandoned and the fallback (degraded) path is answering.
 
     This is the "slow-case log": subscribe to it to see which calls degraded, why, and when.
@@ -169,8 +180,7 @@ class FallbackUsed(Event):
     error_kind: ErrorKind | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class HedgeFired(Event):
+class HedgeFired(Event, frozen=True):
     """A hedging policy started an extra attempt.
 
     Attributes:
@@ -187,8 +197,7 @@ class HedgeFired(Event):
     delay: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class HedgeWon(Event):
+class HedgeWon(Event, frozen=True):
     """A hedge (not the primary) produced the answer.
 
     Attributes:
@@ -200,8 +209,7 @@ class HedgeWon(Event):
     attempts: int
 
 
-@dataclass(frozen=True, slots=True)
-class HedgeSkipped(Event):
+class HedgeSkipped(Event, frozen=True):
     """A hedge was due but not sent.
 
     Attributes:
@@ -214,8 +222,7 @@ class HedgeSkipped(Event):
     reason: Literal["budget", "deadline"]
 
 
-@dataclass(frozen=True, slots=True)
-class FailedOver(Event):
+class FailedOver(Event, frozen=True):
     """A failover moved from a target that failed to the next one.
 
     Attributes:
@@ -227,8 +234,7 @@ class FailedOver(Event):
     to_target: str
 
 
-@dataclass(frozen=True, slots=True)
-class TargetSkipped(Event):
+class TargetSkipped(Event, frozen=True):
     """A failover skipped a target without sending it anything.
 
     Attributes:
@@ -241,8 +247,7 @@ class TargetSkipped(Event):
     reason: Literal["breaker_open", "context_window"]
 
 
-@dataclass(frozen=True, slots=True)
-class DeadlineExpired(Event):
+class DeadlineExpired(Event, frozen=True):
     """A deadline's budget ran out; the work inside was cancelled.
 
     Attributes:
@@ -257,8 +262,7 @@ class DeadlineExpired(Event):
     stage: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class FanOutEnded(Event):
+class FanOutEnded(Event, frozen=True):
     """A ``lk.gather`` or ``lk.first`` ended (returned, or raised ``GatherIncomplete`` /
     ``NoAcceptableResult``; not emitted when cancelled from outside: ``DeadlineExpired``
     covers that).
@@ -285,8 +289,7 @@ class FanOutEnded(Event):
     elapsed: float
 
 
-@dataclass(frozen=True, slots=True)
-class Routed(Event):
+class Routed(Event, frozen=True):
     """A router picked the call's target (``LLM(router=...)``).
 
     Attributes:
@@ -300,8 +303,7 @@ class Routed(Event):
     task: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class StageStarted(Event):
+class StageStarted(Event, frozen=True):
     """A stage of a turn (:func:`~latencykit.stage`) started; ``call_id`` is the stage's own.
 
     Attributes:
@@ -321,24 +323,21 @@ class StageStarted(Event):
     parent_attempt: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class StageEnded(Event):
+class StageEnded(Event, frozen=True):
     """A stage ended; ``record`` is its entry in the turn's ledger (budget, allowed, spent,
     outcome, attempts)."""
 
     record: StageRecord
 
 
-@dataclass(frozen=True, slots=True)
-class TurnEnded(Event):
+class TurnEnded(Event, frozen=True):
     """A turn in which stages ran ended (its deadline's block, or its decorated call); the
     ``ledger`` holds every stage."""
 
     ledger: Ledger
 
 
-@dataclass(frozen=True, slots=True)
-class FirstToken(Event):
+class FirstToken(Event, frozen=True):
     """A stream attempt received its first content chunk: it is committed.
 
     Attributes:
@@ -352,8 +351,7 @@ class FirstToken(Event):
     ttft: float
 
 
-@dataclass(frozen=True, slots=True)
-class StallDetected(Event):
+class StallDetected(Event, frozen=True):
     """A committed stream sent no content chunk for longer than its stall limit.
 
     Attributes:
@@ -369,8 +367,7 @@ class StallDetected(Event):
     chunks: int
 
 
-@dataclass(frozen=True, slots=True)
-class StreamResumed(Event):
+class StreamResumed(Event, frozen=True):
     """A broken stream goes on from another attempt (``StreamGuard(on_break="continue")``).
 
     Attributes:
@@ -388,8 +385,7 @@ class StreamResumed(Event):
     chunks: int
 
 
-@dataclass(frozen=True, slots=True)
-class CallEnded(Event):
+class CallEnded(Event, frozen=True):
     """A pipeline run (one user-level call) finished.
 
     Attributes:
@@ -429,14 +425,13 @@ class CallEnded(Event):
     finish_reasons: tuple[str, ...] = ()
     input_tokens: int | None = None
     output_tokens: int | None = None
-    output_text: str | None = field(default=None, repr=False)
+    output_text: str | None = None
 
 
 # --- the policies' own events (breaker, limiter, retry, cache), the fleet store's -------------
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerStateChanged(Event):
+class BreakerStateChanged(Event, frozen=True):
     """A breaker changed state.
 
     Attributes:
@@ -457,8 +452,7 @@ class BreakerStateChanged(Event):
     calls: int
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerRejected(Event):
+class BreakerRejected(Event, frozen=True):
     """A breaker refused a call (:meth:`Breaker.acquire` or the policy).
 
     Attributes:
@@ -476,8 +470,7 @@ LimitKind: TypeAlias = Literal["concurrency", "tenant_concurrency", "requests", 
 tenant's concurrency cap, or the tenant's request or token rate."""
 
 
-@dataclass(frozen=True, slots=True)
-class LimitWaited(Event):
+class LimitWaited(Event, frozen=True):
     """A call waited for a limit, then went on.
 
     Attributes:
@@ -493,8 +486,7 @@ class LimitWaited(Event):
     waited: float
 
 
-@dataclass(frozen=True, slots=True)
-class LimitRefused(Event):
+class LimitRefused(Event, frozen=True):
     """A limiter refused a call (:class:`~latencykit.errors.LimitExceeded` is raised).
 
     Attributes:
@@ -519,8 +511,7 @@ GiveUpReason: TypeAlias = Literal[
 """Why a retry policy stopped retrying (see :class:`RetryGaveUp`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RetryScheduled(Event):
+class RetryScheduled(Event, frozen=True):
     """A retry policy will make another attempt after ``wait`` seconds.
 
     Attributes:
@@ -538,8 +529,7 @@ class RetryScheduled(Event):
     retry_after: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class RetryGaveUp(Event):
+class RetryGaveUp(Event, frozen=True):
     """A retry policy raised the last error instead of retrying.
 
     Attributes:
@@ -565,8 +555,7 @@ SkipReason = Literal["degraded", "truncated", "incomplete", "tool_calls", "store
 """Why an answer was not stored (see :class:`CacheStored`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class CacheLookup(Event):
+class CacheLookup(Event, frozen=True):
     """A response cache was asked for a call's answer.
 
     Attributes:
@@ -580,8 +569,7 @@ class CacheLookup(Event):
     hit_rate: float
 
 
-@dataclass(frozen=True, slots=True)
-class CacheStored(Event):
+class CacheStored(Event, frozen=True):
     """A response cache stored a call's answer, or decided not to.
 
     Attributes:
@@ -597,8 +585,7 @@ class CacheStored(Event):
     reason: SkipReason | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class StoreUnavailable(Event):
+class StoreUnavailable(Event, frozen=True):
     """A shared store stopped answering; policies use process-local state until it returns.
 
     Emitted once per outage (from the store's background thread), and logged once as a warning
@@ -614,8 +601,7 @@ class StoreUnavailable(Event):
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class StoreRecovered(Event):
+class StoreRecovered(Event, frozen=True):
     """A shared store answers again; its state is in force again from now on.
 
     Attributes:

@@ -14,21 +14,24 @@ and then at most ``timeout`` seconds.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
+import os
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple, TypeVar
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias, TypeVar, cast
 
 from .. import _validation, events
-from .._asyncio_bridge import run_on_shared_loop, shared_loop
 from ..events import StoreRecovered, StoreUnavailable
+
+if TYPE_CHECKING:
+    import asyncio
+
+# asyncio, the bridge to the library's loop and urllib.parse are imported by the functions that
+# use them: import latencykit does not pay for them (redis imports them when a store is made).
 
 __all__ = ["BreakerOptions", "BreakerView", "RedisStore"]
 
@@ -43,7 +46,7 @@ _MAX_BACKOFF = 2.0  # seconds between two attempts to reach a store that is down
 _IDLE_TTL = 3600.0  # seconds a key outlives its last write, beyond its own time spans
 _NO_LIMIT = "1e300"  # a quota adjustment's max wait: always taken
 
-H = TypeVar("H")
+H = TypeVar("H", bound="_Owner")
 T = TypeVar("T")
 
 
@@ -346,6 +349,10 @@ class _Adjustments:
             raise _Garbage(f"quota script returned {type(reply).__name__}")
 
 
+_Owner: TypeAlias = "_Adjustments | SharedBreaker | SharedBudget | SharedLatency"
+"""What a refresh drains and updates."""
+
+
 class RedisStore:
     """Fleet-wide state on a Redis (or Valkey) server, what the policies' ``shared=`` takes
     (and :func:`~latencykit.use_store`).
@@ -389,6 +396,8 @@ class RedisStore:
             raise ImportError(
                 "RedisStore needs the redis package: pip install 'latencykit[redis]'"
             ) from exc
+        from urllib.parse import urlsplit
+
         if not isinstance(url, str) or urlsplit(url).scheme not in ("redis", "rediss", "unix"):
             raise ValueError(
                 "RedisStore.url must be a redis://, rediss:// or unix:// URL, got "
@@ -406,10 +415,9 @@ class RedisStore:
             if stale_after is None
             else _validation.seconds("RedisStore.stale_after", stale_after, minimum=self.interval)
         )
-        self._breakers: dict[str, SharedBreaker] = {}
-        self._budgets: dict[str, SharedBudget] = {}
-        self._latencies: dict[str, SharedLatency] = {}
-        self._id = uuid.uuid4().hex[:16]  # this process's (this store's) name in the streams
+        # Every handle, by kind and key: each refresh writes what they queued and updates them.
+        self._handles: dict[tuple[str, str], _Owner] = {}
+        self._id = os.urandom(8).hex()  # this process's (this store's) name in the streams
         self._adjustments = _Adjustments()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -430,30 +438,28 @@ class RedisStore:
 
     def breaker(self, key: str, options: BreakerOptions) -> SharedBreaker:
         """The shared state of the breaker ``key`` (the same object for the same key)."""
-        return self._handle(self._breakers, key, lambda: SharedBreaker(self, key, options))
+        return self._handle("breaker", key, lambda: SharedBreaker(self, key, options))
 
     def budget(self, key: str, *, ratio: float, ttl: float, reserve: float) -> SharedBudget:
         """The shared state of the budget ``key`` (``reserve``: extra requests always allowed
         per ``ttl``)."""
         return self._handle(
-            self._budgets,
-            key,
-            lambda: SharedBudget(self, key, ratio=ratio, ttl=ttl, reserve=reserve),
+            "budget", key, lambda: SharedBudget(self, key, ratio=ratio, ttl=ttl, reserve=reserve)
         )
 
     def latency(self, key: str, *, window: float) -> SharedLatency:
         """The pooled latency window ``key`` (samples count for ``window`` seconds)."""
-        return self._handle(self._latencies, key, lambda: SharedLatency(self, key, window))
+        return self._handle("latency", key, lambda: SharedLatency(self, key, window))
 
-    def _handle(self, handles: dict[str, H], key: str, make: Callable[[], H]) -> H:
+    def _handle(self, kind: str, key: str, make: Callable[[], H]) -> H:
         """The handle of ``key``, made on first use (which starts the background task)."""
-        found = handles.get(key)
+        found = self._handles.get((kind, key))
         if found is None:
             with self._lock:
-                found = handles.setdefault(key, make())
+                found = self._handles.setdefault((kind, key), make())
             self._start()
             self._wake_soon()  # its first view within a round trip, not an interval
-        return found
+        return cast(H, found)
 
     async def take(
         self, key: str, amount: float, *, rate: float, burst: float, max_wait: float
@@ -483,6 +489,10 @@ class RedisStore:
     def _start(self) -> None:
         if self._task is not None or self._closed:
             return
+        import asyncio
+
+        from .._asyncio_bridge import shared_loop
+
         with self._lock:
             if self._task is None:
                 self._loop = shared_loop()
@@ -509,21 +519,23 @@ class RedisStore:
     # --- the background task (on the shared loop) ---------------------------------------------
 
     async def _run(self) -> None:
+        import asyncio
+
         import redis.asyncio
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
+        # No call waits for a refresh: it may take longer than a call's round trip (a busy
+        # process, a big batch) before it counts as an outage, within the staleness bound.
+        refresh_timeout = max(self.timeout, self.stale_after)
         self._wake = asyncio.Event()
         self._client = redis.asyncio.Redis.from_url(
             self.url,
             # The refresh's bound; calls' round trips have their own (wait_for, timeout).
-            socket_timeout=max(self.timeout, self.stale_after),
+            socket_timeout=refresh_timeout,
             socket_connect_timeout=self.timeout,
             retry=Retry(NoBackoff(), 0),  # this task retries, on its own schedule
         )
-        # No call waits for a refresh: it may take longer than a call's round trip (a busy
-        # process, a big batch) before it counts as an outage, within the staleness bound.
-        refresh_timeout = max(self.timeout, self.stale_after)
         listener = asyncio.ensure_future(self._listen())
         delay = 0.0
         try:
@@ -555,6 +567,8 @@ class RedisStore:
         """Refresh as soon as any process's script announces a state change (pub/sub), so a
         breaker opened by one process stops the others within a round trip, not an interval.
         Best effort: the periodic refresh does not depend on it."""
+        import asyncio
+
         import redis.asyncio
 
         wake = self._wake
@@ -588,14 +602,8 @@ class RedisStore:
         if not self._shas:
             await self._load_scripts()
         pipe = self._client.pipeline(transaction=False)
-        owners: list[_Adjustments | SharedBreaker | SharedBudget | SharedLatency] = [
-            self._adjustments,
-            *self._breakers.values(),
-            *self._budgets.values(),
-            *self._latencies.values(),
-        ]
-        plan: list[_Adjustments | SharedBreaker | SharedBudget | SharedLatency] = []
-        for owner in owners:
+        plan: list[_Owner] = []
+        for owner in [self._adjustments, *self._handles.values()]:
             for script, args in owner._drain():
                 pipe.evalsha(self._shas[script], *args)
                 plan.append(owner)
@@ -618,6 +626,9 @@ class RedisStore:
         when the store could not answer (the policy then decides alone)."""
         if not self.available:
             return None
+        import asyncio
+
+        from .._asyncio_bridge import run_on_shared_loop
 
         async def call() -> T | None:  # on the store's loop, as everything touching its state
             try:
@@ -672,10 +683,9 @@ def _wait_of(reply: Any) -> float:
 
 def _redact(url: str) -> str:
     """``url`` without its password (nor user name)."""
+    from urllib.parse import urlsplit
+
     parts = urlsplit(url)
-    if parts.password is None and parts.username is None:
+    if "@" not in parts.netloc:
         return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return parts._replace(netloc=f"***@{host}").geturl()
+    return parts._replace(netloc=f"***@{parts.netloc.rpartition('@')[2]}").geturl()
