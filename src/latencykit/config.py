@@ -609,8 +609,6 @@ class LLMConfig(_Model):
         found = _data_of(cls, plain, where)
         found["api_key_env"] = _key_env(given["api_key"], given["api_key_env"], "LLM.api_key")
         _no_password(given["api_base"], "LLM.api_base")
-        if given["breaker"] is not None and not isinstance(given["breaker"], Mapping):
-            raise ValueError("LLM.breaker is a function: it has no config form")
         found["breaker"] = _as_data(given["breaker"], "LLM.breaker")
         built_from = configs.get("failover") or [None] * len(given["failover"])
         found["failover"] = [

@@ -1074,18 +1074,12 @@ def _asked_wait(link: _Link) -> float | None:
 
 def _reset_wait(headers: Mapping[str, Any]) -> float | None:
     """The time until the exhausted limits (remaining 0) reset, the latest of them."""
-    waits = []
-    for remaining, reset in _LIMIT_HEADERS:
-        left, at = headers.get(remaining), headers.get(reset)
-        if left is None or at is None:
-            continue
-        try:
-            exhausted = float(str(left)) <= 0
-        except ValueError:
-            continue
-        if exhausted and (wait := _parse_wait(str(at))) is not None:
-            waits.append(wait)
-    return max(waits, default=None)
+    waits = (
+        _parse_wait(str(headers[reset]))
+        for remaining, reset in _LIMIT_HEADERS
+        if reset in headers and _parse_wait(str(headers.get(remaining))) == 0
+    )
+    return max((wait for wait in waits if wait is not None), default=None)
 
 
 def retry_after(exc: BaseException) -> float | None:
@@ -1145,35 +1139,29 @@ def scrub(text: str, *secrets: str | None) -> str:
     The patterns catch ``sk-...`` keys, ``Bearer`` tokens, ``api_key=...`` / ``API key
     provided: ...`` values and the ``user:password@`` of URLs.
     """
-    return _scrub(text, _secrets_pattern(secrets))
+    return _scrubber(secrets)(text)
 
 
-def _secrets_pattern(secrets: tuple[str | None, ...]) -> re.Pattern[str] | None:
-    known = {s for s in (*secrets, *_environment_secrets()) if s}
-    if not known:
-        return None
-    alternatives = "|".join(re.escape(s) for s in sorted(known, key=len, reverse=True))
-    return re.compile(rf"(?<![\w\-.])(?:{alternatives})(?![\w\-]|\.[\w\-])")
+def _scrubber(secrets: tuple[str | None, ...]) -> Callable[[str], str]:
+    """What :func:`scrub` does, with these ``secrets`` (and the environment's, read now)."""
+    known = sorted({s for s in (*secrets, *_environment_secrets()) if s}, key=len, reverse=True)
+    alternatives = "|".join(map(re.escape, known)) or "(?!)"  # (?!): matches nothing
+    exact = re.compile(rf"(?<![\w\-.])(?:{alternatives})(?![\w\-]|\.[\w\-])")
+    return lambda text: _SECRET_PATTERNS.sub("***", exact.sub("***", text))
 
 
-def _scrub(text: str, secrets: re.Pattern[str] | None) -> str:
-    if secrets is not None:
-        text = secrets.sub("***", text)
-    return _SECRET_PATTERNS.sub("***", text)
-
-
-def _scrub_value(value: object, secrets: re.Pattern[str] | None) -> object:
+def _scrub_value(value: object, scrub: Callable[[str], str]) -> object:
     if isinstance(value, str):
-        return _scrub(value, secrets)
+        return scrub(value)
     if isinstance(value, Mapping):
-        return {k: _scrub_value(v, secrets) for k, v in value.items()}
+        return {k: _scrub_value(v, scrub) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        items = [_scrub_value(v, secrets) for v in value]
+        items = [_scrub_value(v, scrub) for v in value]
         return items if isinstance(value, list) else tuple(items)
     return value
 
 
-def _scrub_chain(exc: BaseException, secrets: re.Pattern[str] | None) -> None:
+def _scrub_chain(exc: BaseException, scrub: Callable[[str], str]) -> None:
     """Scrub, in place, the exceptions a printed traceback of ``exc`` shows.
 
     ``traceback.format_exception`` (so ``logging.exception``) prints every exception of the
@@ -1185,11 +1173,11 @@ def _scrub_chain(exc: BaseException, secrets: re.Pattern[str] | None) -> None:
     ``__cause__``. They are the exceptions of the failed attempt: nothing else holds them.
     """
     for link in _printed(exc):
-        link.args = tuple(_scrub_value(a, secrets) for a in link.args)
+        link.args = tuple(_scrub_value(a, scrub) for a in link.args)
         for attr in ("message", "body", "__notes__"):
             if attr in vars(link):
                 with contextlib.suppress(AttributeError, TypeError):  # read-only: left as is
-                    setattr(link, attr, _scrub_value(getattr(link, attr), secrets))
+                    setattr(link, attr, _scrub_value(getattr(link, attr), scrub))
 
 
 def _printed(exc: BaseException) -> Iterator[BaseException]:
@@ -1236,10 +1224,10 @@ def provider_error(
         return exc
     links = _links(exc)
     kind = _kind_of(links)  # before scrubbing: it reads the provider's own text
-    known = _secrets_pattern(secrets)
-    _scrub_chain(exc, known)
+    scrubbed = _scrubber(secrets)
+    _scrub_chain(exc, scrubbed)
     # rather than "All connection attempts failed", what ran out
-    message = _out_of_resources(exc) or _cut(_scrub(_provider_message(exc), known), 500)
+    message = _out_of_resources(exc) or _cut(scrubbed(_provider_message(exc)), 500)
     return _ERROR_TYPES[kind](
         message,
         target=target,
