@@ -580,50 +580,27 @@ class _Evidence(NamedTuple):
 
 
 class _Rule(NamedTuple):
-    """One row of the table: ``kind`` if any of its signals matches. ``names`` are error
-    codes/types (lowercase) or client class names (capitalised): the two never clash. Wordings
-    are looser than codes: they decide only on a 4xx or without a status (a 5xx that merely
-    mentions "too many tokens" stays a server error)."""
+    """One row of the table: ``kind`` if any of its ``signals`` is the error's: an HTTP status
+    (``#429``, or ``#5xx`` for the class), an error code/type (lowercase) or a client class
+    name (capitalised), space-separated (the three never clash); or if its ``words`` (a regular
+    expression) are in the messages. Wordings are looser than codes: they decide only on a 4xx
+    or without a status (a 5xx that merely mentions "too many tokens" stays a server error)."""
 
     kind: ErrorKind
-    statuses: frozenset[int]
-    names: frozenset[str]
-    words: str | None  # a regular expression
-
-    def matches(self, evidence: _Evidence) -> bool:
-        status = evidence.status
-        return (
-            status in self.statuses
-            or not self.names.isdisjoint(evidence.codes.union(evidence.classes))
-            or (
-                self.words is not None
-                and (status is None or 400 <= status < 500)
-                and re.search(self.words, evidence.text) is not None
-            )
-        )
+    signals: frozenset[str]
+    words: str | None = None
 
 
 def _rule(kind: ErrorKind, signals: str = "", words: str | None = None) -> _Rule:
-    """A row of the table from ``signals``: HTTP statuses (``"5xx"``: the whole class) and
-    names, space-separated."""
-    statuses: set[int] = set()
-    names: set[str] = set()
-    for signal in signals.split():
-        if not signal[0].isdigit():
-            names.add(signal)
-        elif signal.endswith("xx"):
-            statuses.update(range(int(signal[0]) * 100, int(signal[0]) * 100 + 100))
-        else:
-            statuses.add(int(signal))
-    return _Rule(kind, frozenset(statuses), frozenset(names), words)
+    return _Rule(kind, frozenset(signals.split()), words)
 
 
 _K = ErrorKind
 _RULES: tuple[_Rule, ...] = (
     # 1. The caller's account or pace, whatever the body says.
-    _rule(_K.AUTHENTICATION, "401 403"),
-    _rule(_K.RATE_LIMITED, "429"),
-    _rule(_K.TIMEOUT, "408"),
+    _rule(_K.AUTHENTICATION, "#401 #403"),
+    _rule(_K.RATE_LIMITED, "#429"),
+    _rule(_K.TIMEOUT, "#408"),
     # 2. What the error says about this request on this target, whatever the status: the
     #    provider's code/type first, then its wording, then litellm's own reading of it.
     _rule(_K.CONTEXT_LENGTH, "context_length_exceeded context_window_exceeded"),
@@ -639,10 +616,10 @@ _RULES: tuple[_Rule, ...] = (
     _rule(_K.CONTEXT_LENGTH, "ContextWindowExceededError"),
     _rule(_K.CONTENT_POLICY, "ContentPolicyViolationError"),
     # 3. The HTTP status.
-    _rule(_K.NOT_FOUND, "404"),
-    _rule(_K.TIMEOUT, "504"),
-    _rule(_K.SERVER_ERROR, "5xx"),
-    _rule(_K.BAD_REQUEST, "4xx"),
+    _rule(_K.NOT_FOUND, "#404"),
+    _rule(_K.TIMEOUT, "#504"),
+    _rule(_K.SERVER_ERROR, "#5xx"),
+    _rule(_K.BAD_REQUEST, "#4xx"),
     # 4. No HTTP status (an error event inside a stream, an error litellm raised itself): the
     #    class litellm or the OpenAI SDK chose, most specific first, then the error type.
     _rule(_K.STREAM_BROKEN, "MidStreamFallbackError"),
@@ -660,7 +637,7 @@ _RULES: tuple[_Rule, ...] = (
 del _K
 
 # The names of the table: does a client library's class say what happened?
-_RULE_NAMES = frozenset(name for rule in _RULES for name in rule.names)
+_RULE_NAMES = frozenset(name for rule in _RULES for name in rule.signals)
 _TEXT_LIMIT = 4000  # characters of each message searched for wordings
 _BODY_LIMIT = 100_000  # bytes of a response body decoded (a longer one is read as text)
 _LINE_LIMIT = 200  # characters of a text body's line taken as its message
@@ -846,7 +823,16 @@ def _evidence(links: list[_Link], classes: tuple[str, ...]) -> _Evidence:
 
 
 def _kind_by_rules(evidence: _Evidence) -> ErrorKind | None:
-    return next((rule.kind for rule in _RULES if rule.matches(evidence)), None)
+    status = evidence.status
+    statuses = () if status is None else (f"#{status}", f"#{status // 100}xx")
+    signals = evidence.codes.union(evidence.classes, statuses)
+    wordy = status is None or 400 <= status < 500
+    for rule in _RULES:
+        if not rule.signals.isdisjoint(signals) or (
+            wordy and rule.words is not None and re.search(rule.words, evidence.text)
+        ):
+            return rule.kind
+    return None
 
 
 # The client's own resources that ran out, by errno, as the message says it.
