@@ -603,14 +603,17 @@ _RULES: tuple[_Rule, ...] = (
     _rule(_K.TIMEOUT, "#408"),
     # 2. What the error says about this request on this target, whatever the status: the
     #    provider's code/type first, then its wording, then litellm's own reading of it.
-    _rule(_K.CONTEXT_LENGTH, "context_length_exceeded context_window_exceeded"),
-    _rule(_K.CONTEXT_LENGTH, "exceed_context_size_error"),
-    _rule(_K.CONTENT_POLICY, "content_filter content_policy_violation"),
-    _rule(_K.CONTENT_POLICY, "responsibleaipolicyviolation"),
-    _rule(_K.NOT_FOUND, "model_not_found deploymentnotfound deployment_not_found"),
-    _rule(_K.NOT_FOUND, "not_found_error"),
-    _rule(_K.AUTHENTICATION, "invalid_api_key authentication_error"),
-    _rule(_K.AUTHENTICATION, "permission_error api_key_invalid"),
+    _rule(
+        _K.CONTEXT_LENGTH,
+        "context_length_exceeded context_window_exceeded exceed_context_size_error",
+    ),
+    _rule(
+        _K.CONTENT_POLICY, "content_filter content_policy_violation responsibleaipolicyviolation"
+    ),
+    _rule(_K.NOT_FOUND, "model_not_found deploymentnotfound deployment_not_found not_found_error"),
+    _rule(
+        _K.AUTHENTICATION, "invalid_api_key authentication_error permission_error api_key_invalid"
+    ),
     _rule(_K.CONTEXT_LENGTH, words=_CONTEXT_WORDS),
     _rule(_K.CONTENT_POLICY, words=_CONTENT_WORDS),
     _rule(_K.CONTEXT_LENGTH, "ContextWindowExceededError"),
