@@ -505,13 +505,10 @@ def _store_config(store: object, url_env: str | None) -> StoreConfig:
 def _target_config(target: object, index: int, built_from: object) -> str | TargetConfig:
     """The config of failover target ``index``; ``built_from``: the config it was built from,
     if any (its ``api_key_env`` names the key)."""
-    where = f"LLM.failover[{index}]"
     if isinstance(target, str):
         return target
-    if isinstance(target, Mapping):
-        target = as_target(target, where=where)
-    if not isinstance(target, Target):
-        raise ValueError(f"{where} has no config form: {target!r}")
+    where = f"LLM.failover[{index}]"
+    target = as_target(target, where=where)  # a dict as the target it made (LLM checked it)
     fields = _data_of(TargetConfig, target, where)
     env = built_from.api_key_env if isinstance(built_from, TargetConfig) else None
     fields["api_key_env"] = _key_env(fields.pop("api_key", None), env, f"{where}.api_key")
