@@ -176,8 +176,7 @@ class _Model(BaseModel):
         form = _FORMS[type(self)]
         found = self.options()
         star = found.pop(form.star) if form.star else ()
-        first = [found.pop(name) for name in form.positional if name in found]
-        return form.owner(*first, *star, **found)
+        return form.owner(*star, **found)  # no owner has positional-only parameters
 
     @classmethod
     def of(cls: type[M], obj: object, where: str = "") -> M:
@@ -196,7 +195,6 @@ class _Form:
 
     owner: Callable[..., Any]
     parameters: frozenset[str]  # the fields that are the constructor's arguments
-    positional: tuple[str, ...]  # ... passed by position
     star: str | None  # the ``*args`` field (a router's rules)
     kinds: frozenset[str]  # error filters: a list of kinds in the config
     sets: frozenset[str]  # sets: a list in the config
@@ -239,7 +237,7 @@ def _options_of(
         hints = _hints(owner)
         docs = arguments(inspect.getdoc(owner))
         fields: dict[str, Any] = {}
-        positional, star, kinds, sets = [], None, set(), set()
+        star, kinds, sets = None, set(), set()
         for parameter in inspect.signature(owner).parameters.values():
             name, hint = parameter.name, hints.get(parameter.name)
             data = (override or {}).get(name) or _data(hint)
@@ -247,8 +245,6 @@ def _options_of(
                 continue
             if parameter.kind is parameter.VAR_POSITIONAL:
                 star, data = name, types.GenericAlias(list, (data,))
-            elif parameter.kind is not parameter.KEYWORD_ONLY:
-                positional.append(name)
             fields[name] = (data, _field(owner, parameter, docs.get(name)))
             members = _members(hint)
             if _ErrorFilter in members:
@@ -258,9 +254,7 @@ def _options_of(
         model: type[C] = create_model(
             cls.__name__, __base__=cls, __doc__=cls.__doc__, __module__=__name__, **fields
         )
-        _FORMS[model] = _Form(
-            owner, frozenset(fields), tuple(positional), star, frozenset(kinds), frozenset(sets)
-        )
+        _FORMS[model] = _Form(owner, frozenset(fields), star, frozenset(kinds), frozenset(sets))
         if isinstance(owner, type):
             _CONFIGS[owner] = model
         return model
