@@ -149,7 +149,7 @@ def test_code_has_no_config_form() -> None:
     with pytest.raises(ValueError, match=r"retry\.on is code"):
         llm.to_config()
     custom = lk.LLM("openai/big", breaker=lambda key: lk.Breaker(key))
-    with pytest.raises(ValueError, match=r"LLM\.breaker is a function"):
+    with pytest.raises(ValueError, match=r"LLM\.breaker is code"):
         custom.to_config()
 
 

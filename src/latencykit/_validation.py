@@ -165,9 +165,7 @@ def function(name: str, value: object) -> None:
 
 def mapping(name: str, value: object) -> Mapping[str, Any]:
     """A mapping (``TypeError`` for anything else, ``None`` included)."""
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{name} must be a mapping, got {value!r}")
-    return value
+    return instance(name, value, Mapping, "a mapping")
 
 
 def tags(name: str, value: object) -> frozenset[str]:

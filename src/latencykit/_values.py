@@ -55,17 +55,11 @@ class ErrorKind(str, enum.Enum):
         return self in _TRANSIENT
 
 
+# Worth another attempt: the provider's passing failures, and latencykit's own refusals (another
+# target may take the call).
 _TRANSIENT = frozenset(
-    {
-        ErrorKind.RATE_LIMITED,
-        ErrorKind.SERVER_ERROR,
-        ErrorKind.CONNECTION,
-        ErrorKind.TIMEOUT,
-        ErrorKind.STREAM_BROKEN,
-        ErrorKind.CIRCUIT_OPEN,
-        ErrorKind.LIMIT_EXCEEDED,
-    }
-)
+    map(ErrorKind, ["rate_limited", "server_error", "connection", "timeout", "stream_broken"])
+) | {ErrorKind.CIRCUIT_OPEN, ErrorKind.LIMIT_EXCEEDED}
 
 
 StageOutcome = Literal["ok", "error", "cancelled", "overran"]

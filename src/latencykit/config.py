@@ -37,7 +37,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn, TypeVar, overload
 from urllib.parse import urlsplit
@@ -102,8 +102,8 @@ class KindFilter:
 
     __slots__ = ("kinds",)
 
-    def __init__(self, kinds: frozenset[ErrorKind]) -> None:
-        self.kinds = kinds
+    def __init__(self, kinds: Iterable[ErrorKind]) -> None:
+        self.kinds = frozenset(kinds)
 
     def __call__(self, exc: BaseException) -> bool:
         """Whether ``exc`` is of one of the kinds."""
@@ -176,8 +176,7 @@ class _Model(BaseModel):
         form = _FORMS[type(self)]
         found = self.options()
         star = found.pop(form.star) if form.star else ()
-        first = [found.pop(name) for name in form.positional if name in found]
-        return form.owner(*first, *star, **found)
+        return form.owner(*star, **found)  # no owner has positional-only parameters
 
     @classmethod
     def of(cls: type[M], obj: object, where: str = "") -> M:
@@ -196,17 +195,14 @@ class _Form:
 
     owner: Callable[..., Any]
     parameters: frozenset[str]  # the fields that are the constructor's arguments
-    positional: tuple[str, ...]  # ... passed by position
     star: str | None  # the ``*args`` field (a router's rules)
-    kinds: frozenset[str]  # error filters: a list of kinds in the config
-    sets: frozenset[str]  # sets: a list in the config
+    # what takes a field's list: an error filter's kinds a KindFilter, a set's items a frozenset
+    collect: Mapping[str, Callable[[list[Any]], Any]]
 
     def code(self, name: str, value: Any) -> Any:
         """A field's value as the constructor takes it."""
-        if value is not None and name in self.kinds:
-            return KindFilter(frozenset(value))
-        if value is not None and name in self.sets:
-            return frozenset(value)
+        if value is not None and name in self.collect:
+            return self.collect[name](value)
         return _built(value)
 
 
@@ -239,7 +235,7 @@ def _options_of(
         hints = _hints(owner)
         docs = arguments(inspect.getdoc(owner))
         fields: dict[str, Any] = {}
-        positional, star, kinds, sets = [], None, set(), set()
+        star, collect = None, {}
         for parameter in inspect.signature(owner).parameters.values():
             name, hint = parameter.name, hints.get(parameter.name)
             data = (override or {}).get(name) or _data(hint)
@@ -247,20 +243,13 @@ def _options_of(
                 continue
             if parameter.kind is parameter.VAR_POSITIONAL:
                 star, data = name, types.GenericAlias(list, (data,))
-            elif parameter.kind is not parameter.KEYWORD_ONLY:
-                positional.append(name)
             fields[name] = (data, _field(owner, parameter, docs.get(name)))
-            members = _members(hint)
-            if _ErrorFilter in members:
-                kinds.add(name)
-            if any(typing.get_origin(m) in (set, frozenset) for m in members):
-                sets.add(name)
+            if (collector := _collector(hint)) is not None:
+                collect[name] = collector
         model: type[C] = create_model(
             cls.__name__, __base__=cls, __doc__=cls.__doc__, __module__=__name__, **fields
         )
-        _FORMS[model] = _Form(
-            owner, frozenset(fields), tuple(positional), star, frozenset(kinds), frozenset(sets)
-        )
+        _FORMS[model] = _Form(owner, frozenset(fields), star, collect)
         if isinstance(owner, type):
             _CONFIGS[owner] = model
         return model
@@ -279,9 +268,16 @@ def _hints(owner: Any) -> dict[str, Any]:
     return typing.get_type_hints(owner, globalns=namespace)
 
 
-def _members(hint: Any) -> tuple[Any, ...]:
+def _collector(hint: Any) -> Callable[[list[Any]], Any] | None:
+    """What takes the list a config holds for a parameter of type ``hint``, when it is not a
+    list: an error filter's kinds a :class:`KindFilter`, a set's items a ``frozenset``."""
     is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    return typing.get_args(hint) if is_union else (hint,)
+    members = typing.get_args(hint) if is_union else (hint,)
+    if _ErrorFilter in members:
+        return KindFilter
+    if any(typing.get_origin(m) in (set, frozenset) for m in members):
+        return frozenset
+    return None
 
 
 _COLLECTIONS = (set, frozenset, list, collections.abc.Sequence, collections.abc.Collection)
@@ -505,13 +501,10 @@ def _store_config(store: object, url_env: str | None) -> StoreConfig:
 def _target_config(target: object, index: int, built_from: object) -> str | TargetConfig:
     """The config of failover target ``index``; ``built_from``: the config it was built from,
     if any (its ``api_key_env`` names the key)."""
-    where = f"LLM.failover[{index}]"
     if isinstance(target, str):
         return target
-    if isinstance(target, Mapping):
-        target = as_target(target, where=where)
-    if not isinstance(target, Target):
-        raise ValueError(f"{where} has no config form: {target!r}")
+    where = f"LLM.failover[{index}]"
+    target = as_target(target, where=where)  # a dict as the target it made (LLM checked it)
     fields = _data_of(TargetConfig, target, where)
     env = built_from.api_key_env if isinstance(built_from, TargetConfig) else None
     fields["api_key_env"] = _key_env(fields.pop("api_key", None), env, f"{where}.api_key")
@@ -609,8 +602,6 @@ class LLMConfig(_Model):
         found = _data_of(cls, plain, where)
         found["api_key_env"] = _key_env(given["api_key"], given["api_key_env"], "LLM.api_key")
         _no_password(given["api_base"], "LLM.api_base")
-        if given["breaker"] is not None and not isinstance(given["breaker"], Mapping):
-            raise ValueError("LLM.breaker is a function: it has no config form")
         found["breaker"] = _as_data(given["breaker"], "LLM.breaker")
         built_from = configs.get("failover") or [None] * len(given["failover"])
         found["failover"] = [

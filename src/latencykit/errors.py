@@ -19,7 +19,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Container, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
 
 from ._values import BreakerState, ErrorKind
@@ -515,11 +515,12 @@ def attach_others(error: BaseException, others: list[Exception]) -> None:
 
 # --- classification -------------------------------------------------------------------------
 #
-# One table decides (docs/errors.md renders it). classify() first asks whether an HTTP answer
-# came back at all (a refused, reset or silent connection, a timeout, a caller's bug that litellm
-# wrapped); if one did, it reads the error once into _Evidence (the provider's HTTP status, the
-# OpenAI-style error ``code``/``type`` values, the message text, and the class litellm or the
-# OpenAI SDK chose) and returns the kind of the first rule of _RULES that matches.
+# One table decides (docs/errors.md renders it). classify() reads the cause chain once into
+# _Links; it first asks whether an HTTP answer came back at all (a refused, reset or silent
+# connection, a timeout, a caller's bug that litellm wrapped); if one did, it gathers _Evidence
+# (the provider's HTTP status, the OpenAI-style error ``code``/``type`` values, the message
+# text, and the class litellm or the OpenAI SDK chose) and returns the kind of the first rule of
+# _RULES that matches.
 
 
 def _names(words: str) -> frozenset[str]:
@@ -579,89 +580,67 @@ class _Evidence(NamedTuple):
 
 
 class _Rule(NamedTuple):
-    """One row of the table: ``kind`` if any of the signals matches (and, with ``only``, the
-    status is unknown or one of those). ``names`` are error codes/types (lowercase) or client
-    class names (capitalised): the two never clash."""
+    """One row of the table: ``kind`` if any of its ``signals`` is the error's: an HTTP status
+    (``#429``, or ``#5xx`` for the class), an error code/type (lowercase) or a client class
+    name (capitalised), space-separated (the three never clash); or if its ``words`` (a regular
+    expression) are in the messages. Wordings are looser than codes: they decide only on a 4xx
+    or without a status (a 5xx that merely mentions "too many tokens" stays a server error)."""
 
     kind: ErrorKind
-    statuses: Container[int] = ()
-    names: frozenset[str] = frozenset()
-    words: str | None = None  # a regular expression
-    only: range | None = None
+    signals: frozenset[str]
+    words: str | None = None
 
-    def matches(self, evidence: _Evidence) -> bool:
-        status = evidence.status
-        if self.only is not None and status is not None and status not in self.only:
-            return False
-        return (
-            (status is not None and status in self.statuses)
-            or not self.names.isdisjoint(evidence.codes.union(evidence.classes))
-            or (self.words is not None and re.search(self.words, evidence.text) is not None)
-        )
+
+def _rule(kind: ErrorKind, signals: str = "", words: str | None = None) -> _Rule:
+    return _Rule(kind, frozenset(signals.split()), words)
 
 
 _K = ErrorKind
-_4XX, _5XX = range(400, 500), range(500, 600)
 _RULES: tuple[_Rule, ...] = (
     # 1. The caller's account or pace, whatever the body says.
-    _Rule(_K.AUTHENTICATION, statuses={401, 403}),
-    _Rule(_K.RATE_LIMITED, statuses={429}),
-    _Rule(_K.TIMEOUT, statuses={408}),
+    _rule(_K.AUTHENTICATION, "#401 #403"),
+    _rule(_K.RATE_LIMITED, "#429"),
+    _rule(_K.TIMEOUT, "#408"),
     # 2. What the error says about this request on this target, whatever the status: the
     #    provider's code/type first, then its wording, then litellm's own reading of it.
-    _Rule(
+    _rule(
         _K.CONTEXT_LENGTH,
-        names=_names("context_length_exceeded context_window_exceeded exceed_context_size_error"),
+        "context_length_exceeded context_window_exceeded exceed_context_size_error",
     ),
-    _Rule(
-        _K.CONTENT_POLICY,
-        names=_names("content_filter content_policy_violation responsibleaipolicyviolation"),
+    _rule(
+        _K.CONTENT_POLICY, "content_filter content_policy_violation responsibleaipolicyviolation"
     ),
-    _Rule(
-        _K.NOT_FOUND,
-        names=_names("model_not_found deploymentnotfound deployment_not_found not_found_error"),
+    _rule(_K.NOT_FOUND, "model_not_found deploymentnotfound deployment_not_found not_found_error"),
+    _rule(
+        _K.AUTHENTICATION, "invalid_api_key authentication_error permission_error api_key_invalid"
     ),
-    _Rule(
-        _K.AUTHENTICATION,
-        names=_names("invalid_api_key authentication_error permission_error api_key_invalid"),
-    ),
-    #    Wordings are looser than codes: they decide only on a 4xx (or without a status); a 5xx
-    #    that merely mentions "too many tokens" stays a server error.
-    _Rule(_K.CONTEXT_LENGTH, words=_CONTEXT_WORDS, only=_4XX),
-    _Rule(_K.CONTENT_POLICY, words=_CONTENT_WORDS, only=_4XX),
-    _Rule(_K.CONTEXT_LENGTH, names=_names("ContextWindowExceededError")),
-    _Rule(_K.CONTENT_POLICY, names=_names("ContentPolicyViolationError")),
+    _rule(_K.CONTEXT_LENGTH, words=_CONTEXT_WORDS),
+    _rule(_K.CONTENT_POLICY, words=_CONTENT_WORDS),
+    _rule(_K.CONTEXT_LENGTH, "ContextWindowExceededError"),
+    _rule(_K.CONTENT_POLICY, "ContentPolicyViolationError"),
     # 3. The HTTP status.
-    _Rule(_K.NOT_FOUND, statuses={404}),
-    _Rule(_K.TIMEOUT, statuses={504}),
-    _Rule(_K.SERVER_ERROR, statuses=_5XX),
-    _Rule(_K.BAD_REQUEST, statuses=_4XX),
+    _rule(_K.NOT_FOUND, "#404"),
+    _rule(_K.TIMEOUT, "#504"),
+    _rule(_K.SERVER_ERROR, "#5xx"),
+    _rule(_K.BAD_REQUEST, "#4xx"),
     # 4. No HTTP status (an error event inside a stream, an error litellm raised itself): the
     #    class litellm or the OpenAI SDK chose, most specific first, then the error type.
-    _Rule(_K.STREAM_BROKEN, names=_names("MidStreamFallbackError")),
-    _Rule(_K.RATE_LIMITED, names=_names("RateLimitError")),
-    _Rule(_K.TIMEOUT, names=_names("Timeout APITimeoutError")),
-    _Rule(_K.AUTHENTICATION, names=_names("AuthenticationError PermissionDeniedError")),
-    _Rule(_K.NOT_FOUND, names=_names("NotFoundError")),
-    _Rule(_K.CONNECTION, names=_names("APIConnectionError")),
-    _Rule(
-        _K.SERVER_ERROR,
-        names=_names("InternalServerError ServiceUnavailableError BadGatewayError"),
-    ),
-    _Rule(
-        _K.BAD_REQUEST,
-        names=_names("BadRequestError UnprocessableEntityError UnsupportedParamsError"),
-    ),
-    _Rule(_K.RATE_LIMITED, names=_names("rate_limit_exceeded rate_limit_error")),
-    _Rule(
-        _K.SERVER_ERROR, names=_names("overloaded_error server_error api_error service_unavailable")
-    ),
-    _Rule(_K.BAD_REQUEST, names=_names("invalid_request_error")),
+    _rule(_K.STREAM_BROKEN, "MidStreamFallbackError"),
+    _rule(_K.RATE_LIMITED, "RateLimitError"),
+    _rule(_K.TIMEOUT, "Timeout APITimeoutError"),
+    _rule(_K.AUTHENTICATION, "AuthenticationError PermissionDeniedError"),
+    _rule(_K.NOT_FOUND, "NotFoundError"),
+    _rule(_K.CONNECTION, "APIConnectionError"),
+    _rule(_K.SERVER_ERROR, "InternalServerError ServiceUnavailableError BadGatewayError"),
+    _rule(_K.BAD_REQUEST, "BadRequestError UnprocessableEntityError UnsupportedParamsError"),
+    _rule(_K.RATE_LIMITED, "rate_limit_exceeded rate_limit_error"),
+    _rule(_K.SERVER_ERROR, "overloaded_error server_error api_error service_unavailable"),
+    _rule(_K.BAD_REQUEST, "invalid_request_error"),
 )
 del _K
 
 # The names of the table: does a client library's class say what happened?
-_RULE_NAMES = frozenset(name for rule in _RULES for name in rule.names)
+_RULE_NAMES = frozenset(name for rule in _RULES for name in rule.signals)
 _TEXT_LIMIT = 4000  # characters of each message searched for wordings
 _BODY_LIMIT = 100_000  # bytes of a response body decoded (a longer one is read as text)
 _LINE_LIMIT = 200  # characters of a text body's line taken as its message
@@ -688,15 +667,44 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _status_code(exc: BaseException) -> int | None:
-    status = _int(getattr(exc, "status_code", None))
-    if status is None:
-        status = _int(getattr(getattr(exc, "response", None), "status_code", None))
-    return status
+class _Link(NamedTuple):
+    """One exception of an error's cause chain (:func:`_chain`), read once."""
+
+    exc: BaseException
+    name: str
+    status: int | None
+    """Its ``status_code``, or its HTTP response's."""
+    litellm: bool
+    """Raised by litellm, which puts its own guess of a status on its exceptions (500 on a
+    refused connection, 400 on an error event in a stream)."""
+    in_answer: bool
+    """An error object that came inside a 200 answer (a JSON body or a stream's error event)
+    rather than as an HTTP error, on either lane."""
+    body: object
+    """The decoded error body (see :func:`_body_of`)."""
+
+    @property
+    def answered(self) -> int | None:
+        """The status of the provider's answer, if this link carries it (not litellm's guess,
+        nor the one litellm gives an error object inside a 200 answer: 422, or the error's
+        code)."""
+        return None if self.litellm or self.in_answer else self.status
 
 
-def _from_litellm(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith("litellm")
+def _links(exc: BaseException) -> list[_Link]:
+    links = []
+    for link in _chain(exc):
+        status = _int(getattr(link, "status_code", None))
+        if status is None:
+            status = _int(getattr(getattr(link, "response", None), "status_code", None))
+        # litellm's stand-in for an error object in a 200 answer: a bare ``Exception`` with a
+        # ``status_code`` of its own making; the fast lane's: an HTTPError without a status.
+        in_answer = (type(link) is Exception and "status_code" in vars(link)) or (
+            isinstance(link, HTTPError) and link.status_code is None
+        )
+        litellm = type(link).__module__.startswith("litellm")
+        links.append(_Link(link, type(link).__name__, status, litellm, in_answer, _body_of(link)))
+    return links
 
 
 def _client_classes(exc: BaseException) -> tuple[str, ...]:
@@ -707,47 +715,18 @@ def _client_classes(exc: BaseException) -> tuple[str, ...]:
     )
 
 
-def _http_status(exc: BaseException) -> int | None:
+def _http_status(links: list[_Link]) -> int | None:
     """The status of the provider's answer: the first one in the cause chain that litellm did
-    not set (litellm puts its own guess on its exceptions: 500 on a refused connection, 400 on
-    an error event in a stream, 422 on an error object in a 200 answer)."""
-    for link in _chain(exc):
-        status = _status_code(link)
-        if status is not None and not (_from_litellm(link) or _litellm_answer_error(link)):
-            return status
-    return None
+    not make up."""
+    return next((link.answered for link in links if link.answered is not None), None)
 
 
-def _litellm_answer_error(link: BaseException) -> bool:
-    """Whether ``link`` is litellm's stand-in for an error object inside a 200 answer: a bare
-    ``Exception`` carrying a ``status_code`` of its own making (422, or the error's code)."""
-    return type(link) is Exception and "status_code" in link.__dict__
-
-
-def _error_in_answer(exc: BaseException) -> bool:
-    """Whether ``exc`` is an error object that came inside a 200 answer (a JSON body or a
-    stream's error event) rather than as an HTTP error, on either lane."""
-    return any(
-        (isinstance(link, HTTPError) and link.status_code is None) or _litellm_answer_error(link)
-        for link in _chain(exc)
-    )
-
-
-def _answer_status(exc: BaseException, classes: tuple[str, ...]) -> int | None:
-    """The HTTP status the error's answer had: the provider's (:func:`_http_status`); for a
-    class the table does not know, its own; else the one its body states of itself (an error
-    event inside a stream, vLLM's and others' ``{"error": {"code": 500, ...}}``, reads as that
-    status would, on every lane)."""
-    status = _http_status(exc)
-    if status is None and _RULE_NAMES.isdisjoint(classes):
-        status = _status_code(exc)
-    for link in _chain(exc) if status is None else ():
-        body = _body_of(link)
-        error = body.get("error", body) if isinstance(body, Mapping) else None
-        code = _int(error.get("code")) if isinstance(error, Mapping) else None
-        if code is not None and 400 <= code <= 599:
-            return code
-    return status
+def _stated_status(body: object) -> int | None:
+    """The HTTP status an error body states of itself (vLLM's and others' ``{"error": {"code":
+    500, ...}}``), if any."""
+    error = body.get("error", body) if isinstance(body, Mapping) else None
+    code = _int(error.get("code")) if isinstance(error, Mapping) else None
+    return code if code is not None and 400 <= code <= 599 else None
 
 
 def _strings(body: Mapping[Any, Any], *keys: str) -> list[str]:
@@ -818,23 +797,45 @@ def body_message(body: object) -> str | None:
     return _cut(line, _LINE_LIMIT)
 
 
-def _evidence(exc: BaseException, status: int | None) -> _Evidence:
+def _answer_status(links: list[_Link], classes: tuple[str, ...]) -> int | None:
+    """The HTTP status the error's answer had: the provider's (:func:`_http_status`); for a
+    class the table does not know, its own; else the one its body states of itself (an error
+    event inside a stream reads as that status would, on every lane)."""
+    status = _http_status(links)
+    if status is None and _RULE_NAMES.isdisjoint(classes):
+        status = links[0].status
+    if status is None:
+        status = next(filter(None, (_stated_status(link.body) for link in links)), None)
+    return status
+
+
+def _evidence(links: list[_Link], classes: tuple[str, ...]) -> _Evidence:
     codes: set[str] = set()
     texts: list[str] = []
-    for link in _chain(exc):
-        _read_body(_body_of(link), codes, texts, [])
-        own = vars(link)
-        if _litellm_answer_error(link) and isinstance(own["status_code"], str):
+    for link in links:
+        _read_body(link.body, codes, texts, [])
+        own = vars(link.exc)
+        if link.in_answer and isinstance(own.get("status_code"), str):
             codes.add(own["status_code"].lower())  # litellm put the error's code there
-        elif not _from_litellm(link):  # litellm sets its own code/type ("throttling_error")
+        elif not link.litellm:  # litellm sets its own code/type ("throttling_error")
             codes.update(code.lower() for code in _strings(own, "code", "type"))
-        message = getattr(link, "message", None)
-        texts.append((message if isinstance(message, str) else str(link))[:_TEXT_LIMIT])
-    return _Evidence(status, frozenset(codes), "\n".join(texts).lower(), _client_classes(exc))
+        message = getattr(link.exc, "message", None)
+        texts.append((message if isinstance(message, str) else str(link.exc))[:_TEXT_LIMIT])
+    text = "\n".join(texts).lower()
+    return _Evidence(_answer_status(links, classes), frozenset(codes), text, classes)
 
 
 def _kind_by_rules(evidence: _Evidence) -> ErrorKind | None:
-    return next((rule.kind for rule in _RULES if rule.matches(evidence)), None)
+    status = evidence.status
+    statuses = () if status is None else (f"#{status}", f"#{status // 100}xx")
+    signals = evidence.codes.union(evidence.classes, statuses)
+    wordy = status is None or 400 <= status < 500
+    for rule in _RULES:
+        if not rule.signals.isdisjoint(signals) or (
+            wordy and rule.words is not None and re.search(rule.words, evidence.text)
+        ):
+            return rule.kind
+    return None
 
 
 # The client's own resources that ran out, by errno, as the message says it.
@@ -854,7 +855,7 @@ def _out_of_resources(exc: BaseException) -> str | None:
     return None
 
 
-def _caller_bug(exc: BaseException) -> bool:
+def _caller_bug(causes: list[_Link]) -> bool:
     """Whether a "connection error" is in fact a bug raised before anything was sent.
 
     litellm wraps whatever goes wrong in a call in ``APIConnectionError``, a bad argument too
@@ -862,27 +863,20 @@ def _caller_bug(exc: BaseException) -> bool:
     the cause chain and a programming error there, nothing reached the provider, and another
     attempt, anywhere, would fail the same way.
     """
-    bug = False
-    for link in _chain(exc):
-        if link is exc:
-            continue
-        if (
-            type(link).__name__ in _NETWORK_CAUSES
-            or isinstance(link, (ConnectionError, TimeoutError))
-            or (_status_code(link) is not None and not _from_litellm(link))
-        ):
-            return False
-        bug = bug or _is_bug(link)
-    return bug
-
-
-def _is_bug(exc: BaseException) -> bool:
-    return isinstance(exc, (TypeError, AttributeError, KeyError, IndexError)) or (
-        isinstance(exc, ValueError) and type(exc).__name__ != "JSONDecodeError"
+    network = any(
+        link.name in _NETWORK_CAUSES
+        or isinstance(link.exc, (ConnectionError, TimeoutError))
+        or (link.status is not None and not link.litellm)
+        for link in causes
+    )
+    return not network and any(
+        isinstance(link.exc, (TypeError, AttributeError, KeyError, IndexError))
+        or (isinstance(link.exc, ValueError) and link.name != "JSONDecodeError")
+        for link in causes
     )
 
 
-def _without_answer(exc: BaseException, classes: tuple[str, ...]) -> ErrorKind | None:
+def _without_answer(links: list[_Link], classes: tuple[str, ...]) -> ErrorKind | None:
     """The kind of an error that came without an HTTP answer, or ``None`` if one came.
 
     A refused, reset or silently closed connection reaches us from litellm as a 500 whose
@@ -891,45 +885,44 @@ def _without_answer(exc: BaseException, classes: tuple[str, ...]) -> ErrorKind |
     own bugs) is ``UNKNOWN``: nothing reached the provider, and another attempt would fail the
     same way. A 200 whose body does not parse is the provider's fault: ``SERVER_ERROR``.
     """
-    if exc.__cause__ is None and not _from_litellm(exc) and _status_code(exc) is not None:
+    first = links[0]
+    if first.exc.__cause__ is None and not first.litellm and first.status is not None:
         # An HTTP answer, not caused by anything: what it was raised while handling (its
         # implicit context, e.g. the break a stream's recovery answers) says nothing of it.
         return None
     kind = _kind_by_rules(_Evidence(None, classes=classes))  # what the library's class says
     if kind is ErrorKind.CONNECTION:
-        return ErrorKind.UNKNOWN if _caller_bug(exc) else None
+        return ErrorKind.UNKNOWN if _caller_bug(links[1:]) else None
     if kind is None or kind is ErrorKind.SERVER_ERROR:
-        return _cause_kind(exc, wrapped=kind is not None)
+        return _cause_kind(links, wrapped=kind is not None)
     return None  # the library's class says what happened (a timeout, an error event...)
 
 
-def _cause_kind(exc: BaseException, *, wrapped: bool) -> ErrorKind | None:
-    """What the cause chain of ``exc`` (``wrapped``: a client library's server error) says
-    when no answer came: a timeout, a lost connection, a client-side failure (``UNKNOWN``),
-    an answer that does not parse; ``None`` when an HTTP answer came (or nothing tells)."""
+def _cause_kind(links: list[_Link], *, wrapped: bool) -> ErrorKind | None:
+    """What the cause chain (``wrapped``: of a client library's server error) says when no
+    answer came: a timeout, a lost connection, a client-side failure (``UNKNOWN``), an answer
+    that does not parse; ``None`` when an HTTP answer came (or nothing tells)."""
     client_side = False
-    for link in _chain(exc):
-        if (kind := _network_kind(link, exc, wrapped=wrapped)) is not None:
+    for index, link in enumerate(links):
+        if (kind := _network_kind(link, index, wrapped=wrapped)) is not None:
             return kind
-        if link is exc or _from_litellm(link):
-            continue  # litellm's own wrappers carry a status even when nothing was sent
-        if _status_code(link) is not None:
-            return None  # a real HTTP answer
-        client_side = True
+        if index and not link.litellm:  # litellm's wrappers carry a status when nothing was sent
+            if link.status is not None:
+                return None  # a real HTTP answer
+            client_side = True
     return ErrorKind.UNKNOWN if client_side and wrapped else None
 
 
-def _network_kind(link: BaseException, exc: BaseException, *, wrapped: bool) -> ErrorKind | None:
-    """What one link of the cause chain of ``exc`` says of the network: a timeout, a lost
+def _network_kind(link: _Link, index: int, *, wrapped: bool) -> ErrorKind | None:
+    """What link ``index`` of the cause chain says of the network: a timeout, a lost
     connection, or (``wrapped``) an answer that does not parse."""
-    name = type(link).__name__
-    if name in _TIMEOUT_CAUSES:
+    if link.name in _TIMEOUT_CAUSES:
         return ErrorKind.TIMEOUT
-    if name == "JSONDecodeError" and wrapped:
+    if link.name == "JSONDecodeError" and wrapped:
         # A provider answer that does not parse (truncated, empty, not JSON): a fault of the
         # provider, worth another attempt, not a client-side failure.
         return ErrorKind.SERVER_ERROR
-    if name in _CONNECTION_CAUSES or (link is not exc and isinstance(link, ConnectionError)):
+    if link.name in _CONNECTION_CAUSES or (index and isinstance(link.exc, ConnectionError)):
         return ErrorKind.CONNECTION
     return None
 
@@ -957,22 +950,24 @@ def classify(exc: BaseException) -> ErrorKind:
     """
     if isinstance(exc, LatencykitError) and exc.kind is not None:
         return exc.kind
+    return _kind_of(_links(exc))
+
+
+def _kind_of(links: list[_Link]) -> ErrorKind:
+    exc = links[0].exc
     if _out_of_resources(exc) is not None:
         return ErrorKind.UNKNOWN  # the client's fault, not the provider's: another try fails too
     classes = _client_classes(exc)
-    if (without := _without_answer(exc, classes)) is not None:
+    if (without := _without_answer(links, classes)) is not None:
         return without
-    status = _answer_status(exc, classes)
-    evidence = _evidence(exc, status)
-    if status is None and _error_in_answer(exc):
+    evidence = _evidence(links, classes)
+    if evidence.status is None and any(link.in_answer for link in links):
         # An error object in place of an answer: what its code/type/wording says (a context
         # length...), else a malformed answer, worth another attempt. The class litellm chose
         # for it says nothing (a made-up 422).
         return _kind_by_rules(evidence._replace(classes=())) or ErrorKind.SERVER_ERROR
-    return _kind_by_rules(evidence) or _builtin_kind(exc)
-
-
-def _builtin_kind(exc: BaseException) -> ErrorKind:
+    if (kind := _kind_by_rules(evidence)) is not None:
+        return kind
     if isinstance(exc, TimeoutError):
         return ErrorKind.TIMEOUT
     return ErrorKind.CONNECTION if isinstance(exc, ConnectionError) else ErrorKind.UNKNOWN
@@ -1016,29 +1011,21 @@ def _parse_wait(value: str) -> float | None:
             seconds = when - time.time()
         else:
             return None
-    if math.isnan(seconds) or math.isinf(seconds):
-        return None
-    return max(0.0, seconds)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def _parse_time(value: str) -> float | None:
     """The POSIX time of an RFC 3339 time or an HTTP date (UTC unless it says otherwise)."""
-    if not value:
-        return None
-    try:
-        when = datetime.datetime.fromisoformat(
-            value[:-1] + "+00:00" if value[-1] in "Zz" else value
-        )
-    except ValueError:
-        import email.utils  # lazily: it imports socket, 15 ms off `import latencykit`
+    import email.utils  # lazily: it imports socket, 15 ms off `import latencykit`
 
+    try:
+        when = datetime.datetime.fromisoformat(re.sub("[Zz]$", "+00:00", value))
+    except ValueError:
         try:
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError, IndexError, OverflowError):
             return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.timezone.utc)
-    return when.timestamp()
+    return when.replace(tzinfo=when.tzinfo or datetime.timezone.utc).timestamp()
 
 
 def _headers_of(exc: BaseException) -> Iterator[Mapping[str, Any]]:
@@ -1051,29 +1038,29 @@ def _headers_of(exc: BaseException) -> Iterator[Mapping[str, Any]]:
             yield headers
 
 
-def _asked_wait(headers: Mapping[str, Any]) -> float | None:
-    """The wait ``retry-after-ms`` (Azure, OpenAI) or ``retry-after`` asks for."""
-    for name, per_second in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is not None and (wait := _parse_wait(str(value))) is not None:
-            return wait / per_second
-    return None
+def _asked_wait(link: _Link) -> float | None:
+    """The wait one link of the chain asks for: a latencykit error's, ``retry-after-ms``
+    (Azure, OpenAI) or ``retry-after``, Google's ``retryDelay``."""
+    if isinstance(link.exc, ProviderError) and link.exc.retry_after is not None:
+        return link.exc.retry_after
+    for headers in _headers_of(link.exc):
+        for name, per_second in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+            value = headers.get(name)
+            if value is not None and (wait := _parse_wait(str(value))) is not None:
+                return wait / per_second
+    waits: list[float] = []
+    _read_body(link.body, set(), [], waits)
+    return waits[0] if waits else None
 
 
 def _reset_wait(headers: Mapping[str, Any]) -> float | None:
     """The time until the exhausted limits (remaining 0) reset, the latest of them."""
-    waits = []
-    for remaining, reset in _LIMIT_HEADERS:
-        left, at = headers.get(remaining), headers.get(reset)
-        if left is None or at is None:
-            continue
-        try:
-            exhausted = float(str(left)) <= 0
-        except ValueError:
-            continue
-        if exhausted and (wait := _parse_wait(str(at))) is not None:
-            waits.append(wait)
-    return max(waits, default=None)
+    waits = (
+        _parse_wait(str(headers[reset]))
+        for remaining, reset in _LIMIT_HEADERS
+        if reset in headers and _parse_wait(str(headers.get(remaining))) == 0
+    )
+    return max((wait for wait in waits if wait is not None), default=None)
 
 
 def retry_after(exc: BaseException) -> float | None:
@@ -1086,21 +1073,13 @@ def retry_after(exc: BaseException) -> float | None:
     compatible hosts) or ``anthropic-ratelimit-*-reset`` header of a limit whose
     ``remaining`` header is 0 (the latest, if several are).
     """
-    for link in _chain(exc):
-        if isinstance(link, ProviderError) and link.retry_after is not None:
-            return link.retry_after
-        for headers in _headers_of(link):
-            if (wait := _asked_wait(headers)) is not None:
-                return wait
-        waits: list[float] = []
-        _read_body(_body_of(link), set(), [], waits)
-        if waits:
-            return waits[0]
-    for link in _chain(exc):
-        for headers in _headers_of(link):
-            if (wait := _reset_wait(headers)) is not None:
-                return wait
-    return None
+    return _wait_of(_links(exc))
+
+
+def _wait_of(links: list[_Link]) -> float | None:
+    asked = (_asked_wait(link) for link in links)
+    resets = (_reset_wait(headers) for link in links for headers in _headers_of(link.exc))
+    return next((wait for wait in (*asked, *resets) if wait is not None), None)
 
 
 # --- conversion -----------------------------------------------------------------------------
@@ -1141,35 +1120,29 @@ def scrub(text: str, *secrets: str | None) -> str:
     The patterns catch ``sk-...`` keys, ``Bearer`` tokens, ``api_key=...`` / ``API key
     provided: ...`` values and the ``user:password@`` of URLs.
     """
-    return _scrub(text, _secrets_pattern(secrets))
+    return _scrubber(secrets)(text)
 
 
-def _secrets_pattern(secrets: tuple[str | None, ...]) -> re.Pattern[str] | None:
-    known = {s for s in (*secrets, *_environment_secrets()) if s}
-    if not known:
-        return None
-    alternatives = "|".join(re.escape(s) for s in sorted(known, key=len, reverse=True))
-    return re.compile(rf"(?<![\w\-.])(?:{alternatives})(?![\w\-]|\.[\w\-])")
+def _scrubber(secrets: tuple[str | None, ...]) -> Callable[[str], str]:
+    """What :func:`scrub` does, with these ``secrets`` (and the environment's, read now)."""
+    known = sorted({s for s in (*secrets, *_environment_secrets()) if s}, key=len, reverse=True)
+    alternatives = "|".join(map(re.escape, known)) or "(?!)"  # (?!): matches nothing
+    exact = re.compile(rf"(?<![\w\-.])(?:{alternatives})(?![\w\-]|\.[\w\-])")
+    return lambda text: _SECRET_PATTERNS.sub("***", exact.sub("***", text))
 
 
-def _scrub(text: str, secrets: re.Pattern[str] | None) -> str:
-    if secrets is not None:
-        text = secrets.sub("***", text)
-    return _SECRET_PATTERNS.sub("***", text)
-
-
-def _scrub_value(value: object, secrets: re.Pattern[str] | None) -> object:
+def _scrub_value(value: object, scrub: Callable[[str], str]) -> object:
     if isinstance(value, str):
-        return _scrub(value, secrets)
+        return scrub(value)
     if isinstance(value, Mapping):
-        return {k: _scrub_value(v, secrets) for k, v in value.items()}
+        return {k: _scrub_value(v, scrub) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        items = [_scrub_value(v, secrets) for v in value]
+        items = [_scrub_value(v, scrub) for v in value]
         return items if isinstance(value, list) else tuple(items)
     return value
 
 
-def _scrub_chain(exc: BaseException, secrets: re.Pattern[str] | None) -> None:
+def _scrub_chain(exc: BaseException, scrub: Callable[[str], str]) -> None:
     """Scrub, in place, the exceptions a printed traceback of ``exc`` shows.
 
     ``traceback.format_exception`` (so ``logging.exception``) prints every exception of the
@@ -1181,11 +1154,11 @@ def _scrub_chain(exc: BaseException, secrets: re.Pattern[str] | None) -> None:
     ``__cause__``. They are the exceptions of the failed attempt: nothing else holds them.
     """
     for link in _printed(exc):
-        link.args = tuple(_scrub_value(a, secrets) for a in link.args)
+        link.args = tuple(_scrub_value(a, scrub) for a in link.args)
         for attr in ("message", "body", "__notes__"):
             if attr in vars(link):
                 with contextlib.suppress(AttributeError, TypeError):  # read-only: left as is
-                    setattr(link, attr, _scrub_value(getattr(link, attr), secrets))
+                    setattr(link, attr, _scrub_value(getattr(link, attr), scrub))
 
 
 def _printed(exc: BaseException) -> Iterator[BaseException]:
@@ -1230,18 +1203,19 @@ def provider_error(
     """
     if isinstance(exc, ProviderError):
         return exc
-    kind = classify(exc)  # before scrubbing: it reads the provider's own text
-    known = _secrets_pattern(secrets)
-    _scrub_chain(exc, known)
+    links = _links(exc)
+    kind = _kind_of(links)  # before scrubbing: it reads the provider's own text
+    scrubbed = _scrubber(secrets)
+    _scrub_chain(exc, scrubbed)
     # rather than "All connection attempts failed", what ran out
-    message = _out_of_resources(exc) or _cut(_scrub(_provider_message(exc), known), 500)
+    message = _out_of_resources(exc) or _cut(scrubbed(_provider_message(exc)), 500)
     return _ERROR_TYPES[kind](
         message,
         target=target,
         # The answer's status only: litellm's own (500 for a refused connection, a cut
         # stream or a bad argument, 408 for a timeout) are made up.
-        status_code=_http_status(exc),
-        retry_after=retry_after(exc),
+        status_code=_http_status(links),
+        retry_after=_wait_of(links),
     )
 
 
@@ -1266,9 +1240,14 @@ def stream_error(
     error = provider_error(exc, target=target, secrets=secrets)
     if not opened or not _breaks_stream(error, exc):
         return error
-    if any(type(link).__name__ == "JSONDecodeError" for link in _chain(exc)):
+    chain = list(_chain(exc))
+    if any(type(link).__name__ == "JSONDecodeError" for link in chain):
         return not_json_event(1, target=target)
-    if error.kind is ErrorKind.CONNECTION or any(map(_lost_connection, _chain(exc))):
+    lost = any(
+        type(link).__name__ in _CONNECTION_CAUSES or isinstance(link, ConnectionError)
+        for link in chain
+    )
+    if error.kind is ErrorKind.CONNECTION or lost:
         return StreamBroken(
             f"the connection was lost mid-stream: {error.provider_message}",
             target=target,
@@ -1287,10 +1266,6 @@ def _breaks_stream(error: ProviderError, exc: BaseException) -> bool:
         and error.status_code is None
         and not (error is exc and isinstance(exc, StreamBroken))
     )
-
-
-def _lost_connection(link: BaseException) -> bool:
-    return type(link).__name__ in _CONNECTION_CAUSES or isinstance(link, ConnectionError)
 
 
 def malformed_answer(what: str, sample: bytes | str, *, target: str) -> ProviderUnavailable:
