@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["MODEL_PARAMETERS", "Summary", "message_text", "parameters", "summary"]
+__all__ = [
+    "CHAT_PARAMETERS",
+    "MODEL_PARAMETERS",
+    "Summary",
+    "message_text",
+    "parameters",
+    "summary",
+]
 
 MODEL_PARAMETERS = (
     "max_tokens",
@@ -25,6 +32,40 @@ MODEL_PARAMETERS = (
     "n",
 )
 """The request parameters events report (numbers only: never text such as stop sequences)."""
+
+CHAT_PARAMETERS = (
+    *MODEL_PARAMETERS,
+    "messages",
+    "model",
+    "audio",
+    "function_call",
+    "functions",
+    "logit_bias",
+    "logprobs",
+    "metadata",
+    "modalities",
+    "parallel_tool_calls",
+    "prediction",
+    "prompt_cache_key",
+    "reasoning_effort",
+    "response_format",
+    "safety_identifier",
+    "service_tier",
+    "stop",
+    "store",
+    "stream",
+    "stream_options",
+    "tool_choice",
+    "tools",
+    "top_logprobs",
+    "user",
+    "verbosity",
+    "web_search_options",
+    "extra_headers",
+    "extra_body",
+)
+"""OpenAI's chat-completions request parameters, and the fast lane's ``extra_headers`` and
+``extra_body``: the arguments ``LLM`` checks a name's spelling against without litellm."""
 
 
 class Summary(NamedTuple):

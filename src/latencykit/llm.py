@@ -27,6 +27,7 @@ from . import _validation
 from ._cancel import clock, now
 from ._context import Attempt, Trace, current_attempt, remaining, task_var
 from ._litellm import LitellmTransport, litellm
+from ._response import CHAT_PARAMETERS
 from .errors import (
     ErrorFilter,
     OutputTruncated,
@@ -44,7 +45,7 @@ from .policies.fallback import Fallback, FallbackReason, Reroute
 from .policies.guard import StreamGuard
 from .policies.hedge import Hedge, Quantile
 from .policies.retry import Retry
-from .routing import RouteDecision, RouterFunction, Routing
+from .routing import RouteDecision, Router, RouterFunction, Routing
 from .stats import Recorder, StatsTable
 from .stream import ChunkSource, Stream
 from .target import Target, as_target
@@ -400,10 +401,6 @@ class LLM:
         self._arguments["api_key_env"] = None
         self._configs: dict[str, Any] = {}  # limiter, cache, router: the configs they came from
         _check_options(self._arguments)
-        # Import litellm now (seconds, once per process) rather than inside the first call,
-        # where the import would block the event loop and no deadline could preempt it.
-        self._litellm = litellm()
-        self._defaults = _checked_defaults(defaults, failover, _known_arguments(self._litellm))
         self.model = model
         self.timeout = _validation.seconds("LLM.timeout", timeout)
         self.deadline = _validation.optional_seconds("LLM.deadline", deadline)
@@ -426,6 +423,14 @@ class LLM:
         self._secrets = _secrets_of(self.targets, degrade)
         self._routes = [Route(t, functools.partial(self._to_target, t)) for t in self.targets]
         self._degraded = None if degrade is None else degrade.target(self.targets[0])
+        # Import litellm now (seconds, once per process) rather than inside the first call,
+        # where the import would block the event loop and no deadline could preempt it; an LLM
+        # that never needs it (its targets all on the fast lane) never loads it.
+        needs_litellm = isinstance(router, Router) or any(
+            t.transport == "litellm" for t in (*self.targets, self._degraded) if t is not None
+        )
+        known = _known_arguments(litellm() if needs_litellm else None)
+        self._defaults = _checked_defaults(defaults, failover, known)
         self.max_output_tokens = max_output_tokens
         self.budget_aware = bool(budget_aware)
         self.on_truncated = on_truncated
@@ -826,13 +831,14 @@ def _median(window: Any) -> float | None:
 
 
 def _known_arguments(litellm_module: Any) -> frozenset[str]:
-    """Argument names litellm documents for ``completion`` (its signature and the OpenAI chat
-    parameters), plus a target's own fields: what a typo is checked against."""
-    import inspect
+    """What a typo is checked against: the OpenAI chat parameters and a target's own fields,
+    plus, with ``litellm_module``, the arguments litellm documents for ``completion``."""
+    names = set(CHAT_PARAMETERS) | {f.name for f in dataclasses.fields(Target)} | {"api_base"}
+    if litellm_module is not None:
+        import inspect
 
-    names = set(inspect.signature(litellm_module.completion).parameters) - {"kwargs"}
-    names |= set(getattr(litellm_module, "OPENAI_CHAT_COMPLETION_PARAMS", ()))
-    names |= {f.name for f in dataclasses.fields(Target)} | {"api_base"}
+        names |= set(inspect.signature(litellm_module.completion).parameters) - {"kwargs"}
+        names |= set(getattr(litellm_module, "OPENAI_CHAT_COMPLETION_PARAMS", ()))
     return frozenset(names)
 
 

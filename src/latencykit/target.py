@@ -58,8 +58,9 @@ class Target:
             default OpenAI's) over httpx, without litellm's per-chunk work; only for providers
             that speak that protocol (OpenAI, vLLM, SGLang, TGI, Ollama, Together, Groq,
             Fireworks, DeepSeek, OpenRouter, Mistral, ...). Without an ``api_base`` it goes to
-            OpenAI (or ``OPENAI_BASE_URL``), so only an OpenAI model may leave it out; Azure
-            (its own URL scheme and key header) is refused either way (``ValueError``).
+            OpenAI (or ``OPENAI_BASE_URL``), so a model with another provider's prefix
+            (``groq/...``) is refused (``ValueError``) and a name without a prefix is sent as
+            it is; Azure (its own URL scheme and key header) is refused either way.
     """
 
     model: str = ""
@@ -177,31 +178,20 @@ def without_credentials(url: str) -> str:
 def _check_fast_lane(model: str, api_base: str | None) -> None:
     """Refuse ``transport="openai"`` where the fast lane would send the request to the wrong
     place: an Azure model (its own URL scheme and key header), or, without an ``api_base``,
-    a model of another provider than OpenAI (the request would go to OpenAI's URL)."""
-    provider = model.split("/", 1)[0] if "/" in model else _provider_of(model)
+    a model with another provider's prefix than ``openai/`` (the request would go to OpenAI's
+    URL). Read from the prefix alone: a target never imports litellm."""
+    provider = model.split("/", 1)[0] if "/" in model else None
     if provider == "azure":
         raise ValueError(
             f"target.transport='openai' cannot call {model!r}: Azure has its own URL scheme "
             "and key header; use transport='litellm'"
         )
-    if api_base is None and provider != "openai":
+    if api_base is None and provider not in (None, "openai"):
         raise ValueError(
             f"target.transport='openai' without an api_base sends to OpenAI, which does not "
             f"serve {model!r}: give the provider's OpenAI-compatible api_base, or use "
             "transport='litellm'"
         )
-
-
-def _provider_of(model: str) -> str | None:
-    """The provider litellm routes a model name without a prefix to (``None``: unknown)."""
-    # A bare name: only litellm knows ("gpt-4o", "claude-3"). Imported directly: a target sits
-    # below the transports (the litellm lane's loader freezes the heap at LLM's construction).
-    import litellm
-
-    try:
-        return str(litellm.get_llm_provider(model=model)[1])
-    except Exception:  # litellm does not know it either
-        return None
 
 
 @dataclass(frozen=True, slots=True)
