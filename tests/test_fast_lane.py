@@ -14,7 +14,8 @@ import msgspec
 import pytest
 
 import latencykit as lk
-from latencykit.chunks import Chunk, Node, Response, to_model_response
+from latencykit.chunks import Chunk, Node, Response
+from latencykit.llm import to_model_response
 from latencykit.testing import Behavior, FakeProvider, Fault, RequestInfo
 from wire import http, raw_server
 

@@ -36,6 +36,7 @@ __all__ = [
     "litellm",
     "open_connection",
     "set_up",
+    "to_model_response",
 ]
 
 _UNKNOWN = object()
@@ -101,6 +102,17 @@ def _record_gemini_finish() -> None:
         return parse(self, chunk)
 
     iterator.chunk_parser = _gemini_parser = chunk_parser
+
+
+def to_model_response(response: Any) -> Any:
+    """litellm's ``ModelResponse`` with the fields of ``response``, a fast-lane answer
+    (:class:`~latencykit.chunks.Response`, or its general form, a
+    :class:`~latencykit.chunks.Node`), for code that needs litellm's own type
+    (``litellm.completion_cost``, ...); :func:`latencykit.report` reads it as it reads
+    ``response``. Imports litellm (seconds, the first time)."""
+    converted = litellm().ModelResponse(**response.model_dump())
+    converted._hidden_params.update(getattr(response, "_hidden_params", {}))
+    return converted
 
 
 # --- quiet inside latencykit's calls -----------------------------------------------------------

@@ -15,8 +15,8 @@ Each body or SSE event is decoded once, from its bytes, by msgspec:
 
 Both kinds read as litellm's objects do: attributes (an absent field reads as ``None``),
 ``chunk[key]``, ``chunk.get(key)``, ``key in chunk``, ``chunk.model_dump()``;
-``litellm.stream_chunk_builder`` accepts the chunks, and :func:`to_model_response` makes a
-litellm ``ModelResponse`` of a response.
+``litellm.stream_chunk_builder`` accepts the chunks, and
+:func:`latencykit.llm.to_model_response` makes a litellm ``ModelResponse`` of a response.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ __all__ = [
     "decode_node",
     "decode_response",
     "delta_content",
-    "to_model_response",
 ]
 
 
@@ -232,7 +231,7 @@ class Response(_Completion, dict=True, gc=True):
 
     It reads as litellm's ``ModelResponse`` does (``response.choices[0].message.content``,
     ``response["usage"]``, ``response.model_dump()``, ``response._hidden_params``);
-    :func:`to_model_response` makes one of it."""
+    :func:`latencykit.llm.to_model_response` makes one of it."""
 
     choices: list[Choice] = []
     prompt_logprobs: Any = None
@@ -332,18 +331,6 @@ class Node(dict[str, Any]):
 decode_node = msgspec.json.Decoder().decode
 """An event's bytes as plain JSON values (dicts and lists), made a :class:`Node` by the
 caller."""
-
-
-def to_model_response(response: Response | Node) -> Any:
-    """litellm's ``ModelResponse`` with the fields of ``response`` (a fast-lane answer), for
-    code that needs litellm's own type (``litellm.completion_cost``, ...);
-    :func:`latencykit.report` reads it as it reads ``response``. Imports litellm (seconds, the
-    first time)."""
-    import litellm
-
-    converted = litellm.ModelResponse(**response.model_dump())
-    converted._hidden_params.update(getattr(response, "_hidden_params", {}))
-    return converted
 
 
 # --- how a Stream reads them ----------------------------------------------------------------------

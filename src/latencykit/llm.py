@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 from . import _validation
 from ._cancel import clock, now
 from ._context import Attempt, Trace, current_attempt, remaining, task_var
-from ._litellm import LitellmTransport, litellm
+from ._litellm import LitellmTransport, litellm, to_model_response
 from ._response import CHAT_PARAMETERS
 from .errors import (
     ErrorFilter,
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from .config import LLMConfig
     from .policies.breaker import BreakerState
 
-__all__ = ["LLM", "CallReport", "Degrade", "Transport", "report"]
+__all__ = ["LLM", "CallReport", "Degrade", "Transport", "report", "to_model_response"]
 
 _REPORT_KEY = "latencykit"
 _ATTEMPT_KEY = "latencykit.attempt"
