@@ -1,7 +1,8 @@
 """``LLM``: a resilient front for ``litellm.acompletion`` that keeps its call signature.
 
 ``await llm.acompletion(**litellm_kwargs)`` runs the policies around ``litellm.acompletion`` and
-returns litellm's own ``ModelResponse``. :func:`report` reads, from any response it returned,
+returns litellm's own ``ModelResponse`` (on the fast lane, a :class:`~latencykit.chunks.Response`
+that reads like it). :func:`report` reads, from any response it returned,
 which target answered, after how many attempts, and whether the degraded path was used.
 
 litellm facts this module is built on (measured, see docs/concepts.md): litellm is imported
@@ -83,7 +84,8 @@ class Transport(Protocol):
     def complete(
         self, target: Target, arguments: Mapping[str, Any], timeout: float
     ) -> Awaitable[Any]:
-        """A non-streaming attempt: litellm's ``ModelResponse``; raises what failed."""
+        """A non-streaming attempt: the answer (litellm's ``ModelResponse``, or one that reads
+        like it, with a ``_hidden_params`` dict); raises what failed."""
         ...
 
     def open(
@@ -365,8 +367,10 @@ class LLM:
     shows it. Every attempt is reported to the LLM's :class:`~latencykit.stats.Recorder`,
     which :meth:`stats` reads.
     Invalid options raise ``ValueError``/``TypeError`` naming the field at construction.
-    Constructing the first ``LLM`` imports litellm (seconds, once per process): at start-up,
-    not inside the first call, where the import would block the event loop.
+    Constructing the first ``LLM`` with a target on the litellm lane (or a
+    :class:`~latencykit.routing.Router`) imports litellm (seconds, once per process): at
+    start-up, not inside the first call, where the import would block the event loop. An
+    ``LLM`` whose targets are all on the fast lane never imports it.
     """
 
     def __init__(
@@ -685,8 +689,10 @@ class LLM:
         failover targets). ``max_retries``, ``timeout``, ``api_key`` and ``api_base`` are
         refused with a ``ValueError`` saying why.
 
-        Returns litellm's ``ModelResponse``, or with ``stream=True`` a
-        :class:`~latencykit.Stream` of litellm's chunk objects, returned once the first content
+        Returns litellm's ``ModelResponse`` (from a fast-lane target, a
+        :class:`~latencykit.chunks.Response` that reads like it; see :func:`to_model_response`),
+        or with ``stream=True`` a :class:`~latencykit.Stream` of litellm's chunk objects (the
+        fast lane's: :class:`~latencykit.chunks.Chunk`), returned once the first content
         chunk arrived (use ``async with`` / ``async for``; ``aclose()`` closes the HTTP
         response). :func:`report` tells how either was obtained. Failures raise a
         :class:`~latencykit.ProviderError` subclass (litellm's exception is its ``__cause__``),
