@@ -33,39 +33,47 @@ MODEL_PARAMETERS = (
 )
 """The request parameters events report (numbers only: never text such as stop sequences)."""
 
-CHAT_PARAMETERS = (
-    *MODEL_PARAMETERS,
-    "messages",
-    "model",
-    "audio",
-    "function_call",
-    "functions",
-    "logit_bias",
-    "logprobs",
-    "metadata",
-    "modalities",
-    "parallel_tool_calls",
-    "prediction",
-    "prompt_cache_key",
-    "reasoning_effort",
-    "response_format",
-    "safety_identifier",
-    "service_tier",
-    "stop",
-    "store",
-    "stream",
-    "stream_options",
-    "tool_choice",
-    "tools",
-    "top_logprobs",
-    "user",
-    "verbosity",
-    "web_search_options",
-    "extra_headers",
-    "extra_body",
+CHAT_PARAMETERS = frozenset(
+    [
+        *MODEL_PARAMETERS,
+        "messages",
+        "model",
+        "audio",
+        "function_call",
+        "functions",
+        "logit_bias",
+        "logprobs",
+        "metadata",
+        "modalities",
+        "parallel_tool_calls",
+        "prediction",
+        "prompt_cache_key",
+        "reasoning_effort",
+        "response_format",
+        "safety_identifier",
+        "service_tier",
+        "stop",
+        "store",
+        "stream",
+        "stream_options",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "user",
+        "verbosity",
+        "web_search_options",
+        "extra_headers",
+        "extra_body",
+        "thinking",
+        "api_version",
+        "base_url",
+        "custom_llm_provider",
+        "drop_params",
+        "mock_response",
+    ]
 )
-"""OpenAI's chat-completions request parameters, and the fast lane's ``extra_headers`` and
-``extra_body``: the arguments ``LLM`` checks a name's spelling against without litellm."""
+"""OpenAI's chat-completions request parameters and the common litellm arguments: what
+``LLM`` checks the spelling of an argument's name against (without importing litellm)."""
 
 
 class Summary(NamedTuple):

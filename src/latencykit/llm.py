@@ -430,11 +430,11 @@ class LLM:
         # Import litellm now (seconds, once per process) rather than inside the first call,
         # where the import would block the event loop and no deadline could preempt it; an LLM
         # that never needs it (its targets all on the fast lane) never loads it.
-        needs_litellm = isinstance(router, Router) or any(
+        if isinstance(router, Router) or any(
             t.transport == "litellm" for t in (*self.targets, self._degraded) if t is not None
-        )
-        known = _known_arguments(litellm() if needs_litellm else None)
-        self._defaults = _checked_defaults(defaults, failover, known)
+        ):
+            litellm()
+        self._defaults = _checked_defaults(defaults, failover)
         self.max_output_tokens = max_output_tokens
         self.budget_aware = bool(budget_aware)
         self.on_truncated = on_truncated
@@ -836,21 +836,11 @@ def _median(window: Any) -> float | None:
     return window.quantile(0.5)  # type: ignore[no-any-return]
 
 
-def _known_arguments(litellm_module: Any) -> frozenset[str]:
-    """What a typo is checked against: the OpenAI chat parameters and a target's own fields,
-    plus, with ``litellm_module``, the arguments litellm documents for ``completion``."""
-    names = set(CHAT_PARAMETERS) | {f.name for f in dataclasses.fields(Target)} | {"api_base"}
-    if litellm_module is not None:
-        import inspect
-
-        names |= set(inspect.signature(litellm_module.completion).parameters) - {"kwargs"}
-        names |= set(getattr(litellm_module, "OPENAI_CHAT_COMPLETION_PARAMS", ()))
-    return frozenset(names)
+# What a typo is checked against: the chat parameters and a target's own fields.
+_KNOWN = CHAT_PARAMETERS | {f.name for f in dataclasses.fields(Target)} | {"api_base"}
 
 
-def _check_spelling(
-    arguments: Mapping[str, Any], known: frozenset[str], where: str, *, error: bool
-) -> None:
+def _check_spelling(arguments: Mapping[str, Any], where: str, *, error: bool) -> None:
     """Reject (``error``) or warn about a key that looks like a misspelt known argument.
 
     litellm passes unknown arguments to the provider (``vertex_project``, ``extra_body``...), so
@@ -859,9 +849,9 @@ def _check_spelling(
     import difflib
 
     for name in arguments:
-        if name in known:
+        if name in _KNOWN:
             continue
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        close = difflib.get_close_matches(name, _KNOWN, n=1, cutoff=0.8)
         if not close:
             continue
         message = f"{where}: unknown argument {name!r}; did you mean {close[0]!r}?"
@@ -913,9 +903,7 @@ def _check_together(options: Mapping[str, Any]) -> None:
 
 
 def _checked_defaults(
-    defaults: Mapping[str, Any] | None,
-    failover: Sequence[str | Mapping[str, Any] | Target],
-    known: frozenset[str],
+    defaults: Mapping[str, Any] | None, failover: Sequence[str | Mapping[str, Any] | Target]
 ) -> dict[str, Any]:
     """``LLM.defaults`` as a dict, refusing what latencykit or a target owns, after checking
     the spelling of the failover targets' dicts (an error) and of the defaults (a warning)."""
@@ -931,8 +919,8 @@ def _checked_defaults(
         )
     for index, spec in enumerate(failover):
         if isinstance(spec, Mapping):
-            _check_spelling(spec, known, f"LLM.failover[{index}]", error=True)
-    _check_spelling(found, known, "LLM.defaults", error=False)
+            _check_spelling(spec, f"LLM.failover[{index}]", error=True)
+    _check_spelling(found, "LLM.defaults", error=False)
     return found
 
 
