@@ -288,37 +288,35 @@ class LitellmTransport:
     def __init__(self, secrets: tuple[str, ...] = ()) -> None:
         self._secrets = secrets
 
-    async def complete(self, target: Target, arguments: Mapping[str, Any], timeout: float) -> Any:
+    async def complete(self, target: Target, arguments: Mapping[str, Any]) -> Any:
         """One non-streaming attempt: litellm's ``ModelResponse``."""
         # litellm's one-time set-up, apart: a cancel landing in a real call's set-up (it runs
         # in a thread) leaves litellm's request coroutine unawaited; in the mock's, nothing.
-        await self._set_up(target, timeout)
-        return await run_on_asyncio(acompletion(target.litellm_arguments(timeout, arguments)))
+        await self._set_up(target)
+        return await run_on_asyncio(acompletion(target.litellm_arguments(arguments)))
 
-    async def open(
-        self, target: Target, arguments: Mapping[str, Any], timeout: float
-    ) -> ChunkSource:
+    async def open(self, target: Target, arguments: Mapping[str, Any]) -> ChunkSource:
         """One streaming attempt's source, opened on its first read (on trio, bridged: the
         bridge's pump hands the chunks over). The process's first call of a model first does
         litellm's set-up (see :func:`set_up`): the source is ready (``ready_at``) after it."""
-        ready_at = now() if await self._set_up(target, timeout) else None
-        arguments = target.litellm_arguments(timeout, arguments)
+        ready_at = now() if await self._set_up(target) else None
+        arguments = target.litellm_arguments(arguments)
         chunks = LitellmChunks(arguments, target, self._secrets, ready_at)
         return chunks if on_asyncio() else BridgedStream(chunks)
 
     @staticmethod
-    async def _set_up(target: Target, timeout: float) -> bool:
+    async def _set_up(target: Target) -> bool:
         """:func:`set_up` for ``target``'s model unless done; whether it was done now."""
         if is_set_up(target.model):
             return False
         with contextlib.suppress(Exception):  # an unknown provider: the real call raises it
-            await run_on_asyncio(set_up(target.litellm_arguments(timeout)))
+            await run_on_asyncio(set_up(target.litellm_arguments()))
         return True
 
-    async def warm(self, target: Target, timeout: float, *, connect: bool, limit: float) -> None:
+    async def warm(self, target: Target, *, connect: bool, limit: float) -> None:
         """:func:`set_up`, then (``connect``) :func:`open_connection` within ``limit``
         seconds."""
-        arguments = target.litellm_arguments(timeout)
+        arguments = target.litellm_arguments()
 
         async def warm() -> None:
             await set_up(arguments)

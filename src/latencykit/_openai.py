@@ -91,24 +91,22 @@ class OpenAITransport:
         """Whether this event loop's client exists."""
         return loop_key() in self._by_loop
 
-    async def complete(
-        self, target: Target, arguments: Mapping[str, Any], timeout: float
-    ) -> Response | Node:
+    async def complete(self, target: Target, arguments: Mapping[str, Any]) -> Response | Node:
         """One non-streaming attempt: the provider's answer (see :func:`_answer`)."""
-        request = Request(target, timeout, arguments, self.client())
+        request = Request(target, arguments, self.client())
         response = await request.send(stream=False)
         if response.status_code >= 400:
             raise _error_of(response, response.content, target.api_key)
         return _answer(response, target)
 
-    def open(self, target: Target, arguments: Mapping[str, Any], timeout: float) -> OpenAIChunks:
+    def open(self, target: Target, arguments: Mapping[str, Any]) -> OpenAIChunks:
         """One streaming attempt's source, opened on its first read. The loop's first client is
         set-up, not the provider's time: the source is ready (``ready_at``) after it."""
         ready = self.ready()
-        request = Request(target, timeout, {**arguments, "stream": True}, self.client())
+        request = Request(target, {**arguments, "stream": True}, self.client())
         return OpenAIChunks(request, target, self._secrets, None if ready else now())
 
-    async def warm(self, target: Target, timeout: float, *, connect: bool, limit: float) -> None:
+    async def warm(self, target: Target, *, connect: bool, limit: float) -> None:
         """Build this loop's client, then (``connect``) open a keep-alive connection to
         ``target``'s host, without a completion (it would cost tokens): ``GET
         {api_base}/models`` with its key, whatever its status, read to the end so that the
@@ -116,10 +114,10 @@ class OpenAITransport:
         after ``limit`` seconds, ...)."""
         client = self.client()
         if connect:
-            request = Request(target, limit, {}, client)
+            request = Request(target, {}, client)
             url = str(request.url).removesuffix("/chat/completions") + "/models"
             headers = {k: v for k, v in request.headers.items() if k != "Content-Type"}
-            await client.get(url, headers=headers, timeout=request.timeout)
+            await client.get(url, headers=headers, timeout=limit)
 
     async def aclose(self) -> None:
         """Close this event loop's client and its connections (a client of another loop
@@ -141,7 +139,7 @@ class Request:
     __slots__ = ("body", "client", "headers", "timeout", "url")
 
     def __init__(
-        self, target: Target, timeout: float, kwargs: Mapping[str, Any], client: httpx.AsyncClient
+        self, target: Target, kwargs: Mapping[str, Any], client: httpx.AsyncClient
     ) -> None:
         self.client = client
         self.url = _chat_url(target.api_base or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE)
@@ -160,7 +158,7 @@ class Request:
             body.update(extra_body)
         self.headers = headers
         self.body = msgspec.json.encode(body)
-        self.timeout = httpx.Timeout(timeout)
+        self.timeout = httpx.Timeout(target.timeout)
 
     def send(self, stream: bool) -> Awaitable[httpx.Response]:
         http = self.client

@@ -79,22 +79,20 @@ class Transport(Protocol):
     """A lane: how an :class:`LLM` makes its attempts on the targets that name it
     (``Target.transport``: ``"litellm"``, through ``litellm.acompletion``; ``"openai"``, the
     fast lane). Each ``LLM`` owns one of each, and closes them with :meth:`LLM.aclose`.
-    ``timeout`` is the target's attempt timeout."""
+    The target's ``timeout`` is its attempt timeout."""
 
-    def complete(
-        self, target: Target, arguments: Mapping[str, Any], timeout: float
-    ) -> Awaitable[Any]:
+    def complete(self, target: Target, arguments: Mapping[str, Any]) -> Awaitable[Any]:
         """A non-streaming attempt: the answer (litellm's ``ModelResponse``, or one that reads
         like it, with a ``_hidden_params`` dict); raises what failed."""
         ...
 
     def open(
-        self, target: Target, arguments: Mapping[str, Any], timeout: float
+        self, target: Target, arguments: Mapping[str, Any]
     ) -> ChunkSource | Awaitable[ChunkSource]:
         """A streaming attempt's source, opened on its first read."""
         ...
 
-    async def warm(self, target: Target, timeout: float, *, connect: bool, limit: float) -> None:
+    async def warm(self, target: Target, *, connect: bool, limit: float) -> None:
         """Do the client's first-call work for ``target``, then (``connect``) open a
         connection to it within ``limit`` seconds (see :meth:`LLM.warm`)."""
         ...
@@ -529,9 +527,6 @@ class LLM:
         secrets = self._secrets
         return {"litellm": LitellmTransport(secrets), "openai": OpenAITransport(secrets)}
 
-    def _timeout(self, target: Target) -> float:
-        return self.timeout if target.timeout is None else target.timeout
-
     @classmethod
     def from_config(
         cls,
@@ -663,7 +658,7 @@ class LLM:
             started = now()
             try:
                 transport = self._transports[target.transport]
-                await transport.warm(target, self._timeout(target), connect=connect, limit=limit)
+                await transport.warm(target, connect=connect, limit=limit)
             except Exception as exc:
                 done[target.key] = provider_error(exc, target=target.key, secrets=self._secrets)
             else:
@@ -796,14 +791,14 @@ class LLM:
         """
         if self.max_output_tokens is not None:
             self._cap(target, kwargs, streaming=True)
-        return self._transports[target.transport].open(target, kwargs, self._timeout(target))
+        return self._transports[target.transport].open(target, kwargs)
 
     async def _attempt(self, target: Target, **kwargs: Any) -> Any:
         cap = None if self.max_output_tokens is None else self._cap(target, kwargs, False)
         started = 0.0 if cap is None else clock()
         transport = self._transports[target.transport]
         try:
-            response = await transport.complete(target, kwargs, self._timeout(target))
+            response = await transport.complete(target, kwargs)
         except Exception as exc:
             raise provider_error(exc, target=target.key, secrets=self._secrets) from exc
         if not response.choices:  # litellm takes an answer with no choices for one

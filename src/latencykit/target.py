@@ -135,9 +135,7 @@ class Target:
             changes["name"] = ""  # named after its model: follow the new model
         return dataclasses.replace(self, **changes)
 
-    def litellm_arguments(
-        self, default_timeout: float, call: Mapping[str, Any] = MappingProxyType({})
-    ) -> dict[str, Any]:
+    def litellm_arguments(self, call: Mapping[str, Any] = MappingProxyType({})) -> dict[str, Any]:
         """The litellm arguments that send a call with arguments ``call`` to this target: the
         target's ``arguments`` as defaults, the call's, then the target's identity (model,
         endpoint, key, timeout), which a call cannot change."""
@@ -146,7 +144,8 @@ class Target:
             arguments["api_base"] = without_credentials(self.api_base)
         if self.api_key is not None:
             arguments["api_key"] = self.api_key
-        arguments["timeout"] = self.timeout if self.timeout is not None else default_timeout
+        if self.timeout is not None:
+            arguments["timeout"] = self.timeout
         return arguments
 
 
