@@ -21,7 +21,7 @@ Both kinds read as litellm's objects do: attributes (an absent field reads as ``
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -81,17 +81,10 @@ class _ReadsLikeAMapping:
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    def keys(self) -> KeysView[str]:
-        """The names of the fields that are set."""
-        return KeysView(self)
-
-    def items(self) -> ItemsView[str, Any]:
-        """The fields that are set, with their values."""
-        return ItemsView(self)
-
-    def values(self) -> ValuesView[Any]:
-        """The values of the fields that are set."""
-        return ValuesView(self)
+    # The views of the fields that are set, as any Mapping has them.
+    keys = Mapping.keys
+    items = Mapping.items
+    values = Mapping.values
 
     def model_dump(self, **_pydantic_options: Any) -> dict[str, Any]:
         """Its fields as plain JSON values, null fields left out (pydantic's options, such as

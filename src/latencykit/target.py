@@ -14,6 +14,7 @@ arguments plus latencykit's own keys (``name``, ``context_window``, ``capabiliti
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -113,10 +114,7 @@ class Target:
     @property
     def endpoint(self) -> Endpoint:
         """Where this target's requests go, as telemetry may show it (no key, no path)."""
-        found = _endpoints.get((self.model, self.api_base))
-        if found is None:
-            found = _endpoints[(self.model, self.api_base)] = _endpoint(self.model, self.api_base)
-        return found
+        return _endpoint(self.model, self.api_base)
 
     def supports(self, capability: str) -> bool:
         """Whether ``capability`` is among the target's :attr:`capabilities`."""
@@ -214,9 +212,7 @@ class Endpoint:
     port: int | None = None
 
 
-_endpoints: dict[tuple[str, str | None], Endpoint] = {}
-
-
+@functools.cache
 def _endpoint(model: str, api_base: str | None) -> Endpoint:
     if not model:
         return Endpoint("")
