@@ -246,19 +246,22 @@ async def open_connection(arguments: Mapping[str, Any], timeout: float) -> bool:
 
         env = os.environ.get
         # As litellm resolves them for an "openai" call (its main.completion): the first set.
-        key = arguments.get("api_key") or module.api_key or module.openai_key
         client = get_client(
             is_async=True,
-            api_key=key or env("OPENAI_API_KEY") or None,
-            api_base=arguments.get("api_base")
-            or module.api_base
-            or env("OPENAI_BASE_URL")
-            or env("OPENAI_API_BASE")
-            or "https://api.openai.com/v1",
+            api_key=_first(
+                arguments.get("api_key"), module.api_key, module.openai_key, env("OPENAI_API_KEY")
+            ),
+            api_base=_first(
+                arguments.get("api_base"),
+                module.api_base,
+                env("OPENAI_BASE_URL"),
+                env("OPENAI_API_BASE"),
+                "https://api.openai.com/v1",
+            ),
             api_version=None,
             timeout=float(arguments["timeout"]),
             max_retries=0,
-            organization=module.organization or env("OPENAI_ORGANIZATION") or None,
+            organization=_first(module.organization, env("OPENAI_ORGANIZATION")),
         )
         import openai
 
@@ -267,6 +270,11 @@ async def open_connection(arguments: Mapping[str, Any], timeout: float) -> bool:
         return True
     finally:
         _quiet.reset(token)
+
+
+def _first(*values: Any) -> Any:
+    """The first of ``values`` that is set (truthy), else ``None``."""
+    return next((value for value in values if value), None)
 
 
 class LitellmTransport:

@@ -425,13 +425,7 @@ class LLM:
         self._secrets = _secrets_of(self.targets, degrade)
         self._routes = [Route(t, functools.partial(self._to_target, t)) for t in self.targets]
         self._degraded = None if degrade is None else degrade.target(self.targets[0])
-        # Import litellm now (seconds, once per process) rather than inside the first call,
-        # where the import would block the event loop and no deadline could preempt it; an LLM
-        # that never needs it (its targets all on the fast lane) never loads it.
-        if isinstance(router, Router) or any(
-            t.transport == "litellm" for t in (*self.targets, self._degraded) if t is not None
-        ):
-            litellm()
+        _import_litellm_if_needed((*self.targets, self._degraded), router)
         self._defaults = _checked_defaults(defaults, failover)
         self.max_output_tokens = max_output_tokens
         self.budget_aware = bool(budget_aware)
@@ -833,6 +827,16 @@ def _median(window: Any) -> float | None:
 
 # What a typo is checked against: the chat parameters and a target's own fields.
 _KNOWN = CHAT_PARAMETERS | {f.name for f in dataclasses.fields(Target)} | {"api_base"}
+
+
+def _import_litellm_if_needed(targets: Sequence[Target | None], router: object) -> None:
+    """Import litellm now (seconds, once per process) rather than inside the first call, where
+    the import would block the event loop and no deadline could preempt it: when a target takes
+    the litellm lane, or for a :class:`~latencykit.routing.Router` (it counts tokens and reads
+    model capabilities with litellm). An LLM whose targets are all on the fast lane never
+    loads it."""
+    if isinstance(router, Router) or any(t and t.transport == "litellm" for t in targets):
+        litellm()
 
 
 def _check_spelling(arguments: Mapping[str, Any], where: str, *, error: bool) -> None:
