@@ -65,6 +65,15 @@ async def test_a_response_reads_like_litellms_and_converts_to_it(fake: FakeProvi
     assert lk.report(converted) is report
 
 
+async def test_a_message_goes_back_into_the_conversation_as_it_came(fake: FakeProvider) -> None:
+    received = bodies(fake, "primary", Behavior(text="Paris."))
+    llm = fast(fake)
+    first = await llm.acompletion(messages=MESSAGES)
+    follow_up = [*MESSAGES, first.choices[0].message, {"role": "user", "content": "why?"}]
+    await llm.acompletion(messages=follow_up)
+    assert received[1].body["messages"][1] == {"role": "assistant", "content": "Paris."}
+
+
 async def test_a_response_with_fields_the_schema_lacks_keeps_them() -> None:
     body = {
         "id": "c1",
