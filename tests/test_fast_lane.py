@@ -458,3 +458,20 @@ def test_an_llm_all_on_the_fast_lane_never_imports_litellm() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.slow
+def test_an_application_that_loaded_litellm_has_its_heap_frozen_all_the_same() -> None:
+    """litellm's million long-lived objects make every full collection a ~200 ms pause: an LLM
+    freezes them when litellm is loaded, even if its own targets never need litellm."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, litellm, latencykit as lk\n"
+        "lk.LLM('openai/m', api_base='http://127.0.0.1:9/v1', transport='openai')\n"
+        "print(gc.get_freeze_count() > 100_000)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"

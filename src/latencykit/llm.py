@@ -18,6 +18,7 @@ import dataclasses
 import datetime
 import functools
 import os
+import sys
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -834,8 +835,13 @@ def _import_litellm_if_needed(targets: Sequence[Target | None], router: object) 
     the import would block the event loop and no deadline could preempt it: when a target takes
     the litellm lane, or for a :class:`~latencykit.routing.Router` (it counts tokens and reads
     model capabilities with litellm). An LLM whose targets are all on the fast lane never
-    loads it."""
-    if isinstance(router, Router) or any(t and t.transport == "litellm" for t in targets):
+    loads it; if the application did, its one-time set-up is done all the same (the heap
+    frozen: see :func:`latencykit._litellm.litellm`)."""
+    if (
+        "litellm" in sys.modules
+        or isinstance(router, Router)
+        or any(t and t.transport == "litellm" for t in targets)
+    ):
         litellm()
 
 
