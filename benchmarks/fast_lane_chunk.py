@@ -34,7 +34,9 @@ _scope: dict[str, Any] = {}
 exec(SERVER.split("def head")[0], _scope)
 BODY: bytes = b"".join(_scope["EVENTS"])
 PIECES = [BODY[i : i + 65536] for i in range(0, len(BODY), 65536)]
-TARGET = Target("openai/m", api_base="http://127.0.0.1:9/v1", api_key="k", transport="openai")
+TARGET = Target(
+    "openai/m", api_base="http://127.0.0.1:9/v1", api_key="k", timeout=60, transport="openai"
+)
 
 
 CLIENT = httpx.AsyncClient()  # never sends: the body is read from memory
@@ -47,7 +49,7 @@ async def body() -> AsyncIterator[bytes]:
 
 def source() -> Any:
     """An ``OpenAIChunks`` reading the body from memory (as if its response had opened)."""
-    request = _openai.Request(TARGET, 60, {"messages": [], "stream": True}, CLIENT)
+    request = _openai.Request(TARGET, {"messages": [], "stream": True}, CLIENT)
     chunks = _openai.OpenAIChunks(request, TARGET, ())
     chunks._body = body()
     return chunks

@@ -22,6 +22,7 @@ from latencykit.cache import (
     ResponseCache,
     normalize_text,
 )
+from latencykit.chunks import Node
 from latencykit.pipeline import Call, Pipeline
 from latencykit.stream import ChunkSource
 from latencykit.target import Target
@@ -109,6 +110,15 @@ async def test_second_identical_call_is_a_hit_without_a_request(fake: FakeProvid
     assert cache.stats() == CacheStats(hits=2, misses=1, stored=1, errors=0)
     assert cache.hits == 2 and cache.misses == 1
     assert cache.hit_rate == pytest.approx(2 / 3)
+
+
+async def test_the_fast_lane_is_cached_without_litellms_types(fake: FakeProvider) -> None:
+    llm = make_llm(fake, ResponseCache(), transport="openai")
+    first = await llm.acompletion(messages=MESSAGES)
+    second = await llm.acompletion(messages=MESSAGES)
+    assert requests(fake) == 1 and lk.report(second).cache == "hit"
+    assert isinstance(second, Node) and text_of(second) == text_of(first)
+    assert second.usage.total_tokens == first.usage.total_tokens
 
 
 async def test_whitespace_dict_order_and_irrelevant_arguments_hit(fake: FakeProvider) -> None:

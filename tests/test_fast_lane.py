@@ -3,6 +3,7 @@ is tested by the fault matrix (tests/test_faults.py, tests/test_stream.py run on
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,8 @@ import msgspec
 import pytest
 
 import latencykit as lk
-from latencykit.chunks import Chunk, Node
+from latencykit.chunks import Chunk, Node, Response
+from latencykit.llm import to_model_response
 from latencykit.testing import Behavior, FakeProvider, Fault, RequestInfo
 from wire import http, raw_server
 
@@ -40,16 +42,54 @@ def bodies(fake: FakeProvider, model: str, behavior: Behavior) -> list[RequestIn
     return received
 
 
-async def test_a_response_is_litellms_model_response(fake: FakeProvider) -> None:
+async def test_a_response_reads_like_litellms_and_converts_to_it(fake: FakeProvider) -> None:
     fake.script("primary", Behavior(text="Paris is the capital."))
     response = await fast(fake).acompletion(messages=MESSAGES, temperature=0)
-    assert type(response).__name__ == "ModelResponse"
+    assert isinstance(response, Response)  # typed, no pydantic
     [choice] = response.choices
-    assert choice.message.content == "Paris is the capital."
-    assert choice.finish_reason == "stop"
-    assert response.usage.completion_tokens > 0
+    assert choice.message is not None and choice.message.content == "Paris is the capital."
+    assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+    assert response.usage is not None and response.usage.completion_tokens == 4
+    assert response.id and response.model == "primary"
+    assert response["choices"][0]["message"]["role"] == "assistant"
+    assert response.get("usage") is response.usage and "system_fingerprint" in response
+    assert response.model_dump(mode="json")["choices"][0]["message"]["content"] == (
+        "Paris is the capital."
+    )
     report = lk.report(response)
     assert report.target == "openai/primary" and report.answered_by == 1
+    converted: Any = to_model_response(response)
+    assert type(converted) is litellm.ModelResponse
+    assert converted.choices[0].message.content == "Paris is the capital."
+    assert converted.usage.completion_tokens == 4
+    assert lk.report(converted) is report
+
+
+async def test_a_message_goes_back_into_the_conversation_as_it_came(fake: FakeProvider) -> None:
+    received = bodies(fake, "primary", Behavior(text="Paris."))
+    llm = fast(fake)
+    first = await llm.acompletion(messages=MESSAGES)
+    follow_up = [*MESSAGES, first.choices[0].message, {"role": "user", "content": "why?"}]
+    await llm.acompletion(messages=follow_up)
+    sent: Any = received[1].body["messages"]
+    assert sent[1] == {"role": "assistant", "content": "Paris."}
+
+
+async def test_a_response_with_fields_the_schema_lacks_keeps_them() -> None:
+    body = {
+        "id": "c1",
+        "model": "m",
+        "x_vendor": {"a": 1},
+        "choices": [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}],
+    }
+    async with raw_server(http(200, json.dumps(body).encode())) as base:
+        llm = lk.LLM("openai/m", api_base=base, transport="openai")
+        response: Any = await llm.acompletion(messages=MESSAGES)
+        await llm.aclose()
+    assert isinstance(response, Node) and response.x_vendor.a == 1
+    assert response.choices[0].message.content == "hi"
+    assert lk.report(response).target == "openai/m"
+    assert "_hidden_params" not in response and "_hidden_params" not in response.model_dump()
 
 
 async def test_chunks_read_like_litellms_and_build_a_response(fake: FakeProvider) -> None:
@@ -364,3 +404,74 @@ async def test_an_llm_closes_the_connections_it_opened(fake: FakeProvider) -> No
     await llm.acompletion(messages=MESSAGES)
     assert fake.connections_opened == 2
     await llm.aclose()
+
+
+NEVER_LITELLM = """
+import sys
+import anyio
+import latencykit as lk
+from latencykit.testing import Behavior, FakeProvider, Fault
+
+async def main():
+    with FakeProvider() as fake:
+        fake.script("refused", Behavior(fault=Fault.HTTP_ERROR, status=401))
+        fake.script("cut", Behavior(fault=Fault.CUT, stall_after=2))
+        llm = lk.LLM(
+            "openai/m", api_base=fake.base_url, api_key="sk-x", transport="openai",
+            failover=[{"model": "gpt-4o-mini", "api_base": fake.base_url, "transport": "openai"}],
+            defaults={"temperature": 0}, retry=lk.Retry(max_attempts=2), deadline=30,
+        )
+        assert "litellm" not in sys.modules, "at construction"
+        response = await llm.acompletion(messages=[{"role": "user", "content": "hi"}])
+        assert response.choices[0].message.content and lk.report(response).answered_by == 1
+        stream = await llm.acompletion(messages=[{"role": "user", "content": "hi"}], stream=True)
+        async with stream:
+            assert [chunk async for chunk in stream]
+        for model, error in (("refused", lk.AuthenticationFailed), ("cut", lk.StreamBroken)):
+            try:
+                one = lk.LLM(f"openai/{model}", api_base=fake.base_url, transport="openai")
+                answer = await one.acompletion(messages=[{"role": "user", "content": "x"}],
+                                               stream=model == "cut")
+                async with answer:
+                    async for _ in answer:
+                        pass
+            except error:
+                pass
+            else:
+                raise AssertionError(f"{model}: no {error.__name__}")
+        await llm.aclose()
+    print("litellm" in sys.modules)
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.slow
+def test_an_llm_all_on_the_fast_lane_never_imports_litellm() -> None:
+    """Constructed, called (a response, a stream, an error answer, a cut stream): litellm, its
+    seconds of import and its memory, are never loaded."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", NEVER_LITELLM], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+@pytest.mark.slow
+def test_an_application_that_loaded_litellm_has_its_heap_frozen_all_the_same() -> None:
+    """litellm's million long-lived objects make every full collection a ~200 ms pause: an LLM
+    freezes them when litellm is loaded, even if its own targets never need litellm."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, litellm, latencykit as lk\n"
+        "lk.LLM('openai/m', api_base='http://127.0.0.1:9/v1', transport='openai')\n"
+        "print(gc.get_freeze_count() > 100_000)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"

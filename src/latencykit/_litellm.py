@@ -18,7 +18,6 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._asyncio_bridge import BridgedStream, run_on_asyncio
 from ._cancel import now, on_asyncio, run_soon
 from .chunks import delta_content
 from .errors import StreamBroken, malformed_answer, stream_error
@@ -36,6 +35,7 @@ __all__ = [
     "litellm",
     "open_connection",
     "set_up",
+    "to_model_response",
 ]
 
 _UNKNOWN = object()
@@ -101,6 +101,17 @@ def _record_gemini_finish() -> None:
         return parse(self, chunk)
 
     iterator.chunk_parser = _gemini_parser = chunk_parser
+
+
+def to_model_response(response: Any) -> Any:
+    """litellm's ``ModelResponse`` with the fields of ``response``, a fast-lane answer
+    (:class:`~latencykit.chunks.Response`, or its general form, a
+    :class:`~latencykit.chunks.Node`), for code that needs litellm's own type
+    (``litellm.completion_cost``, ...); :func:`latencykit.report` reads it as it reads
+    ``response``. Imports litellm (seconds, the first time)."""
+    converted = litellm().ModelResponse(**response.model_dump())
+    converted._hidden_params.update(getattr(response, "_hidden_params", {}))
+    return converted
 
 
 # --- quiet inside latencykit's calls -----------------------------------------------------------
@@ -276,37 +287,45 @@ class LitellmTransport:
     def __init__(self, secrets: tuple[str, ...] = ()) -> None:
         self._secrets = secrets
 
-    async def complete(self, target: Target, arguments: Mapping[str, Any], timeout: float) -> Any:
+    async def complete(self, target: Target, arguments: Mapping[str, Any]) -> Any:
         """One non-streaming attempt: litellm's ``ModelResponse``."""
         # litellm's one-time set-up, apart: a cancel landing in a real call's set-up (it runs
         # in a thread) leaves litellm's request coroutine unawaited; in the mock's, nothing.
-        await self._set_up(target, timeout)
-        return await run_on_asyncio(acompletion(target.litellm_arguments(timeout, arguments)))
+        from ._asyncio_bridge import run_on_asyncio  # here: asyncio stays out of import
 
-    async def open(
-        self, target: Target, arguments: Mapping[str, Any], timeout: float
-    ) -> ChunkSource:
+        await self._set_up(target)
+        return await run_on_asyncio(acompletion(target.litellm_arguments(arguments)))
+
+    async def open(self, target: Target, arguments: Mapping[str, Any]) -> ChunkSource:
         """One streaming attempt's source, opened on its first read (on trio, bridged: the
         bridge's pump hands the chunks over). The process's first call of a model first does
         litellm's set-up (see :func:`set_up`): the source is ready (``ready_at``) after it."""
-        ready_at = now() if await self._set_up(target, timeout) else None
-        arguments = target.litellm_arguments(timeout, arguments)
+        ready_at = now() if await self._set_up(target) else None
+        arguments = target.litellm_arguments(arguments)
         chunks = LitellmChunks(arguments, target, self._secrets, ready_at)
-        return chunks if on_asyncio() else BridgedStream(chunks)
+        if on_asyncio():
+            return chunks
+        from ._asyncio_bridge import BridgedStream
+
+        return BridgedStream(chunks)
 
     @staticmethod
-    async def _set_up(target: Target, timeout: float) -> bool:
+    async def _set_up(target: Target) -> bool:
         """:func:`set_up` for ``target``'s model unless done; whether it was done now."""
         if is_set_up(target.model):
             return False
+        from ._asyncio_bridge import run_on_asyncio
+
         with contextlib.suppress(Exception):  # an unknown provider: the real call raises it
-            await run_on_asyncio(set_up(target.litellm_arguments(timeout)))
+            await run_on_asyncio(set_up(target.litellm_arguments()))
         return True
 
-    async def warm(self, target: Target, timeout: float, *, connect: bool, limit: float) -> None:
+    async def warm(self, target: Target, *, connect: bool, limit: float) -> None:
         """:func:`set_up`, then (``connect``) :func:`open_connection` within ``limit``
         seconds."""
-        arguments = target.litellm_arguments(timeout)
+        from ._asyncio_bridge import run_on_asyncio
+
+        arguments = target.litellm_arguments()
 
         async def warm() -> None:
             await set_up(arguments)

@@ -4,10 +4,11 @@ litellm spends about 0.5 ms of CPU per streamed chunk (building the OpenAI SDK's
 then its own), which caps one process near 1,750 chunks/s. For providers that speak the OpenAI
 chat-completions protocol (``Target(transport="openai")``), an attempt here is one HTTP request
 on a shared ``httpx.AsyncClient`` (per event loop, keep-alive pool): the JSON body out, and back
-either the response (a litellm ``ModelResponse``, as litellm returns) or the SSE events, split
-from the body's bytes and each decoded once (msgspec, from bytes) into a typed chunk with
-attribute access (``chunk.choices[0].delta.content``, and what ``litellm.stream_chunk_builder``
-reads; see :mod:`latencykit.chunks`). It runs natively on asyncio and trio (no bridge).
+either the response or the SSE events, split from the body's bytes; each is decoded once
+(msgspec, from bytes) into a typed response or chunk that reads like litellm's
+(``response.choices[0].message.content``, ``chunk.choices[0].delta.content``, and what
+``litellm.stream_chunk_builder`` reads; see :mod:`latencykit.chunks`), without importing
+litellm. It runs natively on asyncio and trio (no bridge).
 Errors become the same typed :class:`~latencykit.ProviderError` s, classified from the status,
 the error's ``code``/``type`` and ``Retry-After``; keys are never shown.
 """
@@ -27,7 +28,7 @@ import httpx
 import msgspec
 
 from ._cancel import loop_key, now, run_soon
-from .chunks import OPENAI_CHUNKS, Node, decode_chunk, decode_node
+from .chunks import OPENAI_CHUNKS, Node, Response, decode_chunk, decode_node, decode_response
 from .errors import (
     HTTPError,
     body_message,
@@ -90,22 +91,22 @@ class OpenAITransport:
         """Whether this event loop's client exists."""
         return loop_key() in self._by_loop
 
-    async def complete(self, target: Target, arguments: Mapping[str, Any], timeout: float) -> Any:
-        """One non-streaming attempt: the provider's answer as a litellm ``ModelResponse``."""
-        request = Request(target, timeout, arguments, self.client())
+    async def complete(self, target: Target, arguments: Mapping[str, Any]) -> Response | Node:
+        """One non-streaming attempt: the provider's answer (see :func:`_answer`)."""
+        request = Request(target, arguments, self.client())
         response = await request.send(stream=False)
         if response.status_code >= 400:
             raise _error_of(response, response.content, target.api_key)
         return _answer(response, target)
 
-    def open(self, target: Target, arguments: Mapping[str, Any], timeout: float) -> OpenAIChunks:
+    def open(self, target: Target, arguments: Mapping[str, Any]) -> OpenAIChunks:
         """One streaming attempt's source, opened on its first read. The loop's first client is
         set-up, not the provider's time: the source is ready (``ready_at``) after it."""
         ready = self.ready()
-        request = Request(target, timeout, {**arguments, "stream": True}, self.client())
+        request = Request(target, {**arguments, "stream": True}, self.client())
         return OpenAIChunks(request, target, self._secrets, None if ready else now())
 
-    async def warm(self, target: Target, timeout: float, *, connect: bool, limit: float) -> None:
+    async def warm(self, target: Target, *, connect: bool, limit: float) -> None:
         """Build this loop's client, then (``connect``) open a keep-alive connection to
         ``target``'s host, without a completion (it would cost tokens): ``GET
         {api_base}/models`` with its key, whatever its status, read to the end so that the
@@ -113,10 +114,10 @@ class OpenAITransport:
         after ``limit`` seconds, ...)."""
         client = self.client()
         if connect:
-            request = Request(target, limit, {}, client)
+            request = Request(target, {}, client)
             url = str(request.url).removesuffix("/chat/completions") + "/models"
             headers = {k: v for k, v in request.headers.items() if k != "Content-Type"}
-            await client.get(url, headers=headers, timeout=request.timeout)
+            await client.get(url, headers=headers, timeout=limit)
 
     async def aclose(self) -> None:
         """Close this event loop's client and its connections (a client of another loop
@@ -138,7 +139,7 @@ class Request:
     __slots__ = ("body", "client", "headers", "timeout", "url")
 
     def __init__(
-        self, target: Target, timeout: float, kwargs: Mapping[str, Any], client: httpx.AsyncClient
+        self, target: Target, kwargs: Mapping[str, Any], client: httpx.AsyncClient
     ) -> None:
         self.client = client
         self.url = _chat_url(target.api_base or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE)
@@ -156,8 +157,8 @@ class Request:
         if extra_body:
             body.update(extra_body)
         self.headers = headers
-        self.body = json.dumps(body, separators=(",", ":")).encode()
-        self.timeout = httpx.Timeout(timeout)
+        self.body = msgspec.json.encode(body)
+        self.timeout = httpx.Timeout(target.timeout)
 
     def send(self, stream: bool) -> Awaitable[httpx.Response]:
         http = self.client
@@ -186,27 +187,30 @@ def _error_of(response: httpx.Response, raw: bytes, secret: str | None) -> HTTPE
     return HTTPError(message, response.status_code, body, response)
 
 
-def _answer(response: httpx.Response, target: Target) -> Any:
-    """A 200 answer's body as a litellm ``ModelResponse``, if it is one: an error object in its
-    place raises as that error; anything else (not JSON, not an object, no choices) is a
-    malformed answer, never a made-up success."""
-    from ._litellm import litellm
-
+def _answer(response: httpx.Response, target: Target) -> Response | Node:
+    """A 200 answer's body as a :class:`~latencykit.chunks.Response` (a :class:`Node` if it has
+    fields the schema does not name), if it is one: an error object in its place raises as that
+    error; anything else (not JSON, not an object, no choices) is a malformed answer, never a
+    made-up success."""
     raw = response.content
     try:
-        data = json.loads(raw)
-    except ValueError:
+        answer: Any = decode_response(raw)
+    except msgspec.ValidationError:
+        data = decode_node(raw)
+        if type(data) is not dict:
+            raise malformed_answer("is not a JSON object", raw, target=target.key) from None
+        error = data.get("error")
+        if error:
+            message = error.get("message") if isinstance(error, Mapping) else error
+            raise HTTPError(str(message or "an error object"), None, data) from None
+        answer = Node(data)
+    except msgspec.DecodeError:
         raise malformed_answer("is not JSON", raw, target=target.key) from None
-    if not isinstance(data, dict):
-        raise malformed_answer("is not a JSON object", raw, target=target.key)
-    error = data.get("error")
-    if error:
-        message = error.get("message") if isinstance(error, Mapping) else error
-        raise HTTPError(str(message or "an error object"), None, data)
-    choices = data.get("choices")
+    choices = answer.choices
     if not isinstance(choices, list) or not choices:
         raise malformed_answer("has no choices", raw, target=target.key)
-    return litellm().ModelResponse(**data)
+    answer._hidden_params = {}  # what report() reads, where litellm's ModelResponse keeps it
+    return answer  # type: ignore[no-any-return]
 
 
 _LAST = b"\n\n"  # what ends the last event of a body that did not

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["MODEL_PARAMETERS", "Summary", "message_text", "parameters", "summary"]
+__all__ = [
+    "CHAT_PARAMETERS",
+    "MODEL_PARAMETERS",
+    "Summary",
+    "message_text",
+    "parameters",
+    "summary",
+]
 
 MODEL_PARAMETERS = (
     "max_tokens",
@@ -25,6 +32,48 @@ MODEL_PARAMETERS = (
     "n",
 )
 """The request parameters events report (numbers only: never text such as stop sequences)."""
+
+CHAT_PARAMETERS = frozenset(
+    [
+        *MODEL_PARAMETERS,
+        "messages",
+        "model",
+        "audio",
+        "function_call",
+        "functions",
+        "logit_bias",
+        "logprobs",
+        "metadata",
+        "modalities",
+        "parallel_tool_calls",
+        "prediction",
+        "prompt_cache_key",
+        "reasoning_effort",
+        "response_format",
+        "safety_identifier",
+        "service_tier",
+        "stop",
+        "store",
+        "stream",
+        "stream_options",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "user",
+        "verbosity",
+        "web_search_options",
+        "extra_headers",
+        "extra_body",
+        "thinking",
+        "api_version",
+        "base_url",
+        "custom_llm_provider",
+        "drop_params",
+        "mock_response",
+    ]
+)
+"""OpenAI's chat-completions request parameters and the common litellm arguments: what
+``LLM`` checks the spelling of an argument's name against (without importing litellm)."""
 
 
 class Summary(NamedTuple):

@@ -1,25 +1,27 @@
-"""The chunks of a stream: what the fast lane's stream events decode into, and the one rule for
-what counts as content (:func:`delta_content`), on every lane and entry point.
+"""The fast lane's answers: what a response and a stream's events decode into, and the one rule
+for what counts as content (:func:`delta_content`), on every lane and entry point.
 
-Each SSE event is decoded once, from its bytes, by msgspec:
+Each body or SSE event is decoded once, from its bytes, by msgspec:
 
-- into **typed chunks** (:class:`Chunk`, :class:`ChunkChoice`, :class:`ChunkDelta`,
-  :class:`ToolCallDelta`, :class:`FunctionDelta`, :class:`Usage`): the
-  ``chat.completion.chunk`` schema and the fields OpenAI-compatible providers commonly add.
+- into **typed** answers: a :class:`Response` (:class:`Choice`, :class:`Message`) or a
+  :class:`Chunk` (:class:`ChunkChoice`, :class:`ChunkDelta`), with :class:`ToolCall`,
+  :class:`Function` and :class:`Usage`: OpenAI's ``chat.completion`` and
+  ``chat.completion.chunk`` schemas and the fields OpenAI-compatible providers commonly add.
   Decoding into them is faster than into dicts, and reading ``chunk.choices[0].delta.content``
   is a few C-level attribute reads (a user reads that on every chunk);
-- an event with a field the schema does not name, or a value of another JSON type, is decoded
-  into a :class:`Node` instead (a ``dict`` with attribute access), so nothing a provider sends
-  is dropped; the rest of that stream is then decoded that way.
+- a body or event with a field the schema does not name, or a value of another JSON type, is
+  decoded into a :class:`Node` instead (a ``dict`` with attribute access), so nothing a provider
+  sends is dropped; the rest of that stream is then decoded that way.
 
-Both kinds read the same: attributes (an absent field reads as ``None``), ``chunk[key]``,
-``chunk.get(key)``, ``key in chunk``, ``chunk.model_dump()``; and
-``litellm.stream_chunk_builder`` accepts both.
+Both kinds read as litellm's objects do: attributes (an absent field reads as ``None``),
+``chunk[key]``, ``chunk.get(key)``, ``key in chunk``, ``chunk.model_dump()``;
+``litellm.stream_chunk_builder`` accepts the chunks, and
+:func:`latencykit.llm.to_model_response` makes a litellm ``ModelResponse`` of a response.
 """
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -27,15 +29,21 @@ import msgspec
 __all__ = [
     "CONTENT_FIELDS",
     "OPENAI_CHUNKS",
+    "Choice",
     "Chunk",
     "ChunkChoice",
     "ChunkDelta",
+    "Function",
     "FunctionDelta",
+    "Message",
     "Node",
+    "Response",
+    "ToolCall",
     "ToolCallDelta",
     "Usage",
     "decode_chunk",
     "decode_node",
+    "decode_response",
     "delta_content",
 ]
 
@@ -73,21 +81,19 @@ class _ReadsLikeAMapping:
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
-    def keys(self) -> KeysView[str]:
-        """The names of the fields that are set."""
-        return KeysView(self)
+    # The views of the fields that are set, as any Mapping has them.
+    keys = Mapping.keys
+    items = Mapping.items
+    values = Mapping.values
 
-    def items(self) -> ItemsView[str, Any]:
-        """The fields that are set, with their values."""
-        return ItemsView(self)
-
-    def values(self) -> ValuesView[Any]:
-        """The values of the fields that are set."""
-        return ValuesView(self)
-
-    def model_dump(self) -> dict[str, Any]:
-        """The chunk as plain JSON values (null fields left out)."""
+    def model_dump(self, **_pydantic_options: Any) -> dict[str, Any]:
+        """Its fields as plain JSON values, null fields left out (pydantic's options, such as
+        ``mode="json"``, are accepted and change nothing)."""
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+    def model_dump_json(self, **_pydantic_options: Any) -> str:
+        """:meth:`model_dump` as JSON text."""
+        return msgspec.json.encode(self).decode()
 
 
 # forbid_unknown_fields: an event with a field not named here is decoded as a Node (nothing is
@@ -100,33 +106,39 @@ _TYPED = {
 }
 
 
-class FunctionDelta(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
-    """A piece of a function call: its ``name`` (first piece) and ``arguments`` (text to
-    concatenate). Both default to ``None``."""
+class Function(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
+    """A function call: its ``name`` and ``arguments`` (JSON text); in a chunk, a piece of one
+    (the name on the first piece, the arguments as text to concatenate). Both default to
+    ``None``."""
 
     name: str | None = None
     arguments: str | None = None
 
 
-class ToolCallDelta(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
-    """A piece of a tool call: ``index`` and, on its first piece, ``id`` and ``type``;
-    ``function`` its :class:`FunctionDelta`. Defaults ``None``."""
+class ToolCall(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
+    """A tool call: ``id``, ``type`` and ``function`` (a :class:`Function`); in a chunk, a
+    piece of one, with its ``index`` (``id`` and ``type`` on its first piece). Defaults
+    ``None``."""
 
     index: int | None = None
     id: str | None = None
     type: str | None = None
-    function: FunctionDelta | None = None
+    function: Function | None = None
 
 
-class ChunkDelta(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
-    """What one chunk adds to a choice's message: ``content``, ``tool_calls``, and the
-    providers' reasoning fields (``reasoning_content``: DeepSeek, vLLM, SGLang; ``reasoning``:
-    OpenRouter, Groq). All default to ``None``."""
+FunctionDelta = Function
+ToolCallDelta = ToolCall
+
+
+class Message(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
+    """A response's message: ``content``, ``role``, ``tool_calls`` (:class:`ToolCall` s), and
+    the providers' reasoning fields (``reasoning_content``: DeepSeek, vLLM, SGLang;
+    ``reasoning``: OpenRouter, Groq). All default to ``None``."""
 
     content: str | None = None
     role: str | None = None
-    tool_calls: list[ToolCallDelta] | None = None
-    function_call: FunctionDelta | None = None
+    tool_calls: list[ToolCall] | None = None
+    function_call: Function | None = None
     refusal: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
@@ -135,14 +147,13 @@ class ChunkDelta(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
     annotations: Any = None
 
 
-class ChunkChoice(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
-    """One choice of a chunk: ``index``, ``delta`` (:class:`ChunkDelta`),
-    ``finish_reason`` (``None`` until the last), ``logprobs``, and providers' extras
-    (``stop_reason``: vLLM, ``matched_stop``: SGLang, ``native_finish_reason``: OpenRouter,
-    ``content_filter_results``: Azure). Defaults ``None``."""
+class ChunkDelta(Message):
+    """What one chunk adds to a choice's message: the fields of a :class:`Message`, each a
+    piece (text to concatenate). All default to ``None``."""
 
+
+class _Choice(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
     index: int | None = None
-    delta: ChunkDelta | None = None
     finish_reason: str | None = None
     logprobs: Any = None
     stop_reason: Any = None
@@ -151,10 +162,26 @@ class ChunkChoice(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
     content_filter_results: Any = None
 
 
+class ChunkChoice(_Choice):
+    """One choice of a chunk: ``index``, ``delta`` (:class:`ChunkDelta`),
+    ``finish_reason`` (``None`` until the last), ``logprobs``, and providers' extras
+    (``stop_reason``: vLLM, ``matched_stop``: SGLang, ``native_finish_reason``: OpenRouter,
+    ``content_filter_results``: Azure). Defaults ``None``."""
+
+    delta: ChunkDelta | None = None
+
+
+class Choice(_Choice):
+    """One choice of a response: ``index``, ``message`` (:class:`Message`), ``finish_reason``,
+    ``logprobs`` and the providers' extras of :class:`ChunkChoice`. Defaults ``None``."""
+
+    message: Message | None = None
+
+
 class Usage(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
-    """Token counts (sent on the last chunk when asked with ``stream_options``):
-    ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and their details. Defaults
-    ``None``."""
+    """Token counts (on a response; on the last chunk of a stream when asked with
+    ``stream_options``): ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and their
+    details. Defaults ``None``."""
 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -163,29 +190,48 @@ class Usage(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
     completion_tokens_details: Any = None
 
 
-class Chunk(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
-    """One ``chat.completion.chunk``: ``id``, ``model``, ``created``, ``choices`` (default
-    empty), ``usage`` (:class:`Usage`, on the last chunk if asked), ``system_fingerprint``,
-    ``service_tier``, and providers' extras (``obfuscation``: OpenAI, ``x_groq``: Groq,
-    ``provider``: OpenRouter, ``citations``: Perplexity, ``prompt_filter_results``: Azure).
-    Other fields default to ``None``."""
-
+class _Completion(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
     id: str | None = None
     object: str | None = None
     created: int | None = None
     model: str | None = None
-    choices: list[ChunkChoice] = []
     usage: Usage | None = None
     system_fingerprint: str | None = None
     service_tier: str | None = None
-    obfuscation: str | None = None
     x_groq: Any = None
     provider: str | None = None
     citations: Any = None
     prompt_filter_results: Any = None
 
 
-_TYPES = (FunctionDelta, ToolCallDelta, ChunkDelta, ChunkChoice, Usage, Chunk)
+class Chunk(_Completion):
+    """One ``chat.completion.chunk``: ``id``, ``model``, ``created``, ``choices`` (default
+    empty), ``usage`` (:class:`Usage`, on the last chunk if asked), ``system_fingerprint``,
+    ``service_tier``, and providers' extras (``obfuscation``: OpenAI, ``x_groq``: Groq,
+    ``provider``: OpenRouter, ``citations``: Perplexity, ``prompt_filter_results``: Azure).
+    Other fields default to ``None``."""
+
+    choices: list[ChunkChoice] = []
+    obfuscation: str | None = None
+
+
+class Response(_Completion, dict=True, gc=True):
+    """One ``chat.completion``, the fast lane's answer to a call without ``stream=True``:
+    ``id``, ``model``, ``created``, ``choices`` (:class:`Choice` s, default empty), ``usage``
+    (:class:`Usage`), ``system_fingerprint``, ``service_tier``, and the providers' extras of
+    :class:`Chunk` (and vLLM's ``prompt_logprobs`` and ``kv_transfer_params``). Other fields
+    default to ``None``.
+
+    It reads as litellm's ``ModelResponse`` does (``response.choices[0].message.content``,
+    ``response["usage"]``, ``response.model_dump()``, ``response._hidden_params``);
+    :func:`latencykit.llm.to_model_response` makes one of it."""
+
+    choices: list[Choice] = []
+    prompt_logprobs: Any = None
+    kv_transfer_params: Any = None
+
+
+_TYPES = (Function, ToolCall, Message, ChunkDelta, ChunkChoice, Choice, Usage, Chunk, Response)
 for _typed in _TYPES:
     Mapping.register(_typed)
 _SCHEMA_FIELDS = frozenset(name for typed in _TYPES for name in typed.__struct_fields__)
@@ -193,6 +239,9 @@ _SCHEMA_FIELDS = frozenset(name for typed in _TYPES for name in typed.__struct_f
 decode_chunk = msgspec.json.Decoder(Chunk).decode
 """An event's bytes as a :class:`Chunk`; raises ``msgspec.ValidationError`` for a field or
 type the schema does not have, ``msgspec.DecodeError`` for anything that is not JSON."""
+
+decode_response = msgspec.json.Decoder(Response).decode
+"""A body's bytes as a :class:`Response` (raising as :func:`decode_chunk` does)."""
 
 
 # --- the general form -------------------------------------------------------------------------
@@ -218,14 +267,16 @@ class Node(dict[str, Any]):
 
     An absent field reads as ``None`` (as the OpenAI SDK's and litellm's optional fields do),
     also as ``node[key]`` for a field the typed schema names; private and special names are
-    never looked up. Setting an attribute sets the key.
+    never looked up. Setting an attribute sets the key (a private one, ``_hidden_params``, is
+    an attribute: where a response that does not fit :class:`Response` keeps what
+    :func:`latencykit.report` reads, as litellm's ``ModelResponse`` does).
 
     Nested objects are made :class:`Node` s when first read (by attribute, ``node[key]`` or
     ``node.get(key)``, also inside lists), not when the chunk is decoded. ``dict`` views
     (``values()``, ``items()``) show them as stored.
     """
 
-    __slots__ = ()
+    __slots__ = ("_hidden_params",)
 
     def __getattr__(self, name: str) -> Any:
         if name not in self:
@@ -235,7 +286,10 @@ class Node(dict[str, Any]):
         return self[name]
 
     def __setattr__(self, name: str, value: Any) -> None:
-        self[name] = value
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            self[name] = value
 
     def __missing__(self, key: str) -> Any:
         # As on the typed chunks: a field the schema names reads as None when absent.
@@ -257,9 +311,14 @@ class Node(dict[str, Any]):
         """``node[key]`` if present, else ``default`` (``None``)."""
         return self[key] if key in self else default  # noqa: SIM401 (self.get is this method)
 
-    def model_dump(self) -> dict[str, Any]:
-        """The chunk as plain JSON values (a copy, null fields kept)."""
+    def model_dump(self, **_pydantic_options: Any) -> dict[str, Any]:
+        """Its fields as plain JSON values (a copy, null fields kept; pydantic's options are
+        accepted and change nothing)."""
         return msgspec.json.decode(msgspec.json.encode(self))  # type: ignore[no-any-return]
+
+    def model_dump_json(self, **_pydantic_options: Any) -> str:
+        """Its fields as JSON text."""
+        return msgspec.json.encode(self).decode()
 
 
 decode_node = msgspec.json.Decoder().decode

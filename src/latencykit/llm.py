@@ -1,7 +1,8 @@
 """``LLM``: a resilient front for ``litellm.acompletion`` that keeps its call signature.
 
 ``await llm.acompletion(**litellm_kwargs)`` runs the policies around ``litellm.acompletion`` and
-returns litellm's own ``ModelResponse``. :func:`report` reads, from any response it returned,
+returns litellm's own ``ModelResponse`` (on the fast lane, a :class:`~latencykit.chunks.Response`
+that reads like it). :func:`report` reads, from any response it returned,
 which target answered, after how many attempts, and whether the degraded path was used.
 
 litellm facts this module is built on (measured, see docs/concepts.md): litellm is imported
@@ -17,6 +18,7 @@ import dataclasses
 import datetime
 import functools
 import os
+import sys
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 from . import _validation
 from ._cancel import clock, now
 from ._context import Attempt, Trace, current_attempt, remaining, task_var
-from ._litellm import LitellmTransport, litellm
+from ._litellm import LitellmTransport, litellm, to_model_response
+from ._response import CHAT_PARAMETERS
 from .errors import (
     ErrorFilter,
     OutputTruncated,
@@ -44,7 +47,7 @@ from .policies.fallback import Fallback, FallbackReason, Reroute
 from .policies.guard import StreamGuard
 from .policies.hedge import Hedge, Quantile
 from .policies.retry import Retry
-from .routing import RouteDecision, RouterFunction, Routing
+from .routing import RouteDecision, Router, RouterFunction, Routing
 from .stats import Recorder, StatsTable
 from .stream import ChunkSource, Stream
 from .target import Target, as_target
@@ -53,7 +56,7 @@ if TYPE_CHECKING:
     from .config import LLMConfig
     from .policies.breaker import BreakerState
 
-__all__ = ["LLM", "CallReport", "Degrade", "Transport", "report"]
+__all__ = ["LLM", "CallReport", "Degrade", "Transport", "report", "to_model_response"]
 
 _REPORT_KEY = "latencykit"
 _ATTEMPT_KEY = "latencykit.attempt"
@@ -77,21 +80,20 @@ class Transport(Protocol):
     """A lane: how an :class:`LLM` makes its attempts on the targets that name it
     (``Target.transport``: ``"litellm"``, through ``litellm.acompletion``; ``"openai"``, the
     fast lane). Each ``LLM`` owns one of each, and closes them with :meth:`LLM.aclose`.
-    ``timeout`` is the target's attempt timeout."""
+    The target's ``timeout`` is its attempt timeout."""
 
-    def complete(
-        self, target: Target, arguments: Mapping[str, Any], timeout: float
-    ) -> Awaitable[Any]:
-        """A non-streaming attempt: litellm's ``ModelResponse``; raises what failed."""
+    def complete(self, target: Target, arguments: Mapping[str, Any]) -> Awaitable[Any]:
+        """A non-streaming attempt: the answer (litellm's ``ModelResponse``, or one that reads
+        like it, with a ``_hidden_params`` dict); raises what failed."""
         ...
 
     def open(
-        self, target: Target, arguments: Mapping[str, Any], timeout: float
+        self, target: Target, arguments: Mapping[str, Any]
     ) -> ChunkSource | Awaitable[ChunkSource]:
         """A streaming attempt's source, opened on its first read."""
         ...
 
-    async def warm(self, target: Target, timeout: float, *, connect: bool, limit: float) -> None:
+    async def warm(self, target: Target, *, connect: bool, limit: float) -> None:
         """Do the client's first-call work for ``target``, then (``connect``) open a
         connection to it within ``limit`` seconds (see :meth:`LLM.warm`)."""
         ...
@@ -364,8 +366,10 @@ class LLM:
     shows it. Every attempt is reported to the LLM's :class:`~latencykit.stats.Recorder`,
     which :meth:`stats` reads.
     Invalid options raise ``ValueError``/``TypeError`` naming the field at construction.
-    Constructing the first ``LLM`` imports litellm (seconds, once per process): at start-up,
-    not inside the first call, where the import would block the event loop.
+    Constructing the first ``LLM`` with a target on the litellm lane (or a
+    :class:`~latencykit.routing.Router`) imports litellm (seconds, once per process): at
+    start-up, not inside the first call, where the import would block the event loop. An
+    ``LLM`` whose targets are all on the fast lane never imports it.
     """
 
     def __init__(
@@ -400,10 +404,6 @@ class LLM:
         self._arguments["api_key_env"] = None
         self._configs: dict[str, Any] = {}  # limiter, cache, router: the configs they came from
         _check_options(self._arguments)
-        # Import litellm now (seconds, once per process) rather than inside the first call,
-        # where the import would block the event loop and no deadline could preempt it.
-        self._litellm = litellm()
-        self._defaults = _checked_defaults(defaults, failover, _known_arguments(self._litellm))
         self.model = model
         self.timeout = _validation.seconds("LLM.timeout", timeout)
         self.deadline = _validation.optional_seconds("LLM.deadline", deadline)
@@ -426,6 +426,8 @@ class LLM:
         self._secrets = _secrets_of(self.targets, degrade)
         self._routes = [Route(t, functools.partial(self._to_target, t)) for t in self.targets]
         self._degraded = None if degrade is None else degrade.target(self.targets[0])
+        _import_litellm_if_needed((*self.targets, self._degraded), router)
+        self._defaults = _checked_defaults(defaults, failover)
         self.max_output_tokens = max_output_tokens
         self.budget_aware = bool(budget_aware)
         self.on_truncated = on_truncated
@@ -519,9 +521,6 @@ class LLM:
 
         secrets = self._secrets
         return {"litellm": LitellmTransport(secrets), "openai": OpenAITransport(secrets)}
-
-    def _timeout(self, target: Target) -> float:
-        return self.timeout if target.timeout is None else target.timeout
 
     @classmethod
     def from_config(
@@ -654,7 +653,7 @@ class LLM:
             started = now()
             try:
                 transport = self._transports[target.transport]
-                await transport.warm(target, self._timeout(target), connect=connect, limit=limit)
+                await transport.warm(target, connect=connect, limit=limit)
             except Exception as exc:
                 done[target.key] = provider_error(exc, target=target.key, secrets=self._secrets)
             else:
@@ -680,8 +679,10 @@ class LLM:
         failover targets). ``max_retries``, ``timeout``, ``api_key`` and ``api_base`` are
         refused with a ``ValueError`` saying why.
 
-        Returns litellm's ``ModelResponse``, or with ``stream=True`` a
-        :class:`~latencykit.Stream` of litellm's chunk objects, returned once the first content
+        Returns litellm's ``ModelResponse`` (from a fast-lane target, a
+        :class:`~latencykit.chunks.Response` that reads like it; see :func:`to_model_response`),
+        or with ``stream=True`` a :class:`~latencykit.Stream` of litellm's chunk objects (the
+        fast lane's: :class:`~latencykit.chunks.Chunk`), returned once the first content
         chunk arrived (use ``async with`` / ``async for``; ``aclose()`` closes the HTTP
         response). :func:`report` tells how either was obtained. Failures raise a
         :class:`~latencykit.ProviderError` subclass (litellm's exception is its ``__cause__``),
@@ -785,14 +786,14 @@ class LLM:
         """
         if self.max_output_tokens is not None:
             self._cap(target, kwargs, streaming=True)
-        return self._transports[target.transport].open(target, kwargs, self._timeout(target))
+        return self._transports[target.transport].open(target, kwargs)
 
     async def _attempt(self, target: Target, **kwargs: Any) -> Any:
         cap = None if self.max_output_tokens is None else self._cap(target, kwargs, False)
         started = 0.0 if cap is None else clock()
         transport = self._transports[target.transport]
         try:
-            response = await transport.complete(target, kwargs, self._timeout(target))
+            response = await transport.complete(target, kwargs)
         except Exception as exc:
             raise provider_error(exc, target=target.key, secrets=self._secrets) from exc
         if not response.choices:  # litellm takes an answer with no choices for one
@@ -825,20 +826,26 @@ def _median(window: Any) -> float | None:
     return window.quantile(0.5)  # type: ignore[no-any-return]
 
 
-def _known_arguments(litellm_module: Any) -> frozenset[str]:
-    """Argument names litellm documents for ``completion`` (its signature and the OpenAI chat
-    parameters), plus a target's own fields: what a typo is checked against."""
-    import inspect
-
-    names = set(inspect.signature(litellm_module.completion).parameters) - {"kwargs"}
-    names |= set(getattr(litellm_module, "OPENAI_CHAT_COMPLETION_PARAMS", ()))
-    names |= {f.name for f in dataclasses.fields(Target)} | {"api_base"}
-    return frozenset(names)
+# What a typo is checked against: the chat parameters and a target's own fields.
+_KNOWN = CHAT_PARAMETERS | {f.name for f in dataclasses.fields(Target)} | {"api_base"}
 
 
-def _check_spelling(
-    arguments: Mapping[str, Any], known: frozenset[str], where: str, *, error: bool
-) -> None:
+def _import_litellm_if_needed(targets: Sequence[Target | None], router: object) -> None:
+    """Import litellm now (seconds, once per process) rather than inside the first call, where
+    the import would block the event loop and no deadline could preempt it: when a target takes
+    the litellm lane, or for a :class:`~latencykit.routing.Router` (it counts tokens and reads
+    model capabilities with litellm). An LLM whose targets are all on the fast lane never
+    loads it; if the application did, its one-time set-up is done all the same (the heap
+    frozen: see :func:`latencykit._litellm.litellm`)."""
+    if (
+        "litellm" in sys.modules
+        or isinstance(router, Router)
+        or any(t and t.transport == "litellm" for t in targets)
+    ):
+        litellm()
+
+
+def _check_spelling(arguments: Mapping[str, Any], where: str, *, error: bool) -> None:
     """Reject (``error``) or warn about a key that looks like a misspelt known argument.
 
     litellm passes unknown arguments to the provider (``vertex_project``, ``extra_body``...), so
@@ -847,9 +854,9 @@ def _check_spelling(
     import difflib
 
     for name in arguments:
-        if name in known:
+        if name in _KNOWN:
             continue
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        close = difflib.get_close_matches(name, _KNOWN, n=1, cutoff=0.8)
         if not close:
             continue
         message = f"{where}: unknown argument {name!r}; did you mean {close[0]!r}?"
@@ -901,9 +908,7 @@ def _check_together(options: Mapping[str, Any]) -> None:
 
 
 def _checked_defaults(
-    defaults: Mapping[str, Any] | None,
-    failover: Sequence[str | Mapping[str, Any] | Target],
-    known: frozenset[str],
+    defaults: Mapping[str, Any] | None, failover: Sequence[str | Mapping[str, Any] | Target]
 ) -> dict[str, Any]:
     """``LLM.defaults`` as a dict, refusing what latencykit or a target owns, after checking
     the spelling of the failover targets' dicts (an error) and of the defaults (a warning)."""
@@ -919,8 +924,8 @@ def _checked_defaults(
         )
     for index, spec in enumerate(failover):
         if isinstance(spec, Mapping):
-            _check_spelling(spec, known, f"LLM.failover[{index}]", error=True)
-    _check_spelling(found, known, "LLM.defaults", error=False)
+            _check_spelling(spec, f"LLM.failover[{index}]", error=True)
+    _check_spelling(found, "LLM.defaults", error=False)
     return found
 
 

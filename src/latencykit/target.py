@@ -14,6 +14,7 @@ arguments plus latencykit's own keys (``name``, ``context_window``, ``capabiliti
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,8 +59,9 @@ class Target:
             default OpenAI's) over httpx, without litellm's per-chunk work; only for providers
             that speak that protocol (OpenAI, vLLM, SGLang, TGI, Ollama, Together, Groq,
             Fireworks, DeepSeek, OpenRouter, Mistral, ...). Without an ``api_base`` it goes to
-            OpenAI (or ``OPENAI_BASE_URL``), so only an OpenAI model may leave it out; Azure
-            (its own URL scheme and key header) is refused either way (``ValueError``).
+            OpenAI (or ``OPENAI_BASE_URL``), so a model with another provider's prefix
+            (``groq/...``) is refused (``ValueError``) and a name without a prefix is sent as
+            it is; Azure (its own URL scheme and key header) is refused either way.
     """
 
     model: str = ""
@@ -112,10 +114,7 @@ class Target:
     @property
     def endpoint(self) -> Endpoint:
         """Where this target's requests go, as telemetry may show it (no key, no path)."""
-        found = _endpoints.get((self.model, self.api_base))
-        if found is None:
-            found = _endpoints[(self.model, self.api_base)] = _endpoint(self.model, self.api_base)
-        return found
+        return _endpoint(self.model, self.api_base)
 
     def supports(self, capability: str) -> bool:
         """Whether ``capability`` is among the target's :attr:`capabilities`."""
@@ -134,9 +133,7 @@ class Target:
             changes["name"] = ""  # named after its model: follow the new model
         return dataclasses.replace(self, **changes)
 
-    def litellm_arguments(
-        self, default_timeout: float, call: Mapping[str, Any] = MappingProxyType({})
-    ) -> dict[str, Any]:
+    def litellm_arguments(self, call: Mapping[str, Any] = MappingProxyType({})) -> dict[str, Any]:
         """The litellm arguments that send a call with arguments ``call`` to this target: the
         target's ``arguments`` as defaults, the call's, then the target's identity (model,
         endpoint, key, timeout), which a call cannot change."""
@@ -145,7 +142,8 @@ class Target:
             arguments["api_base"] = without_credentials(self.api_base)
         if self.api_key is not None:
             arguments["api_key"] = self.api_key
-        arguments["timeout"] = self.timeout if self.timeout is not None else default_timeout
+        if self.timeout is not None:
+            arguments["timeout"] = self.timeout
         return arguments
 
 
@@ -177,31 +175,20 @@ def without_credentials(url: str) -> str:
 def _check_fast_lane(model: str, api_base: str | None) -> None:
     """Refuse ``transport="openai"`` where the fast lane would send the request to the wrong
     place: an Azure model (its own URL scheme and key header), or, without an ``api_base``,
-    a model of another provider than OpenAI (the request would go to OpenAI's URL)."""
-    provider = model.split("/", 1)[0] if "/" in model else _provider_of(model)
+    a model with another provider's prefix than ``openai/`` (the request would go to OpenAI's
+    URL). Read from the prefix alone: a target never imports litellm."""
+    provider = model.split("/", 1)[0] if "/" in model else None
     if provider == "azure":
         raise ValueError(
             f"target.transport='openai' cannot call {model!r}: Azure has its own URL scheme "
             "and key header; use transport='litellm'"
         )
-    if api_base is None and provider != "openai":
+    if api_base is None and provider not in (None, "openai"):
         raise ValueError(
             f"target.transport='openai' without an api_base sends to OpenAI, which does not "
             f"serve {model!r}: give the provider's OpenAI-compatible api_base, or use "
             "transport='litellm'"
         )
-
-
-def _provider_of(model: str) -> str | None:
-    """The provider litellm routes a model name without a prefix to (``None``: unknown)."""
-    # A bare name: only litellm knows ("gpt-4o", "claude-3"). Imported directly: a target sits
-    # below the transports (the litellm lane's loader freezes the heap at LLM's construction).
-    import litellm
-
-    try:
-        return str(litellm.get_llm_provider(model=model)[1])
-    except Exception:  # litellm does not know it either
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,9 +212,7 @@ class Endpoint:
     port: int | None = None
 
 
-_endpoints: dict[tuple[str, str | None], Endpoint] = {}
-
-
+@functools.cache
 def _endpoint(model: str, api_base: str | None) -> Endpoint:
     if not model:
         return Endpoint("")
