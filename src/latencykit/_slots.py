@@ -25,10 +25,12 @@ many connections alive.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
 import weakref
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -79,35 +81,46 @@ def per_host(lane: str) -> float:
 class _Gate:
     """The slots of one pool (an event loop's, for one lane and host)."""
 
-    __slots__ = ("__weakref__", "host", "lane", "semaphore", "soon")
+    __slots__ = ("__weakref__", "host", "lane", "semaphore")
 
     def __init__(self, lane: str, host: str, size: int) -> None:
         self.lane, self.host = lane, host
         self.semaphore = anyio.Semaphore(size, fast_acquire=True)
-        self.soon = threadsafe_caller()  # a release from a finaliser goes through the loop
 
-    def stream_ended(self, stream: Stream[Any], outcome: StreamOutcome, error: Any) -> None:
+    def stream_ended(
+        self,
+        soon: Callable[[Callable[[], object]], object],
+        stream: Stream[Any],
+        outcome: StreamOutcome,
+        error: BaseException | None,
+    ) -> None:
+        """A stream holding a slot ended: give the slot back (``soon``: on its loop, from a
+        garbage-collection finaliser, which may run in any thread at any allocation)."""
         if outcome != "abandoned":
             self.semaphore.release()
             return
-        # Garbage-collected: this may run in any thread, at any allocation. A closed loop
-        # (RuntimeError) has nobody waiting any more.
-        with contextlib.suppress(RuntimeError):
-            self.soon(self.semaphore.release)
+        with contextlib.suppress(RuntimeError):  # a closed loop has nobody waiting any more
+            soon(self.semaphore.release)
 
 
 # Each event loop's gates: by (lane, model, api_base), and by (lane, host), which they share.
 _gates: weakref.WeakKeyDictionary[object, dict[tuple[str, ...], _Gate | None]] = (
     weakref.WeakKeyDictionary()
 )
+_last: tuple[weakref.ref[object], dict[tuple[str, ...], _Gate | None]] | None = None
+"""The last loop's entry: calls come from one loop, and a weak dict's lookup costs ~0.5 us."""
 _all: weakref.WeakSet[_Gate] = weakref.WeakSet()
 
 
 def _gate(target: Target) -> _Gate | None:
     """This loop's gate for ``target``'s lane and host (``None``: the lane has no limit)."""
-    gates = _gates.get(loop_key())
-    if gates is None:
-        gates = _gates[loop_key()] = {}
+    global _last
+    loop = loop_key()
+    if _last is not None and _last[0]() is loop:
+        gates = _last[1]
+    else:
+        gates = _gates.setdefault(loop, {})
+        _last = (weakref.ref(loop), gates)
     key = (target.transport, target.model, target.api_base or "")
     try:
         return gates[key]
@@ -172,7 +185,8 @@ class ConnectionSlots:
             if token is not None:
                 _waited.reset(token)
         if isinstance(result, Stream):
-            result.on_close(gate.stream_ended, attempt=True)
+            ended = functools.partial(gate.stream_ended, threadsafe_caller())
+            result.on_close(ended, attempt=True)
         else:
             semaphore.release()
         return result
