@@ -102,7 +102,9 @@ async def _visibility(lane: str, calls: int, ttft: float) -> dict[str, Any]:
         latencies = window._sorted
         found = getattr(llm._recorder, "waits", {}).get("openai/slow")
         waits = [] if found is None else found._sorted
-    edges = sorted([(a.arrived_at, 1) for a in attempts] + [(a.ended_at or 0.0, -1) for a in attempts])
+    edges = sorted(
+        [(a.arrived_at, 1) for a in attempts] + [(a.ended_at or 0.0, -1) for a in attempts]
+    )
     level = most = 0
     for _, step in edges:
         level += step
@@ -140,11 +142,12 @@ def visibility(trees: dict[str, str], calls: int, ttft: float) -> None:
     for lane in ("litellm", "openai"):
         for name, path in trees.items():
             r = _run_visibility(path, lane, calls, ttft)
-            wait = (
-                f"{r['waited']:>6} {r['wait_p50']:>6.2f} {r['wait_max']:>7.2f} {r['waiting_peak']:>5}"
-                if r["measured"]
-                else f"{'-':>6} {'-':>6} {'-':>7} {'-':>5}"
-            )
+            wait = f"{'-':>6} {'-':>6} {'-':>7} {'-':>5}"  # not measured there
+            if r["measured"]:
+                wait = (
+                    f"{r['waited']:>6} {r['wait_p50']:>6.2f} {r['wait_max']:>7.2f} "
+                    f"{r['waiting_peak']:>5}"
+                )
             print(
                 f"  {name:<8} {lane:<8} {r['served_at_once']:>6} {r['call_p50']:>7.2f} "
                 f"{r['call_max']:>7.2f} {r['latency_p50']:>6.2f} {r['latency_max']:>6.2f}  {wait}",

@@ -209,3 +209,16 @@ async def test_without_a_limit_nothing_waits(fake: FakeProvider, lane: str, slot
             group.start_soon(lambda: llm.acompletion(messages=MESSAGES))
     assert llm.stats()["openai/slow"].connection_wait.samples == 0
     assert max_in_flight(fake) == 3
+
+
+def test_a_host_is_named_without_credentials_and_without_litellm() -> None:
+    def host(model: str, api_base: str | None = None, lane: str = "litellm") -> tuple[str, str]:
+        return _slots.host_of(lk.Target(model, api_base=api_base, transport=lane))
+
+    assert host("openai/x", "https://user:sk-secret@api.example.com/v1") == (
+        "litellm",
+        "api.example.com:443",
+    )
+    assert host("openai/x", "http://127.0.0.1:8000/v1", "openai") == ("openai", "127.0.0.1:8000")
+    assert host("anthropic/claude") == ("litellm", "anthropic")  # the provider's own host
+    assert host("no-such-provider-model") == ("litellm", "default")  # no lookup, no banner

@@ -137,12 +137,25 @@ def _gate(target: Target) -> _Gate | None:
 
 
 def host_of(target: Target) -> tuple[str, str]:
-    """``(lane, host)``: where a target's connections go, as stats and telemetry may show it:
-    ``host:port`` of its ``api_base``, else its provider's name (its default host)."""
-    endpoint = target.endpoint
-    if endpoint.address is not None:
-        return target.transport, f"{endpoint.address}:{endpoint.port}"
-    return target.transport, endpoint.provider or "default"
+    """``(lane, host)``: where a target's connections go, as stats and telemetry may show it
+    (never a credential): ``host:port`` of its ``api_base``, else its model's provider prefix
+    (the provider's default host; ``"default"`` without a prefix)."""
+    return target.transport, _host(target.model, target.api_base)
+
+
+@functools.lru_cache(maxsize=256)
+def _host(model: str, api_base: str | None) -> str:
+    # Read from the strings alone: litellm's provider lookup prints a banner for a model it
+    # cannot place, and the fast lane never loads litellm.
+    if api_base is not None:
+        from urllib.parse import urlsplit
+
+        with contextlib.suppress(ValueError):  # not a URL we can read: by the prefix
+            parts = urlsplit(api_base)
+            if parts.hostname:
+                port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)
+                return f"{parts.hostname}:{port}"
+    return model.split("/", 1)[0] if "/" in model else "default"
 
 
 def waiting() -> dict[tuple[str, str], int]:
