@@ -7,7 +7,9 @@ is made small (2 or 1 slots) so that a few calls queue. Bounds, never exact time
 
 from __future__ import annotations
 
+import gc
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -222,3 +224,22 @@ def test_a_host_is_named_without_credentials_and_without_litellm() -> None:
     assert host("openai/x", "http://127.0.0.1:8000/v1", "openai") == ("openai", "127.0.0.1:8000")
     assert host("anthropic/claude") == ("litellm", "anthropic")  # the provider's own host
     assert host("no-such-provider-model") == ("litellm", "default")  # no lookup, no banner
+
+
+@pytest.mark.anyio
+async def test_a_stream_collected_unclosed_gives_its_slot_back(
+    fake: FakeProvider, lane: str, slots: Any
+) -> None:
+    slots(1)
+    fake.script("slow", Behavior(ttft=0.0, itl=0.05, output_tokens=400))
+    llm = make_llm(fake, lane)
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del stream
+        gc.collect()  # the finaliser gives the slot back through the event loop
+    assert any(issubclass(w.category, ResourceWarning) for w in caught)
+    with anyio.fail_after(10):
+        async with await llm.acompletion(messages=MESSAGES, stream=True):
+            pass
+    assert len(fake.attempts) == 2

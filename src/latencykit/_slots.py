@@ -179,6 +179,9 @@ class ConnectionSlots:
     def __init__(self, recorder: Recorder | None = None) -> None:
         self._recorder = recorder
 
+    def __repr__(self) -> str:
+        return "ConnectionSlots()"
+
     async def handle(self, call: Call, next: Next) -> Any:
         gate = _gate(call.target)
         if gate is None:
