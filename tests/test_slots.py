@@ -27,6 +27,7 @@ from latencykit import _slots, telemetry
 from latencykit.testing import Behavior, FakeProvider
 
 SLOW = 0.4  # the provider's answer time, seconds
+WAIT = "latencykit.connection.wait"
 
 
 def make_llm(fake: FakeProvider, lane: str, **options: Any) -> lk.LLM:
@@ -165,9 +166,9 @@ async def test_telemetry_shows_the_wait_on_the_attempt_and_in_metrics(
             waiting = _points(reader, "latencykit.connection.waiting")
             assert [p.value for p in waiting if p.value] == [1]
     attempts = [s for s in spans.get_finished_spans() if s.name.startswith("attempt ")]
-    wait_of: dict[str, Any] = {"latencykit.connection.wait": 0.0}
     waits = sorted(
-        {**wait_of, **(s.attributes or {})}["latencykit.connection.wait"] for s in attempts
+        float(wait) if isinstance(wait := (s.attributes or {}).get(WAIT), float) else 0.0
+        for s in attempts
     )
     assert len(waits) == 2 and waits[0] == 0 and waits[1] > SLOW / 2
     [histogram] = _points(reader, "latencykit.connection.wait")
@@ -193,12 +194,12 @@ def test_the_size_follows_litellms_limit_per_host(monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv(_slots.PER_HOST_VARIABLE, raising=False)
     assert _slots.per_host("openai") == 500  # litellm's default, without importing it
     monkeypatch.setenv(_slots.PER_HOST_VARIABLE, "0")
-    assert _slots.per_host("openai") == math.inf  # 0: no limit, as for litellm
+    assert _slots.per_host("openai") is None  # 0: no limit, as for litellm
     monkeypatch.setattr(litellm.constants, "AIOHTTP_CONNECTOR_LIMIT_PER_HOST", 0)
     monkeypatch.setattr(litellm.constants, "AIOHTTP_CONNECTOR_LIMIT", 300)
     assert _slots.per_host("litellm") == 300  # then litellm's total bounds a host
     monkeypatch.setattr(litellm.constants, "AIOHTTP_CONNECTOR_LIMIT", 0)
-    assert _slots.per_host("litellm") == math.inf
+    assert _slots.per_host("litellm") is None
 
 
 @pytest.mark.anyio

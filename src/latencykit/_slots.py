@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import sys
 import weakref
@@ -67,15 +66,15 @@ def connection_wait() -> float:
     return _waited.get()
 
 
-def per_host(lane: str) -> float:
-    """The slots per host of ``lane`` (``"litellm"`` or ``"openai"``; ``math.inf``: no limit):
-    the fast lane reads ``AIOHTTP_CONNECTOR_LIMIT_PER_HOST`` from the environment (default
+def per_host(lane: str) -> int | None:
+    """The slots per host of ``lane`` (``"litellm"`` or ``"openai"``; ``None``: no limit): the
+    fast lane reads ``AIOHTTP_CONNECTOR_LIMIT_PER_HOST`` from the environment (default
     ``500``), the litellm lane takes the value litellm read at its import (capped by its total,
     ``AIOHTTP_CONNECTOR_LIMIT``)."""
     limits: tuple[int, ...] = (int(os.environ.get(PER_HOST_VARIABLE, DEFAULT_PER_HOST)),)
     if lane == "litellm" and (constants := sys.modules.get("litellm.constants")) is not None:
         limits = (constants.AIOHTTP_CONNECTOR_LIMIT_PER_HOST, constants.AIOHTTP_CONNECTOR_LIMIT)
-    return min((limit for limit in limits if limit > 0), default=math.inf)
+    return min((limit for limit in limits if limit > 0), default=None)
 
 
 class _Gate:
@@ -129,7 +128,7 @@ def _gate(target: Target) -> _Gate | None:
     host = host_of(target)
     if host not in gates:
         size = per_host(target.transport)
-        gate = gates[host] = None if size == math.inf else _Gate(*host, int(size))
+        gate = gates[host] = None if size is None else _Gate(*host, size)
         if gate is not None:
             _all.add(gate)
     found = gates[key] = gates[host]

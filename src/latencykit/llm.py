@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import math
 import os
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -521,8 +520,7 @@ class LLM:
         from ._openai import OpenAITransport
 
         secrets = self._secrets
-        slots = per_host("openai")  # the fast lane keeps as many connections alive
-        keepalive = None if slots == math.inf else int(slots)
+        keepalive = per_host("openai")  # the fast lane keeps as many connections alive
         return {"litellm": LitellmTransport(secrets), "openai": OpenAITransport(secrets, keepalive)}
 
     def _timeout(self, target: Target) -> float:

@@ -602,7 +602,7 @@ class Recorder:
         target: str,
         breaker: Callable[[str], BreakerState | None] | None,
         hedge_budget: float | None,
-        waiting: Callable[[str], int] | None = None,
+        waiting: Callable[[str], int] | None,
     ) -> TargetStats:
         counts = self._counts.get(target, Counter())
         errors = {kind: n for kind, n in counts.most_common() if isinstance(kind, ErrorKind)}
