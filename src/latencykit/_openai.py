@@ -67,12 +67,16 @@ _NOT_SENT = frozenset(
 class OpenAITransport:
     """The fast lane, as the transport of one owner (an :class:`~latencykit.LLM`): a connection
     pool (HTTP/1.1 keep-alive) per event loop, built on the first request made on that loop,
-    closed by :meth:`aclose`. ``secrets``: the keys to scrub from errors (default none)."""
+    closed by :meth:`aclose`. ``secrets``: the keys to scrub from errors (default none);
+    ``keepalive``: idle connections kept for reuse (default ``500``, a host's connection slots:
+    see :mod:`latencykit._slots`; ``None``: all). It never queues a request itself (no limit
+    on connections): the slots do, where latencykit measures the wait."""
 
-    __slots__ = ("_by_loop", "_secrets")
+    __slots__ = ("_by_loop", "_keepalive", "_secrets")
 
-    def __init__(self, secrets: tuple[str, ...] = ()) -> None:
+    def __init__(self, secrets: tuple[str, ...] = (), keepalive: int | None = 500) -> None:
         self._secrets = secrets
+        self._keepalive = keepalive
         self._by_loop: weakref.WeakKeyDictionary[object, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()
         )
@@ -83,7 +87,7 @@ class OpenAITransport:
         key = loop_key()
         found = self._by_loop.get(key)
         if found is None:
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=self._keepalive)
             found = self._by_loop[key] = httpx.AsyncClient(limits=limits, timeout=None)
         return found
 

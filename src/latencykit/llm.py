@@ -30,6 +30,7 @@ from ._cancel import clock, now
 from ._context import Attempt, Trace, current_attempt, remaining, task_var
 from ._litellm import LitellmTransport, litellm, to_model_response
 from ._response import CHAT_PARAMETERS
+from ._slots import ConnectionSlots, host_of, per_host, waiting
 from .errors import (
     ErrorFilter,
     OutputTruncated,
@@ -362,7 +363,8 @@ class LLM:
             looked up at each use). Budgets and limiters take their own ``shared=``.
 
     The pipeline, outermost first: deadline, cache, router, degrade, hedge, failover, then per
-    target breaker, limiter, retry and the attempt (with the stream guard); :attr:`pipeline`
+    target breaker, limiter, retry and the attempt (with the stream guard, then its connection
+    slot: see :meth:`stats`); :attr:`pipeline`
     shows it. Every attempt is reported to the LLM's :class:`~latencykit.stats.Recorder`,
     which :meth:`stats` reads.
     Invalid options raise ``ValueError``/``TypeError`` naming the field at construction.
@@ -498,7 +500,7 @@ class LLM:
             policies.append(
                 Failover(*self._routes, on=failover_on, passthrough=True, is_open=is_open)
             )
-        policies.append(self._guard)
+        policies += [self._guard, ConnectionSlots(self._recorder)]
         return policies
 
     @functools.cached_property
@@ -520,7 +522,8 @@ class LLM:
         from ._openai import OpenAITransport
 
         secrets = self._secrets
-        return {"litellm": LitellmTransport(secrets), "openai": OpenAITransport(secrets)}
+        keepalive = per_host("openai")  # the fast lane keeps as many connections alive
+        return {"litellm": LitellmTransport(secrets), "openai": OpenAITransport(secrets, keepalive)}
 
     @classmethod
     def from_config(
@@ -592,15 +595,22 @@ class LLM:
         this ``LLM`` was built), the p50/p95/p99 of its attempt latency and, for streams, of
         its time to first content chunk over the last 60 s (an adaptive hedge's ``window``:
         the windows the hedge reads), its breaker state (with ``breaker=``) and the hedge
-        budget's balance (with ``hedge=``). Read it on the event loop that makes the calls.
+        budget's balance (with ``hedge=``), and how long attempts waited for a connection
+        (``connection_wait``: not in their latency) and how many wait now (``waiting``; see
+        docs/concepts.md). Read it on the event loop that makes the calls.
         """
         keys = [t.key for t in self.targets]
         if self._degraded is not None:
             keys.append(self._degraded.key)
+        now_waiting = waiting()
+        queued = {
+            t.key: now_waiting.get(host_of(t), 0) for t in (*self.targets, self._degraded) if t
+        }
         return self._recorder.stats(
             keys,
             breaker=None if self._breakers is None else self._breakers.state_of,
             hedge_budget=None if self.hedge is None else self.hedge.budget.balance,
+            waiting=lambda key: queued.get(key, 0),
         )
 
     async def warm(

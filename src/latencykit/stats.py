@@ -284,6 +284,11 @@ class TargetStats:
         breaker: the target's circuit breaker state (default ``None``: no breaker).
         hedge_budget: extra attempts the hedge's budget allows right now (default ``None``: no
             hedging). One budget serves every target of a hedge.
+        connection_wait: seconds attempts waited for a connection in latencykit's queue before
+            their request (not in ``latency``), over the attempts that had to wait; the
+            censored ones gave up waiting (default: empty).
+        waiting: attempts waiting for a connection to the target's host now, whichever target
+            of that host and lane they are for (default ``0``).
     """
 
     target: str
@@ -298,6 +303,8 @@ class TargetStats:
     window: float = 60.0
     breaker: BreakerState | None = None
     hedge_budget: float | None = None
+    connection_wait: Percentiles = Percentiles()
+    waiting: int = 0
 
     @property
     def attempts(self) -> int:
@@ -319,6 +326,8 @@ class TargetStats:
             parts.append(f"breaker {self.breaker.value}")
         if self.hedge_budget is not None:
             parts.append(f"hedge budget {self.hedge_budget:.1f}")
+        if self.connection_wait.samples or self.waiting:
+            parts.append(f"waited for a connection {self.connection_wait}, {self.waiting} now")
         return "; ".join(parts)
 
 
@@ -414,6 +423,8 @@ _COLUMNS = (
     _Column("ttft99", 7, lambda s: _ms(s.ttft.p99), optional=True),
     _Column("breaker", 11, lambda s: s.breaker and s.breaker.value, optional=True),
     _Column("budget", 7, lambda s: _number(s.hedge_budget), optional=True),
+    _Column("wait95", 7, lambda s: _ms(s.connection_wait.p95), optional=True),
+    _Column("waiting", 7, lambda s: s.waiting or None, optional=True),
 )
 
 
@@ -469,6 +480,7 @@ class Recorder:
         self.latency: dict[str, LatencyWindow] = {}
         self.ttft: dict[str, LatencyWindow] = {}
         self.per_token: dict[str, LatencyWindow] = {}
+        self.waits: dict[str, LatencyWindow] = {}
         # Each target's attempts by outcome, the failed ones by error kind instead.
         self._counts: defaultdict[str, Counter[str]] = defaultdict(Counter)
         # window name -> (store, its pooled window, the queue of the other processes' samples)
@@ -543,6 +555,16 @@ class Recorder:
             if stream and attempt.ttft is None:  # cancelled before its first chunk
                 self._sample(target, -attempt.duration, ttft=True)
 
+    def connection_wait(self, target: str, seconds: float, *, censored: bool = False) -> None:
+        """An attempt to ``target`` waited ``seconds`` for a connection before its request
+        (``censored``: it gave up waiting after that long)."""
+        window = self.waits.get(target)
+        if window is None:
+            window = self.waits[target] = LatencyWindow(
+                window=self.window, max_samples=self.max_samples
+            )
+        _feed(window, -seconds if censored else seconds)
+
     def output_rate(self, target: str, seconds: float, tokens: int) -> None:
         """A response from ``target`` produced ``tokens`` output tokens in ``seconds`` (its
         whole duration: an over-estimate of the time per token, on the safe side)."""
@@ -555,6 +577,7 @@ class Recorder:
         *,
         breaker: Callable[[str], BreakerState | None] | None = None,
         hedge_budget: float | None = None,
+        waiting: Callable[[str], int] | None = None,
     ) -> StatsTable:
         """A snapshot of every target: ``targets`` first (even those with no attempt yet),
         then the others recorded, in the order first seen.
@@ -564,11 +587,13 @@ class Recorder:
             breaker: ``key -> BreakerState or None``, each target's breaker state (default
                 ``None``: no breakers).
             hedge_budget: the hedge budget's balance to show (default ``None``: no hedging).
+            waiting: ``key -> int``, the attempts waiting for a connection to each target's
+                host now (default ``None``: none).
 
         Read it on the event loop that makes the calls: the windows expire samples by its clock.
         """
         return StatsTable(
-            self._snapshot(key, breaker, hedge_budget)
+            self._snapshot(key, breaker, hedge_budget, waiting)
             for key in dict.fromkeys([*targets, *self.targets()])
         )
 
@@ -577,6 +602,7 @@ class Recorder:
         target: str,
         breaker: Callable[[str], BreakerState | None] | None,
         hedge_budget: float | None,
+        waiting: Callable[[str], int] | None,
     ) -> TargetStats:
         counts = self._counts.get(target, Counter())
         errors = {kind: n for kind, n in counts.most_common() if isinstance(kind, ErrorKind)}
@@ -591,6 +617,8 @@ class Recorder:
             window=self.window,
             breaker=None if breaker is None else breaker(target),
             hedge_budget=hedge_budget,
+            connection_wait=_percentiles(self.waits.get(target)),
+            waiting=0 if waiting is None else waiting(target),
         )
 
 

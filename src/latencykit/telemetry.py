@@ -36,6 +36,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import events
 from ._context import Attempt
 from ._handle import Handle
+from ._slots import connection_wait, waiting
 from ._version import __version__
 from .target import Endpoint
 
@@ -137,6 +138,10 @@ _INSTRUMENTS = {
         "s",
         "How late a deadline's expiry was delivered (elapsed - budget).",
     ),
+    "latencykit.connection.wait": (
+        "s",
+        "Time an attempt that had to wait waited for a connection slot, before its request.",
+    ),
     "latencykit.hedges": ("{hedge}", "Hedges fired, won, and skipped (budget or deadline)."),
     "latencykit.hedge.wasted_output_tokens": (
         "{token}",
@@ -167,6 +172,7 @@ _BUCKETS = {
     "gen_ai.client.operation.time_per_output_chunk": _SECONDS,
     "latencykit.call.duration": _SECONDS,
     "latencykit.deadline.overshoot": _OVERSHOOT,
+    "latencykit.connection.wait": _SECONDS,
 }
 
 
@@ -393,6 +399,13 @@ def _end_attempt(span: trace.Span, record: Attempt, loser: bool) -> None:
 _NO_ENDPOINT = Endpoint("")
 
 
+def _observe_waiting(options: metrics.CallbackOptions) -> list[metrics.Observation]:
+    return [
+        metrics.Observation(count, {"latencykit.transport": lane, "latencykit.host": host})
+        for (lane, host), count in waiting().items()
+    ]
+
+
 class Instrumentation(Handle):
     """The handle :func:`instrument` returns: ``close()`` (or leave its ``with`` block) to stop.
 
@@ -440,6 +453,12 @@ class Instrumentation(Handle):
             "latencykit.breaker.state",
             unit="1",
             description="Circuit breaker state: 0 closed, 1 half-open, 2 open, 3 forced open.",
+        )
+        meter.create_observable_gauge(
+            "latencykit.connection.waiting",
+            callbacks=[_observe_waiting],
+            unit="{attempt}",
+            description="Attempts waiting for a connection slot now, by lane and host.",
         )
         self._calls: dict[int, _Call] = {}
         self._handlers: dict[type[events.Event], Callable[[Any], None]] = {
@@ -539,6 +558,9 @@ class Instrumentation(Handle):
         self._calls[event.call_id] = _Call(span, metric_attributes, genai, endpoint)
 
     def _attempt_started(self, event: events.AttemptStarted) -> None:
+        waited = connection_wait()  # read in the attempt's task, as it starts
+        if waited:
+            self._histograms["latencykit.connection.wait"].record(waited, {_TARGET: event.target})
         call = self._calls.get(event.call_id)
         if call is None:
             return
@@ -547,6 +569,8 @@ class Instrumentation(Handle):
             "latencykit.attempt.reason": event.reason,
             _TARGET: event.target,
         }
+        if waited:
+            attributes["latencykit.connection.wait"] = waited
         endpoint = event.endpoint
         if call.genai and endpoint is not None and endpoint.model and endpoint != call.endpoint:
             attributes.update(_endpoint_attributes(endpoint))  # another model or host
