@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import datetime
 import logging
-import math
 from typing import Any
 
-from . import events
+from . import _validation, events
 from ._context import Attempt
 from ._handle import Handle
 from ._values import ErrorKind
@@ -155,25 +154,12 @@ def log_slow_calls(
     written synchronously in the task that ended the call (use a ``QueueHandler`` if your
     handlers block).
     """
-    seconds = _seconds(threshold)
+    seconds = _validation.wait("log_slow_calls.threshold", threshold)
     if isinstance(logger, str) or logger is None:
         logger = logging.getLogger(logger or LOGGER)
-    if not isinstance(logger, logging.Logger):
-        raise TypeError(f"log_slow_calls.logger must be a logging.Logger or a name, got {logger!r}")
+    _validation.instance(
+        "log_slow_calls.logger", logger, logging.Logger, "a logging.Logger or a name"
+    )
     if isinstance(level, bool) or not isinstance(level, int):
         raise TypeError(f"log_slow_calls.level must be a logging level (int), got {level!r}")
     return SlowCallLog(seconds, logger, level, bool(failures))
-
-
-def _seconds(threshold: object) -> float:
-    """``threshold`` (a number or a ``timedelta``) in seconds >= 0, else a ``ValueError``."""
-    seconds = threshold.total_seconds() if isinstance(threshold, datetime.timedelta) else threshold
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or not 0 <= seconds < math.inf
-    ):
-        raise ValueError(
-            f"log_slow_calls.threshold must be a number of seconds >= 0, got {threshold!r}"
-        )
-    return float(seconds)

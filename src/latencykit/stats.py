@@ -141,7 +141,7 @@ class LatencyWindow:
         self._add(-_clamp(seconds))
 
     def _add(self, value: float) -> None:
-        """Add a clamped latency, or a censoring time negated."""
+        """Add a clamped latency, or a censoring time negated (a sample in the fleet's form)."""
         now = self._clock()
         self._expire(now)
         if len(self._arrivals) >= self.max_samples:
@@ -193,8 +193,7 @@ class LatencyWindow:
         one of the completed latencies: when censored samples carry more than ``1 - q`` of the
         weight above the slowest completed one, that slowest one.
         """
-        self._expire(self._clock())
-        return self._quantile(q) if self._sorted else None
+        return (self.quantiles(q) or (None,))[0]
 
     def quantiles(self, *qs: float) -> tuple[float, ...]:
         """Several quantiles at once (one expiry pass); ``()`` without a completed sample."""
@@ -461,8 +460,7 @@ class Recorder:
         shared: _fleet.SharedStore | None = None,
     ) -> None:
         LatencyWindow(window=window, max_samples=max_samples)  # invalid options fail now
-        if shared is not None and not isinstance(shared, _fleet.SharedStore):
-            raise TypeError(f"Recorder.shared must be a SharedStore (RedisStore), got {shared!r}")
+        _validation.optional("Recorder.shared", shared, _fleet.SharedStore, "a RedisStore")
         self.window = float(window)
         self.max_samples = max_samples
         self.shared = shared
@@ -492,7 +490,7 @@ class Recorder:
         if not per_token and (link := self._link(target, ttft)) is not None:
             incoming = link[2]
             while incoming:  # the other processes' samples, read by the store since
-                _feed(found, incoming.popleft())
+                found._add(incoming.popleft())
         return found
 
     def _link(
@@ -512,7 +510,7 @@ class Recorder:
     def _sample(self, target: str, seconds: float, *, ttft: bool = False) -> None:
         """Feed one sample (negative: censored) to ``target``'s window and to the fleet's."""
         value = math.copysign(_clamp(abs(seconds)), seconds)
-        _feed(self.latency_window(target, ttft=ttft), value)
+        self.latency_window(target, ttft=ttft)._add(value)
         link = self._link(target, ttft)
         if link is not None:
             link[1].record(value)
@@ -593,10 +591,3 @@ class Recorder:
             hedge_budget=hedge_budget,
         )
 
-
-def _feed(window: LatencyWindow, value: float) -> None:
-    """Add a sample to ``window``: a latency, or negative a censoring time."""
-    if value > 0:
-        window.record(value)
-    else:
-        window.record_censored(-value)

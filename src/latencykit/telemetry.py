@@ -173,10 +173,11 @@ _BUCKETS = {
 class _Report(NamedTuple):
     """How a policy's decision is exported: a span event on its call's span, and a count."""
 
-    name: str | None  # the span event's (None: counted only)
+    name: str | None  # the span event's (None: counted only, or with `annotates`)
     attributes: Mapping[str, str]  # attribute -> the event's field (None values are left out)
     counter: tuple[str, ...] = ()  # the counter it adds one to, then the attributes it keeps
     tag: Mapping[str, str] = {}  # constant attributes of the counter
+    annotates: bool = False  # the attributes are set on the call's span (no span event)
 
 
 _REPORTS: dict[type[events.Event], _Report] = {
@@ -274,6 +275,12 @@ _REPORTS: dict[type[events.Event], _Report] = {
     events.StoreUnavailable: _Report(
         None, {_STORE_REASON: "reason"}, ("latencykit.store.unavailable", _STORE_REASON)
     ),
+    events.Routed: _Report(
+        None,
+        {"latencykit.route.target": "target", "latencykit.route.reason": "reason"},
+        annotates=True,
+    ),
+    events.CacheLookup: _Report(None, {"latencykit.cache.hit": "hit"}, annotates=True),
 }
 
 
@@ -448,8 +455,6 @@ class Instrumentation(Handle):
             events.AttemptEnded: self._attempt_ended,
             events.CallEnded: self._call_ended,
             events.FirstToken: self._first_token,
-            events.Routed: self._routed,
-            events.CacheLookup: self._cache_lookup,
             events.StageStarted: self._stage_started,
             events.StageEnded: self._stage_ended,
         }
@@ -499,7 +504,11 @@ class Instrumentation(Handle):
         elif isinstance(event, events.BreakerStateChanged):
             self._breaker_state.set(_BREAKER_STATE[event.to_state], {_TARGET: event.key})
         call = self._calls.get(event.call_id)
-        if call is not None and report.name is not None:
+        if call is None:
+            return
+        if report.annotates:
+            call.span.set_attributes(attributes)
+        elif report.name is not None:
             call.span.add_event(report.name, attributes)
 
     def _parent_context(self, parent_id: int | None, attempt: int) -> Context | None:
@@ -625,18 +634,6 @@ class Instrumentation(Handle):
             if count is not None:
                 tokens = self._histograms["gen_ai.client.token.usage"]
                 tokens.record(count, {**measured, _TOKEN_TYPE: kind})
-
-    def _routed(self, event: events.Routed) -> None:
-        call = self._calls.get(event.call_id)
-        if call is not None:
-            call.span.set_attributes(
-                {"latencykit.route.target": event.target, "latencykit.route.reason": event.reason}
-            )
-
-    def _cache_lookup(self, event: events.CacheLookup) -> None:
-        call = self._calls.get(event.call_id)
-        if call is not None:
-            call.span.set_attribute("latencykit.cache.hit", event.hit)
 
     def _first_token(self, event: events.FirstToken) -> None:
         call = self._calls.get(event.call_id)

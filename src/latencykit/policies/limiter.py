@@ -205,9 +205,10 @@ class _Buckets:
     users, many and brief). ``quota.lua`` is the same bucket for a fleet.
     """
 
-    __slots__ = ("_buckets", "_lock", "_prune_at")
+    __slots__ = ("_buckets", "_clock", "_lock", "_prune_at")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = clock) -> None:
+        self._clock = clock
         self._buckets: dict[str, list[float]] = {}  # key -> [tokens, updated at, rate, burst]
         self._lock = threading.Lock()
         self._prune_at = _PRUNE_FROM
@@ -215,9 +216,7 @@ class _Buckets:
     def __len__(self) -> int:
         return len(self._buckets)
 
-    def take(
-        self, key: str, amount: float, *, rate: float, burst: float, now: float, max_wait: float
-    ) -> float:
+    def take(self, key: str, amount: float, *, rate: float, burst: float, max_wait: float) -> float:
         """Take ``amount`` tokens if they are there within ``max_wait`` seconds, and return
         the wait (``0.0``: now).
 
@@ -227,6 +226,7 @@ class _Buckets:
         behind). Otherwise nothing is taken: a wait above ``max_wait`` says so. A negative
         ``amount`` gives tokens back (never above ``burst``) and returns ``0.0``.
         """
+        now = self._clock()
         with self._lock:
             bucket = self._buckets.get(key)
             if bucket is None:
@@ -245,8 +245,14 @@ class _Buckets:
             bucket[0] = tokens - amount if wait <= max_wait else tokens
             return wait
 
-    def level(self, key: str, *, rate: float, burst: float, now: float) -> float:
-        """The tokens bucket ``key`` holds at ``now`` (negative while reserved ahead)."""
+    def adjust(self, key: str, amount: float, *, rate: float, burst: float) -> None:
+        """Charge ``amount`` more tokens (into debt if need be), or give them back when
+        negative: what the shared store's ``adjust`` does to the fleet's bucket."""
+        self.take(key, amount, rate=rate, burst=burst, max_wait=math.inf)
+
+    def level(self, key: str, *, rate: float, burst: float) -> float:
+        """The tokens bucket ``key`` holds now (negative while reserved ahead)."""
+        now = self._clock()
         with self._lock:
             tokens, at = self._buckets.get(key, (burst, now))[:2]
             return min(burst, tokens + max(0.0, now - at) * rate)
@@ -392,6 +398,11 @@ class LimiterSnapshot:
     buckets: Mapping[str, float]
 
 
+# A bucket charge: key, amount, rate, burst, and who holds the bucket (the fleet's store, or
+# the limiter's own buckets when the store is unset or could not answer).
+_Charge = tuple[str, float, float, float, "_Buckets | _fleet.SharedStore"]
+
+
 class _Permit:
     """One call through the limiter: whom it is for, when it arrived, and what it holds (its
     slots, and the bucket charges to refund or reconcile)."""
@@ -415,9 +426,8 @@ class _Permit:
         self.started = self.loop.now()
         self.tenant_slots: _Slots | None = None
         self.target_slots: _Slots | None = None
-        # key, amount, rate, burst, and whether a shared store holds the bucket
-        self.charges: list[tuple[str, float, float, float, bool]] = []
-        self.tokens: tuple[str, float, float, float, bool] | None = None  # the token charge
+        self.charges: list[_Charge] = []
+        self.tokens: _Charge | None = None  # the token charge
         self.released = False
 
     def waited(self) -> float:
@@ -592,45 +602,33 @@ class Limiter(PolicyDecorator):
     # --- rates --------------------------------------------------------------------------------
 
     async def _take_quotas(self, permit: _Permit, quota: Quota) -> None:
-        wanted = [
-            (
-                kind,
-                key,
-                1.0 if kind == "requests" else float(self._tokens(permit.call)),
-                rate,
-                burst,
-            )
-            for kind, key, rate, burst in _buckets(permit.tenant, quota)
-        ]
-        now = permit.loop.now()
-        room = self._room(permit.started, now)
-        longest, longest_kind = 0.0, wanted[0][0]
-        for kind, key, amount, rate, burst in wanted:
-            wait, fleet = await self._take(key, amount, rate, burst, now, room)
+        room = self._room(permit.started, permit.loop.now())
+        longest: tuple[float, LimitKind] = (0.0, "requests")  # the longest wait, and for what
+        for kind, key, rate, burst in _buckets(permit.tenant, quota):
+            amount = 1.0 if kind == "requests" else float(self._tokens(permit.call))
+            wait, holder = await self._take(key, amount, rate, burst, room)
             if wait > room:  # nothing taken: it cannot fit, say so now rather than wait to fail
                 raise self._refused(permit, kind, wait)
-            charge = (key, amount, rate, burst, fleet)
+            charge = (key, amount, rate, burst, holder)
             permit.charges.append(charge)
             if kind == "tokens":
                 permit.tokens = charge
-            if wait > longest:
-                longest, longest_kind = wait, kind
-        if longest > 0:
-            await anyio.sleep(longest)  # the tokens are reserved: they are ours after it
-            _report(LimitWaited, permit, longest_kind, longest)
+            longest = max(longest, (wait, kind))
+        wait, kind = longest
+        if wait > 0:
+            await anyio.sleep(wait)  # the tokens are reserved: they are ours after it
+            _report(LimitWaited, permit, kind, wait)
 
     async def _take(
-        self, key: str, amount: float, rate: float, burst: float, now: float, room: float
-    ) -> tuple[float, bool]:
-        """Take from bucket ``key``: the wait, and whether the fleet's bucket was taken from."""
-        shared = self.shared or _fleet._current
-        if shared is not None:
-            wait = await shared.take(key, amount, rate=rate, burst=burst, max_wait=room)
+        self, key: str, amount: float, rate: float, burst: float, room: float
+    ) -> tuple[float, _Buckets | _fleet.SharedStore]:
+        """Take from bucket ``key``: the wait, and who holds the bucket taken from."""
+        store = self.shared or _fleet._current
+        if store is not None:
+            wait = await store.take(key, amount, rate=rate, burst=burst, max_wait=room)
             if wait is not None:  # None: the store could not answer; count locally
-                return wait, True
-        return self._buckets.take(
-            key, amount, rate=rate, burst=burst, now=now, max_wait=room
-        ), False
+                return wait, store
+        return self._buckets.take(key, amount, rate=rate, burst=burst, max_wait=room), self._buckets
 
     def _tokens(self, call: Call) -> int:
         cost = (self.tokens_of or _llm_tokens)(call)
@@ -704,22 +702,11 @@ class Limiter(PolicyDecorator):
             if waiter is not None:
                 waiter.wake()
         if refund:
-            now = clock()
-            for key, amount, rate, burst, fleet in permit.charges:
-                self._adjust(key, -amount, rate, burst, fleet, now)
+            for key, amount, rate, burst, holder in permit.charges:
+                holder.adjust(key, -amount, rate=rate, burst=burst)
         elif permit.tokens is not None and (extra := _unbilled(permit.tokens[1], usage)):
-            key, _, rate, burst, fleet = permit.tokens  # charge (into debt) or refund the rest
-            self._adjust(key, extra, rate, burst, fleet, clock())
-
-    def _adjust(
-        self, key: str, amount: float, rate: float, burst: float, fleet: bool, now: float
-    ) -> None:
-        """Charge ``amount`` more (a refund when negative) to the bucket that was charged."""
-        store = self.shared or _fleet._current
-        if fleet and store is not None:
-            store.adjust(key, amount, rate=rate, burst=burst)
-        else:
-            self._buckets.take(key, amount, rate=rate, burst=burst, now=now, max_wait=math.inf)
+            key, _, rate, burst, holder = permit.tokens  # charge (into debt) or refund the rest
+            holder.adjust(key, extra, rate=rate, burst=burst)
 
     # --- events and errors --------------------------------------------------------------------
 
@@ -746,12 +733,11 @@ class Limiter(PolicyDecorator):
                 for who, queue in slots.queues.items()
                 for _ in queue.waiters
             )
-        now = clock()
         buckets: dict[str, float] = {}
         for who in dict.fromkeys([*by_tenant, *waiting, *self.quotas, *tenants]):
             quota = self.quotas.get(who, self.tenant_quota)
             for _, key, rate, burst in () if quota is None else _buckets(who, quota):
-                buckets[key] = self._buckets.level(key, rate=rate, burst=burst, now=now)
+                buckets[key] = self._buckets.level(key, rate=rate, burst=burst)
         return LimiterSnapshot(
             in_flight=MappingProxyType(in_flight),
             tenants=MappingProxyType(by_tenant),
