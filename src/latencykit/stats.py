@@ -219,6 +219,55 @@ class LatencyWindow:
         return len(self._censored)
 
 
+class SlidingCounts:
+    """Counters summed over a sliding window (internal: the breaker's window, the retry
+    budget's): a ring of ``size`` buckets of ``width`` counters each, numbered by the caller
+    (a call's sequence number, or the time divided by a bucket's width).
+
+    Args:
+        size: buckets in the window.
+        width: counters in each bucket.
+
+    Attributes:
+        totals: each counter summed over the buckets in the window.
+        newest: the newest bucket's number (``-2**62`` before the first).
+    """
+
+    __slots__ = ("_buckets", "newest", "totals")
+
+    def __init__(self, size: int, width: int) -> None:
+        self._buckets = [[0] * width for _ in range(size)]
+        self.totals = [0] * width
+        self.newest = -(2**62)
+
+    def add(self, bucket: int, *counts: int) -> None:
+        """Add ``counts`` to bucket number ``bucket`` (to the newest, if it is older)."""
+        into, totals = self.advance(bucket), self.totals
+        for i, count in enumerate(counts):
+            into[i] += count
+            totals[i] += count
+
+    def advance(self, bucket: int) -> list[int]:
+        """Make ``bucket`` the newest, emptying the buckets that slid out; return the newest
+        bucket's counters (a number going backwards leaves the newest as it is)."""
+        buckets, size = self._buckets, len(self._buckets)
+        if bucket > self.newest:
+            for stale in range(max(self.newest + 1, bucket - size + 1), bucket + 1):
+                self._empty(buckets[stale % size])
+            self.newest = bucket
+        return buckets[self.newest % size]
+
+    def clear(self) -> None:
+        """Empty every bucket."""
+        for bucket in self._buckets:
+            self._empty(bucket)
+
+    def _empty(self, bucket: list[int]) -> None:
+        for i, count in enumerate(bucket):
+            self.totals[i] -= count
+            bucket[i] = 0
+
+
 # --- the per-target record ------------------------------------------------------------------
 
 
@@ -590,4 +639,3 @@ class Recorder:
             breaker=None if breaker is None else breaker(target),
             hedge_budget=hedge_budget,
         )
-

@@ -177,9 +177,7 @@ class StageBudget(_AlsoAsync):
     __slots__ = ("_active", "budget", "name")
 
     def __init__(self, name: str, budget: float | datetime.timedelta | None = None) -> None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"stage.name must be a non-empty string, got {name!r}")
-        self.name = name
+        self.name = _validation.text("stage.name", name)
         self.budget = None if budget is None else _validation.seconds("stage.budget", budget)
         self._active: PerTask[StageScope] = PerTask()
 
@@ -223,6 +221,6 @@ def stage(name: str, budget: float | datetime.timedelta | None = None) -> StageB
 
     Raises:
         ValueError: ``name`` is empty, or ``budget`` is not positive and finite.
-        TypeError: ``budget`` is not a number or ``timedelta``.
+        TypeError: ``name`` is not a string, or ``budget`` is not a number or ``timedelta``.
     """
     return StageBudget(name, budget)
