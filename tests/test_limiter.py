@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import math
 import statistics
 from typing import Any
@@ -229,6 +230,21 @@ async def test_concurrency_limit_is_respected_per_target(fake: FakeProvider) -> 
     assert max_overlap(attempts) == 3  # never more than the limit at the provider, and it filled
     assert peak_seen <= 3
     assert limiter.snapshot().in_flight == {"openai/limited": 0}
+
+
+async def test_a_concurrency_mapping_limits_only_the_targets_it_names(fake: FakeProvider) -> None:
+    fake.script("capped", Behavior(ttft=30.0))
+    fake.script("free", Behavior(ttft=30.0))
+    limiter = Limiter(concurrency={"openai/capped": 1}, max_wait=0)
+    capped, free = make_llm(fake, "capped", limiter), make_llm(fake, "free", limiter)
+    async with anyio.create_task_group() as tg:
+        for llm in (capped, free, free):
+            tg.start_soon(functools.partial(llm.acompletion, messages=MESSAGES))
+        await until(lambda: limiter.snapshot().in_flight == {"openai/capped": 1, "openai/free": 2})
+        with pytest.raises(LimitExceeded) as info:
+            await capped.acompletion(messages=MESSAGES)
+        tg.cancel_scope.cancel()
+    assert (info.value.target, info.value.limit) == ("openai/capped", "concurrency")
 
 
 async def test_max_wait_bounds_a_wait_for_a_slot(fake: FakeProvider) -> None:

@@ -198,20 +198,7 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
     """
 
     stage = Stage.BREAKER
-    key: str
-    window_type: Literal["count", "time"]
-    window_size: float
-    minimum_calls: int
-    failure_rate: float
-    slow_call_rate: float
-    slow_call_duration: float
-    open_duration: float
-    max_open_duration: float | None
-    half_open_calls: int
-    counts: Callable[[BaseException], bool]
-    shared: _fleet.SharedStore | None
-    clock: Callable[[], float]
-    _options: dict[str, object]
+    window_size: float  # an int for a count window
 
     def __init__(
         self,

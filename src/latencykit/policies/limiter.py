@@ -39,7 +39,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -169,22 +169,21 @@ class Quota:
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        for rate_field, field, low in (
+        for rate_name, burst_name, low in (
             ("requests_per_second", "request_burst", 1.0),
             ("tokens_per_minute", "token_burst", 0.0),
         ):
-            rate, burst = getattr(self, rate_field), getattr(self, field)
+            rate, burst = getattr(self, rate_name), getattr(self, burst_name)
             if rate is None:
                 if burst is not None:
-                    raise ValueError(f"Quota.{field} needs Quota.{rate_field}")
+                    raise ValueError(f"Quota.{burst_name} needs Quota.{rate_name}")
                 continue
-            rate = _validation.number(f"Quota.{rate_field}", rate, above=True)
+            rate = _validation.number(f"Quota.{rate_name}", rate, above=True)
             if burst is None:  # a second's worth of requests (at least one), a minute's of tokens
                 burst = max(low, rate)
-            object.__setattr__(self, rate_field, rate)
-            object.__setattr__(
-                self, field, _validation.number(f"Quota.{field}", burst, low, above=not low)
-            )
+            burst = _validation.number(f"Quota.{burst_name}", burst, low, above=not low)
+            object.__setattr__(self, rate_name, rate)
+            object.__setattr__(self, burst_name, burst)
         if self.concurrency is not None:
             _validation.count("Quota.concurrency", self.concurrency)
         object.__setattr__(
@@ -286,17 +285,15 @@ class _Waiter:
             logger.debug("latencykit limiter: a waiter's event loop is closed", exc_info=True)
 
 
+@dataclass(slots=True, eq=False)
 class _Queue:
     """The waiters of one tenant for one set of slots (FIFO), and its place in the rotation."""
 
-    __slots__ = ("key", "pass_", "queued", "waiters", "weight")
-
-    def __init__(self, key: str, weight: float, pass_: float) -> None:
-        self.key = key
-        self.weight = weight
-        self.pass_ = pass_  # virtual time of its next turn: lower goes first
-        self.queued = False  # has an entry in the heap
-        self.waiters: deque[_Waiter] = deque()
+    key: str
+    weight: float
+    pass_: float  # virtual time of its next turn: lower goes first
+    queued: bool = False  # has an entry in the heap
+    waiters: deque[_Waiter] = field(default_factory=deque)
 
 
 class _Slots:
@@ -403,32 +400,24 @@ class LimiterSnapshot:
 _Charge = tuple[str, float, float, float, "_Buckets | _fleet.SharedStore"]
 
 
+@dataclass(slots=True, eq=False)
 class _Permit:
     """One call through the limiter: whom it is for, when it arrived, and what it holds (its
     slots, and the bucket charges to refund or reconcile)."""
 
-    __slots__ = (
-        "call",
-        "charges",
-        "loop",
-        "quota",
-        "released",
-        "started",
-        "target_slots",
-        "tenant",
-        "tenant_slots",
-        "tokens",
-    )
+    call: Call
+    tenant: str
+    quota: Quota | None
+    loop: Backend = field(default_factory=backend)
+    started: float = field(init=False)
+    tenant_slots: _Slots | None = None
+    target_slots: _Slots | None = None
+    charges: list[_Charge] = field(default_factory=list)
+    tokens: _Charge | None = None  # the token charge
+    released: bool = False
 
-    def __init__(self, call: Call, tenant: str, quota: Quota | None) -> None:
-        self.call, self.tenant, self.quota = call, tenant, quota
-        self.loop = backend()
+    def __post_init__(self) -> None:
         self.started = self.loop.now()
-        self.tenant_slots: _Slots | None = None
-        self.target_slots: _Slots | None = None
-        self.charges: list[_Charge] = []
-        self.tokens: _Charge | None = None  # the token charge
-        self.released = False
 
     def waited(self) -> float:
         return self.loop.now() - self.started
@@ -580,24 +569,19 @@ class Limiter(PolicyDecorator):
 
     def _slots(self, kind: LimitKind, key: str, quota: Quota | None) -> _Slots:
         """The slots a call of ``key`` (a tenant or a target) takes; under the lock."""
-        if kind == "tenant_concurrency":
-            slots = self._tenants.get(key)
-            if slots is None:
-                if len(self._tenants) >= self._prune_at:  # forget the idle tenants
-                    self._prune_at = _forget(self._tenants, lambda slots: slots.idle)
-                cap = quota.concurrency if quota is not None else None
-                slots = self._tenants[key] = _Slots(_UNLIMITED if cap is None else cap)
-            return slots
-        slots = self._targets.get(key)
+        of_tenant = kind == "tenant_concurrency"
+        kept = self._tenants if of_tenant else self._targets
+        slots = kept.get(key)
         if slots is None:
-            slots = self._targets[key] = _Slots(self._limit_of(key))
+            if of_tenant and len(kept) >= self._prune_at:  # forget the idle tenants
+                self._prune_at = _forget(kept, lambda slots: slots.idle)
+            if of_tenant:
+                cap = None if quota is None else quota.concurrency
+            else:
+                limit = self.concurrency
+                cap = limit.get(key) if isinstance(limit, Mapping) else limit
+            slots = kept[key] = _Slots(_UNLIMITED if cap is None else cap)
         return slots
-
-    def _limit_of(self, key: str) -> float:
-        limit = self.concurrency
-        if isinstance(limit, Mapping):
-            return limit.get(key, _UNLIMITED)
-        return _UNLIMITED if limit is None else limit
 
     # --- rates --------------------------------------------------------------------------------
 
