@@ -401,7 +401,19 @@ _NO_ENDPOINT = Endpoint("")
 
 
 class Instrumentation(Handle):
-    """The handle :func:`instrument` returns: ``close()`` (or leave its ``with`` block) to stop.
+    """Export latencykit's calls as OpenTelemetry spans and metrics until closed (``close()``,
+    or the end of its ``with`` block); ``instrument`` is this class.
+
+    Args:
+        tracer_provider: where spans go (default ``None``: the global provider, as set by
+            ``opentelemetry.trace.set_tracer_provider`` or the SDK's auto-configuration).
+        meter_provider: where metrics go (default ``None``: the global provider).
+        capture_content: export prompt and answer text as ``gen_ai.input.messages`` and
+            ``gen_ai.output.messages`` (default ``None``: only if the environment variable
+            ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true``; off otherwise).
+
+    Calling it twice exports everything twice: keep one handle per process (close it at
+    shutdown, or use it as a ``with`` block in tests).
 
     Attributes:
         capture_content: whether prompt and answer text are exported.
@@ -673,28 +685,5 @@ class Instrumentation(Handle):
         call.end()
 
 
-def instrument(
-    *,
-    tracer_provider: trace.TracerProvider | None = None,
-    meter_provider: metrics.MeterProvider | None = None,
-    capture_content: bool | None = None,
-) -> Instrumentation:
-    """Export latencykit's calls as OpenTelemetry spans and metrics until the returned handle is
-    closed.
-
-    Args:
-        tracer_provider: where spans go (default ``None``: the global provider, as set by
-            ``opentelemetry.trace.set_tracer_provider`` or the SDK's auto-configuration).
-        meter_provider: where metrics go (default ``None``: the global provider).
-        capture_content: export prompt and answer text as ``gen_ai.input.messages`` and
-            ``gen_ai.output.messages`` (default ``None``: only if the environment variable
-            ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true``; off otherwise).
-
-    Calling it twice exports everything twice: keep one handle per process (close it at
-    shutdown, or use it as a ``with`` block in tests).
-    """
-    return Instrumentation(
-        tracer_provider=tracer_provider,
-        meter_provider=meter_provider,
-        capture_content=capture_content,
-    )
+instrument = Instrumentation
+"""The same class as :class:`Instrumentation` (``lk.telemetry.instrument()``)."""
