@@ -132,5 +132,5 @@ class RetryBudget:
             return False
         # Counted here too, granted by the fleet or not: the local count is where the budget
         # starts from if the store goes away.
-        self._window.add(self._slot(), 0, 1)
+        self._window.add(self._window.newest, 0, 1)  # the slot the balance was read in
         return True
