@@ -375,10 +375,19 @@ class _Call:
             return self.attributes
         return {**_endpoint_attributes(answering), _REQUEST_MODEL: self.endpoint.model}
 
-    def end(self) -> None:
+    def end(self, attributes: Mapping[str, Any] = {}, failed: bool = False) -> None:
         for span in self.attempts.values():  # attempts that never reported their end
             span.end()
-        self.span.end()
+        _end(self.span, attributes, failed)
+
+
+def _end(span: trace.Span, attributes: Mapping[str, Any], failed: bool) -> None:
+    """End ``span`` with the ``attributes`` that have a value, its status an error if
+    ``failed``."""
+    if failed:
+        span.set_status(Status(StatusCode.ERROR))
+    span.set_attributes(_present(attributes))
+    span.end()
 
 
 def _end_attempt(span: trace.Span, record: Attempt, loser: bool) -> None:
@@ -391,10 +400,7 @@ def _end_attempt(span: trace.Span, record: Attempt, loser: bool) -> None:
         _ERROR_TYPE: record.error_type,
         _ERROR_KIND: None if record.error_type is None else record.error_kind,
     }
-    if record.error_type is not None:
-        span.set_status(Status(StatusCode.ERROR))
-    span.set_attributes(_present(attributes))
-    span.end()
+    _end(span, attributes, record.error_type is not None)
 
 
 _NO_ENDPOINT = Endpoint("")
@@ -618,8 +624,6 @@ class Instrumentation(Handle):
             _ERROR_TYPE: error,
             _ERROR_KIND: None if error is None else event.error_kind,
         }
-        if event.outcome == "error":
-            call.span.set_status(Status(StatusCode.ERROR))
         if call.genai:
             if event.response_model is not None:
                 measured[_RESPONSE_MODEL] = event.response_model
@@ -633,8 +637,7 @@ class Instrumentation(Handle):
                 _OUTPUT_MESSAGES: _answer(event),
             }
             self._measure_answer(event, measured)
-        call.span.set_attributes(_present(shown))
-        call.end()
+        call.end(shown, event.outcome == "error")
         duration = "gen_ai.client.operation.duration" if call.genai else "latencykit.call.duration"
         self._histograms[duration].record(event.duration, measured)
 
@@ -672,17 +675,13 @@ class Instrumentation(Handle):
         if call is None:
             return
         record = event.record
-        call.span.set_attributes(
-            {
-                "latencykit.stage.spent": record.spent,
-                "latencykit.stage.outcome": record.outcome,
-                "latencykit.stage.overran": record.overran,
-                "latencykit.stage.attempts": record.attempts,
-            }
-        )
-        if record.outcome in ("error", "overran"):
-            call.span.set_status(Status(StatusCode.ERROR))
-        call.end()
+        attributes = {
+            "latencykit.stage.spent": record.spent,
+            "latencykit.stage.outcome": record.outcome,
+            "latencykit.stage.overran": record.overran,
+            "latencykit.stage.attempts": record.attempts,
+        }
+        call.end(attributes, record.outcome in ("error", "overran"))
 
 
 instrument = Instrumentation

@@ -260,20 +260,18 @@ class _Buckets:
 # --- fair slots --------------------------------------------------------------------------------
 
 
+@dataclass(slots=True, eq=False)
 class _Waiter:
     """One call waiting for a slot; ``granted`` is set (under the limiter's lock) when a slot is
     handed to it, then ``event`` wakes it."""
 
-    __slots__ = ("event", "granted", "queue", "thread", "threadsafe")
-
-    def __init__(self, queue: _Queue) -> None:
-        self.event = anyio.Event()
-        self.granted = False
-        self.queue = queue
-        self.thread = threading.get_ident()
-        # A limiter shared by event loops in several threads may free a slot in another
-        # thread than the waiter's: the wake-up must then go through the waiter's loop.
-        self.threadsafe = threadsafe_caller()
+    queue: _Queue
+    event: anyio.Event = field(default_factory=anyio.Event)
+    granted: bool = False
+    # A limiter shared by event loops in several threads may free a slot in another thread
+    # than the waiter's: the wake-up must then go through the waiter's loop.
+    thread: int = field(default_factory=threading.get_ident)
+    threadsafe: Callable[[Callable[[], object]], object] = field(default_factory=threadsafe_caller)
 
     def wake(self) -> None:
         try:
@@ -296,6 +294,7 @@ class _Queue:
     waiters: deque[_Waiter] = field(default_factory=deque)
 
 
+@dataclass(slots=True, eq=False)
 class _Slots:
     """A counting semaphore whose waiters are served fairly across queues (tenants).
 
@@ -307,15 +306,12 @@ class _Slots:
     the limiter holds its lock around every method.
     """
 
-    __slots__ = ("_heap", "_seq", "_vtime", "in_use", "limit", "queues")
-
-    def __init__(self, limit: float) -> None:
-        self.limit = limit
-        self.in_use = 0
-        self.queues: dict[str, _Queue] = {}
-        self._heap: list[tuple[float, int, _Queue]] = []
-        self._seq = itertools.count()
-        self._vtime = 0.0
+    limit: float
+    in_use: int = 0
+    queues: dict[str, _Queue] = field(default_factory=dict)
+    _heap: list[tuple[float, int, _Queue]] = field(default_factory=list)
+    _seq: Iterator[int] = field(default_factory=itertools.count)
+    _vtime: float = 0.0
 
     @property
     def idle(self) -> bool:
