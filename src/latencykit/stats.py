@@ -233,24 +233,31 @@ class SlidingCounts:
         newest: the newest bucket's number (``-2**62`` before the first).
     """
 
-    __slots__ = ("_buckets", "newest", "totals")
+    __slots__ = ("_buckets", "_size", "newest", "totals")
 
     def __init__(self, size: int, width: int) -> None:
         self._buckets = [[0] * width for _ in range(size)]
+        self._size = size
         self.totals = [0] * width
         self.newest = -(2**62)
 
     def add(self, bucket: int, *counts: int) -> None:
         """Add ``counts`` to bucket number ``bucket`` (to the newest, if it is older)."""
-        into, totals = self.advance(bucket), self.totals
+        into = (
+            self.advance(bucket)
+            if bucket > self.newest
+            else self._buckets[self.newest % self._size]
+        )
+        totals = self.totals
         for i, count in enumerate(counts):
-            into[i] += count
-            totals[i] += count
+            if count:  # most are 0 (a success is no failure)
+                into[i] += count
+                totals[i] += count
 
     def advance(self, bucket: int) -> list[int]:
         """Make ``bucket`` the newest, emptying the buckets that slid out; return the newest
         bucket's counters (a number going backwards leaves the newest as it is)."""
-        buckets, size = self._buckets, len(self._buckets)
+        buckets, size = self._buckets, self._size
         if bucket > self.newest:
             for stale in range(max(self.newest + 1, bucket - size + 1), bucket + 1):
                 self._empty(buckets[stale % size])
