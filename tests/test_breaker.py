@@ -924,7 +924,7 @@ def test_random_runs_keep_the_state_machine_legal(config: str, ops: list[Op]) ->
             if b.window_type == "count":
                 assert metrics.calls <= b.window_size
                 assert max(map(max, b._window._buckets)) <= 1  # one call per bucket
-            assert [sum(column) for column in zip(*b._window._buckets)] == b._window.totals
+            assert [sum(col) for col in zip(*b._window._buckets, strict=True)] == b._window.totals
             if state is CLOSED:
                 assert (metrics.calls, metrics.failures, metrics.slow_calls) == model_counts()
             if state is OPEN:  # metrics() half-opens an expired open state
