@@ -245,10 +245,7 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
         _validation.function("breaker.clock", clock)
         self.clock = clock
         self._options = {name: getattr(self, name) for name in _OPTIONS} | {"counts": counts}
-        self._start()
-
-    def _start(self) -> None:
-        """The state of a new breaker: closed, with an empty window."""
+        # The state of a new breaker: closed, with an empty window.
         self._lock = threading.Lock()
         self._state, self._period, self._since, self._open_for = _CLOSED, 0, 0.0, self.open_duration
         self._probes = self._probe_calls = self._probe_failures = self._probe_slow = 0
