@@ -375,6 +375,13 @@ async def test_a_token_quota_on_a_function_needs_tokens_of() -> None:
     with pytest.raises(TypeError, match="tokens_of"):
         await plain()
 
+    @Limiter(tenant_quota=Quota(tokens_per_minute=600), tokens_of=lambda call: -1)
+    async def negative() -> str:
+        return "ok"
+
+    with pytest.raises(TypeError, match=r"Limiter\.tokens_of must return an int >= 0"):
+        await negative()
+
     charged: list[Call] = []
 
     def cost(call: Call) -> int:
@@ -389,6 +396,19 @@ async def test_a_token_quota_on_a_function_needs_tokens_of() -> None:
     with pytest.raises(LimitExceeded, match="tokens"):
         await counted("world!")  # 6 more than the 5 left
     assert [c.args for c in charged] == [("hello",), ("world!",)]
+
+
+async def test_idle_tenants_are_forgotten() -> None:
+    limiter = Limiter(tenant_quota=Quota(concurrency=2))
+
+    @limiter
+    async def work() -> None:
+        pass
+
+    for n in range(1100):  # many short-lived tenants (end-user ids)
+        with tenant(f"user{n}"):
+            await work()
+    assert len(limiter._tenants) == 1100 - 1024  # all idle at the 1024th: dropped then
 
 
 async def test_a_refused_call_gives_its_rate_tokens_back(fake: FakeProvider) -> None:
