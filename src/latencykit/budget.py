@@ -20,6 +20,7 @@ from .stats import SlidingCounts
 __all__ = ["RetryBudget"]
 
 _SLOTS = 10  # the window moves in steps of ttl / 10
+_DEPOSITS, _WITHDRAWALS = 0, 1  # the window's counters
 
 
 class RetryBudget:
@@ -61,7 +62,7 @@ class RetryBudget:
         self.ttl = _validation.seconds("RetryBudget.ttl", ttl, minimum=0.01)
         self._clock = clock
         self._slot_width = self.ttl / _SLOTS
-        self._window = SlidingCounts(_SLOTS, 2)  # deposits, withdrawals
+        self._window = SlidingCounts(_SLOTS, 2)
         self.name = None if name is None else _validation.text("RetryBudget.name", name)
         _validation.optional("RetryBudget.shared", shared, _fleet.SharedStore, "a RedisStore")
         self.shared = shared
@@ -101,7 +102,7 @@ class RetryBudget:
 
     def deposit(self) -> None:
         """Count one call (earns ``ratio`` of an extra request)."""
-        self._window.add(self._slot(), 1, 0)
+        self._window.add(self._slot(), _DEPOSITS)
         shared = self._fleet()
         if shared is not None:
             shared.deposit()
@@ -132,5 +133,5 @@ class RetryBudget:
             return False
         # Counted here too, granted by the fleet or not: the local count is where the budget
         # starts from if the store goes away.
-        self._window.add(self._window.newest, 0, 1)  # the slot the balance was read in
+        self._window.add(self._window.newest, _WITHDRAWALS)  # the slot the balance was read in
         return True

@@ -241,18 +241,13 @@ class SlidingCounts:
         self.totals = [0] * width
         self.newest = -(2**62)
 
-    def add(self, bucket: int, *counts: int) -> None:
-        """Add ``counts`` to bucket number ``bucket`` (to the newest, if it is older)."""
-        into = (
+    def add(self, bucket: int, counter: int) -> None:
+        """Count one in counter number ``counter`` of bucket number ``bucket`` (of the newest,
+        if ``bucket`` is older)."""
+        if bucket > self.newest:
             self.advance(bucket)
-            if bucket > self.newest
-            else self._buckets[self.newest % self._size]
-        )
-        totals = self.totals
-        for i, count in enumerate(counts):
-            if count:  # most are 0 (a success is no failure)
-                into[i] += count
-                totals[i] += count
+        self._buckets[self.newest % self._size][counter] += 1
+        self.totals[counter] += 1
 
     def advance(self, bucket: int) -> list[int]:
         """Make ``bucket`` the newest, emptying the buckets that slid out; return the newest

@@ -549,7 +549,7 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
         handle.outcome(permit.epoch, code)
         with self._lock:
             if permit.period == self._period and self._state is _CLOSED:
-                self._window.add(self._bucket(), 1, success is False, slow)
+                self._tally(success is False, slow)
 
     def _probe_ended(self, success: bool | None, slow: bool) -> BreakerStateChanged | None:
         if self._probes <= self._probe_calls:  # nothing outstanding: recorded twice
@@ -570,11 +570,20 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
 
     def _count(self, failed: bool, slow: bool) -> BreakerStateChanged | None:
         """Count a closed call; open if the window's rates reach a threshold."""
-        self._window.add(self._bucket(), 1, failed, slow)
+        self._tally(failed, slow)
         calls, failures, slow_calls = self._window.totals
         if calls >= self.minimum_calls and self._trips(calls, failures, slow_calls):
             return self._move(_OPEN, self.clock())
         return None
+
+    def _tally(self, failed: bool, slow: bool) -> None:
+        """Add one call to the window (its counters: calls, failures, slow calls)."""
+        bucket, window = self._bucket(), self._window
+        window.add(bucket, 0)
+        if failed:
+            window.add(bucket, 1)
+        if slow:
+            window.add(bucket, 2)
 
     def _trips(self, calls: int, failures: int, slow: int) -> bool:
         """Whether these rates reach a threshold."""
