@@ -418,7 +418,11 @@ async def test_nothing_is_left_unawaited() -> None:
             r"gather\.awaitables\[1\] must be awaitable \(a function: call it\)",
         ),
         (lambda: first(), ValueError, r"first needs at least one awaitable"),
-        (lambda: first(value(1), stagger=-1), ValueError, r"first\.stagger must be a positive"),
+        (
+            lambda: first(value(1), stagger=-1),
+            ValueError,
+            r"first\.stagger must be a number of seconds >= 0",
+        ),
         (lambda: first(value(1), within=float("inf")), ValueError, r"first\.within must be"),
         (
             lambda: UNTYPED_FIRST(42),

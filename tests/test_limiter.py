@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import math
 import statistics
 from typing import Any
@@ -161,38 +162,50 @@ def test_tenant_names_are_checked_and_scoped() -> None:
 
 
 def test_bucket_serves_its_burst_then_reserves_ahead_within_max_wait() -> None:
-    store = _Buckets()
+    now = 0.0
+    store = _Buckets(clock=lambda: now)
 
-    def take(now: float, max_wait: float, amount: float = 1.0) -> float:
-        return store.take("t/requests", amount, rate=2.0, burst=3.0, now=now, max_wait=max_wait)
+    def take(at: float, max_wait: float, amount: float = 1.0) -> float:
+        nonlocal now
+        now = at
+        return store.take("t/requests", amount, rate=2.0, burst=3.0, max_wait=max_wait)
+
+    def level(at: float, key: str = "t/requests", rate: float = 2.0, burst: float = 3.0) -> float:
+        nonlocal now
+        now = at
+        return store.level(key, rate=rate, burst=burst)
 
     assert [take(0.0, 0.0) for _ in range(3)] == [0.0, 0.0, 0.0]  # a new bucket is full
     assert take(0.0, 0.0) == 0.5  # empty: half a second to the next token, nothing taken
-    assert store.level("t/requests", rate=2.0, burst=3.0, now=0.0) == 0.0
+    assert level(0.0) == 0.0
     assert take(0.0, 1.0) == 0.5  # within max_wait: reserved (the bucket goes negative)
     assert take(0.0, 1.0) == 1.0  # queues behind the first reservation
     assert take(0.0, 1.0) == 1.5  # does not fit: nothing taken
-    assert store.level("t/requests", rate=2.0, burst=3.0, now=0.0) == -2.0
-    assert store.level("t/requests", rate=2.0, burst=3.0, now=1.0) == 0.0  # refilled 2
+    assert level(0.0) == -2.0
+    assert level(1.0) == 0.0  # refilled 2
     assert take(100.0, 0.0) == 0.0  # refilled, never above the burst
-    assert store.level("t/requests", rate=2.0, burst=3.0, now=100.0) == 2.0
+    assert level(100.0) == 2.0
     assert take(99.0, 0.0) == 0.0  # a clock read out of order refills nothing
-    assert store.level("t/requests", rate=2.0, burst=3.0, now=100.0) == 1.0
+    assert level(100.0) == 1.0
     assert take(100.0, 0.0, amount=-5.0) == 0.0  # a refund, capped at the burst
-    assert store.level("t/requests", rate=2.0, burst=3.0, now=100.0) == 3.0
-    assert take(100.0, 10.0, amount=7.0) == 2.0  # more than the burst: waits for the rest
-    assert store.level("unknown", rate=1.0, burst=4.0, now=0.0) == 4.0
+    assert level(100.0) == 3.0
+    store.adjust("t/requests", 4.0, rate=2.0, burst=3.0)  # a charge after the call: into debt
+    assert level(100.0) == -1.0
+    assert take(100.0, 10.0, amount=6.0) == 3.5  # more than the burst: waits for the rest
+    assert level(0.0, "unknown", rate=1.0, burst=4.0) == 4.0
 
 
 def test_full_buckets_are_forgotten() -> None:
-    store = _Buckets()
+    now = 0.0
+    store = _Buckets(clock=lambda: now)
     for n in range(1100):  # many short-lived tenants (end-user ids)
-        store.take(f"early{n}/requests", 1.0, rate=1.0, burst=1.0, now=0.0, max_wait=0.0)
+        store.take(f"early{n}/requests", 1.0, rate=1.0, burst=1.0, max_wait=0.0)
     assert len(store) == 1100  # none full yet: all kept
+    now = 10.0
     for n in range(1000):  # later, others; the early ones have refilled meanwhile
-        store.take(f"late{n}/requests", 1.0, rate=1.0, burst=1.0, now=10.0, max_wait=0.0)
+        store.take(f"late{n}/requests", 1.0, rate=1.0, burst=1.0, max_wait=0.0)
     assert len(store) == 1000  # the full ones were dropped
-    assert store.level("early0/requests", rate=1.0, burst=1.0, now=10.0) == 1.0
+    assert store.level("early0/requests", rate=1.0, burst=1.0) == 1.0
 
 
 # --- concurrency -------------------------------------------------------------------------------
@@ -217,6 +230,21 @@ async def test_concurrency_limit_is_respected_per_target(fake: FakeProvider) -> 
     assert max_overlap(attempts) == 3  # never more than the limit at the provider, and it filled
     assert peak_seen <= 3
     assert limiter.snapshot().in_flight == {"openai/limited": 0}
+
+
+async def test_a_concurrency_mapping_limits_only_the_targets_it_names(fake: FakeProvider) -> None:
+    fake.script("capped", Behavior(ttft=30.0))
+    fake.script("free", Behavior(ttft=30.0))
+    limiter = Limiter(concurrency={"openai/capped": 1}, max_wait=0)
+    capped, free = make_llm(fake, "capped", limiter), make_llm(fake, "free", limiter)
+    async with anyio.create_task_group() as tg:
+        for llm in (capped, free, free):
+            tg.start_soon(functools.partial(llm.acompletion, messages=MESSAGES))
+        await until(lambda: limiter.snapshot().in_flight == {"openai/capped": 1, "openai/free": 2})
+        with pytest.raises(LimitExceeded) as info:
+            await capped.acompletion(messages=MESSAGES)
+        tg.cancel_scope.cancel()
+    assert (info.value.target, info.value.limit) == ("openai/capped", "concurrency")
 
 
 async def test_max_wait_bounds_a_wait_for_a_slot(fake: FakeProvider) -> None:
@@ -347,6 +375,13 @@ async def test_a_token_quota_on_a_function_needs_tokens_of() -> None:
     with pytest.raises(TypeError, match="tokens_of"):
         await plain()
 
+    @Limiter(tenant_quota=Quota(tokens_per_minute=600), tokens_of=lambda call: -1)
+    async def negative() -> str:
+        return "ok"
+
+    with pytest.raises(TypeError, match=r"Limiter\.tokens_of must return an int >= 0"):
+        await negative()
+
     charged: list[Call] = []
 
     def cost(call: Call) -> int:
@@ -361,6 +396,19 @@ async def test_a_token_quota_on_a_function_needs_tokens_of() -> None:
     with pytest.raises(LimitExceeded, match="tokens"):
         await counted("world!")  # 6 more than the 5 left
     assert [c.args for c in charged] == [("hello",), ("world!",)]
+
+
+async def test_idle_tenants_are_forgotten() -> None:
+    limiter = Limiter(tenant_quota=Quota(concurrency=2))
+
+    @limiter
+    async def work() -> None:
+        pass
+
+    for n in range(1100):  # many short-lived tenants (end-user ids)
+        with tenant(f"user{n}"):
+            await work()
+    assert len(limiter._tenants) == 1100 - 1024  # all idle at the 1024th: dropped then
 
 
 async def test_a_refused_call_gives_its_rate_tokens_back(fake: FakeProvider) -> None:

@@ -213,9 +213,12 @@ async def test_the_logger_the_level_and_closing(
 
 
 def test_options_are_validated() -> None:
-    for bad in (-1.0, float("nan"), "1", True):
+    for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="threshold"):
-            log_slow_calls(bad)  # type: ignore[arg-type]
+            log_slow_calls(bad)
+    for wrong in ("1", True):
+        with pytest.raises(TypeError, match="threshold"):
+            log_slow_calls(wrong)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="logger"):
         log_slow_calls(logger=42)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="level"):

@@ -282,6 +282,8 @@ async def test_each_stage_is_a_span_and_the_calls_inside_are_its_children(
 async def test_bad_stage_options_fail_naming_the_field() -> None:
     with pytest.raises(ValueError, match=r"stage\.name"):
         lk.stage("")
+    with pytest.raises(TypeError, match=r"stage\.name"):
+        lk.stage(None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"stage\.budget"):
         lk.stage("x", budget=-1)
     with pytest.raises(TypeError, match=r"stage\.budget"):

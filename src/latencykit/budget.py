@@ -15,10 +15,12 @@ from . import fleet as _fleet
 from ._cancel import clock as loop_clock
 from ._context import trace_var
 from .fleet.redis import SharedBudget
+from .stats import SlidingCounts
 
 __all__ = ["RetryBudget"]
 
 _SLOTS = 10  # the window moves in steps of ttl / 10
+_DEPOSITS, _WITHDRAWALS = 0, 1  # the window's counters
 
 
 class RetryBudget:
@@ -60,9 +62,7 @@ class RetryBudget:
         self.ttl = _validation.seconds("RetryBudget.ttl", ttl, minimum=0.01)
         self._clock = clock
         self._slot_width = self.ttl / _SLOTS
-        self._deposits = [0] * _SLOTS  # per slot of the window (ten: summing them is cheap)
-        self._withdrawals = [0] * _SLOTS
-        self._slot = int(clock() // self._slot_width)
+        self._window = SlidingCounts(_SLOTS, 2)
         self.name = None if name is None else _validation.text("RetryBudget.name", name)
         _validation.optional("RetryBudget.shared", shared, _fleet.SharedStore, "a RedisStore")
         self.shared = shared
@@ -76,13 +76,8 @@ class RetryBudget:
             f"min_per_second={self.min_per_second:g}, balance={self.balance:.2f})"
         )
 
-    def _advance(self) -> int:
-        slot = int(self._clock() // self._slot_width)
-        if slot != self._slot:
-            for stale in range(self._slot + 1, min(slot, self._slot + _SLOTS) + 1):
-                self._deposits[stale % _SLOTS] = self._withdrawals[stale % _SLOTS] = 0
-            self._slot = slot
-        return slot % _SLOTS
+    def _slot(self) -> int:
+        return int(self._clock() // self._slot_width)
 
     def _fleet(self) -> SharedBudget | None:
         store = self.shared or _fleet._current
@@ -101,14 +96,13 @@ class RetryBudget:
         return self._local_balance()
 
     def _local_balance(self) -> float:
-        self._advance()
-        deposits, withdrawals = sum(self._deposits), sum(self._withdrawals)
+        self._window.advance(self._slot())
+        deposits, withdrawals = self._window.totals
         return deposits * self.ratio + self.min_per_second * self.ttl - withdrawals
 
     def deposit(self) -> None:
         """Count one call (earns ``ratio`` of an extra request)."""
-        index = self._advance()
-        self._deposits[index] += 1
+        self._window.add(self._slot(), _DEPOSITS)
         shared = self._fleet()
         if shared is not None:
             shared.deposit()
@@ -139,5 +133,5 @@ class RetryBudget:
             return False
         # Counted here too, granted by the fleet or not: the local count is where the budget
         # starts from if the store goes away.
-        self._withdrawals[self._slot % _SLOTS] += 1
+        self._window.add(self._window.newest, _WITHDRAWALS)  # the slot the balance was read in
         return True

@@ -379,25 +379,16 @@ async def first(
             raise ValueError("first needs at least one awaitable")
         if accept is not None:
             _validation.function("first.accept", accept)
-        race = _Sources(_stagger(stagger), limit=len(awaitables), accept=accept)
+        delay = 0.0 if stagger is None else _validation.wait("first.stagger", stagger)
+        race = _Sources(delay, limit=len(awaitables), accept=accept)
         race.awaitables = awaitables
         with _within(limit, race.now()) as race.deadline:
             await race.run(awaitables[0])
-    if race.won >= 0 and not events.listening():
-        return race.winner  # type: ignore[no-any-return]
-    outcomes = race.outcomes()
     if events.listening():
-        _ended("first", race.now() - race.starts[0], outcomes)
+        _ended("first", race.now() - race.starts[0], race.outcomes())
     if race.won >= 0:
         return race.winner  # type: ignore[no-any-return]
-    raise NoAcceptableResult(outcomes)
-
-
-def _stagger(stagger: object) -> float:
-    """``first``'s delay between starts (``0.0``: all at once)."""
-    if stagger is None or (stagger == 0 and not isinstance(stagger, bool)):
-        return 0.0
-    return _validation.seconds("first.stagger", stagger)
+    raise NoAcceptableResult(race.outcomes())
 
 
 def _ended(kind: Literal["gather", "first"], elapsed: float, slots: Sequence[object]) -> None:

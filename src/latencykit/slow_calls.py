@@ -1,7 +1,7 @@
 """The story of a slow call: one log line per call that was slow or failed, with its attempts.
 
-:func:`log_slow_calls` subscribes to latencykit's events and writes, on the standard
-:mod:`logging` module, one record for each call that took longer than a threshold (and, by
+:class:`SlowCallLog` (``log_slow_calls``) subscribes to latencykit's events and writes, on the
+standard :mod:`logging` module, one record for each call that took longer than a threshold (and, by
 default, each call that failed): how long it took, how it ended, which target answered and
 whether it degraded, then every attempt in start order (target, why it was made, when it
 started, how long it ran, how it ended, the first chunk of a stream). The same data travels
@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import datetime
 import logging
-import math
 from typing import Any
 
-from . import events
+from . import _validation, events
 from ._context import Attempt
 from ._handle import Handle
 from ._values import ErrorKind
@@ -26,11 +25,31 @@ from ._values import ErrorKind
 __all__ = ["LOGGER", "SlowCallLog", "log_slow_calls"]
 
 LOGGER = "latencykit.slow_calls"
-"""The name of the logger :func:`log_slow_calls` writes to unless given another."""
+"""The name of the logger :class:`SlowCallLog` writes to unless given another."""
 
 
 class SlowCallLog(Handle):
-    """Handle of :func:`log_slow_calls`: ``close()`` it (or use ``with``) to stop logging.
+    """Log one line for each latencykit call slower than ``threshold`` (or failed), until
+    closed (``close()``, or the end of its ``with`` block); ``log_slow_calls`` is this class.
+
+    Args:
+        threshold: seconds (or ``timedelta``) a call may take before it is logged (default
+            ``1.0``; ``0`` logs every call). A stream's duration runs to its end.
+        logger: the logger, or its name (default ``None``: ``"latencykit.slow_calls"``).
+        level: the records' level (default ``logging.WARNING``).
+        failures: also log every call that failed, however fast (default ``True``). A call
+            cancelled by its caller is logged only when slow.
+
+    Each record's message is the call's story: duration, outcome (the error's class and
+    :class:`~latencykit.ErrorKind`, never its message), the target that answered, whether it
+    degraded, then each attempt in start order: number, why it was made (retry, hedge,
+    failover, fallback, resume; a primary says nothing), start offset from the call's start,
+    duration, outcome, and for a stream its first chunk. ``record.latencykit`` holds the same as
+    a dict of JSON-ready values (docs/stats.md lists its keys). Nested calls (a decorated
+    function calling ``lk.LLM``) are logged each on their own; ``parent_id`` ties them. Events
+    are built for every call while anybody subscribes (microseconds per call); the record is
+    written synchronously in the task that ended the call (use a ``QueueHandler`` if your
+    handlers block).
 
     Attributes:
         threshold: seconds above which a call is logged.
@@ -42,12 +61,23 @@ class SlowCallLog(Handle):
     __slots__ = ("_parents", "_subscription", "failures", "level", "logger", "threshold")
 
     def __init__(
-        self, threshold: float, logger: logging.Logger, level: int, failures: bool
+        self,
+        threshold: float | datetime.timedelta = 1.0,
+        *,
+        logger: logging.Logger | str | None = None,
+        level: int = logging.WARNING,
+        failures: bool = True,
     ) -> None:
-        self.threshold = threshold
-        self.logger = logger
+        self.threshold = _validation.wait("log_slow_calls.threshold", threshold)
+        if isinstance(logger, str) or logger is None:
+            logger = logging.getLogger(logger or LOGGER)
+        self.logger = _validation.instance(
+            "log_slow_calls.logger", logger, logging.Logger, "a logging.Logger or a name"
+        )
+        if isinstance(level, bool) or not isinstance(level, int):
+            raise TypeError(f"log_slow_calls.level must be a logging level (int), got {level!r}")
         self.level = level
-        self.failures = failures
+        self.failures = bool(failures)
         self._parents: dict[int, int] = {}  # call_id -> parent call_id, for nested calls
         self._subscription = events.subscribe(self._on_event)
 
@@ -126,54 +156,5 @@ def _value(kind: ErrorKind | None) -> str | None:
     return None if kind is None else kind.value
 
 
-def log_slow_calls(
-    threshold: float | datetime.timedelta = 1.0,
-    *,
-    logger: logging.Logger | str | None = None,
-    level: int = logging.WARNING,
-    failures: bool = True,
-) -> SlowCallLog:
-    """Log one line for each latencykit call slower than ``threshold`` (or failed), until the
-    returned handle is closed.
-
-    Args:
-        threshold: seconds (or ``timedelta``) a call may take before it is logged (default
-            ``1.0``; ``0`` logs every call). A stream's duration runs to its end.
-        logger: the logger, or its name (default ``None``: ``"latencykit.slow_calls"``).
-        level: the records' level (default ``logging.WARNING``).
-        failures: also log every call that failed, however fast (default ``True``). A call
-            cancelled by its caller is logged only when slow.
-
-    Each record's message is the call's story: duration, outcome (the error's class and
-    :class:`~latencykit.ErrorKind`, never its message), the target that answered, whether it
-    degraded, then each attempt in start order: number, why it was made (retry, hedge,
-    failover, fallback, resume; a primary says nothing), start offset from the call's start,
-    duration, outcome, and for a stream its first chunk. ``record.latencykit`` holds the same as
-    a dict of JSON-ready values (docs/stats.md lists its keys). Nested calls (a decorated
-    function calling ``lk.LLM``) are logged each on their own; ``parent_id`` ties them. Events
-    are built for every call while anybody subscribes (microseconds per call); the record is
-    written synchronously in the task that ended the call (use a ``QueueHandler`` if your
-    handlers block).
-    """
-    seconds = _seconds(threshold)
-    if isinstance(logger, str) or logger is None:
-        logger = logging.getLogger(logger or LOGGER)
-    if not isinstance(logger, logging.Logger):
-        raise TypeError(f"log_slow_calls.logger must be a logging.Logger or a name, got {logger!r}")
-    if isinstance(level, bool) or not isinstance(level, int):
-        raise TypeError(f"log_slow_calls.level must be a logging level (int), got {level!r}")
-    return SlowCallLog(seconds, logger, level, bool(failures))
-
-
-def _seconds(threshold: object) -> float:
-    """``threshold`` (a number or a ``timedelta``) in seconds >= 0, else a ``ValueError``."""
-    seconds = threshold.total_seconds() if isinstance(threshold, datetime.timedelta) else threshold
-    if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or not 0 <= seconds < math.inf
-    ):
-        raise ValueError(
-            f"log_slow_calls.threshold must be a number of seconds >= 0, got {threshold!r}"
-        )
-    return float(seconds)
+log_slow_calls = SlowCallLog
+"""The same class as :class:`SlowCallLog` (``lk.slow_calls.log_slow_calls(2.0)``)."""

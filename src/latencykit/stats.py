@@ -141,7 +141,7 @@ class LatencyWindow:
         self._add(-_clamp(seconds))
 
     def _add(self, value: float) -> None:
-        """Add a clamped latency, or a censoring time negated."""
+        """Add a clamped latency, or a censoring time negated (a sample in the fleet's form)."""
         now = self._clock()
         self._expire(now)
         if len(self._arrivals) >= self.max_samples:
@@ -193,8 +193,7 @@ class LatencyWindow:
         one of the completed latencies: when censored samples carry more than ``1 - q`` of the
         weight above the slowest completed one, that slowest one.
         """
-        self._expire(self._clock())
-        return self._quantile(q) if self._sorted else None
+        return (self.quantiles(q) or (None,))[0]
 
     def quantiles(self, *qs: float) -> tuple[float, ...]:
         """Several quantiles at once (one expiry pass); ``()`` without a completed sample."""
@@ -218,6 +217,57 @@ class LatencyWindow:
         """Censored samples in the window now (after dropping expired ones)."""
         self._expire(self._clock())
         return len(self._censored)
+
+
+class SlidingCounts:
+    """Counters summed over a sliding window (internal: the breaker's window, the retry
+    budget's): a ring of ``size`` buckets of ``width`` counters each, numbered by the caller
+    (a call's sequence number, or the time divided by a bucket's width).
+
+    Args:
+        size: buckets in the window.
+        width: counters in each bucket.
+
+    Attributes:
+        totals: each counter summed over the buckets in the window.
+        newest: the newest bucket's number (``-2**62`` before the first).
+    """
+
+    __slots__ = ("_buckets", "_size", "newest", "totals")
+
+    def __init__(self, size: int, width: int) -> None:
+        self._buckets = [[0] * width for _ in range(size)]
+        self._size = size
+        self.totals = [0] * width
+        self.newest = -(2**62)
+
+    def add(self, bucket: int, counter: int) -> None:
+        """Count one in counter number ``counter`` of bucket number ``bucket`` (of the newest,
+        if ``bucket`` is older)."""
+        if bucket > self.newest:
+            self.advance(bucket)
+        self._buckets[self.newest % self._size][counter] += 1
+        self.totals[counter] += 1
+
+    def advance(self, bucket: int) -> list[int]:
+        """Make ``bucket`` the newest, emptying the buckets that slid out; return the newest
+        bucket's counters (a number going backwards leaves the newest as it is)."""
+        buckets, size = self._buckets, self._size
+        if bucket > self.newest:
+            for stale in range(max(self.newest + 1, bucket - size + 1), bucket + 1):
+                self._empty(buckets[stale % size])
+            self.newest = bucket
+        return buckets[self.newest % size]
+
+    def clear(self) -> None:
+        """Empty every bucket."""
+        for bucket in self._buckets:
+            self._empty(bucket)
+
+    def _empty(self, bucket: list[int]) -> None:
+        for i, count in enumerate(bucket):
+            self.totals[i] -= count
+            bucket[i] = 0
 
 
 # --- the per-target record ------------------------------------------------------------------
@@ -472,8 +522,7 @@ class Recorder:
         shared: _fleet.SharedStore | None = None,
     ) -> None:
         LatencyWindow(window=window, max_samples=max_samples)  # invalid options fail now
-        if shared is not None and not isinstance(shared, _fleet.SharedStore):
-            raise TypeError(f"Recorder.shared must be a SharedStore (RedisStore), got {shared!r}")
+        _validation.optional("Recorder.shared", shared, _fleet.SharedStore, "a RedisStore")
         self.window = float(window)
         self.max_samples = max_samples
         self.shared = shared
@@ -504,7 +553,7 @@ class Recorder:
         if not per_token and (link := self._link(target, ttft)) is not None:
             incoming = link[2]
             while incoming:  # the other processes' samples, read by the store since
-                _feed(found, incoming.popleft())
+                found._add(incoming.popleft())
         return found
 
     def _link(
@@ -524,7 +573,7 @@ class Recorder:
     def _sample(self, target: str, seconds: float, *, ttft: bool = False) -> None:
         """Feed one sample (negative: censored) to ``target``'s window and to the fleet's."""
         value = math.copysign(_clamp(abs(seconds)), seconds)
-        _feed(self.latency_window(target, ttft=ttft), value)
+        self.latency_window(target, ttft=ttft)._add(value)
         link = self._link(target, ttft)
         if link is not None:
             link[1].record(value)
@@ -563,7 +612,7 @@ class Recorder:
             window = self.waits[target] = LatencyWindow(
                 window=self.window, max_samples=self.max_samples
             )
-        _feed(window, -seconds if censored else seconds)
+        (window.record_censored if censored else window.record)(seconds)
 
     def output_rate(self, target: str, seconds: float, tokens: int) -> None:
         """A response from ``target`` produced ``tokens`` output tokens in ``seconds`` (its
@@ -620,11 +669,3 @@ class Recorder:
             connection_wait=_percentiles(self.waits.get(target)),
             waiting=0 if waiting is None else waiting(target),
         )
-
-
-def _feed(window: LatencyWindow, value: float) -> None:
-    """Add a sample to ``window``: a latency, or negative a censoring time."""
-    if value > 0:
-        window.record(value)
-    else:
-        window.record_censored(-value)

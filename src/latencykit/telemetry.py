@@ -179,10 +179,11 @@ _BUCKETS = {
 class _Report(NamedTuple):
     """How a policy's decision is exported: a span event on its call's span, and a count."""
 
-    name: str | None  # the span event's (None: counted only)
+    name: str | None  # the span event's (None: counted only, or with `annotates`)
     attributes: Mapping[str, str]  # attribute -> the event's field (None values are left out)
     counter: tuple[str, ...] = ()  # the counter it adds one to, then the attributes it keeps
     tag: Mapping[str, str] = {}  # constant attributes of the counter
+    annotates: bool = False  # the attributes are set on the call's span (no span event)
 
 
 _REPORTS: dict[type[events.Event], _Report] = {
@@ -280,6 +281,12 @@ _REPORTS: dict[type[events.Event], _Report] = {
     events.StoreUnavailable: _Report(
         None, {_STORE_REASON: "reason"}, ("latencykit.store.unavailable", _STORE_REASON)
     ),
+    events.Routed: _Report(
+        None,
+        {"latencykit.route.target": "target", "latencykit.route.reason": "reason"},
+        annotates=True,
+    ),
+    events.CacheLookup: _Report(None, {"latencykit.cache.hit": "hit"}, annotates=True),
 }
 
 
@@ -374,10 +381,19 @@ class _Call:
             return self.attributes
         return {**_endpoint_attributes(answering), _REQUEST_MODEL: self.endpoint.model}
 
-    def end(self) -> None:
+    def end(self, attributes: Mapping[str, Any] = {}, failed: bool = False) -> None:
         for span in self.attempts.values():  # attempts that never reported their end
             span.end()
-        self.span.end()
+        _end(self.span, attributes, failed)
+
+
+def _end(span: trace.Span, attributes: Mapping[str, Any], failed: bool) -> None:
+    """End ``span`` with the ``attributes`` that have a value, its status an error if
+    ``failed``."""
+    if failed:
+        span.set_status(Status(StatusCode.ERROR))
+    span.set_attributes(_present(attributes))
+    span.end()
 
 
 def _end_attempt(span: trace.Span, record: Attempt, loser: bool) -> None:
@@ -390,10 +406,7 @@ def _end_attempt(span: trace.Span, record: Attempt, loser: bool) -> None:
         _ERROR_TYPE: record.error_type,
         _ERROR_KIND: None if record.error_type is None else record.error_kind,
     }
-    if record.error_type is not None:
-        span.set_status(Status(StatusCode.ERROR))
-    span.set_attributes(_present(attributes))
-    span.end()
+    _end(span, attributes, record.error_type is not None)
 
 
 _NO_ENDPOINT = Endpoint("")
@@ -407,7 +420,19 @@ def _observe_waiting(options: metrics.CallbackOptions) -> list[metrics.Observati
 
 
 class Instrumentation(Handle):
-    """The handle :func:`instrument` returns: ``close()`` (or leave its ``with`` block) to stop.
+    """Export latencykit's calls as OpenTelemetry spans and metrics until closed (``close()``,
+    or the end of its ``with`` block); ``instrument`` is this class.
+
+    Args:
+        tracer_provider: where spans go (default ``None``: the global provider, as set by
+            ``opentelemetry.trace.set_tracer_provider`` or the SDK's auto-configuration).
+        meter_provider: where metrics go (default ``None``: the global provider).
+        capture_content: export prompt and answer text as ``gen_ai.input.messages`` and
+            ``gen_ai.output.messages`` (default ``None``: only if the environment variable
+            ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true``; off otherwise).
+
+    Calling it twice exports everything twice: keep one handle per process (close it at
+    shutdown, or use it as a ``with`` block in tests).
 
     Attributes:
         capture_content: whether prompt and answer text are exported.
@@ -467,8 +492,6 @@ class Instrumentation(Handle):
             events.AttemptEnded: self._attempt_ended,
             events.CallEnded: self._call_ended,
             events.FirstToken: self._first_token,
-            events.Routed: self._routed,
-            events.CacheLookup: self._cache_lookup,
             events.StageStarted: self._stage_started,
             events.StageEnded: self._stage_ended,
         }
@@ -518,7 +541,11 @@ class Instrumentation(Handle):
         elif isinstance(event, events.BreakerStateChanged):
             self._breaker_state.set(_BREAKER_STATE[event.to_state], {_TARGET: event.key})
         call = self._calls.get(event.call_id)
-        if call is not None and report.name is not None:
+        if call is None:
+            return
+        if report.annotates:
+            call.span.set_attributes(attributes)
+        elif report.name is not None:
             call.span.add_event(report.name, attributes)
 
     def _parent_context(self, parent_id: int | None, attempt: int) -> Context | None:
@@ -621,8 +648,6 @@ class Instrumentation(Handle):
             _ERROR_TYPE: error,
             _ERROR_KIND: None if error is None else event.error_kind,
         }
-        if event.outcome == "error":
-            call.span.set_status(Status(StatusCode.ERROR))
         if call.genai:
             if event.response_model is not None:
                 measured[_RESPONSE_MODEL] = event.response_model
@@ -636,8 +661,7 @@ class Instrumentation(Handle):
                 _OUTPUT_MESSAGES: _answer(event),
             }
             self._measure_answer(event, measured)
-        call.span.set_attributes(_present(shown))
-        call.end()
+        call.end(shown, event.outcome == "error")
         duration = "gen_ai.client.operation.duration" if call.genai else "latencykit.call.duration"
         self._histograms[duration].record(event.duration, measured)
 
@@ -649,18 +673,6 @@ class Instrumentation(Handle):
             if count is not None:
                 tokens = self._histograms["gen_ai.client.token.usage"]
                 tokens.record(count, {**measured, _TOKEN_TYPE: kind})
-
-    def _routed(self, event: events.Routed) -> None:
-        call = self._calls.get(event.call_id)
-        if call is not None:
-            call.span.set_attributes(
-                {"latencykit.route.target": event.target, "latencykit.route.reason": event.reason}
-            )
-
-    def _cache_lookup(self, event: events.CacheLookup) -> None:
-        call = self._calls.get(event.call_id)
-        if call is not None:
-            call.span.set_attribute("latencykit.cache.hit", event.hit)
 
     def _first_token(self, event: events.FirstToken) -> None:
         call = self._calls.get(event.call_id)
@@ -687,41 +699,14 @@ class Instrumentation(Handle):
         if call is None:
             return
         record = event.record
-        call.span.set_attributes(
-            {
-                "latencykit.stage.spent": record.spent,
-                "latencykit.stage.outcome": record.outcome,
-                "latencykit.stage.overran": record.overran,
-                "latencykit.stage.attempts": record.attempts,
-            }
-        )
-        if record.outcome in ("error", "overran"):
-            call.span.set_status(Status(StatusCode.ERROR))
-        call.end()
+        attributes = {
+            "latencykit.stage.spent": record.spent,
+            "latencykit.stage.outcome": record.outcome,
+            "latencykit.stage.overran": record.overran,
+            "latencykit.stage.attempts": record.attempts,
+        }
+        call.end(attributes, record.outcome in ("error", "overran"))
 
 
-def instrument(
-    *,
-    tracer_provider: trace.TracerProvider | None = None,
-    meter_provider: metrics.MeterProvider | None = None,
-    capture_content: bool | None = None,
-) -> Instrumentation:
-    """Export latencykit's calls as OpenTelemetry spans and metrics until the returned handle is
-    closed.
-
-    Args:
-        tracer_provider: where spans go (default ``None``: the global provider, as set by
-            ``opentelemetry.trace.set_tracer_provider`` or the SDK's auto-configuration).
-        meter_provider: where metrics go (default ``None``: the global provider).
-        capture_content: export prompt and answer text as ``gen_ai.input.messages`` and
-            ``gen_ai.output.messages`` (default ``None``: only if the environment variable
-            ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` is ``true``; off otherwise).
-
-    Calling it twice exports everything twice: keep one handle per process (close it at
-    shutdown, or use it as a ``with`` block in tests).
-    """
-    return Instrumentation(
-        tracer_provider=tracer_provider,
-        meter_provider=meter_provider,
-        capture_content=capture_content,
-    )
+instrument = Instrumentation
+"""The same class as :class:`Instrumentation` (``lk.telemetry.instrument()``)."""

@@ -171,15 +171,32 @@ class StageScope(DeadlineScope, _AlsoAsync):
 
 class StageBudget(_AlsoAsync):
     """A named stage with a budget: a context manager (``with`` and ``async with``) and a
-    decorator. Create it with :func:`stage`; each ``with`` block (or decorated call) is one
-    stage of the turn it runs in, with a fresh budget."""
+    decorator; ``lk.stage`` is this class. Each ``with`` block (or decorated call) is one stage
+    of the turn it runs in, with a fresh budget.
+
+    Args:
+        name: the stage's name (required, non-empty).
+        budget: seconds (float or ``timedelta``) for the stage (default ``None``: no budget of
+            its own, whatever the turn has left).
+
+    Use it as ``async with lk.stage("retrieval", budget=0.3):`` (or plain ``with``), or as a
+    decorator ``@lk.stage("rerank", budget=0.1)`` on an async function. The stage gets its
+    budget, never more than what remains of the enclosing deadline; what it does not use stays
+    with the turn. When its time runs out, everything inside is cancelled and
+    :class:`~latencykit.DeadlineExceeded` is raised with ``stage`` (its name) and ``ledger``
+    (the turn's :class:`Ledger`) set. Stages nest; stages of one turn (one deadline, or one
+    decorated call) share its ledger, which ``lk.ledger()`` returns. A stage outside any deadline
+    is a turn of its own.
+
+    Raises:
+        ValueError: ``name`` is empty, or ``budget`` is not positive and finite.
+        TypeError: ``name`` is not a string, or ``budget`` is not a number or ``timedelta``.
+    """
 
     __slots__ = ("_active", "budget", "name")
 
     def __init__(self, name: str, budget: float | datetime.timedelta | None = None) -> None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"stage.name must be a non-empty string, got {name!r}")
-        self.name = name
+        self.name = _validation.text("stage.name", name)
         self.budget = None if budget is None else _validation.seconds("stage.budget", budget)
         self._active: PerTask[StageScope] = PerTask()
 
@@ -208,21 +225,5 @@ class StageBudget(_AlsoAsync):
         return staged
 
 
-def stage(name: str, budget: float | datetime.timedelta | None = None) -> StageBudget:
-    """A stage of the current turn called ``name``, with ``budget`` seconds (float or
-    ``timedelta``; default ``None``: no budget of its own, whatever the turn has left).
-
-    Use it as ``async with lk.stage("retrieval", budget=0.3):`` (or plain ``with``), or as a
-    decorator ``@lk.stage("rerank", budget=0.1)`` on an async function. The stage gets its
-    budget, never more than what remains of the enclosing deadline; what it does not use stays
-    with the turn. When its time runs out, everything inside is cancelled and
-    :class:`~latencykit.DeadlineExceeded` is raised with ``stage`` (its name) and ``ledger``
-    (the turn's :class:`Ledger`) set. Stages nest; stages of one turn (one deadline, or one
-    decorated call) share its ledger, which ``lk.ledger()`` returns. A stage outside any deadline
-    is a turn of its own.
-
-    Raises:
-        ValueError: ``name`` is empty, or ``budget`` is not positive and finite.
-        TypeError: ``budget`` is not a number or ``timedelta``.
-    """
-    return StageBudget(name, budget)
+stage = StageBudget
+"""The same class as :class:`StageBudget` (``lk.stage("retrieval", budget=0.3)``)."""

@@ -50,6 +50,7 @@ from ..errors import (
 from ..events import BreakerRejected, BreakerStateChanged, Event
 from ..fleet.redis import BreakerOptions, BreakerView, SharedBreaker
 from ..pipeline import Call, Next, PolicyDecorator, Stage
+from ..stats import SlidingCounts
 from ..stream import Stream, StreamOutcome
 
 __all__ = [
@@ -197,20 +198,7 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
     """
 
     stage = Stage.BREAKER
-    key: str
-    window_type: Literal["count", "time"]
-    window_size: float
-    minimum_calls: int
-    failure_rate: float
-    slow_call_rate: float
-    slow_call_duration: float
-    open_duration: float
-    max_open_duration: float | None
-    half_open_calls: int
-    counts: Callable[[BaseException], bool]
-    shared: _fleet.SharedStore | None
-    clock: Callable[[], float]
-    _options: dict[str, object]
+    window_size: float  # an int for a count window
 
     def __init__(
         self,
@@ -257,14 +245,10 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
         _validation.function("breaker.clock", clock)
         self.clock = clock
         self._options = {name: getattr(self, name) for name in _OPTIONS} | {"counts": counts}
-        self._start()
-
-    def _start(self) -> None:
-        """The state of a new breaker: closed, with an empty window."""
+        # The state of a new breaker: closed, with an empty window.
         self._lock = threading.Lock()
         self._state, self._period, self._since, self._open_for = _CLOSED, 0, 0.0, self.open_duration
         self._probes = self._probe_calls = self._probe_failures = self._probe_slow = 0
-        self._calls = self._failures = self._slow = 0
         self._closed_permit = BreakerPermit(0, False)
         fields = BreakerOptions._fields
         self._fleet_options = BreakerOptions(*(getattr(self, name) for name in fields))
@@ -275,23 +259,21 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
         window's bucket holds one call, a time window's ``window_size / TIME_BUCKETS``
         seconds of calls."""
         if self.window_type == "count":
-            self.window_size = self._size = _validation.count("breaker.window_size", size)
-            if self.minimum_calls > self._size:
+            self.window_size = calls = _validation.count("breaker.window_size", size)
+            if self.minimum_calls > calls:
                 raise ValueError(
                     f"breaker.minimum_calls ({self.minimum_calls}) must not exceed "
-                    f"breaker.window_size ({self._size}) for a count window: it could never open"
+                    f"breaker.window_size ({calls}) for a count window: it could never open"
                 )
-            self._bucket_width = 0.0
+            self._window, self._bucket_width = SlidingCounts(calls, 3), 0.0
         elif self.window_type == "time":
             self.window_size = _validation.seconds("breaker.window_size", size)
-            self._size, self._bucket_width = TIME_BUCKETS, self.window_size / TIME_BUCKETS
+            self._window = SlidingCounts(TIME_BUCKETS, 3)
+            self._bucket_width = self.window_size / TIME_BUCKETS
         else:
             raise ValueError(
                 f"breaker.window_type must be 'count' or 'time', got {self.window_type!r}"
             )
-        # The newest bucket's number: none yet, so the first call (or its clock) sets it.
-        self._cursor = -(2**62)
-        self._window = [0] * (3 * self._size)
 
     def _same_options(self, other: Breaker) -> None:
         """Raise unless ``other`` (a new breaker of this key) was given the same options."""
@@ -315,30 +297,12 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
 
     # --- the local state (always under self._lock) ------------------------------------------
 
-    def _clear_window(self) -> None:
-        self._window[:] = [0] * len(self._window)
-        self._calls = self._failures = self._slow = 0
-
-    def _advance(self, bucket: int) -> int:
-        """Make ``bucket`` the newest: drop the buckets that slid out; return its offset."""
-        cursor = self._cursor
-        if bucket > cursor:
-            window, size = self._window, self._size
-            for stale in range(max(cursor + 1, bucket - size + 1), bucket + 1):
-                at = (stale % size) * 3
-                self._calls -= window[at]
-                self._failures -= window[at + 1]
-                self._slow -= window[at + 2]
-                window[at] = window[at + 1] = window[at + 2] = 0
-            self._cursor = cursor = bucket
-        return (cursor % self._size) * 3  # a clock going backwards lands in the newest bucket
-
     def _bucket(self) -> int:
         """The bucket a call ending now goes to (a count window: a new one, the oldest call
         making room)."""
         if self._bucket_width:
             return math.floor(self.clock() / self._bucket_width)
-        return self._cursor + 1
+        return self._window.newest + 1
 
     def _move(self, to: BreakerState, now: float) -> BreakerStateChanged | None:
         """Enter state ``to``; return the event to emit (once the lock is released)."""
@@ -347,7 +311,7 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
             if self._state is _HALF_OPEN:
                 calls, failed, slow = self._probe_calls, self._probe_failures, self._probe_slow
             else:
-                calls, failed, slow = self._calls, self._failures, self._slow
+                calls, failed, slow = self._window.totals
             trace = trace_var.get()
             event = BreakerStateChanged(
                 call_id=0 if trace is None else trace.call_id,
@@ -366,7 +330,7 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
         elif to is _HALF_OPEN:
             self._probes = self._probe_calls = self._probe_failures = self._probe_slow = 0
         elif to is _CLOSED:
-            self._clear_window()
+            self._window.clear()
             self._open_for = self.open_duration
         self._since = now
         self._state = to
@@ -459,9 +423,10 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
         self._refresh()
         with self._lock:
             if self._bucket_width:  # a time window: drop the calls that slid out
-                self._advance(math.floor(self.clock() / self._bucket_width))
+                self._window.advance(self._bucket())
             in_flight = self._probes - self._probe_calls if self._state is _HALF_OPEN else 0
-            return _metrics(self._state, self._calls, self._failures, self._slow, in_flight)
+            calls, failures, slow = self._window.totals
+            return _metrics(self._state, calls, failures, slow, in_flight)
 
     def allows(self) -> bool:
         """Whether a call would be admitted now, without taking a permit (nor emitting
@@ -606,26 +571,23 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
     def _count(self, failed: bool, slow: bool) -> BreakerStateChanged | None:
         """Count a closed call; open if the window's rates reach a threshold."""
         self._tally(failed, slow)
-        if self._calls >= self.minimum_calls and self._trips(
-            self._calls, self._failures, self._slow
-        ):
+        calls, failures, slow_calls = self._window.totals
+        if calls >= self.minimum_calls and self._trips(calls, failures, slow_calls):
             return self._move(_OPEN, self.clock())
         return None
+
+    def _tally(self, failed: bool, slow: bool) -> None:
+        """Add one call to the window (its counters: calls, failures, slow calls)."""
+        bucket, window = self._bucket(), self._window
+        window.add(bucket, 0)
+        if failed:
+            window.add(bucket, 1)
+        if slow:
+            window.add(bucket, 2)
 
     def _trips(self, calls: int, failures: int, slow: int) -> bool:
         """Whether these rates reach a threshold."""
         return failures / calls >= self.failure_rate or slow / calls >= self.slow_call_rate
-
-    def _tally(self, failed: bool, slow: bool) -> None:
-        """Add one call to the window."""
-        at = self._advance(self._bucket())
-        window = self._window
-        window[at] += 1
-        window[at + 1] += failed
-        window[at + 2] += slow
-        self._calls += 1
-        self._failures += failed
-        self._slow += slow
 
     def isolate(self) -> None:
         """Force the breaker open (``FORCED_OPEN``): every call is refused until :meth:`reset`.
@@ -648,7 +610,7 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
             if self._state is not to:
                 event = self._move(to, now)
             elif to is _CLOSED:  # a new period with an empty window
-                self._clear_window()
+                self._window.clear()
                 self._period += 1
                 self._since = now
         self._emit(event)

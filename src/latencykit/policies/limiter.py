@@ -39,7 +39,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -169,22 +169,21 @@ class Quota:
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        for rate_field, field, low in (
+        for rate_name, burst_name, low in (
             ("requests_per_second", "request_burst", 1.0),
             ("tokens_per_minute", "token_burst", 0.0),
         ):
-            rate, burst = getattr(self, rate_field), getattr(self, field)
+            rate, burst = getattr(self, rate_name), getattr(self, burst_name)
             if rate is None:
                 if burst is not None:
-                    raise ValueError(f"Quota.{field} needs Quota.{rate_field}")
+                    raise ValueError(f"Quota.{burst_name} needs Quota.{rate_name}")
                 continue
-            rate = _validation.number(f"Quota.{rate_field}", rate, above=True)
+            rate = _validation.number(f"Quota.{rate_name}", rate, above=True)
             if burst is None:  # a second's worth of requests (at least one), a minute's of tokens
                 burst = max(low, rate)
-            object.__setattr__(self, rate_field, rate)
-            object.__setattr__(
-                self, field, _validation.number(f"Quota.{field}", burst, low, above=not low)
-            )
+            burst = _validation.number(f"Quota.{burst_name}", burst, low, above=not low)
+            object.__setattr__(self, rate_name, rate)
+            object.__setattr__(self, burst_name, burst)
         if self.concurrency is not None:
             _validation.count("Quota.concurrency", self.concurrency)
         object.__setattr__(
@@ -205,9 +204,10 @@ class _Buckets:
     users, many and brief). ``quota.lua`` is the same bucket for a fleet.
     """
 
-    __slots__ = ("_buckets", "_lock", "_prune_at")
+    __slots__ = ("_buckets", "_clock", "_lock", "_prune_at")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = clock) -> None:
+        self._clock = clock
         self._buckets: dict[str, list[float]] = {}  # key -> [tokens, updated at, rate, burst]
         self._lock = threading.Lock()
         self._prune_at = _PRUNE_FROM
@@ -215,9 +215,7 @@ class _Buckets:
     def __len__(self) -> int:
         return len(self._buckets)
 
-    def take(
-        self, key: str, amount: float, *, rate: float, burst: float, now: float, max_wait: float
-    ) -> float:
+    def take(self, key: str, amount: float, *, rate: float, burst: float, max_wait: float) -> float:
         """Take ``amount`` tokens if they are there within ``max_wait`` seconds, and return
         the wait (``0.0``: now).
 
@@ -227,6 +225,7 @@ class _Buckets:
         behind). Otherwise nothing is taken: a wait above ``max_wait`` says so. A negative
         ``amount`` gives tokens back (never above ``burst``) and returns ``0.0``.
         """
+        now = self._clock()
         with self._lock:
             bucket = self._buckets.get(key)
             if bucket is None:
@@ -245,8 +244,14 @@ class _Buckets:
             bucket[0] = tokens - amount if wait <= max_wait else tokens
             return wait
 
-    def level(self, key: str, *, rate: float, burst: float, now: float) -> float:
-        """The tokens bucket ``key`` holds at ``now`` (negative while reserved ahead)."""
+    def adjust(self, key: str, amount: float, *, rate: float, burst: float) -> None:
+        """Charge ``amount`` more tokens (into debt if need be), or give them back when
+        negative: what the shared store's ``adjust`` does to the fleet's bucket."""
+        self.take(key, amount, rate=rate, burst=burst, max_wait=math.inf)
+
+    def level(self, key: str, *, rate: float, burst: float) -> float:
+        """The tokens bucket ``key`` holds now (negative while reserved ahead)."""
+        now = self._clock()
         with self._lock:
             tokens, at = self._buckets.get(key, (burst, now))[:2]
             return min(burst, tokens + max(0.0, now - at) * rate)
@@ -255,20 +260,18 @@ class _Buckets:
 # --- fair slots --------------------------------------------------------------------------------
 
 
+@dataclass(slots=True, eq=False)
 class _Waiter:
     """One call waiting for a slot; ``granted`` is set (under the limiter's lock) when a slot is
     handed to it, then ``event`` wakes it."""
 
-    __slots__ = ("event", "granted", "queue", "thread", "threadsafe")
-
-    def __init__(self, queue: _Queue) -> None:
-        self.event = anyio.Event()
-        self.granted = False
-        self.queue = queue
-        self.thread = threading.get_ident()
-        # A limiter shared by event loops in several threads may free a slot in another
-        # thread than the waiter's: the wake-up must then go through the waiter's loop.
-        self.threadsafe = threadsafe_caller()
+    queue: _Queue
+    event: anyio.Event = field(default_factory=anyio.Event)
+    granted: bool = False
+    # A limiter shared by event loops in several threads may free a slot in another thread
+    # than the waiter's: the wake-up must then go through the waiter's loop.
+    thread: int = field(default_factory=threading.get_ident)
+    threadsafe: Callable[[Callable[[], object]], object] = field(default_factory=threadsafe_caller)
 
     def wake(self) -> None:
         try:
@@ -280,19 +283,18 @@ class _Waiter:
             logger.debug("latencykit limiter: a waiter's event loop is closed", exc_info=True)
 
 
+@dataclass(slots=True, eq=False)
 class _Queue:
     """The waiters of one tenant for one set of slots (FIFO), and its place in the rotation."""
 
-    __slots__ = ("key", "pass_", "queued", "waiters", "weight")
-
-    def __init__(self, key: str, weight: float, pass_: float) -> None:
-        self.key = key
-        self.weight = weight
-        self.pass_ = pass_  # virtual time of its next turn: lower goes first
-        self.queued = False  # has an entry in the heap
-        self.waiters: deque[_Waiter] = deque()
+    key: str
+    weight: float
+    pass_: float  # virtual time of its next turn: lower goes first
+    queued: bool = False  # has an entry in the heap
+    waiters: deque[_Waiter] = field(default_factory=deque)
 
 
+@dataclass(slots=True, eq=False)
 class _Slots:
     """A counting semaphore whose waiters are served fairly across queues (tenants).
 
@@ -304,15 +306,12 @@ class _Slots:
     the limiter holds its lock around every method.
     """
 
-    __slots__ = ("_heap", "_seq", "_vtime", "in_use", "limit", "queues")
-
-    def __init__(self, limit: float) -> None:
-        self.limit = limit
-        self.in_use = 0
-        self.queues: dict[str, _Queue] = {}
-        self._heap: list[tuple[float, int, _Queue]] = []
-        self._seq = itertools.count()
-        self._vtime = 0.0
+    limit: float
+    in_use: int = 0
+    queues: dict[str, _Queue] = field(default_factory=dict)
+    _heap: list[tuple[float, int, _Queue]] = field(default_factory=list)
+    _seq: Iterator[int] = field(default_factory=itertools.count)
+    _vtime: float = 0.0
 
     @property
     def idle(self) -> bool:
@@ -392,33 +391,29 @@ class LimiterSnapshot:
     buckets: Mapping[str, float]
 
 
+# A bucket charge: key, amount, rate, burst, and who holds the bucket (the fleet's store, or
+# the limiter's own buckets when the store is unset or could not answer).
+_Charge = tuple[str, float, float, float, "_Buckets | _fleet.SharedStore"]
+
+
+@dataclass(slots=True, eq=False)
 class _Permit:
     """One call through the limiter: whom it is for, when it arrived, and what it holds (its
     slots, and the bucket charges to refund or reconcile)."""
 
-    __slots__ = (
-        "call",
-        "charges",
-        "loop",
-        "quota",
-        "released",
-        "started",
-        "target_slots",
-        "tenant",
-        "tenant_slots",
-        "tokens",
-    )
+    call: Call
+    tenant: str
+    quota: Quota | None
+    loop: Backend = field(default_factory=backend)
+    started: float = field(init=False)
+    tenant_slots: _Slots | None = None
+    target_slots: _Slots | None = None
+    charges: list[_Charge] = field(default_factory=list)
+    tokens: _Charge | None = None  # the token charge
+    released: bool = False
 
-    def __init__(self, call: Call, tenant: str, quota: Quota | None) -> None:
-        self.call, self.tenant, self.quota = call, tenant, quota
-        self.loop = backend()
+    def __post_init__(self) -> None:
         self.started = self.loop.now()
-        self.tenant_slots: _Slots | None = None
-        self.target_slots: _Slots | None = None
-        # key, amount, rate, burst, and whether a shared store holds the bucket
-        self.charges: list[tuple[str, float, float, float, bool]] = []
-        self.tokens: tuple[str, float, float, float, bool] | None = None  # the token charge
-        self.released = False
 
     def waited(self) -> float:
         return self.loop.now() - self.started
@@ -570,67 +565,50 @@ class Limiter(PolicyDecorator):
 
     def _slots(self, kind: LimitKind, key: str, quota: Quota | None) -> _Slots:
         """The slots a call of ``key`` (a tenant or a target) takes; under the lock."""
-        if kind == "tenant_concurrency":
-            slots = self._tenants.get(key)
-            if slots is None:
-                if len(self._tenants) >= self._prune_at:  # forget the idle tenants
-                    self._prune_at = _forget(self._tenants, lambda slots: slots.idle)
-                cap = quota.concurrency if quota is not None else None
-                slots = self._tenants[key] = _Slots(_UNLIMITED if cap is None else cap)
-            return slots
-        slots = self._targets.get(key)
+        of_tenant = kind == "tenant_concurrency"
+        kept = self._tenants if of_tenant else self._targets
+        slots = kept.get(key)
         if slots is None:
-            slots = self._targets[key] = _Slots(self._limit_of(key))
+            if of_tenant and len(kept) >= self._prune_at:  # forget the idle tenants
+                self._prune_at = _forget(kept, lambda slots: slots.idle)
+            if of_tenant:
+                cap = None if quota is None else quota.concurrency
+            else:
+                limit = self.concurrency
+                cap = limit.get(key) if isinstance(limit, Mapping) else limit
+            slots = kept[key] = _Slots(_UNLIMITED if cap is None else cap)
         return slots
-
-    def _limit_of(self, key: str) -> float:
-        limit = self.concurrency
-        if isinstance(limit, Mapping):
-            return limit.get(key, _UNLIMITED)
-        return _UNLIMITED if limit is None else limit
 
     # --- rates --------------------------------------------------------------------------------
 
     async def _take_quotas(self, permit: _Permit, quota: Quota) -> None:
-        wanted = [
-            (
-                kind,
-                key,
-                1.0 if kind == "requests" else float(self._tokens(permit.call)),
-                rate,
-                burst,
-            )
-            for kind, key, rate, burst in _buckets(permit.tenant, quota)
-        ]
-        now = permit.loop.now()
-        room = self._room(permit.started, now)
-        longest, longest_kind = 0.0, wanted[0][0]
-        for kind, key, amount, rate, burst in wanted:
-            wait, fleet = await self._take(key, amount, rate, burst, now, room)
+        room = self._room(permit.started, permit.loop.now())
+        longest: tuple[float, LimitKind] = (0.0, "requests")  # the longest wait, and for what
+        for kind, key, rate, burst in _buckets(permit.tenant, quota):
+            amount = 1.0 if kind == "requests" else float(self._tokens(permit.call))
+            wait, holder = await self._take(key, amount, rate, burst, room)
             if wait > room:  # nothing taken: it cannot fit, say so now rather than wait to fail
                 raise self._refused(permit, kind, wait)
-            charge = (key, amount, rate, burst, fleet)
+            charge = (key, amount, rate, burst, holder)
             permit.charges.append(charge)
             if kind == "tokens":
                 permit.tokens = charge
-            if wait > longest:
-                longest, longest_kind = wait, kind
-        if longest > 0:
-            await anyio.sleep(longest)  # the tokens are reserved: they are ours after it
-            _report(LimitWaited, permit, longest_kind, longest)
+            longest = max(longest, (wait, kind))
+        wait, kind = longest
+        if wait > 0:
+            await anyio.sleep(wait)  # the tokens are reserved: they are ours after it
+            _report(LimitWaited, permit, kind, wait)
 
     async def _take(
-        self, key: str, amount: float, rate: float, burst: float, now: float, room: float
-    ) -> tuple[float, bool]:
-        """Take from bucket ``key``: the wait, and whether the fleet's bucket was taken from."""
-        shared = self.shared or _fleet._current
-        if shared is not None:
-            wait = await shared.take(key, amount, rate=rate, burst=burst, max_wait=room)
+        self, key: str, amount: float, rate: float, burst: float, room: float
+    ) -> tuple[float, _Buckets | _fleet.SharedStore]:
+        """Take from bucket ``key``: the wait, and who holds the bucket taken from."""
+        store = self.shared or _fleet._current
+        if store is not None:
+            wait = await store.take(key, amount, rate=rate, burst=burst, max_wait=room)
             if wait is not None:  # None: the store could not answer; count locally
-                return wait, True
-        return self._buckets.take(
-            key, amount, rate=rate, burst=burst, now=now, max_wait=room
-        ), False
+                return wait, store
+        return self._buckets.take(key, amount, rate=rate, burst=burst, max_wait=room), self._buckets
 
     def _tokens(self, call: Call) -> int:
         cost = (self.tokens_of or _llm_tokens)(call)
@@ -704,22 +682,11 @@ class Limiter(PolicyDecorator):
             if waiter is not None:
                 waiter.wake()
         if refund:
-            now = clock()
-            for key, amount, rate, burst, fleet in permit.charges:
-                self._adjust(key, -amount, rate, burst, fleet, now)
+            for key, amount, rate, burst, holder in permit.charges:
+                holder.adjust(key, -amount, rate=rate, burst=burst)
         elif permit.tokens is not None and (extra := _unbilled(permit.tokens[1], usage)):
-            key, _, rate, burst, fleet = permit.tokens  # charge (into debt) or refund the rest
-            self._adjust(key, extra, rate, burst, fleet, clock())
-
-    def _adjust(
-        self, key: str, amount: float, rate: float, burst: float, fleet: bool, now: float
-    ) -> None:
-        """Charge ``amount`` more (a refund when negative) to the bucket that was charged."""
-        store = self.shared or _fleet._current
-        if fleet and store is not None:
-            store.adjust(key, amount, rate=rate, burst=burst)
-        else:
-            self._buckets.take(key, amount, rate=rate, burst=burst, now=now, max_wait=math.inf)
+            key, _, rate, burst, holder = permit.tokens  # charge (into debt) or refund the rest
+            holder.adjust(key, extra, rate=rate, burst=burst)
 
     # --- events and errors --------------------------------------------------------------------
 
@@ -746,12 +713,11 @@ class Limiter(PolicyDecorator):
                 for who, queue in slots.queues.items()
                 for _ in queue.waiters
             )
-        now = clock()
         buckets: dict[str, float] = {}
         for who in dict.fromkeys([*by_tenant, *waiting, *self.quotas, *tenants]):
             quota = self.quotas.get(who, self.tenant_quota)
             for _, key, rate, burst in () if quota is None else _buckets(who, quota):
-                buckets[key] = self._buckets.level(key, rate=rate, burst=burst, now=now)
+                buckets[key] = self._buckets.level(key, rate=rate, burst=burst)
         return LimiterSnapshot(
             in_flight=MappingProxyType(in_flight),
             tenants=MappingProxyType(by_tenant),
