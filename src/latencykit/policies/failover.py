@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .. import events
-from .._cancel import backend
+from .._cancel import backend, now
 from .._context import deadline_var, order_var, reason_var, trace_var
 from ..errors import (
     AttemptTimeout,
@@ -141,7 +141,7 @@ class Failover(PolicyDecorator):
             if previous is not None:
                 self._event(route.name, previous, None)
             try:
-                return await self._within_share(route, call, next, routes[index + 1 :], index)
+                return await self._within_share(routes, index, call, next)
             except Exception as exc:
                 errors.append(exc)
                 previous = route.name
@@ -179,18 +179,17 @@ class Failover(PolicyDecorator):
         return None
 
     async def _within_share(
-        self, route: Route, call: Call, next: Next, later: Sequence[Route], index: int
+        self, routes: Sequence[Route], index: int, call: Call, next: Next
     ) -> Any:
-        """The call on ``route``, the ``index``-th tried (``0``: the first; later ones are
-        failovers), within its share of the deadline, ``later`` routes to come (see
-        :meth:`_share`)."""
+        """The call on the ``index``-th of ``routes`` (``0``: the first tried; later ones are
+        failovers), within its share of the deadline (see :meth:`_share`)."""
+        route = routes[index]
         reason = reason_var.set("failover") if index else None
         try:
-            share = self._share(later)
+            share = self._share(routes, index)
             if share is None:
                 return await next(route.call(call))
-            loop = backend()
-            with loop.scope(deadline=loop.now() + share):
+            with backend().scope(deadline=now() + share):
                 return await next(route.call(call))
             raise AttemptTimeout(
                 f"no answer within its share of the deadline ({share:.3f}s): "
@@ -201,18 +200,20 @@ class Failover(PolicyDecorator):
             if reason is not None:
                 reason_var.reset(reason)
 
-    def _share(self, later: Sequence[Route]) -> float | None:
-        """The most a route may take when routes follow it and a deadline bounds the call:
-        an equal share of the remaining budget among it and the later routes that could be
-        tried (their breakers not open), at least ``MIN_SHARE`` (``None``: no limit)."""
+    def _share(self, routes: Sequence[Route], index: int) -> float | None:
+        """The most the ``index``-th of ``routes`` may take when routes follow it and a
+        deadline bounds the call: an equal share of the remaining budget among it and the
+        later routes that could be tried (their breakers not open), at least ``MIN_SHARE``
+        (``None``: no limit)."""
         deadline = deadline_var.get()
-        if deadline == math.inf or not later:
+        if deadline == math.inf or index + 1 == len(routes):
             return None
-        left = 1 + sum(1 for route in later if self.is_open is None or not self.is_open(route.name))
+        is_open = self.is_open
+        later = routes[index + 1 :]
+        left = 1 + (len(later) if is_open is None else sum(not is_open(r.name) for r in later))
         if left == 1:
             return None
-        remaining = deadline - backend().now()
-        return max(MIN_SHARE, remaining / left)
+        return max(MIN_SHARE, (deadline - now()) / left)
 
     def _event(
         self,

@@ -18,7 +18,8 @@ the p99 for a few percent more requests. Semantics (Polly v8, Finagle, gRPC):
 
 The race is :mod:`latencykit._race`'s (``lk.first``'s too): the primary runs in the caller's
 task and keeps running there when a backup starts; a call that is never hedged pays for a
-cancel scope and a timer, not for a task group.
+cancel scope and a timer, not for a task group (and for neither while no backup could start
+before the deadline or the delay is not known yet).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal
 
 from .. import _validation, events
-from .._cancel import backend
+from .._cancel import backend, now
 from .._context import deadline_var, reason_var, trace_var
 from .._race import Race, Reason
 from ..budget import RetryBudget
@@ -138,7 +139,7 @@ class _Attempts(Race):
 
     async def _attempt(self, call: Call) -> Any:
         reason_var.set("hedge")  # in the backup's own task, whose context is a copy
-        return await self.policy._send(call, self.next)
+        return await self.next(call)
 
     def handled(self, error: Exception) -> bool:
         return self.policy._handles(error)
@@ -360,35 +361,30 @@ class Hedge(PolicyDecorator):
     async def handle(self, call: Call, next: Next) -> Any:
         """Run the primary, hedge it after the delay, return the first acceptable outcome."""
         self.budget.deposit_once()
+        # The attempts a hedge makes report to its own recorder, unless the call carries one
+        # already (lk.LLM's, whose windows this hedge then reads).
+        if self._feeding is not None and call.recorder is None:
+            call = call._replace(recorder=self._feeding)
         primary = call if self.rewrite is None else self.rewrite(call, 0)
         ttft = call.stream is not None  # a stream's race is decided by its first content chunk
-        if self.max_attempts == 1:
-            return await self._send(primary, next)
-        delay = self._delay_for(primary.target.key, ttft)
-        if delay is not None:
+        started = now()
+        delay = self._delay_for(primary.target.key, ttft) if self.max_attempts > 1 else None
+        if delay is not None and started + delay < deadline_var.get():
             race = _Attempts(self, call, next, ttft, delay)
-            await race.run(self._send(primary, next))
+            await race.run(next(primary))
             return race.outcome()
-        # No hedge can fall due: run the primary inline, without even a cancel scope or a
-        # timer (warm-up). Only a handled failure starts a race.
-        started = backend().now()
+        # No hedge can fall due (one attempt, warm-up, or a delay the deadline ends first): the
+        # primary runs inline, without a cancel scope or a timer. Only a handled failure starts
+        # a race.
         try:
-            return await self._send(primary, next)
+            return await next(primary)
         except Exception as exc:
-            if not self._handles(exc):
+            if self.max_attempts == 1 or not self._handles(exc):
                 raise
             race = _Attempts(self, call, next, ttft, None)
             race.first_failed(started, exc)
             await race.run(None)
             return race.outcome()
-
-    async def _send(self, call: Call, next: Next) -> Any:
-        # The attempts a hedge makes report to its own recorder, unless the call carries one
-        # already (lk.LLM's, whose windows this hedge then reads).
-        feeding = self._feeding
-        if feeding is not None and call.recorder is None:
-            call = call._replace(recorder=feeding)
-        return await next(call)
 
     def _skipped(self, call_id: int, index: int, reason: Literal["budget", "deadline"]) -> None:
         if events.listening():
