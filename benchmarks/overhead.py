@@ -441,6 +441,7 @@ async def _llm_rounds(
     ``base_url=None`` uses ``mock_response``; otherwise real HTTP to the fake provider there.
     """
     import litellm
+    from litellm.router import Router
 
     litellm.suppress_debug_info = True
     target: dict[str, Any] = (
@@ -477,7 +478,7 @@ async def _llm_rounds(
     # litellm's Router with its default settings (num_retries=2: our stack retries too; on
     # calls that succeed, num_retries=0 measured the same).
     deployment = {"model": MODEL, **({} if base_url is None else target)}
-    router = litellm.Router(model_list=[{"model_name": "bench", "litellm_params": deployment}])
+    router = Router(model_list=[{"model_name": "bench", "litellm_params": deployment}])
 
     async def bare() -> object:
         return await litellm.acompletion(model=MODEL, messages=MESSAGES, **target)

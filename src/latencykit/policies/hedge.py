@@ -31,7 +31,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal
 
 from .. import _validation, events
-from .._cancel import backend, now
+from .._cancel import now
 from .._context import deadline_var, reason_var, trace_var
 from .._race import Race, Reason
 from ..budget import RetryBudget
@@ -305,13 +305,24 @@ class Hedge(PolicyDecorator):
         times to first content chunk): for an adaptive delay, the quantile, or while the
         target's tail is too light for a hedge at the quantile to win, the quantile plus the
         fastest recent attempt (:class:`quantile`); ``None`` (no hedging) while warming up or
-        with no completed attempt in the window."""
-        if not isinstance(self.delay, Quantile):
-            return self.delay
+        with no completed attempt in the window. An adaptive delay is estimated again once
+        the window changed by 1/32 of its samples (at least one): a Kaplan-Meier walk over
+        censored samples (tens of microseconds with many) is paid once per ~16 calls on a
+        full window."""
+        spec = self.delay
+        if not isinstance(spec, Quantile):
+            return spec
         window = self.window(target, ttft=ttft)
-        if window.count() < self.delay.min_samples:
+        count = window.count()
+        if count < spec.min_samples:
             return None
-        return self._adaptive(window, self.delay.q)
+        key = (target, ttft)
+        found = self._memo.get(key)
+        if found is not None and window.changes - found[0] < max(1, count >> 5):
+            return found[1]
+        delay = self._adaptive(window, spec.q)
+        self._memo[key] = (window.changes, delay)
+        return delay
 
     @staticmethod
     def _adaptive(window: LatencyWindow, q: float) -> float | None:
@@ -329,26 +340,6 @@ class Hedge(PolicyDecorator):
             return delay + fastest
         return delay
 
-    def _delay_for(self, target: str, ttft: bool) -> float | None:
-        # current_delay() for the hot path: the estimate is recomputed once the window changed
-        # by 1/32 of its samples (at least one), so a Kaplan-Meier walk over censored samples
-        # (tens of microseconds with many) is paid once per ~16 calls on a full window.
-        spec = self.delay
-        if not isinstance(spec, Quantile):
-            return spec
-        window = self.window(target, ttft=ttft)
-        count = window.count()
-        if count < spec.min_samples:
-            return None
-        memo = self._memo
-        key = (target, ttft)
-        found = memo.get(key)
-        if found is not None and window.changes - found[0] < max(1, count >> 5):
-            return found[1]
-        delay = self._adaptive(window, spec.q)
-        memo[key] = (window.changes, delay)
-        return delay
-
     def _fits_deadline(self, target: str, ttft: bool) -> bool:
         # An attempt is worth starting only if the budget left covers the target's typical
         # (median) latency; with no samples yet, any budget will do.
@@ -356,7 +347,7 @@ class Hedge(PolicyDecorator):
         if deadline == math.inf:
             return True
         typical = self.window(target, ttft=ttft).quantile(0.5) or 0.0
-        return deadline - backend().now() > typical
+        return deadline - now() > typical
 
     async def handle(self, call: Call, next: Next) -> Any:
         """Run the primary, hedge it after the delay, return the first acceptable outcome."""
@@ -368,7 +359,7 @@ class Hedge(PolicyDecorator):
         primary = call if self.rewrite is None else self.rewrite(call, 0)
         ttft = call.stream is not None  # a stream's race is decided by its first content chunk
         started = now()
-        delay = self._delay_for(primary.target.key, ttft) if self.max_attempts > 1 else None
+        delay = self.current_delay(primary.target.key, ttft=ttft) if self.max_attempts > 1 else None
         if delay is not None and started + delay < deadline_var.get():
             race = _Attempts(self, call, next, ttft, delay)
             await race.run(next(primary))

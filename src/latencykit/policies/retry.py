@@ -316,9 +316,6 @@ class _Run:
 
     def wait(self, state: tenacity.RetryCallState) -> float:
         """tenacity's ``wait``: jittered backoff, at least the Retry-After when honoured."""
-        return self._plan(state)
-
-    def _plan(self, state: tenacity.RetryCallState) -> float:
         # Computed once per failed attempt, for whichever of wait/stop tenacity calls first
         # (9.x calls wait first; older versions stop first).
         if self.planned_for == state.attempt_number:
@@ -337,7 +334,7 @@ class _Run:
     def stop(self, state: tenacity.RetryCallState) -> bool:
         """tenacity's ``stop``: attempts, Retry-After cap, deadline, then the budget."""
         policy = self.policy
-        wait = self._plan(state)
+        wait = self.wait(state)
         if state.attempt_number >= policy.max_attempts:
             return self._stop("max_attempts")
         if self.last_duration >= self._slow_failure() and (
