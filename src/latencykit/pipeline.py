@@ -243,7 +243,7 @@ class Pipeline(PolicyDecorator):
         self.policies: tuple[Policy, ...] = tuple(ordered)
         entry: Next = run_attempt
         for policy in reversed(self.policies):
-            entry = _bound(policy.handle, entry)
+            entry = functools.partial(policy.handle, next=entry)
         self._entry = entry
 
     def __repr__(self) -> str:
@@ -300,11 +300,6 @@ class Pipeline(PolicyDecorator):
 
     def _pipeline(self) -> Pipeline:
         return self
-
-
-def _bound(handle: Callable[[Call, Next], Awaitable[Any]], next: Next) -> Next:
-    # A closure: cheaper to call than a partial with a keyword, on every layer of every call.
-    return lambda call: handle(call, next)
 
 
 def compose(*policies: Policy) -> Pipeline:

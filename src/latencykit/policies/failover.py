@@ -90,7 +90,7 @@ class Failover(PolicyDecorator):
     """
 
     stage = Stage.FAILOVER
-    __slots__ = ("_handles", "is_open", "passthrough", "routes")
+    __slots__ = ("_handles", "_index", "is_open", "passthrough", "routes")
 
     def __init__(
         self,
@@ -99,11 +99,11 @@ class Failover(PolicyDecorator):
         is_open: Callable[[str], bool] | None = None,
         passthrough: bool = False,
     ) -> None:
-        routes = _routes(alternatives)
-        names = [route.name for route in routes]
-        if len(set(names)) != len(names):
+        self.routes = tuple(_routes(alternatives))
+        self._index = {route.name: index for index, route in enumerate(self.routes)}
+        if len(self._index) != len(self.routes):
+            names = [route.name for route in self.routes]
             raise ValueError(f"failover route names must be unique, got {names}")
-        self.routes = tuple(routes)
         self._handles = error_predicate(on, "failover.on")
         self.is_open = is_open
         self.passthrough = passthrough
@@ -114,13 +114,11 @@ class Failover(PolicyDecorator):
     def _order(self, call: Call) -> Sequence[Route] | None:
         """The routes to try: those a router chose, in its order, when the call is on the
         first of them; else from the call's own route on (``None``: not ours)."""
-        chosen = order_var.get()
-        if chosen is not None and chosen[0] == call.target.key:
-            by_name = {route.name: route for route in self.routes}
-            return [by_name[name] for name in chosen if name in by_name]
-        for index, route in enumerate(self.routes):
-            if route.name == call.target.key:
-                return self.routes[index:]
+        key, chosen, index = call.target.key, order_var.get(), self._index
+        if chosen is not None and chosen[0] == key:
+            return [self.routes[index[name]] for name in chosen if name in index]
+        if key in index:
+            return self.routes[index[key] :]
         return None if self.passthrough else self.routes
 
     async def handle(self, call: Call, next: Next) -> Any:

@@ -108,7 +108,7 @@ class Fallback(PolicyDecorator):
         after: float | datetime.timedelta | None = None,
         on: ErrorFilter | None = None,
     ) -> None:
-        self.after = None if after is None else _validation.seconds("fallback.after", after)
+        self.after = _validation.optional_seconds("fallback.after", after)
         self.on = on
         self._handles = error_predicate(on, "fallback.on")
         self._alternative = _alternative(alternative)
