@@ -184,10 +184,11 @@ class Failover(PolicyDecorator):
         route = routes[index]
         reason = reason_var.set("failover") if index else None
         try:
-            share = self._share(routes, index)
-            if share is None:
+            limit = self._share(routes, index)
+            if limit is None:
                 return await next(route.call(call))
-            with backend().scope(deadline=now() + share):
+            started, share = limit
+            with backend().scope(deadline=started + share):
                 return await next(route.call(call))
             raise AttemptTimeout(
                 f"no answer within its share of the deadline ({share:.3f}s): "
@@ -198,11 +199,11 @@ class Failover(PolicyDecorator):
             if reason is not None:
                 reason_var.reset(reason)
 
-    def _share(self, routes: Sequence[Route], index: int) -> float | None:
-        """The most the ``index``-th of ``routes`` may take when routes follow it and a
-        deadline bounds the call: an equal share of the remaining budget among it and the
-        later routes that could be tried (their breakers not open), at least ``MIN_SHARE``
-        (``None``: no limit)."""
+    def _share(self, routes: Sequence[Route], index: int) -> tuple[float, float] | None:
+        """``(now, seconds)``: the most the ``index``-th of ``routes`` may take from now when
+        routes follow it and a deadline bounds the call: an equal share of the remaining budget
+        among it and the later routes that could be tried (their breakers not open), at least
+        ``MIN_SHARE`` (``None``: no limit)."""
         deadline = deadline_var.get()
         if deadline == math.inf or index + 1 == len(routes):
             return None
@@ -211,7 +212,8 @@ class Failover(PolicyDecorator):
         left = 1 + (len(later) if is_open is None else sum(not is_open(r.name) for r in later))
         if left == 1:
             return None
-        return max(MIN_SHARE, (deadline - now()) / left)
+        started = now()
+        return started, max(MIN_SHARE, (deadline - started) / left)
 
     def _event(
         self,
