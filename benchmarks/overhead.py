@@ -52,13 +52,14 @@ resampled, so pairs stay paired) shows how precisely the median is known.
    ``degrade=lk.Degrade(model=..., max_tokens=16, after=20)``; ``lk.LLM`` with
    ``hedge=lk.Hedge(30)`` (armed on every call, never fires); ``lk.LLM`` with ``deadline=30``
    and a failover target (never called); ``lk.LLM`` with the full stack, none of which acts
-   (``deadline=30``, that ``degrade``, ``hedge=lk.Hedge(30)``, ``breaker={}``, a failover target,
-   ``retry=lk.Retry()``); and litellm's ``Router`` with one deployment of the same model and its
-   default settings (``num_retries=2``, as the full stack retries too; ``num_retries=0`` measured
-   the same on calls that succeed), the alternative users would pick. The full stack's added
-   cost is also given as a fraction of the Router's (ratio of the two median paired differences,
-   bootstrap 95 % CI). After a warm-up, each round makes
-   one call of every variant in a shuffled order, each call timed on its own. After every call
+   (``deadline=30``, that ``degrade``, ``hedge=lk.Hedge(10)``: armed on every call, ``breaker={}``,
+   a failover target, ``retry=lk.Retry()``), and the same with ``hedge=lk.Hedge(30)``, whose
+   backup could never start before the deadline; and litellm's ``Router`` with one deployment of
+   the same model and its default settings (``num_retries=2``, as the full stack retries too;
+   ``num_retries=0`` measured the same on calls that succeed), the alternative users would pick.
+   The full stack's added cost is also given as a fraction of the Router's (ratio of the two
+   median paired differences, bootstrap 95 % CI). After a warm-up, each round makes one call
+   of every variant in a shuffled order, each call timed on its own. After every call
    the loop turns a few times, untimed, so the logging tasks litellm leaves behind after each
    call run there rather than inside whichever call comes next (they would add about +-0.5 ms of
    jitter to a ~1.5 ms call). Reported: median and p99 per call in milliseconds, the ratio of
@@ -408,6 +409,7 @@ LLM_LABELS = {
     "llm_hedge": "lk.LLM(hedge=lk.Hedge(30))  (armed)",
     "llm_failover_deadline": "lk.LLM(deadline=30, failover=[...])",
     "llm_stack": "lk.LLM(full stack, nothing fires)",
+    "llm_stack_late_hedge": "  same, hedge delay = the deadline",
     "router": "litellm.Router (one deployment)",
 }
 """The control row "inside anyio.fail_after(30)" is no latencykit code at all: the cost of one
@@ -464,17 +466,22 @@ async def _llm_rounds(
     llm_failover_deadline = lk.LLM(
         MODEL, deadline=30, failover=[backup], api_base=base_url, api_key=key
     )
-    llm_stack = lk.LLM(
-        MODEL,
-        deadline=30,
-        degrade=lk.Degrade(model=MODEL, max_tokens=16, after=20),
-        hedge=lk.Hedge(30.0),
-        breaker={},
-        failover=[backup],
-        retry=lk.Retry(),
-        api_base=base_url,
-        api_key=key,
-    )
+
+    def full_stack(hedge_delay: float) -> lk.LLM:
+        return lk.LLM(
+            MODEL,
+            deadline=30,
+            degrade=lk.Degrade(model=MODEL, max_tokens=16, after=20),
+            hedge=lk.Hedge(hedge_delay),
+            breaker={},
+            failover=[backup],
+            retry=lk.Retry(),
+            api_base=base_url,
+            api_key=key,
+        )
+
+    llm_stack = full_stack(10.0)  # the hedge is armed on every call (10 s < the deadline)
+    llm_stack_late_hedge = full_stack(30.0)  # no backup could start before the deadline
     # litellm's Router with its default settings (num_retries=2: our stack retries too; on
     # calls that succeed, num_retries=0 measured the same).
     deployment = {"model": MODEL, **({} if base_url is None else target)}
@@ -507,6 +514,9 @@ async def _llm_rounds(
     async def stack() -> object:
         return await llm_stack.acompletion(messages=MESSAGES, **per_call)
 
+    async def stack_late_hedge() -> object:
+        return await llm_stack_late_hedge.acompletion(messages=MESSAGES, **per_call)
+
     async def routed() -> object:
         return await router.acompletion(model="bench", messages=MESSAGES, **per_call)
 
@@ -519,6 +529,7 @@ async def _llm_rounds(
         "llm_hedge": hedged,
         "llm_failover_deadline": failover_deadline,
         "llm_stack": stack,
+        "llm_stack_late_hedge": stack_late_hedge,
         "router": routed,
     }
     times: dict[str, list[float]] = {key: [] for key in calls}
