@@ -1006,7 +1006,8 @@ def render(
         shown = f"{value} {check['unit']}".strip()
         ci = check["ci95"]
         if ci is not None:
-            shown += f" (95% CI {ci[0]:.1f} to {ci[1]:.1f})"
+            digits = 3 if check["name"].startswith("lk.LLM full stack") else 1  # a fraction
+            shown += f" (95% CI {ci[0]:.{digits}f} to {ci[1]:.{digits}f})"
         ok = verdict(bool(check["pass"]))
         add(f"   {ok}  {check['name']}: {shown}; target {check['target']}")
     return "\n".join(line.rstrip() for line in lines)
