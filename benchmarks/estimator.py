@@ -119,7 +119,7 @@ def per_call(stream: list[float]) -> None:
     """What a hedged call pays: one sample recorded, then the delay read for the next call.
 
     The hedge does not query the window on every call: it re-reads the estimate once the
-    window changed by 1/32 of its samples (``Hedge._delay_for``). Compared here with an exact
+    window changed by 1/32 of its samples (``Hedge.current_delay``). Compared here with an exact
     quantile after every sample, on the worst-case stream (15 % censored anywhere).
     """
     censored = _censoring(lambda v: int(v * 1e6) % 100 < 15)
@@ -140,7 +140,7 @@ def per_call(stream: list[float]) -> None:
 
         def one(value: float) -> None:
             censored(window, value)
-            policy._delay_for("t", False)  # the hot path's read (private)
+            policy.current_delay("t")  # the hot path's read (memoised)
 
         return one
 

@@ -6,6 +6,7 @@ Run it from the repository root::
     .venv/bin/python benchmarks/overhead.py --quick    # smoke run, under 30 seconds
     .venv/bin/python benchmarks/overhead.py --json results.json
     .venv/bin/python benchmarks/overhead.py --policies-only      # part 1 only, about a minute
+    .venv/bin/python benchmarks/overhead.py --llm-only           # part 2a only, about 2 minutes
 
 It measures three things and prints each next to its target with PASS/FAIL. It always exits 0:
 it reports, it does not gate. Progress goes to stderr, the report to stdout.
@@ -48,9 +49,17 @@ resampled, so pairs stay paired) shows how precisely the median is known.
    arguments ``lk.LLM`` always adds (``max_retries=0, timeout=600``), a control separating
    latencykit's own cost from litellm's cost of those arguments; ``lk.LLM("openai/gpt-4o-mini")``
    with no policies; ``lk.LLM`` with ``deadline=30`` and
-   ``degrade=lk.Degrade(model=..., max_tokens=16, after=20)``; and ``lk.LLM`` with
-   ``hedge=lk.Hedge(30)`` (armed on every call, never fires). After a warm-up, each round makes
-   one call of every variant in a shuffled order, each call timed on its own. After every call
+   ``degrade=lk.Degrade(model=..., max_tokens=16, after=20)``; ``lk.LLM`` with
+   ``hedge=lk.Hedge(30)`` (armed on every call, never fires); ``lk.LLM`` with ``deadline=30``
+   and a failover target (never called); ``lk.LLM`` with the full stack, none of which acts
+   (``deadline=30``, that ``degrade``, ``hedge=lk.Hedge(10)``: armed on every call, ``breaker={}``,
+   a failover target, ``retry=lk.Retry()``), and the same with ``hedge=lk.Hedge(30)``, whose
+   backup could never start before the deadline; and litellm's ``Router`` with one deployment of
+   the same model and its default settings (``num_retries=2``, as the full stack retries too;
+   ``num_retries=0`` measured the same on calls that succeed), the alternative users would pick.
+   The full stack's added cost is also given as a fraction of the Router's (ratio of the two
+   median paired differences, bootstrap 95 % CI). After a warm-up, each round makes one call
+   of every variant in a shuffled order, each call timed on its own. After every call
    the loop turns a few times, untimed, so the logging tasks litellm leaves behind after each
    call run there rather than inside whichever call comes next (they would add about +-0.5 ms of
    jitter to a ~1.5 ms call). Reported: median and p99 per call in milliseconds, the ratio of
@@ -67,7 +76,8 @@ resampled, so pairs stay paired) shows how precisely the median is known.
    what the import pulls in (third-party packages, heaviest stdlib modules).
 
 Targets: deadline + fallback add <= 15 us per call at the median (each backend); ``lk.LLM`` (with
-deadline and degrade) adds <= 2 % over bare litellm at the median; ``import latencykit`` takes
+deadline and degrade) adds <= 2 % over bare litellm at the median; the full stack adds at most
+1/20 of what the Router adds; ``import latencykit`` takes
 <= 150 ms and does not import litellm.
 """
 
@@ -103,10 +113,12 @@ import latencykit as lk
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
 MODEL = "openai/gpt-4o-mini"
+BACKUP_MODEL = "openai/gpt-4o"  # the failover target of part 2, never called
 MESSAGES: list[dict[str, str]] = [{"role": "user", "content": "Say hi."}]
 
 POLICY_TARGET_US = 15.0
 LLM_TARGET_PCT = 2.0
+ROUTER_SHARE_TARGET = 1 / 20  # the full stack's added cost, as a fraction of the Router's
 IMPORT_TARGET_MS = 150.0
 
 LLM_GC_BLOCK = 50  # rounds between garbage collections in the LLM benchmark
@@ -395,6 +407,10 @@ LLM_LABELS = {
     "llm_plain": 'lk.LLM("openai/gpt-4o-mini")',
     "llm_full": "lk.LLM(deadline=30, degrade=...)",
     "llm_hedge": "lk.LLM(hedge=lk.Hedge(30))  (armed)",
+    "llm_failover_deadline": "lk.LLM(deadline=30, failover=[...])",
+    "llm_stack": "lk.LLM(full stack, nothing fires)",
+    "llm_stack_late_hedge": "  same, hedge delay = the deadline",
+    "router": "litellm.Router (one deployment)",
 }
 """The control row "inside anyio.fail_after(30)" is no latencykit code at all: the cost of one
 cancel scope around a litellm call, the mechanism any structured deadline needs."""
@@ -413,6 +429,10 @@ class LLMResult:
     overhead_pct: dict[str, float]
     paired_diff_us: dict[str, Summary]
     labels: dict[str, str]
+    router_share: float
+    """The full stack's added cost as a fraction of the Router's: the ratio of their median
+    paired differences over bare litellm."""
+    router_share_ci95: tuple[float, float]
 
 
 async def _llm_rounds(
@@ -423,6 +443,7 @@ async def _llm_rounds(
     ``base_url=None`` uses ``mock_response``; otherwise real HTTP to the fake provider there.
     """
     import litellm
+    from litellm.router import Router
 
     litellm.suppress_debug_info = True
     target: dict[str, Any] = (
@@ -441,6 +462,30 @@ async def _llm_rounds(
     )
     llm_plain = lk.LLM(MODEL, api_base=base_url, api_key=key)
     llm_hedge = lk.LLM(MODEL, hedge=lk.Hedge(30.0), api_base=base_url, api_key=key)
+    backup = {"model": BACKUP_MODEL, "api_base": base_url, "api_key": key}
+    llm_failover_deadline = lk.LLM(
+        MODEL, deadline=30, failover=[backup], api_base=base_url, api_key=key
+    )
+
+    def full_stack(hedge_delay: float) -> lk.LLM:
+        return lk.LLM(
+            MODEL,
+            deadline=30,
+            degrade=lk.Degrade(model=MODEL, max_tokens=16, after=20),
+            hedge=lk.Hedge(hedge_delay),
+            breaker={},
+            failover=[backup],
+            retry=lk.Retry(),
+            api_base=base_url,
+            api_key=key,
+        )
+
+    llm_stack = full_stack(10.0)  # the hedge is armed on every call (10 s < the deadline)
+    llm_stack_late_hedge = full_stack(30.0)  # no backup could start before the deadline
+    # litellm's Router with its default settings (num_retries=2: our stack retries too; on
+    # calls that succeed, num_retries=0 measured the same).
+    deployment = {"model": MODEL, **({} if base_url is None else target)}
+    router = Router(model_list=[{"model_name": "bench", "litellm_params": deployment}])
 
     async def bare() -> object:
         return await litellm.acompletion(model=MODEL, messages=MESSAGES, **target)
@@ -463,6 +508,18 @@ async def _llm_rounds(
     async def hedged() -> object:
         return await llm_hedge.acompletion(messages=MESSAGES, **per_call)
 
+    async def failover_deadline() -> object:
+        return await llm_failover_deadline.acompletion(messages=MESSAGES, **per_call)
+
+    async def stack() -> object:
+        return await llm_stack.acompletion(messages=MESSAGES, **per_call)
+
+    async def stack_late_hedge() -> object:
+        return await llm_stack_late_hedge.acompletion(messages=MESSAGES, **per_call)
+
+    async def routed() -> object:
+        return await router.acompletion(model="bench", messages=MESSAGES, **per_call)
+
     calls: dict[str, Callable[[], Awaitable[object]]] = {
         "bare": bare,
         "bare_same_args": bare_same_args,
@@ -470,6 +527,10 @@ async def _llm_rounds(
         "llm_plain": plain,
         "llm_full": full,
         "llm_hedge": hedged,
+        "llm_failover_deadline": failover_deadline,
+        "llm_stack": stack,
+        "llm_stack_late_hedge": stack_late_hedge,
+        "router": routed,
     }
     times: dict[str, list[float]] = {key: [] for key in calls}
     keys = list(calls)
@@ -525,6 +586,14 @@ def bench_llm(settings: Settings, seed: int, *, http: bool = False) -> LLMResult
         ratio_ci[key] = bootstrap_ci(len(values), ratio_of, seed)
         diffs = [(t - b) * 1000.0 for t, b in zip(values, bare, strict=True)]
         paired[key] = Summary.of(diffs, ci_seed=seed)
+    stack_diffs = [(t - b) for t, b in zip(times["llm_stack"], bare, strict=True)]
+    router_diffs = [(t - b) for t, b in zip(times["router"], bare, strict=True)]
+
+    def share_of(idx: Sequence[int]) -> float:
+        return statistics.median([stack_diffs[i] for i in idx]) / statistics.median(
+            [router_diffs[i] for i in idx]
+        )
+
     return LLMResult(
         mode="loopback HTTP (fake provider)" if http else "mock_response",
         calls=settings.llm_calls,
@@ -535,6 +604,8 @@ def bench_llm(settings: Settings, seed: int, *, http: bool = False) -> LLMResult
         overhead_pct={key: (value - 1.0) * 100.0 for key, value in ratio.items()},
         paired_diff_us=paired,
         labels=dict(LLM_LABELS),
+        router_share=share_of(range(len(bare))),
+        router_share_ci95=bootstrap_ci(len(bare), share_of, seed),
     )
 
 
@@ -739,6 +810,16 @@ def targets(
                 "pass": pct <= LLM_TARGET_PCT,
             }
         )
+        checks.append(
+            {
+                "name": f"lk.LLM full stack's added cost / Router's ({llm.mode}), median",
+                "value": round(llm.router_share, 3),
+                "ci95": llm.router_share_ci95,
+                "unit": "",
+                "target": f"<= {ROUTER_SHARE_TARGET:.3f} (1/20)",
+                "pass": llm.router_share <= ROUTER_SHARE_TARGET,
+            }
+        )
     for label, summary in (
         ("bytecode cached", imports.importtime_cumulative_ms),
         ("no bytecode cache", imports.importtime_uncached_cumulative_ms),
@@ -825,6 +906,58 @@ def _render_policy_rows(policies: Sequence[PolicyResult]) -> list[str]:
     return lines
 
 
+def _render_llm_rows(llm: LLMResult, number: str) -> list[str]:
+    lines: list[str] = []
+    add = lines.append
+    add(
+        f"{number}. lk.LLM vs bare litellm.acompletion, {llm.mode}, asyncio: "
+        f"{llm.calls} calls each after {llm.warmup} warm-up,"
+    )
+    add(
+        "   interleaved call by call in shuffled order; ms per call; ratio of medians vs bare "
+        "[95% CI]; paired diff = median of"
+    )
+    add("   (variant - bare) in the same round, us [95% CI]")
+    header = (
+        f"   {'variant':<36} | {'median':>6} {'p99':>6} | {'ratio':>5} {'95% CI':>14} "
+        f"{'overhead':>8} | {'paired diff':>11} {'95% CI':>12}"
+    )
+    add(header)
+    add("   " + "-" * (len(header) - 3))
+    for key, label in llm.labels.items():
+        summary = llm.per_call_ms[key]
+        if key == "bare":
+            tail = f"{'1':>5} {'':>14} {'':>8} | {'':>11} {'':>12}"
+        else:
+            diff = llm.paired_diff_us[key]
+            tail = (
+                f"{llm.ratio_of_medians[key]:>5.3f} {_ci(llm.ratio_ci95[key], '.3f'):>14} "
+                f"{llm.overhead_pct[key]:>+7.1f}% | {diff.median:>+11.0f} "
+                f"{_ci(diff.median_ci95, '.0f'):>12}"
+            )
+        add(f"   {label:<36} | {summary.median:>6.3f} {summary.p99:>6.3f} | {tail}")
+    low, high = llm.router_share_ci95
+    add(
+        f"   full stack's added cost / Router's: {llm.router_share:.3f} "
+        f"[{low:.3f}, {high:.3f}] (1/{1 / llm.router_share:.0f})"
+    )
+    add("")
+
+    return lines
+
+
+def render_llm(meta: Mapping[str, Any], llm: LLMResult) -> str:
+    """The report of part 2a alone (``--llm-only``)."""
+    lines = [
+        f"latencykit {meta['latencykit']} per-call overhead, {meta['date']}, {meta['mode']} run: "
+        f"Python {meta['python']}, litellm {meta['litellm']}, {meta['cpus']} CPUs",
+        f"load average (1 min) at start {meta['load_start']}, at end {meta['load_end']}",
+        "",
+        *_render_llm_rows(llm, "2a"),
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def render(
     meta: Mapping[str, Any],
     policies: Sequence[PolicyResult],
@@ -846,35 +979,7 @@ def render(
     lines.extend(_render_policy_rows(policies))
 
     for number, llm in enumerate(llms):
-        add(
-            f"2{'ab'[number]}. lk.LLM vs bare litellm.acompletion, {llm.mode}, asyncio: "
-            f"{llm.calls} calls each after {llm.warmup} warm-up,"
-        )
-        add(
-            "   interleaved call by call in shuffled order; ms per call; ratio of medians vs bare "
-            "[95% CI]; paired diff = median of"
-        )
-        add("   (variant - bare) in the same round, us [95% CI]")
-        header = (
-            f"   {'variant':<36} | {'median':>6} {'p99':>6} | {'ratio':>5} {'95% CI':>14} "
-            f"{'overhead':>8} | {'paired diff':>11} {'95% CI':>12}"
-        )
-        add(header)
-        add("   " + "-" * (len(header) - 3))
-        for key, label in llm.labels.items():
-            summary = llm.per_call_ms[key]
-            if key == "bare":
-                tail = f"{'1':>5} {'':>14} {'':>8} | {'':>11} {'':>12}"
-            else:
-                diff = llm.paired_diff_us[key]
-                tail = (
-                    f"{llm.ratio_of_medians[key]:>5.3f} {_ci(llm.ratio_ci95[key], '.3f'):>14} "
-                    f"{llm.overhead_pct[key]:>+7.1f}% | {diff.median:>+11.0f} "
-                    f"{_ci(diff.median_ci95, '.0f'):>12}"
-                )
-            add(f"   {label:<36} | {summary.median:>6.3f} {summary.p99:>6.3f} | {tail}")
-        add("")
-
+        lines.extend(_render_llm_rows(llm, f"2{'ab'[number]}"))
     add(f"3. import latencykit in fresh interpreters ({imports.runs} runs each, interleaved)")
     cumulative = imports.importtime_cumulative_ms
     uncached = imports.importtime_uncached_cumulative_ms
@@ -901,7 +1006,8 @@ def render(
         shown = f"{value} {check['unit']}".strip()
         ci = check["ci95"]
         if ci is not None:
-            shown += f" (95% CI {ci[0]:.1f} to {ci[1]:.1f})"
+            digits = 3 if check["name"].startswith("lk.LLM full stack") else 1  # a fraction
+            shown += f" (95% CI {ci[0]:.{digits}f} to {ci[1]:.{digits}f})"
         ok = verdict(bool(check["pass"]))
         add(f"   {ok}  {check['name']}: {shown}; target {check['target']}")
     return "\n".join(line.rstrip() for line in lines)
@@ -931,6 +1037,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--policies-only",
         action="store_true",
         help="only part 1 (policy overhead on a no-op coroutine), printed without targets",
+    )
+    parser.add_argument(
+        "--llm-only",
+        action="store_true",
+        help="only part 2a (lk.LLM vs bare litellm and the Router, mock_response)",
     )
     parser.add_argument(
         "--hedge-baseline",
@@ -964,6 +1075,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     def progress(message: str) -> None:
         print(f"[{time.perf_counter() - started:5.1f} s] {message}", file=sys.stderr, flush=True)
 
+    if args.llm_only:
+        progress("lk.LLM vs litellm ...")
+        llm = bench_llm(settings, args.seed)
+        meta["load_end"] = _load()
+        print(render_llm(meta, llm))
+        return 0
     policies: list[PolicyResult] = []
     for backend in ("asyncio", "trio"):
         progress(f"policy overhead on {backend} ...")

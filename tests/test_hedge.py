@@ -108,6 +108,35 @@ async def test_during_warm_up_a_failure_still_launches_the_next_attempt() -> Non
 
 
 @pytest.mark.virtual_time
+async def test_a_delay_the_deadline_ends_first_sends_no_hedge() -> None:
+    # No backup could start before the deadline: the primary runs alone, until the deadline.
+    script = Script((10.0, "slow"), (0.01, "fast"))
+    seen, subscription = collect()
+    with subscription, pytest.raises(lk.DeadlineExceeded):
+        await lk.deadline(1.0)(hedged(script, lk.hedge(5.0, max_extra_load=1.0)))()
+    assert script.started == [0] and script.cancelled == [0]
+    assert not [e for e in seen if isinstance(e, lk.events.HedgeFired | lk.events.HedgeSkipped)]
+
+
+@pytest.mark.virtual_time
+async def test_a_delay_the_deadline_ends_first_still_replaces_a_failed_primary() -> None:
+    script = Script((0.0, ConnectionResetError("reset")), (0.01, "second"))
+    seen, subscription = collect()
+    with subscription:
+        policy = lk.hedge(5.0, max_extra_load=1.0)
+        assert await lk.deadline(1.0)(hedged(script, policy))() == "second"
+    [fired] = [e for e in seen if isinstance(e, lk.events.HedgeFired)]
+    assert fired.reason == "failure" and script.started == [0, 1]
+
+
+@pytest.mark.virtual_time
+async def test_a_delay_just_inside_the_deadline_still_hedges() -> None:
+    script = Script((10.0, "slow"), (0.01, "fast"))
+    assert await lk.deadline(1.0)(hedged(script, lk.hedge(0.9, max_extra_load=1.0)))() == "fast"
+    assert script.started == [0, 1] and script.cancelled == [0]
+
+
+@pytest.mark.virtual_time
 async def test_a_non_retryable_error_cancels_everything_and_is_raised() -> None:
     script = Script((10.0, "slow"), (0.01, KeyError("bug")))
     started = anyio.current_time()

@@ -191,11 +191,6 @@ class Trace:
             trace = trace.parent
 
 
-def current_trace() -> Trace | None:
-    """The trace of the innermost latencykit scope, or ``None`` outside any."""
-    return trace_var.get()
-
-
 def current_attempt() -> int:
     """The number of the attempt running in this task (0 outside an attempt)."""
     return attempt_var.get()

@@ -68,7 +68,6 @@ class DeadlineScope:
     __slots__ = (
         "_backend",
         "_cancel_scope",
-        "_expires",
         "_token",
         "_trace",
         "_trace_token",
@@ -89,14 +88,14 @@ class DeadlineScope:
         self.stage = stage
         self._backend = loop = backend()
         self.starts_at = loop.now()
-        self._expires = self.starts_at + budget
+        expires = self.starts_at + budget
         enclosing = deadline_var.get()
-        self.deadline = min(self._expires, enclosing)
         # No cancel scope (the costliest part) when an enclosing one expires first or at the
         # same time: it cancels the work inside, and raises (naming the stage it ran out in).
-        self._cancel_scope = (
-            None if self._expires >= enclosing else loop.scope(deadline=self._expires)
-        )
+        if expires >= enclosing:
+            self.deadline, self._cancel_scope = enclosing, None
+        else:
+            self.deadline, self._cancel_scope = expires, loop.scope(deadline=expires)
         self._trace: Trace | None = Trace(trace_var.get(), self.starts_at) if own_trace else None
 
     @property

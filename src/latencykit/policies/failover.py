@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .. import events
-from .._cancel import backend
+from .._cancel import backend, now
 from .._context import deadline_var, order_var, reason_var, trace_var
 from ..errors import (
     AttemptTimeout,
@@ -90,7 +90,7 @@ class Failover(PolicyDecorator):
     """
 
     stage = Stage.FAILOVER
-    __slots__ = ("_handles", "is_open", "passthrough", "routes")
+    __slots__ = ("_handles", "_index", "is_open", "passthrough", "routes")
 
     def __init__(
         self,
@@ -99,11 +99,11 @@ class Failover(PolicyDecorator):
         is_open: Callable[[str], bool] | None = None,
         passthrough: bool = False,
     ) -> None:
-        routes = _routes(alternatives)
-        names = [route.name for route in routes]
-        if len(set(names)) != len(names):
+        self.routes = tuple(_routes(alternatives))
+        self._index = {route.name: index for index, route in enumerate(self.routes)}
+        if len(self._index) != len(self.routes):
+            names = [route.name for route in self.routes]
             raise ValueError(f"failover route names must be unique, got {names}")
-        self.routes = tuple(routes)
         self._handles = error_predicate(on, "failover.on")
         self.is_open = is_open
         self.passthrough = passthrough
@@ -114,13 +114,11 @@ class Failover(PolicyDecorator):
     def _order(self, call: Call) -> Sequence[Route] | None:
         """The routes to try: those a router chose, in its order, when the call is on the
         first of them; else from the call's own route on (``None``: not ours)."""
-        chosen = order_var.get()
-        if chosen is not None and chosen[0] == call.target.key:
-            by_name = {route.name: route for route in self.routes}
-            return [by_name[name] for name in chosen if name in by_name]
-        for index, route in enumerate(self.routes):
-            if route.name == call.target.key:
-                return self.routes[index:]
+        key, chosen, index = call.target.key, order_var.get(), self._index
+        if chosen is not None and chosen[0] == key:
+            return [self.routes[index[name]] for name in chosen if name in index]
+        if key in index:
+            return self.routes[index[key] :]
         return None if self.passthrough else self.routes
 
     async def handle(self, call: Call, next: Next) -> Any:
@@ -141,7 +139,7 @@ class Failover(PolicyDecorator):
             if previous is not None:
                 self._event(route.name, previous, None)
             try:
-                return await self._within_share(route, call, next, routes[index + 1 :], index)
+                return await self._within_share(routes, index, call, next)
             except Exception as exc:
                 errors.append(exc)
                 previous = route.name
@@ -179,18 +177,18 @@ class Failover(PolicyDecorator):
         return None
 
     async def _within_share(
-        self, route: Route, call: Call, next: Next, later: Sequence[Route], index: int
+        self, routes: Sequence[Route], index: int, call: Call, next: Next
     ) -> Any:
-        """The call on ``route``, the ``index``-th tried (``0``: the first; later ones are
-        failovers), within its share of the deadline, ``later`` routes to come (see
-        :meth:`_share`)."""
+        """The call on the ``index``-th of ``routes`` (``0``: the first tried; later ones are
+        failovers), within its share of the deadline (see :meth:`_share`)."""
+        route = routes[index]
         reason = reason_var.set("failover") if index else None
         try:
-            share = self._share(later)
-            if share is None:
+            limit = self._share(routes, index)
+            if limit is None:
                 return await next(route.call(call))
-            loop = backend()
-            with loop.scope(deadline=loop.now() + share):
+            started, share = limit
+            with backend().scope(deadline=started + share):
                 return await next(route.call(call))
             raise AttemptTimeout(
                 f"no answer within its share of the deadline ({share:.3f}s): "
@@ -201,18 +199,21 @@ class Failover(PolicyDecorator):
             if reason is not None:
                 reason_var.reset(reason)
 
-    def _share(self, later: Sequence[Route]) -> float | None:
-        """The most a route may take when routes follow it and a deadline bounds the call:
-        an equal share of the remaining budget among it and the later routes that could be
-        tried (their breakers not open), at least ``MIN_SHARE`` (``None``: no limit)."""
+    def _share(self, routes: Sequence[Route], index: int) -> tuple[float, float] | None:
+        """``(now, seconds)``: the most the ``index``-th of ``routes`` may take from now when
+        routes follow it and a deadline bounds the call: an equal share of the remaining budget
+        among it and the later routes that could be tried (their breakers not open), at least
+        ``MIN_SHARE`` (``None``: no limit)."""
         deadline = deadline_var.get()
-        if deadline == math.inf or not later:
+        if deadline == math.inf or index + 1 == len(routes):
             return None
-        left = 1 + sum(1 for route in later if self.is_open is None or not self.is_open(route.name))
+        is_open = self.is_open
+        later = routes[index + 1 :]
+        left = 1 + (len(later) if is_open is None else sum(not is_open(r.name) for r in later))
         if left == 1:
             return None
-        remaining = deadline - backend().now()
-        return max(MIN_SHARE, remaining / left)
+        started = now()
+        return started, max(MIN_SHARE, (deadline - started) / left)
 
     def _event(
         self,

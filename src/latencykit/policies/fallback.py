@@ -12,10 +12,10 @@ import datetime
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from .. import _validation, events
-from .._cancel import backend
+from .._cancel import backend, now
 from .._context import deadline_var, reason_var, trace_var
 from ..errors import ErrorFilter, ErrorKind, FallbackFailed, classify, error_predicate
 from ..pipeline import Call, Next, Policy, PolicyDecorator, Stage
@@ -45,13 +45,8 @@ class FallbackReason:
         return None if self.error is None else classify(self.error)
 
 
-class _Switch(NamedTuple):
-    """Why the primary gave way: its handled error, or ``None`` when its time ran out."""
-
-    error: Exception | None
-
-
 Alternative: TypeAlias = Callable[[FallbackReason, Call, Next], Awaitable[Any]]
+_NO_TIMER = contextlib.nullcontext()  # reusable: a switch on errors only
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +108,7 @@ class Fallback(PolicyDecorator):
         after: float | datetime.timedelta | None = None,
         on: ErrorFilter | None = None,
     ) -> None:
-        self.after = None if after is None else _validation.seconds("fallback.after", after)
+        self.after = _validation.optional_seconds("fallback.after", after)
         self.on = on
         self._handles = error_predicate(on, "fallback.on")
         self._alternative = _alternative(alternative)
@@ -136,34 +131,25 @@ class Fallback(PolicyDecorator):
 
         For a streaming call the primary has answered once its first content chunk arrived.
         """
-        loop = backend()
-        started = loop.now()
-        if self.after is None:
-            outcome = await self._primary(call, next, contextlib.nullcontext())
-        else:
+        started = now()
+        timer = _NO_TIMER
+        if self.after is not None:
             switch_at = started + self.after
             deadline = deadline_var.get()
             if deadline < switch_at:
                 # An enclosing budget shorter than ``after`` would cancel everything before the
                 # switch: the primary gets half of what is left, the alternative the rest.
                 switch_at = started + (deadline - started) / 2
-            outcome = await self._primary(call, next, loop.scope(deadline=switch_at))
-        if not isinstance(outcome, _Switch):
-            return outcome
-        return await self._switch(loop.now() - started, outcome.error, call, next)
-
-    async def _primary(
-        self, call: Call, next: Next, timer: contextlib.AbstractContextManager[Any]
-    ) -> Any:
-        """The primary's result, or a :class:`_Switch` when the alternative must answer."""
+            timer = backend().scope(deadline=switch_at)
+        error: Exception | None = None  # stays None when the timer cancelled the primary
         with timer:
             try:
                 return await next(call)
             except Exception as exc:
                 if not self._handles(exc):
                     raise
-                return _Switch(exc)
-        return _Switch(None)  # the timer cancelled the primary
+                error = exc
+        return await self._switch(now() - started, error, call, next)
 
     async def _switch(self, elapsed: float, error: Exception | None, call: Call, next: Next) -> Any:
         reason = FallbackReason(

@@ -87,20 +87,12 @@ class StreamGuard(PolicyDecorator):
         on_break: OnBreak = "raise",
         max_resumes: int = 2,
     ) -> None:
-        self.first_token = (
-            None
-            if first_token is None
-            else _validation.seconds("StreamGuard.first_token", first_token)
+        self.first_token = _validation.optional_seconds("StreamGuard.first_token", first_token)
+        self.stall = _validation.optional_seconds("StreamGuard.stall", stall)
+        self.on_break: OnBreak = _validation.choice(
+            "StreamGuard.on_break", on_break, ("raise", "continue")
         )
-        self.stall = None if stall is None else _validation.seconds("StreamGuard.stall", stall)
-        if on_break not in ("raise", "continue"):
-            raise ValueError(
-                f"StreamGuard.on_break must be 'raise' or 'continue', got {on_break!r}"
-            )
-        self.on_break: OnBreak = on_break
-        if isinstance(max_resumes, bool) or not isinstance(max_resumes, int) or max_resumes < 0:
-            raise ValueError(f"StreamGuard.max_resumes must be an int >= 0, got {max_resumes!r}")
-        self.max_resumes = max_resumes
+        self.max_resumes = _validation.count("StreamGuard.max_resumes", max_resumes, minimum=0)
         self.raise_truncated = False
         self._targets: Sequence[Target] = ()  # what bound() gives: see there
         self._attempt_on: Callable[[Target], Callable[..., Any]] | None = None

@@ -18,7 +18,8 @@ the p99 for a few percent more requests. Semantics (Polly v8, Finagle, gRPC):
 
 The race is :mod:`latencykit._race`'s (``lk.first``'s too): the primary runs in the caller's
 task and keeps running there when a backup starts; a call that is never hedged pays for a
-cancel scope and a timer, not for a task group.
+cancel scope and a timer, not for a task group (and for neither while no backup could start
+before the deadline or the delay is not known yet).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal
 
 from .. import _validation, events
-from .._cancel import backend
+from .._cancel import now
 from .._context import deadline_var, reason_var, trace_var
 from .._race import Race, Reason
 from ..budget import RetryBudget
@@ -138,7 +139,7 @@ class _Attempts(Race):
 
     async def _attempt(self, call: Call) -> Any:
         reason_var.set("hedge")  # in the backup's own task, whose context is a copy
-        return await self.policy._send(call, self.next)
+        return await self.next(call)
 
     def handled(self, error: Exception) -> bool:
         return self.policy._handles(error)
@@ -304,13 +305,24 @@ class Hedge(PolicyDecorator):
         times to first content chunk): for an adaptive delay, the quantile, or while the
         target's tail is too light for a hedge at the quantile to win, the quantile plus the
         fastest recent attempt (:class:`quantile`); ``None`` (no hedging) while warming up or
-        with no completed attempt in the window."""
-        if not isinstance(self.delay, Quantile):
-            return self.delay
+        with no completed attempt in the window. An adaptive delay is estimated again once
+        the window changed by 1/32 of its samples (at least one): a Kaplan-Meier walk over
+        censored samples (tens of microseconds with many) is paid once per ~16 calls on a
+        full window."""
+        spec = self.delay
+        if not isinstance(spec, Quantile):
+            return spec
         window = self.window(target, ttft=ttft)
-        if window.count() < self.delay.min_samples:
+        count = window.count()
+        if count < spec.min_samples:
             return None
-        return self._adaptive(window, self.delay.q)
+        key = (target, ttft)
+        found = self._memo.get(key)
+        if found is not None and window.changes - found[0] < max(1, count >> 5):
+            return found[1]
+        delay = self._adaptive(window, spec.q)
+        self._memo[key] = (window.changes, delay)
+        return delay
 
     @staticmethod
     def _adaptive(window: LatencyWindow, q: float) -> float | None:
@@ -328,26 +340,6 @@ class Hedge(PolicyDecorator):
             return delay + fastest
         return delay
 
-    def _delay_for(self, target: str, ttft: bool) -> float | None:
-        # current_delay() for the hot path: the estimate is recomputed once the window changed
-        # by 1/32 of its samples (at least one), so a Kaplan-Meier walk over censored samples
-        # (tens of microseconds with many) is paid once per ~16 calls on a full window.
-        spec = self.delay
-        if not isinstance(spec, Quantile):
-            return spec
-        window = self.window(target, ttft=ttft)
-        count = window.count()
-        if count < spec.min_samples:
-            return None
-        memo = self._memo
-        key = (target, ttft)
-        found = memo.get(key)
-        if found is not None and window.changes - found[0] < max(1, count >> 5):
-            return found[1]
-        delay = self._adaptive(window, spec.q)
-        memo[key] = (window.changes, delay)
-        return delay
-
     def _fits_deadline(self, target: str, ttft: bool) -> bool:
         # An attempt is worth starting only if the budget left covers the target's typical
         # (median) latency; with no samples yet, any budget will do.
@@ -355,40 +347,35 @@ class Hedge(PolicyDecorator):
         if deadline == math.inf:
             return True
         typical = self.window(target, ttft=ttft).quantile(0.5) or 0.0
-        return deadline - backend().now() > typical
+        return deadline - now() > typical
 
     async def handle(self, call: Call, next: Next) -> Any:
         """Run the primary, hedge it after the delay, return the first acceptable outcome."""
         self.budget.deposit_once()
+        # The attempts a hedge makes report to its own recorder, unless the call carries one
+        # already (lk.LLM's, whose windows this hedge then reads).
+        if self._feeding is not None and call.recorder is None:
+            call = call._replace(recorder=self._feeding)
         primary = call if self.rewrite is None else self.rewrite(call, 0)
         ttft = call.stream is not None  # a stream's race is decided by its first content chunk
-        if self.max_attempts == 1:
-            return await self._send(primary, next)
-        delay = self._delay_for(primary.target.key, ttft)
-        if delay is not None:
+        started = now()
+        delay = self.current_delay(primary.target.key, ttft=ttft) if self.max_attempts > 1 else None
+        if delay is not None and started + delay < deadline_var.get():
             race = _Attempts(self, call, next, ttft, delay)
-            await race.run(self._send(primary, next))
+            await race.run(next(primary))
             return race.outcome()
-        # No hedge can fall due: run the primary inline, without even a cancel scope or a
-        # timer (warm-up). Only a handled failure starts a race.
-        started = backend().now()
+        # No hedge can fall due (one attempt, warm-up, or a delay the deadline ends first): the
+        # primary runs inline, without a cancel scope or a timer. Only a handled failure starts
+        # a race.
         try:
-            return await self._send(primary, next)
+            return await next(primary)
         except Exception as exc:
-            if not self._handles(exc):
+            if self.max_attempts == 1 or not self._handles(exc):
                 raise
             race = _Attempts(self, call, next, ttft, None)
             race.first_failed(started, exc)
             await race.run(None)
             return race.outcome()
-
-    async def _send(self, call: Call, next: Next) -> Any:
-        # The attempts a hedge makes report to its own recorder, unless the call carries one
-        # already (lk.LLM's, whose windows this hedge then reads).
-        feeding = self._feeding
-        if feeding is not None and call.recorder is None:
-            call = call._replace(recorder=feeding)
-        return await next(call)
 
     def _skipped(self, call_id: int, index: int, reason: Literal["budget", "deadline"]) -> None:
         if events.listening():
