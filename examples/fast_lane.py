@@ -48,6 +48,8 @@ async def main(base_url: str) -> None:
     print(f"{text!r} from {report.target} in {report.chunks} chunks")
     print("attempts:", [(a.target, a.error_type or a.outcome) for a in report.attempts])
     response = await llm.acompletion(messages=MESSAGES)
+    # The fast lane answers with latencykit.chunks.Response, which reads like litellm's
+    # ModelResponse without building one (latencykit.llm.to_model_response converts it).
     print(type(response).__name__, response.choices[0].message.content)
 
 

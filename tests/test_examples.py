@@ -85,4 +85,4 @@ def test_fast_lane_example_runs() -> None:
     assert lines[1] == (
         "attempts: [('openai/primary-model', 'ProviderUnavailable'), ('openai/backup-model', 'ok')]"
     )
-    assert lines[2] == "ModelResponse Queueing, long outputs, stalls."
+    assert lines[2] == "Response Queueing, long outputs, stalls."
