@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from . import events
 from ._cancel import Expired as _Expired
-from ._cancel import Watchdog, backend, loop_clock
+from ._cancel import Interrupt, Watchdog, backend, loop_clock
 from ._response import Summary
 from ._response import summary as _summary
 from .chunks import OPENAI_CHUNKS, Node
@@ -201,6 +201,12 @@ class ChunkSource(abc.ABC):
         """Schedule its close without waiting, from a finaliser (default: nothing)."""
         return None
 
+    def interrupter(self) -> Interrupt | None:
+        """On trio: a function that makes a pending :meth:`pull` raise at once, called by the
+        stream's stall and deadline timer (so no cancel scope is entered per wait); ``None``
+        (default) when it has none yet (then each wait enters a scope)."""
+        return None
+
 
 class _Iterated(ChunkSource):
     """Any other async iterator, as a source."""
@@ -335,7 +341,6 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         self._now = _clock()
         self._scope = loop.scope
         self._watchdog_of = loop.watchdog
-        self._watchdog: Watchdog | None = None
         self.first_token = first_token
         self.stall = stall
         self._deadline = deadline
@@ -382,6 +387,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         # its attempt's outcome, and this stream must not race it with a timer of its own.
         self._guarded = source.guards_itself
         self._pull_next: Callable[[], Awaitable[T]] = source.pull
+        self._watchdog: Watchdog | None = None  # made for this source at its first bounded wait
         self._wrap_error = source.wrap_error
         self._buffered: Callable[[], Any] = source.buffered
         self._batched = source.buffered_with_read
@@ -552,6 +558,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         self._buffer.clear()
         if self._watchdog is not None:
             self._watchdog.close()
+            self._watchdog = None
         with self._scope(shield=True, deadline=self._now() + _CLOSE_GRACE):
             try:
                 await self._source.aclose()
@@ -613,14 +620,16 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         """Wait for the source's next item until ``limit`` at most (``_Expired`` after)."""
         if limit == math.inf:
             return await self._pull_next()
-        watchdog = self._watchdog
-        if watchdog is None and self._watchdog_of is not None:
-            watchdog = self._watchdog = self._watchdog_of()
+        watchdog = self._watchdog or self._new_watchdog()
         if watchdog is not None:
             return await watchdog.wait(self._pull_next(), limit)
         with self._scope(deadline=limit):
             return await self._pull_next()
         raise _Expired
+
+    def _new_watchdog(self) -> Watchdog | None:
+        watchdog = self._watchdog = self._watchdog_of(self._source.interrupter)
+        return watchdog
 
     def _observe(self, item: T, text: str | None, finish: str | None, now: float) -> bool:
         """Take the measurements of one item, read as ``(text, finish)``, that arrived at

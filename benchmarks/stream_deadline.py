@@ -1,0 +1,168 @@
+"""Streamed deadlines under load: how late the caller learns a deadline expired, and its CPU.
+
+Run it from the repository root::
+
+    .venv/bin/python benchmarks/stream_deadline.py                    # about a minute
+    .venv/bin/python benchmarks/stream_deadline.py --rounds 4 --backend asyncio
+
+Method. A fake provider in a child process answers model ``slow`` with a stream that outlives
+every deadline (first chunk at once, then one chunk every ``--itl`` seconds, default 0.05, for
+10 s). In this process, streams are started open-loop at ``--rate`` per second (default 125)
+in phases of one second; each stream reads until its ``--budget`` (default 0.3 s) runs out.
+Two variants take turns, phase by phase, in a freshly shuffled order each round (so machine
+drift hits them alike):
+
+- ``lk``: ``lk.LLM("openai/slow", transport="openai", deadline=budget)``, streamed, each
+  chunk's text read, until ``lk.DeadlineExceeded``;
+- ``raw``: ``anyio.fail_after(budget)`` around raw httpx streaming the same request
+  (``client.stream``, ``aiter_lines``, ``json.loads`` of each event, its text read), until
+  ``TimeoutError``: what one would write by hand.
+
+The overshoot of a stream is the time from its deadline (its start + budget, on the loop's
+clock) to the caller catching the error. A phase waits for all its streams to end before the
+next starts; its CPU (``time.process_time``, this process only: the provider runs elsewhere)
+divided by its streams is the CPU per expiring stream. Reported per backend and variant:
+overshoot p50/p99/max over all measured phases, the CPU per stream (median over phases) and the
+ratio lk / raw of the CPU per stream, paired by round (median). The first round is a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import anyio
+import httpx
+from overhead import _load, percentile
+from provider import provider_process
+
+import latencykit as lk
+
+PROVIDER = """
+import logging, sys
+from latencykit.testing import Behavior, FakeProvider
+logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # each cut stream's lost connection
+fake = FakeProvider()
+fake.script("slow", Behavior(ttft=0.0, itl=float(sys.argv[1]), output_tokens=int(sys.argv[2])))
+fake.start()
+print(fake.base_url, flush=True)
+sys.stdin.read()
+fake.stop()
+"""
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+async def lk_stream(llm: lk.LLM, budget: float) -> float:
+    started = anyio.current_time()
+    try:
+        stream = await llm.acompletion(messages=MESSAGES, stream=True)
+        async with stream:
+            async for chunk in stream:
+                chunk.choices[0].delta.content  # noqa: B018
+    except lk.DeadlineExceeded:
+        return anyio.current_time() - (started + budget)
+    raise RuntimeError("the stream ended before its deadline")
+
+
+async def raw_stream(client: httpx.AsyncClient, url: str, budget: float) -> float:
+    started = anyio.current_time()
+    body = {"model": "slow", "messages": MESSAGES, "stream": True}
+    try:
+        with anyio.fail_after(budget):
+            async with client.stream("POST", url, json=body) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data:") and line != "data: [DONE]":
+                        json.loads(line[5:])["choices"][0]["delta"].get("content")
+    except TimeoutError:
+        return anyio.current_time() - (started + budget)
+    raise RuntimeError("the stream ended before its deadline")
+
+
+async def phase(start: Any, rate: float) -> tuple[list[float], float]:
+    """``rate`` streams over one second, open loop; their overshoots and CPU per stream."""
+    overshoots: list[float] = []
+
+    async def one() -> None:
+        overshoots.append(await start())
+
+    cpu = time.process_time()
+    begin = anyio.current_time()
+    async with anyio.create_task_group() as tasks:
+        for i in range(int(rate)):
+            await anyio.sleep(max(0.0, begin + i / rate - anyio.current_time()))
+            tasks.start_soon(one)
+    return overshoots, (time.process_time() - cpu) / len(overshoots)
+
+
+async def run(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    llm = lk.LLM(
+        "openai/slow",
+        api_base=base_url,
+        api_key="k",
+        transport="openai",
+        deadline=args.budget,
+    )
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+        url = f"{base_url}/chat/completions"
+        variants = {
+            "lk": lambda: lk_stream(llm, args.budget),
+            "raw": lambda: raw_stream(client, url, args.budget),
+        }
+        overshoots: dict[str, list[float]] = {name: [] for name in variants}
+        cpu: dict[str, list[float]] = {name: [] for name in variants}
+        order = list(variants)
+        shuffle = random.Random(args.seed)
+        for round_ in range(args.rounds + 1):
+            shuffle.shuffle(order)
+            for name in order:
+                late, per_stream = await phase(variants[name], args.rate)
+                if round_:  # the first round warms up
+                    overshoots[name] += late
+                    cpu[name].append(per_stream)
+            print(f"  round {round_}/{args.rounds}", file=sys.stderr, flush=True)
+    return {"overshoots": overshoots, "cpu": cpu}
+
+
+def report(backend: str, result: dict[str, Any]) -> None:
+    overshoots, cpu = result["overshoots"], result["cpu"]
+    print(f"\n{backend}: overshoot in ms (streams), CPU per expiring stream in us")
+    print(f"  {'variant':<8} {'n':>5} {'p50':>7} {'p99':>7} {'max':>7} {'CPU':>8}")
+    for name, late in overshoots.items():
+        ms = [x * 1e3 for x in late]
+        print(
+            f"  {name:<8} {len(ms):>5} {percentile(ms, 50):>7.1f} {percentile(ms, 99):>7.1f}"
+            f" {max(ms):>7.1f} {statistics.median(cpu[name]) * 1e6:>8.0f}"
+        )
+    ratios = [a / b for a, b in zip(cpu["lk"], cpu["raw"], strict=True)]
+    print(f"  CPU lk / raw, median of rounds: {statistics.median(ratios):.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rounds", type=int, default=6, help="measured rounds (default 6)")
+    parser.add_argument("--rate", type=float, default=125, help="streams started per second")
+    parser.add_argument("--budget", type=float, default=0.3, help="each stream's deadline (s)")
+    parser.add_argument("--itl", type=float, default=0.05, help="seconds between chunks")
+    parser.add_argument("--backend", choices=("asyncio", "trio"), action="append")
+    parser.add_argument("--seed", type=int, default=20261126)
+    args = parser.parse_args()
+    print(f"load average {_load()}, lk from {os.path.dirname(lk.__file__)}")
+    tokens = int(10 / args.itl)  # a stream lasts 10 s: it outlives every deadline
+    with provider_process(PROVIDER, str(args.itl), str(tokens)) as base_url:
+        for backend in args.backend or ("asyncio", "trio"):
+            print(f"{backend}...", file=sys.stderr, flush=True)
+            result = anyio.run(run, base_url, args, backend=backend)
+            report(backend, result)
+
+
+if __name__ == "__main__":
+    main()
