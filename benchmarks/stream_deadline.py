@@ -29,10 +29,12 @@ ratio lk / raw of the CPU per stream, paired by round (median). The first round 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any
@@ -102,8 +104,9 @@ async def phase(start: Any, rate: float) -> tuple[list[float], float]:
     return overshoots, (time.process_time() - cpu) / len(overshoots)
 
 
-async def run(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
-    llm = lk.LLM(
+async def run(base_url: str, variant: str, args: argparse.Namespace) -> dict[str, Any]:
+    """``--phases`` phases of one variant in this process, after one to warm up."""
+    llm = lk.LLM(  # made in both variants: the same heap (litellm imported)
         "openai/slow",
         api_base=base_url,
         api_key="k",
@@ -113,55 +116,95 @@ async def run(base_url: str, args: argparse.Namespace) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
         url = f"{base_url}/chat/completions"
-        variants = {
+        start = {
             "lk": lambda: lk_stream(llm, args.budget),
             "raw": lambda: raw_stream(client, url, args.budget),
-        }
-        overshoots: dict[str, list[float]] = {name: [] for name in variants}
-        cpu: dict[str, list[float]] = {name: [] for name in variants}
-        order = list(variants)
-        shuffle = random.Random(args.seed)
-        for round_ in range(args.rounds + 1):
-            shuffle.shuffle(order)
-            for name in order:
-                late, per_stream = await phase(variants[name], args.rate)
-                if round_:  # the first round warms up
-                    overshoots[name] += late
-                    cpu[name].append(per_stream)
-            print(f"  round {round_}/{args.rounds}", file=sys.stderr, flush=True)
-    return {"overshoots": overshoots, "cpu": cpu}
+        }[variant]
+        await phase(start, args.rate)
+        pauses: list[float] = []
+        _time_collections(pauses)
+        overshoots: list[float] = []
+        cpu: list[float] = []
+        for _ in range(args.phases):
+            late, per_stream = await phase(start, args.rate)
+            overshoots += late
+            cpu.append(per_stream)
+    return {"overshoots": overshoots, "cpu": cpu, "gc": pauses}
 
 
-def report(backend: str, result: dict[str, Any]) -> None:
-    overshoots, cpu = result["overshoots"], result["cpu"]
+def _time_collections(pauses: list[float]) -> None:
+    """Append the duration of every full (generation 2) garbage collection to ``pauses``."""
+    started = [0.0]
+
+    def timed(phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                pauses.append(time.perf_counter() - started[0])
+
+    gc.callbacks.append(timed)
+
+
+def report(backend: str, results: dict[str, list[dict[str, Any]]]) -> None:
     print(f"\n{backend}: overshoot in ms (streams), CPU per expiring stream in us")
-    print(f"  {'variant':<8} {'n':>5} {'p50':>7} {'p99':>7} {'max':>7} {'CPU':>8}")
-    for name, late in overshoots.items():
-        ms = [x * 1e3 for x in late]
+    print(f"  {'variant':<8} {'n':>5} {'p50':>7} {'p99':>7} {'max':>7} {'CPU':>8}  gen-2 GCs")
+    for name, runs in results.items():
+        ms = [x * 1e3 for run in runs for x in run["overshoots"]]
+        cpu = [x for run in runs for x in run["cpu"]]
+        pauses = [x * 1e3 for run in runs for x in run["gc"]]
+        longest = max(pauses, default=0.0)
         print(
             f"  {name:<8} {len(ms):>5} {percentile(ms, 50):>7.1f} {percentile(ms, 99):>7.1f}"
-            f" {max(ms):>7.1f} {statistics.median(cpu[name]) * 1e6:>8.0f}"
+            f" {max(ms):>7.1f} {statistics.median(cpu) * 1e6:>8.0f}"
+            f"  {len(pauses)}, longest {longest:.0f} ms"
         )
-    ratios = [a / b for a, b in zip(cpu["lk"], cpu["raw"], strict=True)]
+    ratios = [
+        statistics.median(lk_run["cpu"]) / statistics.median(raw_run["cpu"])
+        for lk_run, raw_run in zip(results["lk"], results["raw"], strict=True)
+    ]
     print(f"  CPU lk / raw, median of rounds: {statistics.median(ratios):.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--rounds", type=int, default=6, help="measured rounds (default 6)")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds (default 6)")
+    parser.add_argument("--phases", type=int, default=3, help="phases per round (default 3)")
     parser.add_argument("--rate", type=float, default=125, help="streams started per second")
     parser.add_argument("--budget", type=float, default=0.3, help="each stream's deadline (s)")
     parser.add_argument("--itl", type=float, default=0.05, help="seconds between chunks")
     parser.add_argument("--backend", choices=("asyncio", "trio"), action="append")
     parser.add_argument("--seed", type=int, default=20261126)
+    parser.add_argument("--child", nargs=3, metavar=("BASE", "VARIANT", "BACKEND"), help="internal")
     args = parser.parse_args()
+    if args.child:
+        base_url, variant, backend = args.child
+        print(json.dumps(anyio.run(run, base_url, variant, args, backend=backend)))
+        return
     print(f"load average {_load()}, lk from {os.path.dirname(lk.__file__)}")
     tokens = int(10 / args.itl)  # a stream lasts 10 s: it outlives every deadline
+    shuffle = random.Random(args.seed)
     with provider_process(PROVIDER, str(args.itl), str(tokens)) as base_url:
         for backend in args.backend or ("asyncio", "trio"):
-            print(f"{backend}...", file=sys.stderr, flush=True)
-            result = anyio.run(run, base_url, args, backend=backend)
-            report(backend, result)
+            results: dict[str, list[dict[str, Any]]] = {"lk": [], "raw": []}
+            for round_ in range(args.rounds):
+                order = list(results)
+                shuffle.shuffle(order)
+                for variant in order:
+                    options = [f"--{name}={getattr(args, name)}" for name in OPTIONS]
+                    child = [sys.executable, __file__, *options, "--child"]
+                    done = subprocess.run(
+                        [*child, base_url, variant, backend],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    )
+                    results[variant].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                print(f"  {backend} round {round_ + 1}/{args.rounds}", file=sys.stderr)
+            report(backend, results)
+
+
+OPTIONS = ("phases", "rate", "budget")
 
 
 if __name__ == "__main__":

@@ -686,23 +686,29 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         try:
             await self._read_to_content(min(limit, self._deadline) if within_deadline else limit)
         except _Expired:
-            error = self._expired_error()
-            await self._end("error", error)
-            raise error from None
+            pass  # raised below, out of this handler (see __anext__)
         except Exception as exc:
             await self._end("error", exc)
             raise
         except BaseException as exc:
             await self._end("cancelled", exc)
             raise
-        self._committed = True
-        self._live = self.outcome == "open"
-        if self._first_at is not None and events.listening():
-            events.emit(
-                events.FirstToken(
-                    self._call_id(), attempt=self.attempt, target=self.target, ttft=self.ttft or 0.0
+        else:
+            self._committed = True
+            self._live = self.outcome == "open"
+            if self._first_at is not None and events.listening():
+                events.emit(
+                    events.FirstToken(
+                        self._call_id(),
+                        attempt=self.attempt,
+                        target=self.target,
+                        ttft=self.ttft or 0.0,
+                    )
                 )
-            )
+            return
+        error = self._expired_error()
+        await self._end("error", error)
+        raise error
 
     async def _read_to_content(self, limit: float) -> None:
         """Read, keeping the items for the consumer, until a content chunk or the end of the
@@ -749,8 +755,8 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
                 limit = self._limit()
                 watchdog = self._watchdog
                 if watchdog is not None:
-                    # asyncio: the per-stream timer around the source's own awaitable,
-                    # without a coroutine frame of ours (Watchdog.wait, unrolled).
+                    # The per-stream timer around the source's own awaitable, without a
+                    # coroutine frame of ours (Watchdog.wait, unrolled).
                     task = watchdog.arm(limit)
                     try:
                         item = await self._pull_next()
@@ -767,21 +773,25 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         except StopAsyncIteration:
             return await self._ended()
         except _Expired:
-            return await self._broken(self._expired_error())
+            pass  # raised below, out of this handler: no context chain to keep alive
         except Exception as exc:
             return await self._broken(self._wrapped(exc))
         except BaseException as exc:
             await self._end("cancelled", exc)
             raise
-        if text and finish is None and self._first_at is not None:
-            # The common chunk (text, no finish, after the first): _observe's work, inline.
-            self._gaps.append(now - self._last_at)
-            self._last_at = now
-            self.chunks += 1
-            self._pieces.append(text)
         else:
-            self._observe(item, text, finish, now)
-        return item  # type: ignore[no-any-return]
+            if text and finish is None and self._first_at is not None:
+                # The common chunk (text, no finish, after the first): _observe's work, inline.
+                self._gaps.append(now - self._last_at)
+                self._last_at = now
+                self.chunks += 1
+                self._pieces.append(text)
+            else:
+                self._observe(item, text, finish, now)
+            return item  # type: ignore[no-any-return]
+        # The error raised in an except clause would hold the expiry, and through it the
+        # cancelled read's frames (the HTTP response, its connection) until a full collection.
+        return await self._broken(self._expired_error())
 
     async def _next_uncommitted(self) -> T:
         """The next item of a stream that is not open and committed: the chunks kept at
