@@ -148,22 +148,23 @@ def _time_collections(pauses: list[float]) -> None:
 
 def report(backend: str, results: dict[str, list[dict[str, Any]]]) -> None:
     print(f"\n{backend}: overshoot in ms (streams), CPU per expiring stream in us")
-    print(f"  {'variant':<8} {'n':>5} {'p50':>7} {'p99':>7} {'max':>7} {'CPU':>8}  gen-2 GCs")
+    print(f"  {'variant':<10} {'n':>5} {'p50':>7} {'p99':>7} {'max':>7} {'CPU':>8}  gen-2 GCs")
     for name, runs in results.items():
         ms = [x * 1e3 for run in runs for x in run["overshoots"]]
         cpu = [x for run in runs for x in run["cpu"]]
         pauses = [x * 1e3 for run in runs for x in run["gc"]]
         longest = max(pauses, default=0.0)
         print(
-            f"  {name:<8} {len(ms):>5} {percentile(ms, 50):>7.1f} {percentile(ms, 99):>7.1f}"
+            f"  {name:<10} {len(ms):>5} {percentile(ms, 50):>7.1f} {percentile(ms, 99):>7.1f}"
             f" {max(ms):>7.1f} {statistics.median(cpu) * 1e6:>8.0f}"
             f"  {len(pauses)}, longest {longest:.0f} ms"
         )
-    ratios = [
-        statistics.median(lk_run["cpu"]) / statistics.median(raw_run["cpu"])
-        for lk_run, raw_run in zip(results["lk"], results["raw"], strict=True)
-    ]
-    print(f"  CPU lk / raw, median of rounds: {statistics.median(ratios):.2f}x")
+    for name in results:
+        ratios = [
+            statistics.median(run["cpu"]) / statistics.median(raw_run["cpu"])
+            for run, raw_run in zip(results[name], results["raw"], strict=True)
+        ]
+        print(f"  CPU {name} / raw, median of rounds: {statistics.median(ratios):.2f}x")
 
 
 def main() -> None:
@@ -175,6 +176,9 @@ def main() -> None:
     parser.add_argument("--itl", type=float, default=0.05, help="seconds between chunks")
     parser.add_argument("--backend", choices=("asyncio", "trio"), action="append")
     parser.add_argument("--seed", type=int, default=20261126)
+    parser.add_argument(
+        "--compare", metavar="SRC", help="also the lk variant with latencykit from SRC"
+    )
     parser.add_argument("--child", nargs=3, metavar=("BASE", "VARIANT", "BACKEND"), help="internal")
     args = parser.parse_args()
     if args.child:
@@ -186,20 +190,25 @@ def main() -> None:
     shuffle = random.Random(args.seed)
     with provider_process(PROVIDER, str(args.itl), str(tokens)) as base_url:
         for backend in args.backend or ("asyncio", "trio"):
-            results: dict[str, list[dict[str, Any]]] = {"lk": [], "raw": []}
+            here = os.environ.get("PYTHONPATH", "")
+            trees = {"lk": here, "raw": here}
+            if args.compare:
+                trees["lk before"] = args.compare
+            results: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
             for round_ in range(args.rounds):
                 order = list(results)
                 shuffle.shuffle(order)
-                for variant in order:
-                    options = [f"--{name}={getattr(args, name)}" for name in OPTIONS]
+                for name in order:
+                    options = [f"--{option}={getattr(args, option)}" for option in OPTIONS]
                     child = [sys.executable, __file__, *options, "--child"]
                     done = subprocess.run(
-                        [*child, base_url, variant, backend],
+                        [*child, base_url, name.split()[0], backend],
                         capture_output=True,
                         text=True,
                         check=True,
+                        env={**os.environ, "PYTHONPATH": trees[name]},
                     )
-                    results[variant].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                    results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
                 print(f"  {backend} round {round_ + 1}/{args.rounds}", file=sys.stderr)
             report(backend, results)
 

@@ -620,16 +620,12 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         """Wait for the source's next item until ``limit`` at most (``_Expired`` after)."""
         if limit == math.inf:
             return await self._pull_next()
-        watchdog = self._watchdog or self._new_watchdog()
+        watchdog = self._watchdog = self._watchdog or self._watchdog_of(self._source.interrupter)
         if watchdog is not None:
             return await watchdog.wait(self._pull_next(), limit)
         with self._scope(deadline=limit):
             return await self._pull_next()
         raise _Expired
-
-    def _new_watchdog(self) -> Watchdog | None:
-        watchdog = self._watchdog = self._watchdog_of(self._source.interrupter)
-        return watchdog
 
     def _observe(self, item: T, text: str | None, finish: str | None, now: float) -> bool:
         """Take the measurements of one item, read as ``(text, finish)``, that arrived at
@@ -685,34 +681,21 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         limit = math.inf if self.first_token is None else self._started + self.first_token
         try:
             await self._read_to_content(min(limit, self._deadline) if within_deadline else limit)
-        except _Expired:
-            pass  # raised below, out of this handler (see __anext__)
-        except Exception as exc:
-            await self._end("error", exc)
-            raise
         except BaseException as exc:
-            await self._end("cancelled", exc)
+            await self._end("error" if isinstance(exc, Exception) else "cancelled", exc)
             raise
-        else:
-            self._committed = True
-            self._live = self.outcome == "open"
-            if self._first_at is not None and events.listening():
-                events.emit(
-                    events.FirstToken(
-                        self._call_id(),
-                        attempt=self.attempt,
-                        target=self.target,
-                        ttft=self.ttft or 0.0,
-                    )
+        self._committed = True
+        self._live = self.outcome == "open"
+        if self._first_at is not None and events.listening():
+            events.emit(
+                events.FirstToken(
+                    self._call_id(), attempt=self.attempt, target=self.target, ttft=self.ttft or 0.0
                 )
-            return
-        error = self._expired_error()
-        await self._end("error", error)
-        raise error
+            )
 
     async def _read_to_content(self, limit: float) -> None:
         """Read, keeping the items for the consumer, until a content chunk or the end of the
-        stream; raises what the source raised (wrapped), ``_Expired`` past ``limit``."""
+        stream; raises what the source raised (wrapped), the expiry's error past ``limit``."""
         while True:
             try:
                 item, text, finish, now = await self._take(limit)
@@ -720,12 +703,13 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
                 self._check_complete()
                 return
             except _Expired:
-                raise
+                break
             except Exception as exc:
                 raise self._wrapped(exc)  # noqa: B904 (the cause is set when wrapped)
             self._buffer.append(item)
             if self._observe(item, text, finish, now):
                 return
+        raise self._expired_error()  # out of the handler (see __anext__)
 
     def _call_id(self) -> int:
         return 0 if self._trace is None else self._trace.call_id
