@@ -2,28 +2,36 @@
 
 Run it from the repository root::
 
-    .venv/bin/python benchmarks/stream_deadline.py                    # about a minute
-    .venv/bin/python benchmarks/stream_deadline.py --rounds 4 --backend asyncio
+    .venv/bin/python benchmarks/stream_deadline.py                  # about four minutes
+    .venv/bin/python benchmarks/stream_deadline.py --rounds 3 --backend asyncio
+    # the same, with latencykit from another tree as a third variant, side by side:
+    .venv/bin/python benchmarks/stream_deadline.py --compare /tmp/before/src
 
 Method. A fake provider in a child process answers model ``slow`` with a stream that outlives
 every deadline (first chunk at once, then one chunk every ``--itl`` seconds, default 0.05, for
-10 s). In this process, streams are started open-loop at ``--rate`` per second (default 125)
-in phases of one second; each stream reads until its ``--budget`` (default 0.3 s) runs out.
-Two variants take turns, phase by phase, in a freshly shuffled order each round (so machine
-drift hits them alike):
+10 s). Each variant runs in a child process of its own (the garbage one variant leaves must
+not pause the other), the variants taking turns in a freshly shuffled order each round. A
+child starts streams open-loop at ``--rate`` per second (default 125) in phases of one second,
+one to warm up and ``--phases`` measured (default 3); each stream reads until its ``--budget``
+(default 0.3 s) runs out. Variants:
 
 - ``lk``: ``lk.LLM("openai/slow", transport="openai", deadline=budget)``, streamed, each
   chunk's text read, until ``lk.DeadlineExceeded``;
 - ``raw``: ``anyio.fail_after(budget)`` around raw httpx streaming the same request
   (``client.stream``, ``aiter_lines``, ``json.loads`` of each event, its text read), until
-  ``TimeoutError``: what one would write by hand.
+  ``TimeoutError``: what one would write by hand (the child builds the same ``lk.LLM``, so
+  both heaps are alike);
+- ``lk before`` (with ``--compare SRC``): ``lk`` with latencykit imported from ``SRC``.
 
 The overshoot of a stream is the time from its deadline (its start + budget, on the loop's
 clock) to the caller catching the error. A phase waits for all its streams to end before the
-next starts; its CPU (``time.process_time``, this process only: the provider runs elsewhere)
-divided by its streams is the CPU per expiring stream. Reported per backend and variant:
-overshoot p50/p99/max over all measured phases, the CPU per stream (median over phases) and the
-ratio lk / raw of the CPU per stream, paired by round (median). The first round is a warm-up.
+next starts; its CPU (``time.process_time``, the child only: the provider runs elsewhere)
+divided by its streams is the CPU per expiring stream. Then the child counts the objects an
+expiring stream leaves in reference cycles (``gc.DEBUG_SAVEALL`` over 20 streams): garbage
+only a collection frees, which makes full collections longer. Reported per backend and
+variant: overshoot p50/p99/max over all phases, the CPU per stream (median over phases), the
+garbage per stream, the full collections seen and the longest; and each variant's CPU per
+stream over raw's, paired by round (median).
 """
 
 from __future__ import annotations
@@ -129,7 +137,24 @@ async def run(base_url: str, variant: str, args: argparse.Namespace) -> dict[str
             late, per_stream = await phase(start, args.rate)
             overshoots += late
             cpu.append(per_stream)
-    return {"overshoots": overshoots, "cpu": cpu, "gc": pauses}
+        collections = list(pauses)  # not the garbage count's own collections
+        garbage = await cyclic_garbage(start)
+    return {"overshoots": overshoots, "cpu": cpu, "gc": collections, "garbage": garbage}
+
+
+async def cyclic_garbage(start: Any, streams: int = 20) -> float:
+    """Objects per expiring stream that only a garbage collection frees (in reference cycles):
+    what makes full collections longer."""
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(streams):
+            await start()
+        gc.collect()
+        return len(gc.garbage) / streams
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
 
 
 def _time_collections(pauses: list[float]) -> None:
@@ -147,16 +172,18 @@ def _time_collections(pauses: list[float]) -> None:
 
 
 def report(backend: str, results: dict[str, list[dict[str, Any]]]) -> None:
-    print(f"\n{backend}: overshoot in ms (streams), CPU per expiring stream in us")
-    print(f"  {'variant':<10} {'n':>5} {'p50':>7} {'p99':>7} {'max':>7} {'CPU':>8}  gen-2 GCs")
+    print(f"\n{backend}: overshoot in ms (streams); per expiring stream: CPU in us, garbage")
+    columns = ("n", 5), ("p50", 7), ("p99", 7), ("max", 7), ("CPU", 8), ("garbage", 8)
+    print(f"  {'variant':<10}" + "".join(f" {name:>{width}}" for name, width in columns), "GCs")
     for name, runs in results.items():
         ms = [x * 1e3 for run in runs for x in run["overshoots"]]
         cpu = [x for run in runs for x in run["cpu"]]
         pauses = [x * 1e3 for run in runs for x in run["gc"]]
         longest = max(pauses, default=0.0)
+        garbage = statistics.median(run["garbage"] for run in runs)
         print(
             f"  {name:<10} {len(ms):>5} {percentile(ms, 50):>7.1f} {percentile(ms, 99):>7.1f}"
-            f" {max(ms):>7.1f} {statistics.median(cpu) * 1e6:>8.0f}"
+            f" {max(ms):>7.1f} {statistics.median(cpu) * 1e6:>8.0f} {garbage:>8.0f}"
             f"  {len(pauses)}, longest {longest:.0f} ms"
         )
     for name in results:
