@@ -40,9 +40,6 @@ class Backend(NamedTuple):
     """The event loop's clock, the one cancel-scope deadlines are on."""
     scope: Callable[..., Any]
     """``scope(deadline=...)``: a cancel scope (``cancelled_caught`` after exit)."""
-    watchdog: Callable[[Callable[[], Interrupt | None]], Watchdog | None]
-    """``watchdog(interrupter)``: a :class:`Watchdog` for a source whose ``interrupter()`` says
-    how to stop its pending read, or ``None``: then each wait enters a scope."""
 
 
 Interrupt = Callable[[], None]
@@ -71,30 +68,20 @@ class Watchdog:
 
     __slots__ = (
         "_armed",
-        "_call_at",
         "_cancelling",
         "_current_task",
         "_fired",
         "_handle",
         "_interrupt",
         "_limit",
-        "_now",
         "_task",
     )
 
     def __init__(self, interrupt: Interrupt | None = None) -> None:
         self._interrupt = interrupt  # None: cancel the task (asyncio)
-        if interrupt is None:
-            import asyncio
-
-            loop = asyncio.get_running_loop()
-            self._current_task: Callable[[], Any] = asyncio.current_task
-            self._call_at: Callable[..., Timer] = loop.call_at
-            self._now: Callable[[], float] = loop.time
-        else:
-            self._current_task = _waiting
-            self._call_at = call_at
-            self._now = now
+        self._current_task: Callable[[], Any] = (
+            sys.modules["asyncio"].current_task if interrupt is None else _waiting
+        )
         self._handle: Timer | None = None
         self._limit = self._armed = math.inf  # the wait's limit; when the timer fires
         self._task: Any = None
@@ -122,7 +109,7 @@ class Watchdog:
         if limit < self._armed:
             if self._handle is not None:
                 self._handle.cancel()
-            self._handle = self._call_at(limit, self._expire)
+            self._handle = call_at(limit, self._expire)
             self._armed = limit
         task = self._current_task()  # Any: cancelling()/uncancel() are 3.11+
         self._task = task
@@ -156,8 +143,8 @@ class Watchdog:
         task = self._task
         if task is None:
             return  # not waiting: the next wait arms the timer again
-        if self._now() < self._limit:
-            self._handle = self._call_at(self._limit, self._expire)
+        if now() < self._limit:
+            self._handle = call_at(self._limit, self._expire)
             self._armed = self._limit
             return
         self._fired = True
@@ -178,20 +165,17 @@ def _waiting() -> bool:
     return True  # what a trio watchdog records for a wait (it never needs the task)
 
 
-def _asyncio_watchdog(interrupter: Callable[[], Interrupt | None]) -> Watchdog:
-    return Watchdog()
-
-
-def _trio_watchdog(interrupter: Callable[[], Interrupt | None]) -> Watchdog | None:
+def watchdog_for(interrupter: Callable[[], Interrupt | None]) -> Watchdog | None:
+    """A :class:`Watchdog` for the waits of a source whose ``interrupter()`` stops its pending
+    read, if the running backend can use one (asyncio 3.11+, or trio and an interrupter); else
+    ``None``: each wait enters a cancel scope."""
+    if _asyncio_loop() is not None:
+        return Watchdog() if hasattr(sys.modules["asyncio"].Task, "uncancel") else None
     interrupt = interrupter()
     return None if interrupt is None else Watchdog(interrupt)
 
 
-def _no_watchdog(interrupter: Callable[[], Interrupt | None]) -> None:
-    return None
-
-
-_GENERIC = Backend(now=anyio.current_time, scope=anyio.CancelScope, watchdog=_no_watchdog)
+_GENERIC = Backend(now=anyio.current_time, scope=anyio.CancelScope)
 _backends: dict[str, Backend] = {}
 
 
@@ -200,20 +184,16 @@ def _native(name: str) -> Backend:
     if name == "asyncio":
         import asyncio
 
-        # Task.uncancel() (3.11+) lets the watchdog cancel as asyncio.timeout does.
-        uncancel = hasattr(asyncio.Task, "uncancel")
-        watchdog = _asyncio_watchdog if uncancel else _no_watchdog
-
         # anyio.CancelScope(...) looks the backend up (sniffio) and constructs the backend's
         # own scope class on every call; that class, constructed directly, is the same scope.
         def loop_time() -> float:
             return asyncio.get_running_loop().time()
 
-        return Backend(now=loop_time, scope=type(anyio.CancelScope()), watchdog=watchdog)
+        return Backend(now=loop_time, scope=type(anyio.CancelScope()))
     if name == "trio":
         import trio
 
-        return Backend(now=trio.current_time, scope=trio.CancelScope, watchdog=_trio_watchdog)
+        return Backend(now=trio.current_time, scope=trio.CancelScope)
     return _GENERIC
 
 

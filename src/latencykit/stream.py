@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from . import events
 from ._cancel import Expired as _Expired
-from ._cancel import Interrupt, Watchdog, backend, loop_clock
+from ._cancel import Interrupt, Watchdog, backend, loop_clock, watchdog_for
 from ._response import Summary
 from ._response import summary as _summary
 from .chunks import OPENAI_CHUNKS, Node
@@ -306,7 +306,6 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         "_truncation",
         "_usage_item",
         "_watchdog",
-        "_watchdog_of",
         "_wrap_error",
         "attempt",
         "chunks",
@@ -340,7 +339,6 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         self._use(source)
         self._now = _clock()
         self._scope = loop.scope
-        self._watchdog_of = loop.watchdog
         self.first_token = first_token
         self.stall = stall
         self._deadline = deadline
@@ -620,7 +618,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         """Wait for the source's next item until ``limit`` at most (``_Expired`` after)."""
         if limit == math.inf:
             return await self._pull_next()
-        watchdog = self._watchdog = self._watchdog or self._watchdog_of(self._source.interrupter)
+        watchdog = self._watchdog = self._watchdog or watchdog_for(self._source.interrupter)
         if watchdog is not None:
             return await watchdog.wait(self._pull_next(), limit)
         with self._scope(deadline=limit):
