@@ -398,23 +398,11 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         wrapped = self._wrap_error(error)
         if type(wrapped) is AttemptTimeout and wrapped.status_code is None:
             # The HTTP read timeout of a stream is the silence the guards watch for, whichever
-            # fires first: before the first content chunk a first-token timeout, after it a stall.
-            wrapped = self._silence(wrapped)
+            # fires first: it means what their own limit would.
+            wrapped = self._expired_error()
         if wrapped is not error:
             wrapped.__cause__ = error
         return wrapped
-
-    def _silence(self, timeout: Exception) -> Exception:
-        quiet = self._now() - self._last_at
-        if not self._committed:
-            return FirstTokenTimeout(
-                f"no content chunk within {quiet:.3g}s (the read timeout)", target=self.target
-            )
-        return StreamStalled(
-            f"no content chunk for {quiet:.3g}s after {self.chunks} chunks (the read timeout)",
-            target=self.target,
-            reason="stall",
-        )
 
     def __repr__(self) -> str:
         return f"<latencykit.Stream {self.target!r} {self.outcome}, {self.chunks} chunks>"
@@ -799,9 +787,10 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         raise StopAsyncIteration
 
     def _expired_error(self) -> Exception:
-        """What a wait past its limit means: the deadline expired, else the first content
-        chunk is late (before the commit) or the stream stalled (after it)."""
+        """What a wait past its limit (or the HTTP read timeout) means: the deadline expired,
+        else the first content chunk is late (before the commit) or the stream stalled."""
         now = self._now()
+        quiet = now - self._last_at
         if now >= self._deadline:
             if events.listening():
                 events.emit(
@@ -811,9 +800,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
                 )
             return DeadlineExceeded(self._budget, now - self._started)
         if not self._committed:
-            return FirstTokenTimeout(
-                f"no content chunk within {self.first_token:g}s", target=self.target
-            )
+            return FirstTokenTimeout(f"no content chunk within {quiet:.3g}s", target=self.target)
         if events.listening():
             events.emit(
                 events.StallDetected(
@@ -825,7 +812,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
                 )
             )
         return StreamStalled(
-            f"no content chunk for {self.stall:g}s after {self.chunks} chunks",
+            f"no content chunk for {quiet:.3g}s after {self.chunks} chunks",
             target=self.target,
             reason="stall",
         )
