@@ -174,8 +174,8 @@ def _time_collections(pauses: list[float]) -> None:
 
 def report(backend: str, results: dict[str, list[dict[str, Any]]]) -> None:
     print(f"\n{backend}: overshoot in ms (streams); per expiring stream: CPU in us, garbage")
-    columns = ("n", 5), ("p50", 7), ("p99", 7), ("max", 7), ("round p99", 9), ("CPU", 8)
-    columns += (("garbage", 8),)
+    columns = [("n", 5), ("p50", 7), ("p99", 7), ("max", 7), ("round p99", 9), ("CPU", 8)]
+    columns.append(("garbage", 8))
     print(f"  {'variant':<10}" + "".join(f" {name:>{width}}" for name, width in columns), "GCs")
     for name, runs in results.items():
         ms = [x * 1e3 for run in runs for x in run["overshoots"]]
