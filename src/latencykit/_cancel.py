@@ -8,10 +8,10 @@ returns, and scopes are anyio's asyncio scope class, constructed directly (the
 structured-cancellation machinery, without the per-call backend lookup).
 
 A stream waits for a chunk with a limit (stall, deadline) thousands of times; a cancel scope per
-wait costs tens of microseconds next to litellm. On asyncio (Python 3.11+) a :class:`Watchdog`
-instead keeps one loop timer per stream, re-armed only when it fires early, and cancels the
-waiting task the way ``asyncio.timeout`` does (``cancel`` then ``uncancel``), so it composes with
-anyio's scopes and with any other cancellation.
+wait costs microseconds, as much as the rest of a chunk's path. A :class:`Watchdog` instead keeps
+one loop timer per stream, re-armed only when it fires early; at expiry it cancels the waiting
+task on asyncio (Python 3.11+), and on trio it interrupts the source's read (where the source
+can: the fast lane closes its connection); other sources on trio get a scope per wait.
 """
 
 from __future__ import annotations
@@ -40,8 +40,10 @@ class Backend(NamedTuple):
     """The event loop's clock, the one cancel-scope deadlines are on."""
     scope: Callable[..., Any]
     """``scope(deadline=...)``: a cancel scope (``cancelled_caught`` after exit)."""
-    watchdog: Callable[[], Watchdog] | None = None
-    """A :class:`Watchdog` factory where the backend has a cheaper way than a scope per wait."""
+
+
+Interrupt = Callable[[], None]
+"""Stops a pending read at once (it raises): what a trio :class:`Watchdog` calls at expiry."""
 
 
 class Expired(Exception):
@@ -56,6 +58,12 @@ class Watchdog:
     (a stream's stall limit moves with each chunk; its deadline does not move): the timer stays
     armed at the earliest limit, and when it fires before the current one it is re-armed for it.
     So a wait that ends in time costs a few attribute writes; the timer fires about once per limit.
+
+    At expiry it stops the wait: on asyncio (3.11+) it cancels the waiting task the way
+    ``asyncio.timeout`` does (``cancel`` then ``uncancel``), so it composes with anyio's scopes
+    and with any other cancellation; on trio, which can cancel only through a scope entered
+    around the wait, it calls ``interrupt`` instead (the fast lane closes the connection its
+    read waits on), so no scope is entered per wait.
     """
 
     __slots__ = (
@@ -64,17 +72,17 @@ class Watchdog:
         "_current_task",
         "_fired",
         "_handle",
+        "_interrupt",
         "_limit",
-        "_loop",
         "_task",
     )
 
-    def __init__(self) -> None:
-        import asyncio
-
-        self._current_task = asyncio.current_task
-        self._loop = asyncio.get_running_loop()
-        self._handle: asyncio.TimerHandle | None = None
+    def __init__(self, interrupt: Interrupt | None = None) -> None:
+        self._interrupt = interrupt  # None: cancel the task (asyncio)
+        self._current_task: Callable[[], Any] = (
+            sys.modules["asyncio"].current_task if interrupt is None else _waiting
+        )
+        self._handle: Timer | None = None
         self._limit = self._armed = math.inf  # the wait's limit; when the timer fires
         self._task: Any = None
         self._cancelling = 0
@@ -101,27 +109,32 @@ class Watchdog:
         if limit < self._armed:
             if self._handle is not None:
                 self._handle.cancel()
-            self._handle = self._loop.call_at(limit, self._expire)
+            self._handle = call_at(limit, self._expire)
             self._armed = limit
-        task: Any = self._current_task()  # Any: cancelling()/uncancel() are 3.11+
+        task = self._current_task()  # Any: cancelling()/uncancel() are 3.11+
         self._task = task
         return task
 
     def returned(self, task: Any) -> None:
-        """The wait ended with a result."""
-        self._task = None
-        if self._fired:  # the awaitable swallowed our cancellation: take it back
-            self._fired = False
-            task.uncancel()
-
-    def raised(self, task: Any, error: BaseException) -> None:
-        """The wait ended with ``error``: raises :class:`Expired` instead if the timer's
-        cancellation (and no other) caused it."""
+        """The wait ended with a result (raises :class:`Expired` if an interrupt came first:
+        the read that brought it has lost its connection)."""
         self._task = None
         if self._fired:
+            self._fired = False
+            if self._interrupt is not None:
+                raise Expired
+            task.uncancel()  # the awaitable swallowed our cancellation: take it back
+
+    def raised(self, task: Any, error: BaseException) -> None:
+        """The wait ended with ``error``: raises :class:`Expired` instead if the timer (and
+        no other cancellation) caused it."""
+        self._task = None
+        if self._fired:
+            self._fired = False
+            if self._interrupt is not None:
+                raise Expired from None
             import asyncio
 
-            self._fired = False
             if task.uncancel() <= self._cancelling and isinstance(error, asyncio.CancelledError):
                 raise Expired from None  # only we cancelled it
 
@@ -130,11 +143,14 @@ class Watchdog:
         task = self._task
         if task is None:
             return  # not waiting: the next wait arms the timer again
-        if self._loop.time() < self._limit:
-            self._handle = self._loop.call_at(self._limit, self._expire)
+        if now() < self._limit:
+            self._handle = call_at(self._limit, self._expire)
             self._armed = self._limit
             return
         self._fired = True
+        if self._interrupt is not None:
+            self._interrupt()
+            return
         self._cancelling = task.cancelling()  # others' pending cancellations, not ours
         task.cancel()
 
@@ -143,6 +159,20 @@ class Watchdog:
         if self._handle is not None:
             self._handle.cancel()
             self._handle, self._armed = None, math.inf
+
+
+def _waiting() -> bool:
+    return True  # what a trio watchdog records for a wait (it never needs the task)
+
+
+def watchdog_for(interrupter: Callable[[], Interrupt | None]) -> Watchdog | None:
+    """A :class:`Watchdog` for the waits of a source whose ``interrupter()`` stops its pending
+    read, if the running backend can use one (asyncio 3.11+, or trio and an interrupter); else
+    ``None``: each wait enters a cancel scope."""
+    if _asyncio_loop() is not None:
+        return Watchdog() if hasattr(sys.modules["asyncio"].Task, "uncancel") else None
+    interrupt = interrupter()
+    return None if interrupt is None else Watchdog(interrupt)
 
 
 _GENERIC = Backend(now=anyio.current_time, scope=anyio.CancelScope)
@@ -154,15 +184,12 @@ def _native(name: str) -> Backend:
     if name == "asyncio":
         import asyncio
 
-        # Task.uncancel() (3.11+) lets the watchdog cancel as asyncio.timeout does.
-        watchdog = Watchdog if hasattr(asyncio.Task, "uncancel") else None
-
         # anyio.CancelScope(...) looks the backend up (sniffio) and constructs the backend's
         # own scope class on every call; that class, constructed directly, is the same scope.
         def loop_time() -> float:
             return asyncio.get_running_loop().time()
 
-        return Backend(now=loop_time, scope=type(anyio.CancelScope()), watchdog=watchdog)
+        return Backend(now=loop_time, scope=type(anyio.CancelScope()))
     if name == "trio":
         import trio
 

@@ -21,7 +21,7 @@ import json
 import os
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -433,6 +433,15 @@ class OpenAIChunks(ChunkSource):
         response, self._response = self._response, None
         if response is not None:
             await response.aclose()
+
+    def interrupter(self) -> Callable[[], None] | None:
+        """Once the response is open: its socket's ``close``, which makes a pending read raise
+        at once (on trio, what a stream's stall or deadline timer calls instead of entering a
+        cancel scope per read); ``None`` before."""
+        response = self._response
+        network = None if response is None else response.extensions.get("network_stream")
+        socket = None if network is None else network.get_extra_info("socket")
+        return None if socket is None else socket.close
 
     def close_nowait(self) -> None:
         """Schedule :meth:`aclose` on the stream's loop (from a finaliser, any thread)."""

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from . import events
 from ._cancel import Expired as _Expired
-from ._cancel import Watchdog, backend, loop_clock
+from ._cancel import Interrupt, Watchdog, backend, loop_clock, watchdog_for
 from ._response import Summary
 from ._response import summary as _summary
 from .chunks import OPENAI_CHUNKS, Node
@@ -201,6 +201,12 @@ class ChunkSource(abc.ABC):
         """Schedule its close without waiting, from a finaliser (default: nothing)."""
         return None
 
+    def interrupter(self) -> Interrupt | None:
+        """On trio: a function that makes a pending :meth:`pull` raise at once, called by the
+        stream's stall and deadline timer (so no cancel scope is entered per wait); ``None``
+        (default) when it has none yet (then each wait enters a scope)."""
+        return None
+
 
 class _Iterated(ChunkSource):
     """Any other async iterator, as a source."""
@@ -300,7 +306,6 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         "_truncation",
         "_usage_item",
         "_watchdog",
-        "_watchdog_of",
         "_wrap_error",
         "attempt",
         "chunks",
@@ -334,8 +339,6 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         self._use(source)
         self._now = _clock()
         self._scope = loop.scope
-        self._watchdog_of = loop.watchdog
-        self._watchdog: Watchdog | None = None
         self.first_token = first_token
         self.stall = stall
         self._deadline = deadline
@@ -382,6 +385,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         # its attempt's outcome, and this stream must not race it with a timer of its own.
         self._guarded = source.guards_itself
         self._pull_next: Callable[[], Awaitable[T]] = source.pull
+        self._watchdog: Watchdog | None = None  # made for this source at its first bounded wait
         self._wrap_error = source.wrap_error
         self._buffered: Callable[[], Any] = source.buffered
         self._batched = source.buffered_with_read
@@ -394,23 +398,11 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         wrapped = self._wrap_error(error)
         if type(wrapped) is AttemptTimeout and wrapped.status_code is None:
             # The HTTP read timeout of a stream is the silence the guards watch for, whichever
-            # fires first: before the first content chunk a first-token timeout, after it a stall.
-            wrapped = self._silence(wrapped)
+            # fires first: it means what their own limit would.
+            wrapped = self._expired_error()
         if wrapped is not error:
             wrapped.__cause__ = error
         return wrapped
-
-    def _silence(self, timeout: Exception) -> Exception:
-        quiet = self._now() - self._last_at
-        if not self._committed:
-            return FirstTokenTimeout(
-                f"no content chunk within {quiet:.3g}s (the read timeout)", target=self.target
-            )
-        return StreamStalled(
-            f"no content chunk for {quiet:.3g}s after {self.chunks} chunks (the read timeout)",
-            target=self.target,
-            reason="stall",
-        )
 
     def __repr__(self) -> str:
         return f"<latencykit.Stream {self.target!r} {self.outcome}, {self.chunks} chunks>"
@@ -552,6 +544,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         self._buffer.clear()
         if self._watchdog is not None:
             self._watchdog.close()
+            self._watchdog = None
         with self._scope(shield=True, deadline=self._now() + _CLOSE_GRACE):
             try:
                 await self._source.aclose()
@@ -613,9 +606,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         """Wait for the source's next item until ``limit`` at most (``_Expired`` after)."""
         if limit == math.inf:
             return await self._pull_next()
-        watchdog = self._watchdog
-        if watchdog is None and self._watchdog_of is not None:
-            watchdog = self._watchdog = self._watchdog_of()
+        watchdog = self._watchdog = self._watchdog or watchdog_for(self._source.interrupter)
         if watchdog is not None:
             return await watchdog.wait(self._pull_next(), limit)
         with self._scope(deadline=limit):
@@ -676,15 +667,8 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         limit = math.inf if self.first_token is None else self._started + self.first_token
         try:
             await self._read_to_content(min(limit, self._deadline) if within_deadline else limit)
-        except _Expired:
-            error = self._expired_error()
-            await self._end("error", error)
-            raise error from None
-        except Exception as exc:
-            await self._end("error", exc)
-            raise
         except BaseException as exc:
-            await self._end("cancelled", exc)
+            await self._end("error" if isinstance(exc, Exception) else "cancelled", exc)
             raise
         self._committed = True
         self._live = self.outcome == "open"
@@ -697,7 +681,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
 
     async def _read_to_content(self, limit: float) -> None:
         """Read, keeping the items for the consumer, until a content chunk or the end of the
-        stream; raises what the source raised (wrapped), ``_Expired`` past ``limit``."""
+        stream; raises what the source raised (wrapped), the expiry's error past ``limit``."""
         while True:
             try:
                 item, text, finish, now = await self._take(limit)
@@ -705,12 +689,13 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
                 self._check_complete()
                 return
             except _Expired:
-                raise
+                break
             except Exception as exc:
                 raise self._wrapped(exc)  # noqa: B904 (the cause is set when wrapped)
             self._buffer.append(item)
             if self._observe(item, text, finish, now):
                 return
+        raise self._expired_error()  # out of the handler (see __anext__)
 
     def _call_id(self) -> int:
         return 0 if self._trace is None else self._trace.call_id
@@ -740,8 +725,8 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
                 limit = self._limit()
                 watchdog = self._watchdog
                 if watchdog is not None:
-                    # asyncio: the per-stream timer around the source's own awaitable,
-                    # without a coroutine frame of ours (Watchdog.wait, unrolled).
+                    # The per-stream timer around the source's own awaitable, without a
+                    # coroutine frame of ours (Watchdog.wait, unrolled).
                     task = watchdog.arm(limit)
                     try:
                         item = await self._pull_next()
@@ -758,21 +743,25 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         except StopAsyncIteration:
             return await self._ended()
         except _Expired:
-            return await self._broken(self._expired_error())
+            pass  # raised below, out of this handler: no context chain to keep alive
         except Exception as exc:
             return await self._broken(self._wrapped(exc))
         except BaseException as exc:
             await self._end("cancelled", exc)
             raise
-        if text and finish is None and self._first_at is not None:
-            # The common chunk (text, no finish, after the first): _observe's work, inline.
-            self._gaps.append(now - self._last_at)
-            self._last_at = now
-            self.chunks += 1
-            self._pieces.append(text)
         else:
-            self._observe(item, text, finish, now)
-        return item  # type: ignore[no-any-return]
+            if text and finish is None and self._first_at is not None:
+                # The common chunk (text, no finish, after the first): _observe's work, inline.
+                self._gaps.append(now - self._last_at)
+                self._last_at = now
+                self.chunks += 1
+                self._pieces.append(text)
+            else:
+                self._observe(item, text, finish, now)
+            return item  # type: ignore[no-any-return]
+        # The error raised in an except clause would hold the expiry, and through it the
+        # cancelled read's frames (the HTTP response, its connection) until a full collection.
+        return await self._broken(self._expired_error())
 
     async def _next_uncommitted(self) -> T:
         """The next item of a stream that is not open and committed: the chunks kept at
@@ -798,9 +787,10 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         raise StopAsyncIteration
 
     def _expired_error(self) -> Exception:
-        """What a wait past its limit means: the deadline expired, else the first content
-        chunk is late (before the commit) or the stream stalled (after it)."""
+        """What a wait past its limit (or the HTTP read timeout) means: the deadline expired,
+        else the first content chunk is late (before the commit) or the stream stalled."""
         now = self._now()
+        quiet = now - self._last_at
         if now >= self._deadline:
             if events.listening():
                 events.emit(
@@ -810,9 +800,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
                 )
             return DeadlineExceeded(self._budget, now - self._started)
         if not self._committed:
-            return FirstTokenTimeout(
-                f"no content chunk within {self.first_token:g}s", target=self.target
-            )
+            return FirstTokenTimeout(f"no content chunk within {quiet:.3g}s", target=self.target)
         if events.listening():
             events.emit(
                 events.StallDetected(
@@ -824,7 +812,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
                 )
             )
         return StreamStalled(
-            f"no content chunk for {self.stall:g}s after {self.chunks} chunks",
+            f"no content chunk for {quiet:.3g}s after {self.chunks} chunks",
             target=self.target,
             reason="stall",
         )
