@@ -211,27 +211,23 @@ def test_an_event_is_a_frozen_value_whose_repr_keeps_captured_text_out() -> None
 
     prompt = [{"role": "user", "content": "a secret prompt"}]
     started = CallStarted(1, target="t", endpoint=Endpoint("m"), input_messages=prompt)
-    ended = CallEnded(
-        1,
-        target="t",
-        duration=0.5,
-        outcome="ok",
-        attempts=1,
-        degraded=False,
-        output_text="a secret",
-    )
+
+    def call_ended() -> CallEnded:
+        return CallEnded(
+            1,
+            target="t",
+            duration=0.5,
+            outcome="ok",
+            attempts=1,
+            degraded=False,
+            output_text="a secret",
+        )
+
+    ended = call_ended()
     assert repr(ended).startswith("CallEnded(call_id=1, target='t', duration=0.5, outcome='ok'")
     assert "input_messages" not in repr(started)
     assert "secret" not in repr(started) + repr(ended)
-    twin = CallEnded(
-        1,
-        target="t",
-        duration=0.5,
-        outcome="ok",
-        attempts=1,
-        degraded=False,
-        output_text="a secret",
-    )
+    twin = call_ended()
     assert ended == twin
     assert hash(ended) == hash(twin)
     assert ended != CallEnded(1, target="t", duration=0.5, outcome="ok", attempts=2, degraded=False)
