@@ -1,0 +1,180 @@
+"""``Governor``: pace attempts by the room the provider says is left, so that they are not
+refused with a 429.
+
+Every answer of a provider tells its rate limits and the room left (see
+:mod:`latencykit.ratelimit`). The governor keeps that room per (target, API key) for the
+process, and before each attempt reserves what the attempt will cost: one request and its
+estimated tokens (input: litellm's ``token_counter`` for a target on the litellm lane once
+litellm is loaded, else one token per 4 characters of the messages; output: the call's
+``max_tokens``/``max_completion_tokens``, else the average output of the target's recent
+answers). Reservations of the attempts in flight count against the room until their answers
+come back with fresh headers. When the room would be passed, the attempt waits for the room
+to refill (the provider's reset), or, if that wait would pass the call's deadline, fails at
+once with :class:`~latencykit.errors.LimitExceeded` before anything is sent. A 429's
+``retry-after`` pauses every attempt to that target and key until then.
+
+It runs per attempt (``Stage.RETRY + 5``: inside retry, before the attempt), so retries,
+hedges and failover attempts are paced too. With no numbers configured, nothing is paced
+until a first answer told the limits.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+
+from .. import events, ratelimit
+from .._cancel import now
+from .._context import remaining, trace_var
+from ..errors import LimitExceeded, _headers_of, _links, retry_after
+from ..pipeline import Call, Next, Stage
+from ..stream import Stream
+
+__all__ = ["STAGE", "Governor"]
+
+STAGE = Stage.RETRY + 5
+"""Where the governor runs: per attempt, inside retry, before the attempt itself."""
+
+CHARS_PER_TOKEN = 4
+"""The input estimate without a tokenizer: one token per 4 characters (OpenAI's rule of
+thumb for English)."""
+
+_TENANT = "<default>"  # events' tenant field: the governor paces a target, not a tenant
+_AVERAGE_WEIGHT = 0.2  # of the newest answer in the learned output size
+
+
+class Governor:
+    """Paces a target's attempts by the rate limits its answers tell (see module docs).
+
+    ``LLM(governor=True)`` puts one in the pipeline. It has no options: the limits are learned
+    from the provider's headers, the state is per process, per (target key, API key hash).
+    """
+
+    stage = STAGE
+
+    def __init__(self) -> None:
+        self._output: dict[str, float] = {}  # learned average output tokens, by target
+
+    def __repr__(self) -> str:
+        return "Governor()"
+
+    def estimate(self, call: Call) -> int:
+        """The tokens an attempt of ``call`` will cost: input plus output (see module docs)."""
+        kwargs = call.kwargs
+        messages = kwargs.get("messages") or ()
+        cap = kwargs.get("max_completion_tokens") or kwargs.get("max_tokens")
+        output = int(cap) if cap else round(self._output.get(call.target.key, 0.0))
+        return _input_tokens(call, messages) + output
+
+    async def handle(self, call: Call, next: Next) -> Any:
+        target = call.target
+        room = ratelimit.room_for(target.key, target.api_key)
+        tokens = self.estimate(call)
+        await _wait_for_room(room, target.key, tokens)
+        room.reserve(tokens)
+        try:
+            result = await next(call)
+        except BaseException as exc:
+            room.release(tokens)
+            if isinstance(exc, Exception):
+                self._read_error(room, target.key, exc)
+            raise
+        room.release(tokens)
+        _learned(target.key, room.read_pending(now()))
+        if not isinstance(result, Stream):
+            self._settle(room, call, tokens, getattr(result, "usage", None))
+        return result
+
+    def _settle(self, room: ratelimit.Room, call: Call, tokens: int, usage: Any) -> None:
+        """Learn the output size; give back the tokens reserved and not used."""
+        used = getattr(usage, "total_tokens", None)
+        output = getattr(usage, "completion_tokens", None)
+        key = call.target.key
+        if isinstance(output, int):
+            average = self._output.get(key)
+            self._output[key] = (
+                output if average is None else average + _AVERAGE_WEIGHT * (output - average)
+            )
+        if isinstance(used, int) and used < tokens:
+            room.refund(tokens - used, now())
+
+    @staticmethod
+    def _read_error(room: ratelimit.Room, target: str, exc: Exception) -> None:
+        """What a failed attempt's answer told: its headers, and a 429's wait."""
+        found = next(
+            (
+                limits
+                for link in _links(exc)
+                for headers in _headers_of(link.exc)
+                if (limits := ratelimit.read_limits(headers)) is not None
+            ),
+            None,
+        )
+        at = now()
+        if found is not None:
+            _learned(target, room.read(found, at))
+        wait = retry_after(exc)  # a 429 body's wait too (Google's RetryInfo)
+        if wait is not None:
+            room.paused_until = max(room.paused_until, at + wait)
+
+
+def _learned(target: str, changed: list[tuple[ratelimit.Limit, int, int | None]]) -> None:
+    """Emit :class:`~latencykit.events.LimitLearned` for each limit first told or changed."""
+    if changed and events.listening():
+        for limit, value, previous in changed:
+            events.emit(events.LimitLearned(_call_id(), target, limit, value, previous))
+
+
+async def _wait_for_room(room: ratelimit.Room, target: str, tokens: int) -> None:
+    """Wait until the room holds the attempt, or raise ``LimitExceeded`` if that wait would
+    pass the deadline (then nothing is sent)."""
+    waited = 0.0
+    limit: ratelimit.Limit = "requests"
+    while True:
+        wait, limit = room.wait(tokens, now())
+        if wait <= 0:
+            break
+        left = remaining()
+        if left is not None and wait > left:
+            if events.listening():
+                events.emit(events.LimitRefused(_call_id(), target, _TENANT, limit, wait, waited))
+            raise LimitExceeded(target, limit, wait=wait, waited=waited)
+        started = now()
+        await anyio.sleep(wait)
+        waited += now() - started
+    if waited:
+        room.waits += 1
+        room.waited += waited
+        if events.listening():
+            events.emit(events.LimitWaited(_call_id(), target, _TENANT, limit, waited))
+
+
+def _call_id() -> int:
+    trace = trace_var.get()
+    return 0 if trace is None else trace.call_id
+
+
+def _input_tokens(call: Call, messages: Any) -> int:
+    if call.target.transport == "litellm" and "litellm" in sys.modules:
+        try:
+            counted = sys.modules["litellm"].token_counter(
+                model=call.target.model, messages=messages
+            )
+            return int(counted)
+        except Exception:  # a model or message litellm cannot count: the estimate
+            pass
+    return _characters(messages) // CHARS_PER_TOKEN
+
+
+def _characters(value: Any) -> int:
+    """The characters of the text in messages (strings at any depth of lists and dicts)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(_characters(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_characters(v) for v in value)
+    return 0
