@@ -114,7 +114,8 @@ def test_room_refills_until_the_reset() -> None:
     changed = room.read(RateLimits(60, 0, 1.0, 600, 600, 0.0), now=100.0)
     assert changed == [("requests", 60, None), ("tokens", 600, None)]
     # 60 requests missing, full again in 1 s: one request every 1/60 s.
-    assert room.wait(10, now=100.0) == (pytest.approx(1 / 60), "requests")
+    wait, limit = room.wait(10, now=100.0)
+    assert limit == "requests" and wait == pytest.approx(1 / 60)
     assert room.wait(10, now=101.0) == (0.0, "requests")
     assert room.read(RateLimits(60, 10, 1.0, 600, 600, 0.0), now=101.0) == []
 

@@ -1,0 +1,149 @@
+"""429s and goodput under a tight quota: ``LLM(governor=True)`` against today's behaviour
+(retries on 429, honouring Retry-After), side by side.
+
+Run it from the repository root::
+
+    .venv/bin/python benchmarks/governor.py            # 6 rounds of 10 s per variant
+    .venv/bin/python benchmarks/governor.py --quick    # smoke run, a few seconds
+
+The fake provider (real HTTP on 127.0.0.1, fast lane) enforces a quota per API key, 120
+requests and 3,000 tokens per minute by default (a call costs 26 tokens: the tokens bind),
+told in OpenAI's headers, 429 with ``retry-after`` past it. Each round runs both variants one
+after the other (order alternating), each with a fresh key whose quota is first drained to
+empty, so every run starts at the same point: the provider's steady refill (50 tokens, about 2
+calls, per second) is all there is to share. ``N`` workers (tasks in one process; default 16)
+each call in a closed loop for ``--seconds``, with ``deadline=`` 30 s and
+``lk.Retry(max_attempts=10)`` in both variants:
+
+- ``retry``: today's behaviour: every worker sends, a 429 comes back, the retry waits the
+  Retry-After the provider asked for, and tries again;
+- ``governor``: the same, with ``governor=True``: attempts wait for the room the headers tell.
+
+Reported per variant (medians over rounds): the requests the provider saw, the share refused
+with 429, calls answered per second and tokens served per second as a share of the quota's
+rate; and the median over rounds of the per-round ratio governor / retry of the calls answered.
+The script reports; it always exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import anyio
+import httpx
+
+import latencykit as lk
+from latencykit.testing import FakeProvider, ProviderQuota
+
+MESSAGES = [{"role": "user", "content": "x" * 40}]  # 10 prompt tokens
+MAX_TOKENS = 16
+
+
+def drain(fake: FakeProvider, key: str) -> None:
+    """Spend ``key``'s whole quota, so that a run starts with an empty room."""
+    with httpx.Client() as client:
+        while fake.quota_usage(key).requests_remaining > 0:
+            client.post(
+                f"{fake.base_url}/chat/completions",
+                json={"model": "m", "messages": MESSAGES, "max_tokens": 1},
+                headers={"authorization": f"Bearer {key}"},
+            )
+
+
+async def run(
+    fake: FakeProvider, key: str, governor: bool, workers: int, seconds: float
+) -> dict[str, float]:
+    llm = lk.LLM(
+        "openai/m",
+        api_base=fake.base_url,
+        api_key=key,
+        transport="openai",
+        governor=governor,
+        deadline=30.0,
+        retry=lk.Retry(max_attempts=10),
+    )
+    before = len(fake.attempts)
+    answered = tokens = failed = 0
+    end = time.monotonic() + seconds
+
+    async def worker() -> None:
+        nonlocal answered, tokens, failed
+        while time.monotonic() < end:
+            try:
+                response: Any = await llm.acompletion(messages=MESSAGES, max_tokens=MAX_TOKENS)
+            except lk.LatencykitError:
+                failed += 1
+                continue
+            answered += 1
+            tokens += response.usage.total_tokens
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as group:
+        for _ in range(workers):
+            group.start_soon(worker)
+    elapsed = time.monotonic() - started
+    await llm.aclose()
+    statuses = [a.status for a in fake.attempts[before:]]
+    return {
+        "sent": len(statuses),
+        "429": statuses.count(429),
+        "answered/s": answered / elapsed,
+        "tokens/s": tokens / elapsed,
+        "failed": failed,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--rpm", type=int, default=120)
+    parser.add_argument("--tpm", type=int, default=3_000)
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 3 s")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = 2, 3.0
+    quota = ProviderQuota(requests_per_minute=args.rpm, tokens_per_minute=args.tpm)
+    results: dict[str, list[dict[str, float]]] = {"retry": [], "governor": []}
+    ratios: list[float] = []
+    with FakeProvider(quota=quota) as fake:
+        for index in range(args.rounds):
+            order = ["retry", "governor"] if index % 2 == 0 else ["governor", "retry"]
+            row: dict[str, dict[str, float]] = {}
+            for name in order:
+                key = f"sk-bench-{index}-{name}"
+                drain(fake, key)
+                row[name] = anyio.run(
+                    run, fake, key, name == "governor", args.workers, args.seconds
+                )
+                results[name].append(row[name])
+            if row["retry"]["answered/s"]:
+                ratios.append(row["governor"]["answered/s"] / row["retry"]["answered/s"])
+    print(
+        f"quota {args.rpm} requests and {args.tpm} tokens per minute; {args.workers} workers; "
+        f"{args.rounds} rounds of {args.seconds:g} s per variant; python {sys.version.split()[0]}"
+    )
+    header = ("variant", "sent", "429s", "429 %", "answered/s", "tokens % quota")
+    print(f"{header[0]:<9} " + " ".join(f"{h:>{max(6, len(h))}}" for h in header[1:]))
+    for name, runs in results.items():
+        sent = statistics.median(r["sent"] for r in runs)
+        refused = statistics.median(r["429"] for r in runs)
+        share = statistics.median(100 * r["429"] / r["sent"] if r["sent"] else 0 for r in runs)
+        rate = statistics.median(r["answered/s"] for r in runs)
+        served = statistics.median(100 * r["tokens/s"] / (args.tpm / 60) for r in runs)
+        print(f"{name:<9} {sent:>6.0f} {refused:>6.0f} {share:>6.1f} {rate:>10.2f} {served:>14.1f}")
+    if ratios:
+        ratio = statistics.median(ratios)
+        print(f"answered/s, governor / retry: median of per-round ratios {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
