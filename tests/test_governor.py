@@ -17,6 +17,8 @@ import pytest
 
 import latencykit as lk
 from latencykit import events, ratelimit
+from latencykit.pipeline import Call
+from latencykit.policies.governor import Governor
 from latencykit.testing import FakeProvider, ProviderQuota
 
 pytestmark = pytest.mark.anyio
@@ -67,12 +69,11 @@ def governed(fake: FakeProvider, lane: str = "openai", **options: Any) -> lk.LLM
 
 
 async def answer(llm: lk.LLM, stream: bool = False, **kwargs: Any) -> None:
+    kwargs.setdefault("max_tokens", 16)
     if not stream:
-        await llm.acompletion(messages=MESSAGES, max_tokens=16, **kwargs)
+        await llm.acompletion(messages=MESSAGES, **kwargs)
         return
-    async with await llm.acompletion(
-        messages=MESSAGES, max_tokens=16, stream=True, **kwargs
-    ) as chunks:
+    async with await llm.acompletion(messages=MESSAGES, stream=True, **kwargs) as chunks:
         async for _ in chunks:
             pass
 
@@ -203,3 +204,21 @@ async def test_a_rotated_key_starts_a_room_of_its_own(quota: FakeProvider) -> No
     rotated = governed(quota, api_key=OTHER_KEY, deadline=2.0)
     await answer(rotated)  # not held back by the old key's room
     assert ratelimit.room_for("openai/m", OTHER_KEY).requests.level == 5
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["response", "stream"])
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
+async def test_unused_output_is_given_back_and_its_size_learned(
+    quota: FakeProvider, lane: str, stream: bool
+) -> None:
+    llm = governed(quota, lane)
+    options = {"stream_options": {"include_usage": True}} if stream else {}
+    await answer(llm, stream, max_tokens=64, **options)  # reserves 64, the answer has 16
+    room = ratelimit.room_for("openai/m", KEY)
+    # The provider told 600 - 10 - 64 left, then gave back the 48 tokens not sent: so do we.
+    assert room.tokens.level == pytest.approx(600 - 10 - 16, abs=2)
+    assert quota.quota_usage(KEY).tokens_remaining == 600 - 10 - 16
+    governor = next(p for p in llm.pipeline.policies if isinstance(p, Governor))
+    call = Call(print, kwargs={"messages": MESSAGES}, target=llm.targets[0])
+    # No cap: the output learned, 16 tokens.
+    assert governor.estimate(call) == (governor.estimate(call.with_kwargs(max_tokens=16))[0], None)

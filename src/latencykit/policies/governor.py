@@ -20,14 +20,15 @@ until a first answer told the limits.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 import anyio
 
-from .. import events, ratelimit
-from .._cancel import now
+from .. import _response, events, ratelimit
+from .._cancel import clock, now
 from .._context import remaining, trace_var
 from ..errors import LimitExceeded, _headers_of, _links, retry_after
 from ..pipeline import Call, Next, Stage
@@ -43,6 +44,7 @@ CHARS_PER_TOKEN = 4
 thumb for English)."""
 
 _TENANT = "<default>"  # events' tenant field: the governor paces a target, not a tenant
+_NOT_TEXT = frozenset({"role", "type"})
 _AVERAGE_WEIGHT = 0.2  # of the newest answer in the learned output size
 
 
@@ -61,18 +63,19 @@ class Governor:
     def __repr__(self) -> str:
         return "Governor()"
 
-    def estimate(self, call: Call) -> int:
-        """The tokens an attempt of ``call`` will cost: input plus output (see module docs)."""
+    def estimate(self, call: Call) -> tuple[int, int | None]:
+        """The tokens an attempt of ``call`` will cost (input plus output, see module docs),
+        and the output cap it sets (``None``: none)."""
         kwargs = call.kwargs
-        messages = kwargs.get("messages") or ()
         cap = kwargs.get("max_completion_tokens") or kwargs.get("max_tokens")
-        output = int(cap) if cap else round(self._output.get(call.target.key, 0.0))
-        return _input_tokens(call, messages) + output
+        cap = None if cap is None else int(cap)
+        output = cap if cap is not None else round(self._output.get(call.target.key, 0.0))
+        return _input_tokens(call, kwargs.get("messages") or ()) + output, cap
 
     async def handle(self, call: Call, next: Next) -> Any:
         target = call.target
         room = ratelimit.room_for(target.key, target.api_key)
-        tokens = self.estimate(call)
+        tokens, cap = self.estimate(call)
         await _wait_for_room(room, target.key, tokens)
         room.reserve(tokens)
         try:
@@ -84,22 +87,25 @@ class Governor:
             raise
         room.release(tokens)
         _learned(target.key, room.read_pending(now()))
-        if not isinstance(result, Stream):
-            self._settle(room, call, tokens, getattr(result, "usage", None))
+        settle = functools.partial(self._settle, room, target.key, cap)
+        if isinstance(result, Stream):
+            result.on_close(lambda stream, outcome, error: settle(stream.summary()))
+        else:
+            settle(_response.summary(result))
         return result
 
-    def _settle(self, room: ratelimit.Room, call: Call, tokens: int, usage: Any) -> None:
-        """Learn the output size; give back the tokens reserved and not used."""
-        used = getattr(usage, "total_tokens", None)
-        output = getattr(usage, "completion_tokens", None)
-        key = call.target.key
-        if isinstance(output, int):
-            average = self._output.get(key)
-            self._output[key] = (
-                output if average is None else average + _AVERAGE_WEIGHT * (output - average)
-            )
-        if isinstance(used, int) and used < tokens:
-            room.refund(tokens - used, now())
+    def _settle(self, room: ratelimit.Room, key: str, cap: int | None, summary: Any) -> None:
+        """Learn the output size; give back the output reserved and not used (as the provider
+        does: it reserves the cap, and settles to the tokens sent)."""
+        output = summary.output_tokens
+        if not isinstance(output, int):
+            return
+        average = self._output.get(key)
+        self._output[key] = (
+            output if average is None else average + _AVERAGE_WEIGHT * (output - average)
+        )
+        if cap is not None and cap > output:
+            room.refund(cap - output, clock())
 
     @staticmethod
     def _read_error(room: ratelimit.Room, target: str, exc: Exception) -> None:
@@ -170,11 +176,12 @@ def _input_tokens(call: Call, messages: Any) -> int:
 
 
 def _characters(value: Any) -> int:
-    """The characters of the text in messages (strings at any depth of lists and dicts)."""
+    """The characters of the text in messages (strings at any depth of lists and dicts, but
+    a message's role and a content part's type)."""
     if isinstance(value, str):
         return len(value)
     if isinstance(value, Mapping):
-        return sum(_characters(v) for v in value.values())
+        return sum(_characters(v) for k, v in value.items() if k not in _NOT_TEXT)
     if isinstance(value, (list, tuple)):
         return sum(_characters(v) for v in value)
     return 0
