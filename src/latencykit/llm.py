@@ -505,10 +505,12 @@ class LLM:
             policies.append(
                 Failover(*self._routes, on=failover_on, passthrough=True, is_open=is_open)
             )
+        self._governor = None
         if self._arguments["governor"]:
             from .policies.governor import Governor
 
-            policies.append(Governor())
+            policies.append(governor := Governor())
+            self._governor = governor
         policies += [self._guard, ConnectionSlots(self._recorder)]
         return policies
 
@@ -621,15 +623,9 @@ class LLM:
             hedge_budget=None if self.hedge is None else self.hedge.budget.balance,
             waiting=lambda key: queued.get(key, 0),
         )
-        if not self._arguments["governor"]:
+        if self._governor is None:
             return table
-        from .ratelimit import room_of
-
-        targets = {t.key: t for t in (*self.targets, self._degraded) if t}
-        return StatsTable(
-            dataclasses.replace(row, room=room_of(targets.get(key), key))
-            for key, row in table.items()
-        )
+        return self._governor.with_rooms(table, (*self.targets, self._degraded))
 
     async def warm(
         self,

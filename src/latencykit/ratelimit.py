@@ -48,7 +48,6 @@ WINDOW = 60.0
 Limit: TypeAlias = Literal["requests", "tokens"]
 
 _LITELLM_PREFIX = "llm_provider-"
-_ANTHROPIC_TOKENS = ("tokens", "input-tokens", "output-tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,37 +95,48 @@ def _wait(value: str | None) -> float | None:
     return None if value is None else _parse_wait(value)
 
 
+# The families of headers that tell a limit, each a pattern of its limit|remaining|reset names.
+_REQUESTS = ("x-ratelimit-{}-requests", "anthropic-ratelimit-requests-{}")
+_TOKENS = (
+    "x-ratelimit-{}-tokens",
+    *(f"anthropic-ratelimit-{name}-{{}}" for name in ("tokens", "input-tokens", "output-tokens")),
+)
+_UNTOLD: tuple[int | None, int | None, float | None] = (None, None, None)
+
+
+def _tightest(
+    headers: Mapping[str, str], families: tuple[str, ...]
+) -> tuple[int | None, int | None, float | None]:
+    """The limit, remaining and reset of the family told with the least room left (Anthropic
+    tells its token limits three ways)."""
+    told = [
+        (
+            _count(headers.get(family.format("limit"))),
+            _count(headers.get(family.format("remaining"))),
+            _wait(headers.get(family.format("reset"))),
+        )
+        for family in families
+    ]
+    return min(
+        (found for found in told if found != _UNTOLD),
+        key=lambda found: math.inf if found[1] is None else found[1],
+        default=_UNTOLD,
+    )
+
+
 def read_limits(headers: Mapping[str, Any]) -> RateLimits | None:
     """The rate limits ``headers`` tell (any casing; a dict or httpx's headers), or ``None``
     when they tell none."""
     h = _normalised(headers)
-    requests = [h.get(f"x-ratelimit-{part}-requests") for part in ("limit", "remaining", "reset")]
-    tokens = [h.get(f"x-ratelimit-{part}-tokens") for part in ("limit", "remaining", "reset")]
-    if requests == [None] * 3 and "anthropic-ratelimit-requests-remaining" in h:
-        requests = [h.get(f"anthropic-ratelimit-requests-{part}") for part in _PARTS]
-    if tokens == [None] * 3:
-        # Anthropic's tightest token family: the one with the least room left.
-        families = [
-            [h.get(f"anthropic-ratelimit-{name}-{part}") for part in _PARTS]
-            for name in _ANTHROPIC_TOKENS
-        ]
-        told = [f for f in families if _count(f[1]) is not None]
-        if told:
-            tokens = min(told, key=lambda f: _count(f[1]) or 0)
     retry_ms = _wait(h.get("retry-after-ms"))
     limits = RateLimits(
-        _count(requests[0]),
-        _count(requests[1]),
-        _wait(requests[2]),
-        _count(tokens[0]),
-        _count(tokens[1]),
-        _wait(tokens[2]),
+        *_tightest(h, _REQUESTS),
+        *_tightest(h, _TOKENS),
         retry_ms / 1000.0 if retry_ms is not None else _wait(h.get("retry-after")),
     )
     return None if limits == _NOTHING else limits
 
 
-_PARTS = ("limit", "remaining", "reset")
 _NOTHING = RateLimits()
 
 

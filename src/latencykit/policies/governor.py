@@ -20,9 +20,10 @@ until a first answer told the limits.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import anyio
@@ -32,7 +33,9 @@ from .._cancel import clock, now
 from .._context import remaining, trace_var
 from ..errors import LimitExceeded, _headers_of, _links, retry_after
 from ..pipeline import Call, Next, Stage
+from ..stats import StatsTable
 from ..stream import Stream
+from ..target import Target
 
 __all__ = ["STAGE", "Governor"]
 
@@ -62,6 +65,16 @@ class Governor:
 
     def __repr__(self) -> str:
         return "Governor()"
+
+    @staticmethod
+    def with_rooms(table: StatsTable, targets: Iterable[Target | None]) -> StatsTable:
+        """``table`` with each target's room (``TargetStats.room``; a target not in
+        ``targets`` is taken to have no API key of its own)."""
+        by_key = {t.key: t for t in targets if t is not None}
+        return StatsTable(
+            dataclasses.replace(row, room=ratelimit.room_of(by_key.get(key), key))
+            for key, row in table.items()
+        )
 
     def estimate(self, call: Call) -> tuple[int, int | None]:
         """The tokens an attempt of ``call`` will cost (input plus output, see module docs),
