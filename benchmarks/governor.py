@@ -20,8 +20,9 @@ each call in a closed loop for ``--seconds``, with ``deadline=`` 30 s and
 - ``governor``: the same, with ``governor=True``: attempts wait for the room the headers tell.
 
 Reported per variant (medians over rounds): the requests the provider saw, the share refused
-with 429, calls answered per second and tokens served per second as a share of the quota's
-rate; and the median over rounds of the per-round ratio governor / retry of the calls answered.
+with 429, the 429s after the first answer (before it, nothing is known to pace by), calls
+answered per second and tokens served per second as a share of the quota's rate; and the
+median over rounds of the per-round ratio governor / retry of the calls answered.
 The script reports; it always exits 0.
 """
 
@@ -47,14 +48,20 @@ MAX_TOKENS = 16
 
 
 def drain(fake: FakeProvider, key: str) -> None:
-    """Spend ``key``'s whole quota, so that a run starts with an empty room."""
+    """Spend ``key``'s whole quota (its tokens with 100-token prompts, then its requests with
+    1-token ones), so that a run starts with an empty room."""
     with httpx.Client() as client:
-        while fake.quota_usage(key).requests_remaining > 0:
-            client.post(
-                f"{fake.base_url}/chat/completions",
-                json={"model": "m", "messages": MESSAGES, "max_tokens": 1},
-                headers={"authorization": f"Bearer {key}"},
-            )
+        for prompt, left in ((400, lambda u: u.tokens_remaining > 101), (4, lambda u: True)):
+            while fake.quota_usage(key).requests_remaining > 0 and left(fake.quota_usage(key)):
+                client.post(
+                    f"{fake.base_url}/chat/completions",
+                    json={
+                        "model": "m",
+                        "messages": [{"role": "user", "content": "x" * prompt}],
+                        "max_tokens": 1,
+                    },
+                    headers={"authorization": f"Bearer {key}"},
+                )
 
 
 async def run(
@@ -91,9 +98,11 @@ async def run(
     elapsed = time.monotonic() - started
     await llm.aclose()
     statuses = [a.status for a in fake.attempts[before:]]
+    first = statuses.index(200) if 200 in statuses else len(statuses)
     return {
         "sent": len(statuses),
         "429": statuses.count(429),
+        "429 later": statuses[first:].count(429),
         "answered/s": answered / elapsed,
         "tokens/s": tokens / elapsed,
         "failed": failed,
@@ -131,15 +140,27 @@ def main() -> None:
         f"quota {args.rpm} requests and {args.tpm} tokens per minute; {args.workers} workers; "
         f"{args.rounds} rounds of {args.seconds:g} s per variant; python {sys.version.split()[0]}"
     )
-    header = ("variant", "sent", "429s", "429 %", "answered/s", "tokens % quota")
+    header = (
+        "variant",
+        "sent",
+        "429s",
+        "429 %",
+        "429s after 1st answer",
+        "answered/s",
+        "tokens % quota",
+    )
     print(f"{header[0]:<9} " + " ".join(f"{h:>{max(6, len(h))}}" for h in header[1:]))
     for name, runs in results.items():
         sent = statistics.median(r["sent"] for r in runs)
         refused = statistics.median(r["429"] for r in runs)
+        later = statistics.median(r["429 later"] for r in runs)
         share = statistics.median(100 * r["429"] / r["sent"] if r["sent"] else 0 for r in runs)
         rate = statistics.median(r["answered/s"] for r in runs)
         served = statistics.median(100 * r["tokens/s"] / (args.tpm / 60) for r in runs)
-        print(f"{name:<9} {sent:>6.0f} {refused:>6.0f} {share:>6.1f} {rate:>10.2f} {served:>14.1f}")
+        print(
+            f"{name:<9} {sent:>6.0f} {refused:>6.0f} {share:>6.1f} {later:>21.0f} {rate:>10.2f} "
+            f"{served:>14.1f}"
+        )
     if ratios:
         ratio = statistics.median(ratios)
         print(f"answered/s, governor / retry: median of per-round ratios {ratio:.2f}")
