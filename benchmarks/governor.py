@@ -23,6 +23,12 @@ Reported per variant (medians over rounds): the requests the provider saw, the s
 with 429, the 429s after the first answer (before it, nothing is known to pace by), calls
 answered per second and tokens served per second as a share of the quota's rate; and the
 median over rounds of the per-round ratio governor / retry of the calls answered.
+**2. Cost per call** (``--overhead``): a pipeline with the governor stage against the same
+pipeline without it, around a trivial async function whose answer tells the limits (as a
+transport does: :func:`latencykit.ratelimit.heard`), on a room with plenty left; variants
+interleaved per round, batches of 2,000 calls with the garbage collector off; reported: the
+median per-round difference, and the cost of parsing one answer's OpenAI headers.
+
 The script reports; it always exits 0.
 """
 
@@ -109,6 +115,54 @@ async def run(
     }
 
 
+_HEADERS = {
+    "x-ratelimit-limit-requests": "600000",
+    "x-ratelimit-limit-tokens": "60000000",
+    "x-ratelimit-remaining-requests": "599999",
+    "x-ratelimit-remaining-tokens": "59999000",
+    "x-ratelimit-reset-requests": "1ms",
+    "x-ratelimit-reset-tokens": "6ms",
+}
+
+
+async def overhead(rounds: int = 30, batch: int = 2000) -> None:
+    import gc
+    import timeit
+    from types import SimpleNamespace
+
+    from latencykit import ratelimit
+    from latencykit.pipeline import Call, Pipeline
+    from latencykit.policies.governor import Governor
+
+    target = lk.Target("openai/m", api_key="sk-bench", transport="openai")
+    usage = SimpleNamespace(prompt_tokens=100, completion_tokens=16, total_tokens=116)
+    answer = SimpleNamespace(usage=usage, choices=[], model="m", id="x")
+
+    async def call_provider(**kwargs: Any) -> Any:
+        ratelimit.heard(target.key, target.api_key, _HEADERS)
+        return answer
+
+    call = Call(call_provider, (), {"messages": [{"role": "user", "content": "x" * 400}]}, target)
+    variants = {"plain": Pipeline(()), "governor": Pipeline((Governor(),))}
+    await variants["governor"].run(call)  # the room exists: both variants parse the headers
+    differences = []
+    for index in range(rounds):
+        took = {}
+        for name in sorted(variants, reverse=index % 2 == 1):
+            gc.disable()
+            started = time.perf_counter()
+            for _ in range(batch):
+                await variants[name].run(call)
+            took[name] = (time.perf_counter() - started) / batch
+            gc.enable()
+        differences.append(took["governor"] - took["plain"])
+    parse = min(timeit.repeat(lambda: ratelimit.read_limits(_HEADERS), number=5000, repeat=5))
+    print(
+        f"governor stage: median per-round difference {statistics.median(differences) * 1e6:.1f}"
+        f" us per call; parsing one answer's headers {parse / 5000 * 1e6:.1f} us"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6)
@@ -117,7 +171,11 @@ def main() -> None:
     parser.add_argument("--rpm", type=int, default=120)
     parser.add_argument("--tpm", type=int, default=3_000)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 3 s")
+    parser.add_argument("--overhead", action="store_true", help="only the cost per call")
     args = parser.parse_args()
+    if args.overhead:
+        anyio.run(overhead)
+        return
     if args.quick:
         args.rounds, args.seconds = 2, 3.0
     quota = ProviderQuota(requests_per_minute=args.rpm, tokens_per_minute=args.tpm)

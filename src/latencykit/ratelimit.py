@@ -95,27 +95,33 @@ def _wait(value: str | None) -> float | None:
     return None if value is None else _parse_wait(value)
 
 
-# The families of headers that tell a limit, each a pattern of its limit|remaining|reset names.
-_REQUESTS = ("x-ratelimit-{}-requests", "anthropic-ratelimit-requests-{}")
-_TOKENS = (
-    "x-ratelimit-{}-tokens",
-    *(f"anthropic-ratelimit-{name}-{{}}" for name in ("tokens", "input-tokens", "output-tokens")),
+_PARTS = ("limit", "remaining", "reset")
+# The families of headers that tell a limit: each its limit, remaining and reset names.
+_REQUESTS = tuple(
+    tuple(pattern.format(part) for part in _PARTS)
+    for pattern in ("x-ratelimit-{}-requests", "anthropic-ratelimit-requests-{}")
+)
+_TOKENS = tuple(
+    tuple(pattern.format(part) for part in _PARTS)
+    for pattern in (
+        "x-ratelimit-{}-tokens",
+        *(
+            f"anthropic-ratelimit-{name}-{{}}"
+            for name in ("tokens", "input-tokens", "output-tokens")
+        ),
+    )
 )
 _UNTOLD: tuple[int | None, int | None, float | None] = (None, None, None)
 
 
 def _tightest(
-    headers: Mapping[str, str], families: tuple[str, ...]
+    headers: Mapping[str, str], families: tuple[tuple[str, ...], ...]
 ) -> tuple[int | None, int | None, float | None]:
     """The limit, remaining and reset of the family told with the least room left (Anthropic
     tells its token limits three ways)."""
     told = [
-        (
-            _count(headers.get(family.format("limit"))),
-            _count(headers.get(family.format("remaining"))),
-            _wait(headers.get(family.format("reset"))),
-        )
-        for family in families
+        (_count(headers.get(limit)), _count(headers.get(left)), _wait(headers.get(reset)))
+        for limit, left, reset in families
     ]
     return min(
         (found for found in told if found != _UNTOLD),
