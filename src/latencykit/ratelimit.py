@@ -14,7 +14,9 @@ Providers tell, in every answer, how much of their rate limits is left:
 :func:`read_limits` parses them (pure); a :class:`Room` keeps one (target, key)'s state and
 tells how long a call needing some requests and tokens must wait. Limits are taken to be per
 minute, as every provider's are (RPM, TPM): the room refills continuously, at least at
-``limit / 60`` per second and fully by the reset the provider told. litellm's copies of the
+``limit / 60`` per second and fully by the reset the provider told. A provider's quota refills
+in real time, and a room is shared by every event loop and thread of the process: rooms keep
+time with ``time.monotonic()``, whatever an event loop's clock says. litellm's copies of the
 headers (``llm_provider-x-ratelimit-...``) read as the provider's own, so both lanes give the
 same state from the same bytes. The key itself is never kept: only a hash of it.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
@@ -303,9 +306,7 @@ def room_of(target: Any, key: str) -> RoomStats | None:
     found = _rooms.get((key, key_hash(api_key)))
     if found is None:
         return None
-    from ._cancel import clock
-
-    requests, tokens = found.left(clock())
+    requests, tokens = found.left(time.monotonic())
     return RoomStats(
         requests, tokens, found.requests.limit, found.tokens.limit, found.waits, found.waited
     )

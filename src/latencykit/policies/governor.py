@@ -23,13 +23,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import anyio
 
 from .. import _response, events, ratelimit
-from .._cancel import clock, now
+from .._cancel import now
 from .._context import remaining, trace_var
 from ..errors import LimitExceeded, _headers_of, _links, retry_after
 from ..pipeline import Call, Next, Stage
@@ -99,7 +100,7 @@ class Governor:
                 self._read_error(room, target.key, exc)
             raise
         room.release(tokens)
-        _learned(target.key, room.read_pending(now()))
+        _learned(target.key, room.read_pending(time.monotonic()))
         settle = functools.partial(self._settle, room, target.key, cap)
         if isinstance(result, Stream):
             result.on_close(lambda stream, outcome, error: settle(stream.summary()))
@@ -118,7 +119,7 @@ class Governor:
             output if average is None else average + _AVERAGE_WEIGHT * (output - average)
         )
         if cap is not None and cap > output:
-            room.refund(cap - output, clock())
+            room.refund(cap - output, time.monotonic())
 
     @staticmethod
     def _read_error(room: ratelimit.Room, target: str, exc: Exception) -> None:
@@ -132,7 +133,7 @@ class Governor:
             ),
             None,
         )
-        at = now()
+        at = time.monotonic()
         if found is not None:
             _learned(target, room.read(found, at))
         wait = retry_after(exc)  # a 429 body's wait too (Google's RetryInfo)
@@ -153,7 +154,7 @@ async def _wait_for_room(room: ratelimit.Room, target: str, tokens: int) -> None
     waited = 0.0
     limit: ratelimit.Limit = "requests"
     while True:
-        wait, limit = room.wait(tokens, now())
+        wait, limit = room.wait(tokens, time.monotonic())
         if wait <= 0:
             break
         left = remaining()
