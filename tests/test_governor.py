@@ -8,6 +8,7 @@ pacing test runs on real time with a quota of 2 requests per second (a few secon
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -222,3 +223,28 @@ async def test_unused_output_is_given_back_and_its_size_learned(
     call = Call(print, kwargs={"messages": MESSAGES}, target=llm.targets[0])
     # No cap: the output learned, 16 tokens.
     assert governor.estimate(call) == (governor.estimate(call.with_kwargs(max_tokens=16))[0], None)
+
+
+class _Refused(Exception):
+    """An error carrying an answer's headers, as litellm's do."""
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        super().__init__("refused")
+        self.litellm_response_headers = headers
+
+
+EXHAUSTED = {
+    "x-ratelimit-limit-requests": "6",
+    "x-ratelimit-remaining-requests": "0",
+    "x-ratelimit-reset-requests": "1m0s",
+}
+
+
+def test_only_a_429_pauses_the_target() -> None:
+    room = ratelimit.Room()
+    Governor._read_error(room, "t", _Refused(EXHAUSTED))  # an error of another kind
+    assert room.paused_until == 0.0
+    assert room.requests.limit == 6  # its headers are read all the same
+    limited = lk.RateLimited("slow down", target="t", status_code=429, retry_after=5.0)
+    Governor._read_error(room, "t", limited)
+    assert room.paused_until - time.monotonic() == pytest.approx(5.0, abs=0.5)

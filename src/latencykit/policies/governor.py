@@ -32,7 +32,7 @@ import anyio
 from .. import _response, events, ratelimit
 from .._cancel import now
 from .._context import remaining, trace_var
-from ..errors import LimitExceeded, _headers_of, _links, retry_after
+from ..errors import ErrorKind, LimitExceeded, _headers_of, _links, classify, retry_after
 from ..pipeline import Call, Next, Stage
 from ..stats import StatsTable
 from ..stream import Stream
@@ -123,7 +123,8 @@ class Governor:
 
     @staticmethod
     def _read_error(room: ratelimit.Room, target: str, exc: Exception) -> None:
-        """What a failed attempt's answer told: its headers, and a 429's wait."""
+        """What a failed attempt's answer told: its headers, and a 429's wait (only a 429's:
+        the reset of an exhausted limit on another error is no pause, the room refills)."""
         found = next(
             (
                 limits
@@ -136,7 +137,8 @@ class Governor:
         at = time.monotonic()
         if found is not None:
             _learned(target, room.read(found, at))
-        wait = retry_after(exc)  # a 429 body's wait too (Google's RetryInfo)
+        # A 429 body's wait too (Google's RetryInfo).
+        wait = retry_after(exc) if classify(exc) is ErrorKind.RATE_LIMITED else None
         if wait is not None:
             room.paused_until = max(room.paused_until, at + wait)
 
