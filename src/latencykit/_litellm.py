@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from . import ratelimit
 from ._cancel import now, on_asyncio, run_soon
 from .chunks import delta_content
 from .errors import StreamBroken, malformed_answer, stream_error
@@ -276,6 +277,12 @@ def _first(*values: Any) -> Any:
     return next((value for value in values if value), None)
 
 
+def _headers(answer: Any) -> Any:
+    """The provider's headers on litellm's response or stream (``None``: none kept)."""
+    hidden = getattr(answer, "_hidden_params", None)
+    return hidden.get("additional_headers") if isinstance(hidden, dict) else None
+
+
 class LitellmTransport:
     """The litellm lane (``Target(transport="litellm")``): attempts through
     ``litellm.acompletion``, on asyncio (on trio, in the asyncio bridge). litellm's HTTP clients
@@ -294,7 +301,9 @@ class LitellmTransport:
         from ._asyncio_bridge import run_on_asyncio  # here: asyncio stays out of import
 
         await self._set_up(target)
-        return await run_on_asyncio(acompletion(target.litellm_arguments(arguments)))
+        response = await run_on_asyncio(acompletion(target.litellm_arguments(arguments)))
+        ratelimit.heard(target.key, target.api_key, _headers(response))
+        return response
 
     async def open(self, target: Target, arguments: Mapping[str, Any]) -> ChunkSource:
         """One streaming attempt's source, opened on its first read (on trio, bridged: the
@@ -466,6 +475,7 @@ class LitellmChunks(ChunkSource):
                 **self._arguments, stream=True, max_retries=0
             )
             _our_streams[id(wrapper)] = wrapper  # quiet mid-stream too (see _in_our_stream)
+            ratelimit.heard(self._target.key, self._target.api_key, _headers(wrapper))
             try:
                 return await wrapper.__anext__()
             finally:  # litellm drops its parser at the stream's end: what it was is kept

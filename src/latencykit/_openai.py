@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import msgspec
 
+from . import ratelimit
 from ._cancel import loop_key, now, run_soon
 from .chunks import OPENAI_CHUNKS, Node, Response, decode_chunk, decode_node, decode_response
 from .errors import (
@@ -99,6 +100,7 @@ class OpenAITransport:
         """One non-streaming attempt: the provider's answer (see :func:`_answer`)."""
         request = Request(target, arguments, self.client())
         response = await request.send(stream=False)
+        ratelimit.heard(target.key, target.api_key, response.headers)
         if response.status_code >= 400:
             raise _error_of(response, response.content, target.api_key)
         return _answer(response, target)
@@ -392,6 +394,7 @@ class OpenAIChunks(ChunkSource):
             raise StopAsyncIteration
         self._run_soon = run_soon()
         response = self._response = await self._request.send(stream=True)
+        ratelimit.heard(self._target.key, self._target.api_key, response.headers)
         if response.status_code >= 400:
             try:
                 raw = await response.aread()

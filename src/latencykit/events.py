@@ -50,6 +50,7 @@ __all__ = [
     "HedgeSkipped",
     "HedgeWon",
     "LimitKind",
+    "LimitLearned",
     "LimitRefused",
     "LimitWaited",
     "RetryGaveUp",
@@ -484,6 +485,23 @@ class LimitWaited(Event, frozen=True):
     tenant: str
     limit: LimitKind
     waited: float
+
+
+class LimitLearned(Event, frozen=True):
+    """A provider's answer told a rate limit for the first time, or a new value
+    (:class:`~latencykit.policies.governor.Governor`).
+
+    Attributes:
+        target: the key of the target that told it.
+        limit: ``"requests"`` or ``"tokens"`` (per minute).
+        value: the limit now.
+        previous: the limit before (``None``: first told).
+    """
+
+    target: str
+    limit: LimitKind
+    value: int
+    previous: int | None
 
 
 class LimitRefused(Event, frozen=True):

@@ -361,6 +361,10 @@ class LLM:
             ``LLM``'s breakers (built from a dict of options) and the latency windows its
             hedge reads (default ``None``: the process default, :func:`~latencykit.use_store`,
             looked up at each use). Budgets and limiters take their own ``shared=``.
+        governor: pace every attempt by the rate limits the provider's answers tell, so that
+            a tight quota waits instead of answering 429 (default ``False``); see
+            :class:`~latencykit.policies.governor.Governor` and docs/governor.md. Per process
+            for now.
 
     The pipeline, outermost first: deadline, cache, router, degrade, hedge, failover, then per
     target breaker, limiter, retry and the attempt (with the stream guard, then its connection
@@ -400,6 +404,7 @@ class LLM:
         budget_aware: bool = False,
         on_truncated: Literal["raise", "accept"] = "raise",
         shared: SharedStore | None = None,
+        governor: bool = False,
     ) -> None:
         # The arguments as given, first thing: what to_config() describes.
         self._arguments: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
@@ -500,6 +505,12 @@ class LLM:
             policies.append(
                 Failover(*self._routes, on=failover_on, passthrough=True, is_open=is_open)
             )
+        self._governor = None
+        if self._arguments["governor"]:
+            from .policies.governor import Governor
+
+            policies.append(governor := Governor())
+            self._governor = governor
         policies += [self._guard, ConnectionSlots(self._recorder)]
         return policies
 
@@ -606,12 +617,15 @@ class LLM:
         queued = {
             t.key: now_waiting.get(host_of(t), 0) for t in (*self.targets, self._degraded) if t
         }
-        return self._recorder.stats(
+        table = self._recorder.stats(
             keys,
             breaker=None if self._breakers is None else self._breakers.state_of,
             hedge_budget=None if self.hedge is None else self.hedge.budget.balance,
             waiting=lambda key: queued.get(key, 0),
         )
+        if self._governor is None:
+            return table
+        return self._governor.with_rooms(table, (*self.targets, self._degraded))
 
     async def warm(
         self,

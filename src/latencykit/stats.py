@@ -46,6 +46,7 @@ from .errors import ErrorKind
 if TYPE_CHECKING:
     from ._context import Attempt
     from ._values import BreakerState
+    from .ratelimit import RoomStats
 
 __all__ = [
     "MAX_SECONDS",
@@ -339,6 +340,9 @@ class TargetStats:
             censored ones gave up waiting (default: empty).
         waiting: attempts waiting for a connection to the target's host now, whichever target
             of that host and lane they are for (default ``0``).
+        room: the rate-limit room the provider told, with ``LLM(governor=True)``: requests
+            and tokens left now, the limits learned, the waits for room (default ``None``: no
+            governor).
     """
 
     target: str
@@ -355,6 +359,7 @@ class TargetStats:
     hedge_budget: float | None = None
     connection_wait: Percentiles = Percentiles()
     waiting: int = 0
+    room: RoomStats | None = None
 
     @property
     def attempts(self) -> int:
@@ -475,7 +480,14 @@ _COLUMNS = (
     _Column("budget", 7, lambda s: _number(s.hedge_budget), optional=True),
     _Column("wait95", 7, lambda s: _ms(s.connection_wait.p95), optional=True),
     _Column("waiting", 7, lambda s: s.waiting or None, optional=True),
+    _Column("req left", 8, lambda s: s.room and _whole(s.room.requests_left), optional=True),
+    _Column("tok left", 8, lambda s: s.room and _whole(s.room.tokens_left), optional=True),
+    _Column("paced", 5, lambda s: s.room and s.room.waits, optional=True),
 )
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def _number(value: float | None) -> str | None:

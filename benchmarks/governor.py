@@ -1,0 +1,228 @@
+"""429s and goodput under a tight quota: ``LLM(governor=True)`` against today's behaviour
+(retries on 429, honouring Retry-After), side by side.
+
+Run it from the repository root::
+
+    .venv/bin/python benchmarks/governor.py            # 6 rounds of 10 s per variant
+    .venv/bin/python benchmarks/governor.py --quick    # smoke run, a few seconds
+
+The fake provider (real HTTP on 127.0.0.1, fast lane) enforces a quota per API key, 120
+requests and 3,000 tokens per minute by default (a call costs 26 tokens: the tokens bind),
+told in OpenAI's headers, 429 with ``retry-after`` past it. Each round runs both variants one
+after the other (order alternating), each with a fresh key whose quota is first drained to
+empty, so every run starts at the same point: the provider's steady refill (50 tokens, about 2
+calls, per second) is all there is to share. ``N`` workers (tasks in one process; default 16)
+each call in a closed loop for ``--seconds``, with ``deadline=`` 30 s and
+``lk.Retry(max_attempts=10)`` in both variants:
+
+- ``retry``: today's behaviour: every worker sends, a 429 comes back, the retry waits the
+  Retry-After the provider asked for, and tries again;
+- ``governor``: the same, with ``governor=True``: attempts wait for the room the headers tell.
+
+Reported per variant (medians over rounds): the requests the provider saw, the share refused
+with 429, the 429s after the first answer (before it, nothing is known to pace by), calls
+answered per second and tokens served per second as a share of the quota's rate; and the
+median over rounds of the per-round ratio governor / retry of the calls answered.
+**2. Cost per call** (``--overhead``): a pipeline with the governor stage against the same
+pipeline without it, around a trivial async function whose answer tells the limits (as a
+transport does: :func:`latencykit.ratelimit.heard`), on a room with plenty left; variants
+interleaved per round, batches of 2,000 calls with the garbage collector off; reported: the
+median per-round difference, and the cost of parsing one answer's OpenAI headers.
+
+The script reports; it always exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import anyio
+import httpx
+
+import latencykit as lk
+from latencykit.testing import FakeProvider, ProviderQuota
+
+MESSAGES = [{"role": "user", "content": "x" * 40}]  # 10 prompt tokens
+MAX_TOKENS = 16
+
+
+def drain(fake: FakeProvider, key: str) -> None:
+    """Spend ``key``'s whole quota (its tokens with 100-token prompts, then its requests with
+    1-token ones), so that a run starts with an empty room."""
+    with httpx.Client() as client:
+        for prompt, left in ((400, lambda u: u.tokens_remaining > 101), (4, lambda u: True)):
+            while fake.quota_usage(key).requests_remaining > 0 and left(fake.quota_usage(key)):
+                client.post(
+                    f"{fake.base_url}/chat/completions",
+                    json={
+                        "model": "m",
+                        "messages": [{"role": "user", "content": "x" * prompt}],
+                        "max_tokens": 1,
+                    },
+                    headers={"authorization": f"Bearer {key}"},
+                )
+
+
+async def run(
+    fake: FakeProvider, key: str, governor: bool, workers: int, seconds: float
+) -> dict[str, float]:
+    llm = lk.LLM(
+        "openai/m",
+        api_base=fake.base_url,
+        api_key=key,
+        transport="openai",
+        governor=governor,
+        deadline=30.0,
+        retry=lk.Retry(max_attempts=10),
+    )
+    before = len(fake.attempts)
+    answered = tokens = failed = 0
+    end = time.monotonic() + seconds
+
+    async def worker() -> None:
+        nonlocal answered, tokens, failed
+        while time.monotonic() < end:
+            try:
+                response: Any = await llm.acompletion(messages=MESSAGES, max_tokens=MAX_TOKENS)
+            except lk.LatencykitError:
+                failed += 1
+                continue
+            answered += 1
+            tokens += response.usage.total_tokens
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as group:
+        for _ in range(workers):
+            group.start_soon(worker)
+    elapsed = time.monotonic() - started
+    await llm.aclose()
+    statuses = [a.status for a in fake.attempts[before:]]
+    first = statuses.index(200) if 200 in statuses else len(statuses)
+    return {
+        "sent": len(statuses),
+        "429": statuses.count(429),
+        "429 later": statuses[first:].count(429),
+        "answered/s": answered / elapsed,
+        "tokens/s": tokens / elapsed,
+        "failed": failed,
+    }
+
+
+_HEADERS = {
+    "x-ratelimit-limit-requests": "600000",
+    "x-ratelimit-limit-tokens": "60000000",
+    "x-ratelimit-remaining-requests": "599999",
+    "x-ratelimit-remaining-tokens": "59999000",
+    "x-ratelimit-reset-requests": "1ms",
+    "x-ratelimit-reset-tokens": "6ms",
+}
+
+
+async def overhead(rounds: int = 30, batch: int = 2000) -> None:
+    import gc
+    import timeit
+    from types import SimpleNamespace
+
+    from latencykit import ratelimit
+    from latencykit.pipeline import Call, Pipeline
+    from latencykit.policies.governor import Governor
+
+    target = lk.Target("openai/m", api_key="sk-bench", transport="openai")
+    usage = SimpleNamespace(prompt_tokens=100, completion_tokens=16, total_tokens=116)
+    answer = SimpleNamespace(usage=usage, choices=[], model="m", id="x")
+
+    async def call_provider(**kwargs: Any) -> Any:
+        ratelimit.heard(target.key, target.api_key, _HEADERS)
+        return answer
+
+    call = Call(call_provider, (), {"messages": [{"role": "user", "content": "x" * 400}]}, target)
+    variants = {"plain": Pipeline(()), "governor": Pipeline((Governor(),))}
+    await variants["governor"].run(call)  # the room exists: both variants parse the headers
+    differences = []
+    for index in range(rounds):
+        took = {}
+        for name in sorted(variants, reverse=index % 2 == 1):
+            gc.disable()
+            started = time.perf_counter()
+            for _ in range(batch):
+                await variants[name].run(call)
+            took[name] = (time.perf_counter() - started) / batch
+            gc.enable()
+        differences.append(took["governor"] - took["plain"])
+    parse = min(timeit.repeat(lambda: ratelimit.read_limits(_HEADERS), number=5000, repeat=5))
+    print(
+        f"governor stage: median per-round difference {statistics.median(differences) * 1e6:.1f}"
+        f" us per call; parsing one answer's headers {parse / 5000 * 1e6:.1f} us"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--rpm", type=int, default=120)
+    parser.add_argument("--tpm", type=int, default=3_000)
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 3 s")
+    parser.add_argument("--overhead", action="store_true", help="only the cost per call")
+    args = parser.parse_args()
+    if args.overhead:
+        anyio.run(overhead)
+        return
+    if args.quick:
+        args.rounds, args.seconds = 2, 3.0
+    quota = ProviderQuota(requests_per_minute=args.rpm, tokens_per_minute=args.tpm)
+    results: dict[str, list[dict[str, float]]] = {"retry": [], "governor": []}
+    ratios: list[float] = []
+    with FakeProvider(quota=quota) as fake:
+        for index in range(args.rounds):
+            order = ["retry", "governor"] if index % 2 == 0 else ["governor", "retry"]
+            row: dict[str, dict[str, float]] = {}
+            for name in order:
+                key = f"sk-bench-{index}-{name}"
+                drain(fake, key)
+                row[name] = anyio.run(
+                    run, fake, key, name == "governor", args.workers, args.seconds
+                )
+                results[name].append(row[name])
+            if row["retry"]["answered/s"]:
+                ratios.append(row["governor"]["answered/s"] / row["retry"]["answered/s"])
+    print(
+        f"quota {args.rpm} requests and {args.tpm} tokens per minute; {args.workers} workers; "
+        f"{args.rounds} rounds of {args.seconds:g} s per variant; python {sys.version.split()[0]}"
+    )
+    header = (
+        "variant",
+        "sent",
+        "429s",
+        "429 %",
+        "429s after 1st answer",
+        "answered/s",
+        "tokens % quota",
+    )
+    print(f"{header[0]:<9} " + " ".join(f"{h:>{max(6, len(h))}}" for h in header[1:]))
+    for name, runs in results.items():
+        sent = statistics.median(r["sent"] for r in runs)
+        refused = statistics.median(r["429"] for r in runs)
+        later = statistics.median(r["429 later"] for r in runs)
+        share = statistics.median(100 * r["429"] / r["sent"] if r["sent"] else 0 for r in runs)
+        rate = statistics.median(r["answered/s"] for r in runs)
+        served = statistics.median(100 * r["tokens/s"] / (args.tpm / 60) for r in runs)
+        print(
+            f"{name:<9} {sent:>6.0f} {refused:>6.0f} {share:>6.1f} {later:>21.0f} {rate:>10.2f} "
+            f"{served:>14.1f}"
+        )
+    if ratios:
+        ratio = statistics.median(ratios)
+        print(f"answered/s, governor / retry: median of per-round ratios {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""``Governor``: pace attempts by the room the provider says is left, so that they are not
+refused with a 429.
+
+Every answer of a provider tells its rate limits and the room left (see
+:mod:`latencykit.ratelimit`). The governor keeps that room per (target, API key) for the
+process, and before each attempt reserves what the attempt will cost: one request and its
+estimated tokens (input: litellm's ``token_counter`` for a target on the litellm lane once
+litellm is loaded, else one token per 4 characters of the messages; output: the call's
+``max_tokens``/``max_completion_tokens``, else the average output of the target's recent
+answers). Reservations of the attempts in flight count against the room until their answers
+come back with fresh headers. When the room would be passed, the attempt waits for the room
+to refill (the provider's reset), or, if that wait would pass the call's deadline, fails at
+once with :class:`~latencykit.errors.LimitExceeded` before anything is sent. A 429's
+``retry-after`` pauses every attempt to that target and key until then.
+
+It runs per attempt (``Stage.RETRY + 5``: inside retry, before the attempt), so retries,
+hedges and failover attempts are paced too. With no numbers configured, nothing is paced
+until a first answer told the limits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import anyio
+
+from .. import _response, events, ratelimit
+from .._cancel import now
+from .._context import remaining, trace_var
+from ..errors import ErrorKind, LimitExceeded, _headers_of, _links, classify, retry_after
+from ..pipeline import Call, Next, Stage
+from ..stats import StatsTable
+from ..stream import Stream
+from ..target import Target
+
+__all__ = ["STAGE", "Governor"]
+
+STAGE = Stage.RETRY + 5
+"""Where the governor runs: per attempt, inside retry, before the attempt itself."""
+
+CHARS_PER_TOKEN = 4
+"""The input estimate without a tokenizer: one token per 4 characters (OpenAI's rule of
+thumb for English)."""
+
+_TENANT = "<default>"  # events' tenant field: the governor paces a target, not a tenant
+_NOT_TEXT = frozenset({"role", "type"})
+_AVERAGE_WEIGHT = 0.2  # of the newest answer in the learned output size
+
+
+class Governor:
+    """Paces a target's attempts by the rate limits its answers tell (see module docs).
+
+    ``LLM(governor=True)`` puts one in the pipeline. It has no options: the limits are learned
+    from the provider's headers, the state is per process, per (target key, API key hash).
+    """
+
+    stage = STAGE
+
+    def __init__(self) -> None:
+        self._output: dict[str, float] = {}  # learned average output tokens, by target
+
+    def __repr__(self) -> str:
+        return "Governor()"
+
+    @staticmethod
+    def with_rooms(table: StatsTable, targets: Iterable[Target | None]) -> StatsTable:
+        """``table`` with each target's room (``TargetStats.room``; a target not in
+        ``targets`` is taken to have no API key of its own)."""
+        by_key = {t.key: t for t in targets if t is not None}
+        return StatsTable(
+            dataclasses.replace(row, room=ratelimit.room_of(by_key.get(key), key))
+            for key, row in table.items()
+        )
+
+    def estimate(self, call: Call) -> tuple[int, int | None]:
+        """The tokens an attempt of ``call`` will cost (input plus output, see module docs),
+        and the output cap it sets (``None``: none)."""
+        kwargs = call.kwargs
+        cap = kwargs.get("max_completion_tokens") or kwargs.get("max_tokens")
+        cap = None if cap is None else int(cap)
+        output = cap if cap is not None else round(self._output.get(call.target.key, 0.0))
+        return _input_tokens(call, kwargs.get("messages") or ()) + output, cap
+
+    async def handle(self, call: Call, next: Next) -> Any:
+        target = call.target
+        room = ratelimit.room_for(target.key, target.api_key)
+        tokens, cap = self.estimate(call)
+        await _wait_for_room(room, target.key, tokens)
+        room.reserve(tokens)
+        try:
+            result = await next(call)
+        except BaseException as exc:
+            room.release(tokens)
+            if isinstance(exc, Exception):
+                self._read_error(room, target.key, exc)
+            raise
+        room.release(tokens)
+        _learned(target.key, room.read_pending(time.monotonic()))
+        settle = functools.partial(self._settle, room, target.key, cap)
+        if isinstance(result, Stream):
+            result.on_close(lambda stream, outcome, error: settle(stream.summary()))
+        else:
+            settle(_response.summary(result))
+        return result
+
+    def _settle(self, room: ratelimit.Room, key: str, cap: int | None, summary: Any) -> None:
+        """Learn the output size; give back the output reserved and not used (as the provider
+        does: it reserves the cap, and settles to the tokens sent)."""
+        output = summary.output_tokens
+        if not isinstance(output, int):
+            return
+        average = self._output.get(key)
+        self._output[key] = (
+            output if average is None else average + _AVERAGE_WEIGHT * (output - average)
+        )
+        if cap is not None and cap > output:
+            room.refund(cap - output, time.monotonic())
+
+    @staticmethod
+    def _read_error(room: ratelimit.Room, target: str, exc: Exception) -> None:
+        """What a failed attempt's answer told: its headers, and a 429's wait (only a 429's:
+        the reset of an exhausted limit on another error is no pause, the room refills)."""
+        found = next(
+            (
+                limits
+                for link in _links(exc)
+                for headers in _headers_of(link.exc)
+                if (limits := ratelimit.read_limits(headers)) is not None
+            ),
+            None,
+        )
+        at = time.monotonic()
+        if found is not None:
+            _learned(target, room.read(found, at))
+        # A 429 body's wait too (Google's RetryInfo).
+        wait = retry_after(exc) if classify(exc) is ErrorKind.RATE_LIMITED else None
+        if wait is not None:
+            room.paused_until = max(room.paused_until, at + wait)
+
+
+def _learned(target: str, changed: list[tuple[ratelimit.Limit, int, int | None]]) -> None:
+    """Emit :class:`~latencykit.events.LimitLearned` for each limit first told or changed."""
+    if changed and events.listening():
+        for limit, value, previous in changed:
+            events.emit(events.LimitLearned(_call_id(), target, limit, value, previous))
+
+
+async def _wait_for_room(room: ratelimit.Room, target: str, tokens: int) -> None:
+    """Wait until the room holds the attempt, or raise ``LimitExceeded`` if that wait would
+    pass the deadline (then nothing is sent)."""
+    waited = 0.0
+    limit: ratelimit.Limit = "requests"
+    while True:
+        wait, limit = room.wait(tokens, time.monotonic())
+        if wait <= 0:
+            break
+        left = remaining()
+        if left is not None and wait > left:
+            if events.listening():
+                events.emit(events.LimitRefused(_call_id(), target, _TENANT, limit, wait, waited))
+            raise LimitExceeded(target, limit, wait=wait, waited=waited)
+        started = now()
+        await anyio.sleep(wait)
+        waited += now() - started
+    if waited:
+        room.waits += 1
+        room.waited += waited
+        if events.listening():
+            events.emit(events.LimitWaited(_call_id(), target, _TENANT, limit, waited))
+
+
+def _call_id() -> int:
+    trace = trace_var.get()
+    return 0 if trace is None else trace.call_id
+
+
+def _input_tokens(call: Call, messages: Any) -> int:
+    if call.target.transport == "litellm" and "litellm" in sys.modules:
+        try:
+            counted = sys.modules["litellm"].token_counter(
+                model=call.target.model, messages=messages
+            )
+            return int(counted)
+        except Exception:  # a model or message litellm cannot count: the estimate
+            pass
+    return _characters(messages) // CHARS_PER_TOKEN
+
+
+def _characters(value: Any) -> int:
+    """The characters of the text in messages (strings at any depth of lists and dicts, but
+    a message's role and a content part's type)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(_characters(v) for k, v in value.items() if k not in _NOT_TEXT)
+    if isinstance(value, (list, tuple)):
+        return sum(_characters(v) for v in value)
+    return 0

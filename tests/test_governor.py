@@ -1,0 +1,250 @@
+"""The governor (``LLM(governor=True)``): pacing from the provider's rate-limit headers, over
+real HTTP to the fake provider's quota, on both lanes, on asyncio and trio.
+
+The quota's clock is frozen where a test reads exact numbers (``fake.freeze_quota()``); the
+pacing test runs on real time with a quota of 2 requests per second (a few seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+import latencykit as lk
+from latencykit import events, ratelimit
+from latencykit.pipeline import Call
+from latencykit.policies.governor import Governor
+from latencykit.testing import FakeProvider, ProviderQuota
+
+pytestmark = pytest.mark.anyio
+
+KEY = "sk-governor-0123456789"
+OTHER_KEY = "sk-governor-9876543210"
+MESSAGES = [{"role": "user", "content": "x" * 40}]  # 10 prompt tokens
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rooms() -> Iterator[None]:
+    """Rooms are process-wide, by target and key: each test starts with none."""
+    ratelimit._rooms.clear()
+    yield
+    ratelimit._rooms.clear()
+
+
+@pytest.fixture
+def quota() -> Iterator[FakeProvider]:
+    """6 requests and 600 tokens per minute per key, on a frozen clock."""
+    with FakeProvider(
+        quota=ProviderQuota(requests_per_minute=6, tokens_per_minute=600)
+    ) as provider:
+        provider.freeze_quota()
+        yield provider
+
+
+def drain(fake: FakeProvider, requests: int, key: str = KEY) -> None:
+    """Spend ``requests`` of ``key``'s quota with plain HTTP requests."""
+    with httpx.Client() as client:
+        for _ in range(requests):
+            client.post(
+                f"{fake.base_url}/chat/completions",
+                json={"model": "m", "messages": MESSAGES, "max_tokens": 1},
+                headers={"authorization": f"Bearer {key}"},
+            )
+
+
+def governed(fake: FakeProvider, lane: str = "openai", **options: Any) -> lk.LLM:
+    return lk.LLM(
+        "openai/m",
+        api_base=fake.base_url,
+        api_key=options.pop("api_key", KEY),
+        transport=lane,
+        governor=options.pop("governor", True),
+        **options,
+    )
+
+
+async def answer(llm: lk.LLM, stream: bool = False, **kwargs: Any) -> None:
+    kwargs.setdefault("max_tokens", 16)
+    if not stream:
+        await llm.acompletion(messages=MESSAGES, **kwargs)
+        return
+    async with await llm.acompletion(messages=MESSAGES, stream=True, **kwargs) as chunks:
+        async for _ in chunks:
+            pass
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["response", "stream"])
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
+async def test_each_lane_reads_what_the_provider_sent(
+    quota: FakeProvider, lane: str, stream: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read: list[ratelimit.RateLimits | None] = []
+    heard = ratelimit.heard
+
+    def recording(target: str, api_key: str | None, headers: Any) -> None:
+        read.append(None if headers is None else ratelimit.read_limits(headers))
+        heard(target, api_key, headers)
+
+    monkeypatch.setattr(ratelimit, "heard", recording)
+    await answer(governed(quota, lane), stream)
+    # The quota's clock is frozen and the 16-token answer used what it reserved: the room
+    # left now is what the answer's headers told.
+    usage = quota.quota_usage(KEY)
+    assert read == [
+        ratelimit.RateLimits(
+            usage.requests_limit,
+            usage.requests_remaining,
+            pytest.approx(usage.requests_reset, abs=1e-3),  # type: ignore[arg-type]
+            usage.tokens_limit,
+            usage.tokens_remaining,
+            pytest.approx(usage.tokens_reset, abs=1e-3),  # type: ignore[arg-type]
+        )
+    ]
+    room = ratelimit.room_for("openai/m", KEY)
+    assert (room.requests.limit, room.requests.level) == (6, 5)
+    assert room.tokens.limit == 600
+
+
+async def test_anthropic_headers_through_litellm(quota: FakeProvider) -> None:
+    llm = lk.LLM("anthropic/m", api_base=quota.anthropic_base_url, api_key=KEY, governor=True)
+    await llm.acompletion(messages=MESSAGES, max_tokens=16)
+    room = ratelimit.room_for("anthropic/m", KEY)
+    assert (room.requests.limit, room.requests.level) == (6, 5)
+    assert room.tokens.limit == 600
+
+
+async def test_a_limit_learned_is_told_once_and_shown_in_stats(quota: FakeProvider) -> None:
+    llm = governed(quota)
+    seen: list[events.Event] = []
+    with events.subscribe(seen.append):
+        await answer(llm)
+        await answer(llm)
+    learned = [e for e in seen if isinstance(e, events.LimitLearned)]
+    assert [(e.limit, e.value, e.previous) for e in learned] == [
+        ("requests", 6, None),
+        ("tokens", 600, None),
+    ]
+    room = llm.stats()["openai/m"].room
+    assert room is not None
+    assert (room.requests_limit, room.tokens_limit, room.waits) == (6, 600, 0)
+    assert room.requests_left == pytest.approx(4, abs=0.5)
+    assert "req left" in str(llm.stats())
+
+
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
+async def test_fails_fast_when_the_wait_would_pass_the_deadline(
+    quota: FakeProvider, lane: str
+) -> None:
+    drain(quota, 5)
+    llm = governed(quota, lane, deadline=2.0)
+    await answer(llm)  # learns: no request left, one back every 10 s
+    sent = len(quota.attempts)
+    with anyio.fail_after(1.5), pytest.raises(lk.LimitExceeded) as info:
+        await answer(llm)
+    assert info.value.limit == "requests"
+    assert info.value.wait is not None and info.value.wait > 9
+    assert len(quota.attempts) == sent  # nothing was sent
+
+
+@pytest.mark.parametrize("headers", ["missing", "full"])
+async def test_without_honest_headers_a_429s_retry_after_pauses_the_target(
+    quota: FakeProvider, headers: str
+) -> None:
+    drain(quota, 6)
+    llm = governed(
+        quota,
+        deadline=2.0,
+        defaults={"extra_headers": {"x-fake-behavior": json.dumps({"limit_headers": headers})}},
+    )
+    with pytest.raises(lk.RateLimited):
+        await answer(llm)  # nothing (or a lie) learned: sent, refused
+    sent = len(quota.attempts)
+    with pytest.raises(lk.LimitExceeded):
+        await answer(llm)  # the 429's retry-after (10 s) does not fit the deadline
+    assert len(quota.attempts) == sent
+
+
+@pytest.mark.parametrize("governor", [True, False], ids=["governor", "none"])
+async def test_a_burst_past_the_room_waits_instead_of_a_429(governor: bool) -> None:
+    with FakeProvider(
+        quota=ProviderQuota(requests_per_minute=120, tokens_per_minute=100_000)
+    ) as fake:
+        drain(fake, 118)
+        llm = governed(fake, governor=governor, deadline=30.0)
+        await answer(llm)  # the first answer tells the room: 1 request or so
+        failures: list[BaseException] = []
+
+        async def one() -> None:
+            try:
+                await answer(llm)
+            except lk.RateLimited as exc:
+                failures.append(exc)
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as group:
+                for _ in range(4):
+                    group.start_soon(one)
+        statuses = [a.status for a in fake.attempts]
+    if governor:
+        assert failures == [] and 429 not in statuses
+        room = llm.stats()["openai/m"].room
+        assert room is not None and room.waits >= 2 and room.waited > 0
+    else:  # today's behaviour, the contrast: the burst is refused
+        assert failures and 429 in statuses
+
+
+async def test_a_rotated_key_starts_a_room_of_its_own(quota: FakeProvider) -> None:
+    drain(quota, 5)
+    await answer(governed(quota, deadline=2.0))  # KEY: no request left
+    rotated = governed(quota, api_key=OTHER_KEY, deadline=2.0)
+    await answer(rotated)  # not held back by the old key's room
+    assert ratelimit.room_for("openai/m", OTHER_KEY).requests.level == 5
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["response", "stream"])
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
+async def test_unused_output_is_given_back_and_its_size_learned(
+    quota: FakeProvider, lane: str, stream: bool
+) -> None:
+    llm = governed(quota, lane)
+    options = {"stream_options": {"include_usage": True}} if stream else {}
+    await answer(llm, stream, max_tokens=64, **options)  # reserves 64, the answer has 16
+    room = ratelimit.room_for("openai/m", KEY)
+    # The provider told 600 - 10 - 64 left, then gave back the 48 tokens not sent: so do we.
+    assert room.tokens.level == pytest.approx(600 - 10 - 16, abs=2)
+    assert quota.quota_usage(KEY).tokens_remaining == 600 - 10 - 16
+    governor = next(p for p in llm.pipeline.policies if isinstance(p, Governor))
+    call = Call(print, kwargs={"messages": MESSAGES}, target=llm.targets[0])
+    # No cap: the output learned, 16 tokens.
+    assert governor.estimate(call) == (governor.estimate(call.with_kwargs(max_tokens=16))[0], None)
+
+
+class _Refused(Exception):
+    """An error carrying an answer's headers, as litellm's do."""
+
+    def __init__(self, headers: dict[str, str]) -> None:
+        super().__init__("refused")
+        self.litellm_response_headers = headers
+
+
+EXHAUSTED = {
+    "x-ratelimit-limit-requests": "6",
+    "x-ratelimit-remaining-requests": "0",
+    "x-ratelimit-reset-requests": "1m0s",
+}
+
+
+def test_only_a_429_pauses_the_target() -> None:
+    room = ratelimit.Room()
+    Governor._read_error(room, "t", _Refused(EXHAUSTED))  # an error of another kind
+    assert room.paused_until == 0.0
+    assert room.requests.limit == 6  # its headers are read all the same
+    limited = lk.RateLimited("slow down", target="t", status_code=429, retry_after=5.0)
+    Governor._read_error(room, "t", limited)
+    assert room.paused_until - time.monotonic() == pytest.approx(5.0, abs=0.5)
