@@ -13,16 +13,14 @@ history (``.attempts``). Messages never contain API keys (they are scrubbed) nor
 from __future__ import annotations
 
 import contextlib
-import datetime
 import errno
 import json
-import math
 import re
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
 
 from ._values import BreakerState, ErrorKind
+from .ratelimit import parse_wait, read_limits
 
 if TYPE_CHECKING:
     from ._context import Attempt
@@ -751,7 +749,7 @@ def _read_body(
     elif isinstance(body, Mapping):
         codes.update(code.lower() for code in _strings(body, "code", "type", "reason"))
         texts.extend(message[:_TEXT_LIMIT] for message in _strings(body, "message", "detail"))
-        delays = map(_parse_wait, _strings(body, "retryDelay"))
+        delays = map(parse_wait, _strings(body, "retryDelay"))
         waits.extend(wait for wait in delays if wait is not None)
         nested = [body.get("error"), body.get("innererror"), body.get("details")]
     else:
@@ -978,56 +976,6 @@ def is_transient(exc: BaseException) -> bool:
     return classify(exc).transient
 
 
-# Go durations, as OpenAI's ``x-ratelimit-reset-*`` headers ("1s", "6m0s", "20ms") and
-# Google's ``RetryInfo.retryDelay`` ("2s", "0.5s") write them.
-_DURATION_PART = r"(\d+(?:\.\d*)?|\.\d+)(h|ms|us|µs|ns|m|s)"
-_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-
-# The limits a provider reports as (remaining, reset) headers: OpenAI and compatible hosts
-# (resets as Go durations), Anthropic (resets as RFC 3339 times).
-_LIMIT_HEADERS = (
-    ("x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"),
-    ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
-    *(
-        (f"anthropic-ratelimit-{limit}-remaining", f"anthropic-ratelimit-{limit}-reset")
-        for limit in ("requests", "tokens", "input-tokens", "output-tokens")
-    ),
-)
-
-
-def _parse_wait(value: str) -> float | None:
-    """Seconds to wait, from a number of seconds, a Go duration ("6m0s"), an RFC 3339 time or
-    an HTTP date (the time until then, at least 0); ``None`` if ``value`` is none of them."""
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        if re.fullmatch(f"(?:{_DURATION_PART})+", value):
-            seconds = sum(
-                float(number) * _DURATION_UNITS[unit]
-                for number, unit in re.findall(_DURATION_PART, value)
-            )
-        elif (when := _parse_time(value)) is not None:
-            seconds = when - time.time()
-        else:
-            return None
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
-def _parse_time(value: str) -> float | None:
-    """The POSIX time of an RFC 3339 time or an HTTP date (UTC unless it says otherwise)."""
-    import email.utils  # lazily: it imports socket, 15 ms off `import latencykit`
-
-    try:
-        when = datetime.datetime.fromisoformat(re.sub("[Zz]$", "+00:00", value))
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-    return when.replace(tzinfo=when.tzinfo or datetime.timezone.utc).timestamp()
-
-
 def _headers_of(exc: BaseException) -> Iterator[Mapping[str, Any]]:
     response = getattr(exc, "response", None)
     for owner, attr in ((exc, "litellm_response_headers"), (exc, "headers"), (response, "headers")):
@@ -1044,23 +992,26 @@ def _asked_wait(link: _Link) -> float | None:
     if isinstance(link.exc, ProviderError) and link.exc.retry_after is not None:
         return link.exc.retry_after
     for headers in _headers_of(link.exc):
-        for name, per_second in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-            value = headers.get(name)
-            if value is not None and (wait := _parse_wait(str(value))) is not None:
-                return wait / per_second
+        if (limits := read_limits(headers)) is not None and limits.retry_after is not None:
+            return limits.retry_after
     waits: list[float] = []
     _read_body(link.body, set(), [], waits)
     return waits[0] if waits else None
 
 
 def _reset_wait(headers: Mapping[str, Any]) -> float | None:
-    """The time until the exhausted limits (remaining 0) reset, the latest of them."""
-    waits = (
-        _parse_wait(str(headers[reset]))
-        for remaining, reset in _LIMIT_HEADERS
-        if reset in headers and _parse_wait(str(headers.get(remaining))) == 0
+    """The time until the exhausted limit (remaining 0) resets, the later of requests' and
+    tokens'."""
+    limits = read_limits(headers)
+    if limits is None:
+        return None
+    exhausted = (
+        (limits.requests_remaining, limits.requests_reset),
+        (limits.tokens_remaining, limits.tokens_reset),
     )
-    return max((wait for wait in waits if wait is not None), default=None)
+    return max(
+        (reset for left, reset in exhausted if left == 0 and reset is not None), default=None
+    )
 
 
 def retry_after(exc: BaseException) -> float | None:

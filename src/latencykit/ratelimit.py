@@ -23,15 +23,15 @@ same state from the same bytes. The key itself is never kept: only a hash of it.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import math
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
-
-from .errors import _parse_wait
 
 __all__ = [
     "Limit",
@@ -40,6 +40,7 @@ __all__ = [
     "RoomStats",
     "heard",
     "key_hash",
+    "parse_wait",
     "read_limits",
     "room_for",
     "room_of",
@@ -95,7 +96,46 @@ def _count(value: str | None) -> int | None:
 
 
 def _wait(value: str | None) -> float | None:
-    return None if value is None else _parse_wait(value)
+    return None if value is None else parse_wait(value)
+
+
+# Go durations, as OpenAI's ``x-ratelimit-reset-*`` headers ("1s", "6m0s", "20ms") and
+# Google's ``RetryInfo.retryDelay`` ("2s", "0.5s") write them.
+_DURATION_PART = r"(\d+(?:\.\d*)?|\.\d+)(h|ms|us|µs|ns|m|s)"
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def parse_wait(value: str) -> float | None:
+    """Seconds to wait, from a number of seconds, a Go duration ("6m0s"), an RFC 3339 time or
+    an HTTP date (the time until then, at least 0); ``None`` if ``value`` is none of them."""
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        if re.fullmatch(f"(?:{_DURATION_PART})+", value):
+            seconds = sum(
+                float(number) * _DURATION_UNITS[unit]
+                for number, unit in re.findall(_DURATION_PART, value)
+            )
+        elif (when := _parse_time(value)) is not None:
+            seconds = when - time.time()
+        else:
+            return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _parse_time(value: str) -> float | None:
+    """The POSIX time of an RFC 3339 time or an HTTP date (UTC unless it says otherwise)."""
+    import email.utils  # lazily: it imports socket, 15 ms off `import latencykit`
+
+    try:
+        when = datetime.datetime.fromisoformat(re.sub("[Zz]$", "+00:00", value))
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    return when.replace(tzinfo=when.tzinfo or datetime.timezone.utc).timestamp()
 
 
 _PARTS = ("limit", "remaining", "reset")
