@@ -81,6 +81,16 @@ def test_retry_after_forms() -> None:
     wrapped = RuntimeError("wrapper")
     wrapped.__cause__ = StatusError(429, {"retry-after": "3"})
     assert lk.errors.retry_after(wrapped) == 3.0
+    # litellm keeps a provider's headers under "llm_provider-": they count as the provider's.
+    assert lk.errors.retry_after(StatusError(429, {"llm_provider-retry-after": "4"})) == 4.0
+    # No asked wait: the reset of the limit that is exhausted (not of one with room left).
+    exhausted = {
+        "x-ratelimit-remaining-requests": "5",
+        "x-ratelimit-reset-requests": "1s",
+        "x-ratelimit-remaining-tokens": "0",
+        "x-ratelimit-reset-tokens": "6m0s",
+    }
+    assert lk.errors.retry_after(StatusError(429, exhausted)) == 360.0
 
 
 @pytest.mark.parametrize(
