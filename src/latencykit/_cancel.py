@@ -182,14 +182,9 @@ _backends: dict[str, Backend] = {}
 def _native(name: str) -> Backend:
     # Imported here: a running backend is already imported, and `import latencykit` stays light.
     if name == "asyncio":
-        import asyncio
-
         # anyio.CancelScope(...) looks the backend up (sniffio) and constructs the backend's
         # own scope class on every call; that class, constructed directly, is the same scope.
-        def loop_time() -> float:
-            return asyncio.get_running_loop().time()
-
-        return Backend(now=loop_time, scope=type(anyio.CancelScope()))
+        return Backend(now=now, scope=type(anyio.CancelScope()))
     if name == "trio":
         import trio
 
@@ -197,13 +192,25 @@ def _native(name: str) -> Backend:
     return _GENERIC
 
 
-def _asyncio_loop() -> Any:
-    """The running asyncio loop, or ``None`` (trio, or no loop at all).
-
-    sniffio's lookup costs ~2 us; this ~0.2: asyncio runs here iff this thread has a running
-    loop (and asyncio is not even imported unless something uses it)."""
+def _find_running_loop() -> Any:
+    # Until asyncio is imported no asyncio loop can run; once it is, its own C function
+    # (``asyncio._get_running_loop``) takes this one's place: one builtin call per lookup.
+    global _asyncio_loop
     asyncio = sys.modules.get("asyncio")
-    return None if asyncio is None else asyncio._get_running_loop()
+    if asyncio is None:
+        return None
+    _asyncio_loop = asyncio._get_running_loop
+    return _asyncio_loop()
+
+
+_asyncio_loop: Callable[[], Any] = _find_running_loop
+"""The running asyncio loop, or ``None`` (trio, or no loop at all): asyncio runs here iff
+this thread has a running loop. sniffio's lookup costs ~2 us; this one builtin call."""
+
+_monotonic = time.monotonic
+_monotonic_loops: set[type] = set()
+"""Loop classes whose ``time()`` is the stock ``time.monotonic()`` (uvloop's and virtual-clock
+loops keep their own): their clock is read without the method's Python frame."""
 
 
 def on_asyncio() -> bool:
@@ -224,34 +231,45 @@ def now() -> float:
     """The running event loop's clock (``anyio.current_time()``): the one clock of latencykit.
 
     Every duration, deadline and window is measured on it, so trio's ``MockClock`` and
-    autojump tests see consistent time everywhere.
+    autojump tests see consistent time everywhere. On the stock asyncio loop a reading is one
+    Python call (it is read about a dozen times per call).
     """
     loop = _asyncio_loop()
-    return backend().now() if loop is None else float(loop.time())
+    if type(loop) in _monotonic_loops:
+        return _monotonic()
+    return _loop_time(loop)
+
+
+def _loop_time(loop: Any) -> float:
+    """:func:`now` the slow way (trio, or an asyncio loop class not seen yet)."""
+    if loop is None:
+        return backend().now()
+    if type(loop).time is sys.modules["asyncio"].BaseEventLoop.time:
+        _monotonic_loops.add(type(loop))  # its time() *is* time.monotonic()
+    return float(loop.time())
 
 
 def loop_clock() -> Callable[[], float]:
-    """:func:`now` for an object that lives on the running loop: asyncio's ``loop.time``
+    """:func:`now` for an object that lives on the running loop: the loop's clock function
     itself (no lookup of the loop per reading), the backend's clock elsewhere."""
     loop = _asyncio_loop()
     if loop is None:
         return backend().now
-    if type(loop).time is sys.modules["asyncio"].BaseEventLoop.time:
-        # The stock loop's time() *is* time.monotonic(): the same clock, read without the
-        # Python frame of the method (a stream reads it on every chunk). Other loops (uvloop)
-        # keep their own.
-        return time.monotonic
-    return loop.time  # type: ignore[no-any-return]
+    _loop_time(loop)
+    return _monotonic if type(loop) in _monotonic_loops else loop.time
 
 
 def clock() -> float:
     """:func:`now` inside an event loop; ``time.monotonic()`` outside one (a ``repr``, a
     garbage-collection finaliser). The default clock of stateful objects (breakers, budgets,
     latency windows), which may be read from either side."""
+    loop = _asyncio_loop()
+    if type(loop) in _monotonic_loops:
+        return _monotonic()
     try:
-        return now()
+        return _loop_time(loop)
     except sniffio.AsyncLibraryNotFoundError:
-        return time.monotonic()
+        return _monotonic()
 
 
 # --- detached tasks: one supervisor ---------------------------------------------------------------
