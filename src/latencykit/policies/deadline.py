@@ -95,7 +95,7 @@ class DeadlineScope:
         if expires >= enclosing:
             self.deadline, self._cancel_scope = enclosing, None
         else:
-            self.deadline, self._cancel_scope = expires, loop.scope(deadline=expires)
+            self.deadline, self._cancel_scope = expires, loop.expiry(expires)
         self._trace: Trace | None = Trace(trace_var.get(), self.starts_at) if own_trace else None
 
     @property

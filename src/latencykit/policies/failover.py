@@ -188,7 +188,7 @@ class Failover(PolicyDecorator):
             if limit is None:
                 return await next(route.call(call))
             started, share = limit
-            with backend().scope(deadline=started + share):
+            with backend().expiry(started + share):
                 return await next(route.call(call))
             raise AttemptTimeout(
                 f"no answer within its share of the deadline ({share:.3f}s): "

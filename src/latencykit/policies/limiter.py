@@ -47,7 +47,7 @@ import anyio
 
 from .. import _response, _validation, events
 from .. import fleet as _fleet
-from .._cancel import Backend, backend, clock, threadsafe_caller
+from .._cancel import Backend, backend, clock, effective_deadline, threadsafe_caller
 from .._context import deadline_var, trace_var
 from .._response import Summary
 from ..errors import LimitExceeded
@@ -619,7 +619,7 @@ class Limiter(PolicyDecorator):
     def _room(self, started: float, now: float) -> float:
         """Seconds a call may still wait: up to ``max_wait`` after it arrived, and before the
         enclosing deadline or cancel scope ends."""
-        end = min(deadline_var.get(), anyio.current_effective_deadline())
+        end = min(deadline_var.get(), effective_deadline())
         room = end - now
         if self.max_wait is not None:
             room = min(room, started + self.max_wait - now)
@@ -739,7 +739,7 @@ def _report(
 
 async def _wait(waiter: _Waiter, end: float, loop: Backend) -> None:
     """Wait for ``waiter``'s slot until ``end`` at most (then return without one)."""
-    if end < min(deadline_var.get(), anyio.current_effective_deadline()):
+    if end < min(deadline_var.get(), effective_deadline()):
         with loop.scope(deadline=end):
             await waiter.event.wait()
     else:
