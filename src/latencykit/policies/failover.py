@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from .. import events
 from .._cancel import backend, now
-from .._context import deadline_var, order_var, reason_var, trace_var
+from .._context import current_call_id, deadline_var, order_var, reason_var
 from ..errors import (
     AttemptTimeout,
     CircuitOpen,
@@ -223,8 +223,7 @@ class Failover(PolicyDecorator):
     ) -> None:
         if not events.listening():
             return
-        trace = trace_var.get()
-        call_id = 0 if trace is None else trace.call_id
+        call_id = current_call_id()
         if skipped is None:
             assert previous is not None
             events.emit(events.FailedOver(call_id, from_target=previous, to_target=to))

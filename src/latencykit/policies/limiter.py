@@ -48,7 +48,7 @@ import anyio
 from .. import _response, _validation, events
 from .. import fleet as _fleet
 from .._cancel import Backend, backend, clock, effective_deadline, threadsafe_caller
-from .._context import deadline_var, trace_var
+from .._context import current_call_id, deadline_var
 from .._response import Summary
 from ..errors import LimitExceeded
 from ..events import Event, LimitKind, LimitRefused, LimitWaited
@@ -731,8 +731,7 @@ def _report(
 ) -> None:
     """Emit :class:`LimitRefused` or :class:`LimitWaited` for ``permit``'s call."""
     if events.listening():
-        trace = trace_var.get()
-        call_id = 0 if trace is None else trace.call_id
+        call_id = current_call_id()
         target, who = permit.call.target.key, permit.tenant
         events.emit(event(call_id, target=target, tenant=who, limit=kind, waited=waited, **more))
 
