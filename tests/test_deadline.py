@@ -120,3 +120,64 @@ def test_non_numeric_budget_is_rejected() -> None:
         lk.deadline("3")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"deadline\.seconds"):
         lk.deadline(True)
+
+
+async def test_a_shield_inside_a_deadline_holds_its_expiry_back() -> None:
+    finished_shielded = False
+
+    async def shielded_then_open() -> None:
+        nonlocal finished_shielded
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(2)  # the deadline passes in here: held back
+            finished_shielded = True
+        await anyio.sleep(10)  # cancelled at once
+
+    start = anyio.current_time()
+    with pytest.raises(lk.DeadlineExceeded), lk.deadline(1):
+        await shielded_then_open()
+    assert finished_shielded
+    assert 2 <= anyio.current_time() - start < 3
+
+
+async def test_a_shield_outside_a_deadline_does_not_hold_it_back() -> None:
+    start = anyio.current_time()
+    with anyio.CancelScope(shield=True):
+        with pytest.raises(lk.DeadlineExceeded), lk.deadline(1):
+            await anyio.sleep(10)
+    assert 1 <= anyio.current_time() - start < 2
+
+
+@pytest.mark.parametrize("outer_after", [0.5, 1.0])
+async def test_an_enclosing_cancellation_at_or_before_the_deadline_is_not_swallowed(
+    outer_after: float,
+) -> None:
+    with anyio.move_on_after(outer_after) as outer, lk.deadline(1):
+        await anyio.sleep(10)
+    assert outer.cancelled_caught
+
+
+async def test_a_deadline_inside_a_cancelled_task_group_lets_its_cancellation_through() -> None:
+    reached_after = False
+    async with anyio.create_task_group() as group:
+
+        async def child() -> None:
+            nonlocal reached_after
+            with lk.deadline(5):
+                await anyio.sleep(10)
+            reached_after = True
+
+        group.start_soon(child)
+        await anyio.sleep(1)
+        group.cancel_scope.cancel()
+    assert not reached_after
+
+
+async def test_cancel_scopes_see_the_deadlines_and_timers_around_them() -> None:
+    from latencykit._cancel import backend, effective_deadline, now
+
+    with lk.deadline(10):
+        limit = now() + 3
+        with backend().expiry(limit):  # a fallback's switch, a failover target's share
+            assert effective_deadline() == pytest.approx(limit)
+        assert effective_deadline() == pytest.approx(now() + 10, abs=0.01)
+    assert effective_deadline() == math.inf

@@ -40,6 +40,9 @@ class Backend(NamedTuple):
     """The event loop's clock, the one cancel-scope deadlines are on."""
     scope: Callable[..., Any]
     """``scope(deadline=...)``: a cancel scope (``cancelled_caught`` after exit)."""
+    expiry: Callable[[float], Any]
+    """``expiry(deadline)``: a cancel scope that only expires (no ``cancel()``, no shield):
+    :class:`Expiry` on asyncio 3.11+, the backend's own scope elsewhere."""
 
 
 Interrupt = Callable[[], None]
@@ -161,6 +164,99 @@ class Watchdog:
             self._handle, self._armed = None, math.inf
 
 
+_SHIELD_POLL = 0.001  # seconds between looks while a shield holds an expiry back
+_expiry_var: contextvars.ContextVar[float] = contextvars.ContextVar(
+    "latencykit.expiry", default=math.inf
+)
+
+
+class Expiry:
+    """A cancel scope that only expires, for asyncio 3.11+: ``with Expiry(deadline):``.
+
+    One loop timer cancels the task at ``deadline`` the way ``asyncio.timeout`` does (``cancel``
+    then, at exit, ``uncancel``), so it composes with anyio's scopes and with any other
+    cancellation, for a third of an anyio scope's Python calls (the deadline, the fallback's
+    switch and a failover target's share each enter one per call). As with an anyio scope, an
+    anyio scope shielded inside it holds the cancellation back until it exits (to within a
+    millisecond), and
+    ``cancelled_caught`` (after exit) tells whether it expired and swallowed the cancellation.
+    """
+
+    __slots__ = (
+        "_cancelling",
+        "_fired",
+        "_handle",
+        "_outer",
+        "_task",
+        "_token",
+        "cancelled_caught",
+        "deadline",
+    )
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.cancelled_caught = self._fired = False
+
+    def __enter__(self) -> Expiry:
+        task = self._task = sys.modules["asyncio"].current_task()
+        self._cancelling = task.cancelling()
+        self._outer = _anyio_scope(task)  # where the scopes entered inside this one end
+        self._token = _expiry_var.set(min(self.deadline, _expiry_var.get()))
+        self._handle = _asyncio_loop().call_at(self.deadline, self._expire)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> bool:
+        self._handle.cancel()
+        _expiry_var.reset(self._token)
+        # Swallow the cancellation only if it was ours alone (asyncio.timeout's rule).
+        if self._fired and self._task.uncancel() <= self._cancelling and exc_type is not None:
+            self.cancelled_caught = issubclass(exc_type, sys.modules["asyncio"].CancelledError)
+        return self.cancelled_caught
+
+    def _expire(self) -> None:
+        if _shielded(self._task, self._outer):
+            # anyio re-delivers when the shield's scope exits; this scope is not anyio's, so it
+            # looks again soon (a shield inside a deadline is brief: cleanup that must finish).
+            self._handle = _asyncio_loop().call_later(_SHIELD_POLL, self._expire)
+            return
+        self._fired = True
+        self._task.cancel()
+
+
+def _anyio_scope(task: Any) -> Any:
+    """The innermost anyio cancel scope ``task`` is in (``None``: none)."""
+    states = getattr(sys.modules.get("anyio._backends._asyncio"), "_task_states", None)
+    state = None if states is None else states.get(task)
+    return None if state is None else state.cancel_scope
+
+
+def _shielded(task: Any, outer: Any) -> bool:
+    """Whether an anyio scope entered inside ``outer`` (and still open) shields ``task``."""
+    scope = _anyio_scope(task)
+    while scope is not None and scope is not outer:
+        if scope._shield:
+            return True
+        scope = scope._parent_scope
+    return False
+
+
+def _reads_shields(scope: type) -> bool:
+    """Whether this anyio keeps what :func:`_shielded` reads (anyio 4's private task states and
+    scope fields): if a release moved them, deadlines fall back to anyio's own scopes rather
+    than miss a shield."""
+    probe = scope()
+    backend = sys.modules.get("anyio._backends._asyncio")
+    return hasattr(backend, "_task_states") and all(
+        hasattr(probe, field) for field in ("_shield", "_parent_scope")
+    )
+
+
+def effective_deadline() -> float:
+    """The earliest deadline of the cancel scopes the current task is in (anyio's, trio's and
+    :class:`Expiry`'s)."""
+    return min(anyio.current_effective_deadline(), _expiry_var.get())
+
+
 def _waiting() -> bool:
     return True  # what a trio watchdog records for a wait (it never needs the task)
 
@@ -175,35 +271,52 @@ def watchdog_for(interrupter: Callable[[], Interrupt | None]) -> Watchdog | None
     return None if interrupt is None else Watchdog(interrupt)
 
 
-_GENERIC = Backend(now=anyio.current_time, scope=anyio.CancelScope)
+def _expiring(scope: Callable[..., Any]) -> Callable[[float], Any]:
+    return lambda deadline: scope(deadline=deadline)
+
+
+_GENERIC = Backend(
+    now=anyio.current_time, scope=anyio.CancelScope, expiry=_expiring(anyio.CancelScope)
+)
 _backends: dict[str, Backend] = {}
 
 
 def _native(name: str) -> Backend:
     # Imported here: a running backend is already imported, and `import latencykit` stays light.
     if name == "asyncio":
-        import asyncio
-
         # anyio.CancelScope(...) looks the backend up (sniffio) and constructs the backend's
         # own scope class on every call; that class, constructed directly, is the same scope.
-        def loop_time() -> float:
-            return asyncio.get_running_loop().time()
-
-        return Backend(now=loop_time, scope=type(anyio.CancelScope()))
+        scope = type(anyio.CancelScope())
+        native = hasattr(sys.modules["asyncio"].Task, "uncancel") and _reads_shields(scope)
+        return Backend(now=now, scope=scope, expiry=Expiry if native else _expiring(scope))
     if name == "trio":
         import trio
 
-        return Backend(now=trio.current_time, scope=trio.CancelScope)
+        return Backend(
+            now=trio.current_time, scope=trio.CancelScope, expiry=_expiring(trio.CancelScope)
+        )
     return _GENERIC
 
 
-def _asyncio_loop() -> Any:
-    """The running asyncio loop, or ``None`` (trio, or no loop at all).
-
-    sniffio's lookup costs ~2 us; this ~0.2: asyncio runs here iff this thread has a running
-    loop (and asyncio is not even imported unless something uses it)."""
+def _find_running_loop() -> Any:
+    # Until asyncio is imported no asyncio loop can run; once it is, its own C function
+    # (``asyncio._get_running_loop``) takes this one's place: one builtin call per lookup.
+    global _asyncio_loop
     asyncio = sys.modules.get("asyncio")
-    return None if asyncio is None else asyncio._get_running_loop()
+    if asyncio is None:
+        return None
+    _asyncio_loop = asyncio._get_running_loop
+    return _asyncio_loop()
+
+
+_asyncio_loop: Callable[[], Any] = _find_running_loop
+"""The running asyncio loop, or ``None`` (trio, or no loop at all): asyncio runs here iff
+this thread has a running loop. sniffio's lookup costs ~2 us; this one builtin call."""
+
+_monotonic = time.monotonic
+_monotonic_loops: set[type] = set()
+"""Loop classes whose ``time()`` is the stock ``time.monotonic()`` (uvloop's and virtual-clock
+loops keep their own): their clock is read without the method's Python frame."""
 
 
 def on_asyncio() -> bool:
@@ -224,34 +337,45 @@ def now() -> float:
     """The running event loop's clock (``anyio.current_time()``): the one clock of latencykit.
 
     Every duration, deadline and window is measured on it, so trio's ``MockClock`` and
-    autojump tests see consistent time everywhere.
+    autojump tests see consistent time everywhere. On the stock asyncio loop a reading is one
+    Python call (it is read about a dozen times per call).
     """
     loop = _asyncio_loop()
-    return backend().now() if loop is None else float(loop.time())
+    if type(loop) in _monotonic_loops:
+        return _monotonic()
+    return _loop_time(loop)
+
+
+def _loop_time(loop: Any) -> float:
+    """:func:`now` the slow way (trio, or an asyncio loop class not seen yet)."""
+    if loop is None:
+        return backend().now()
+    if type(loop).time is sys.modules["asyncio"].BaseEventLoop.time:
+        _monotonic_loops.add(type(loop))  # its time() *is* time.monotonic()
+    return float(loop.time())
 
 
 def loop_clock() -> Callable[[], float]:
-    """:func:`now` for an object that lives on the running loop: asyncio's ``loop.time``
+    """:func:`now` for an object that lives on the running loop: the loop's clock function
     itself (no lookup of the loop per reading), the backend's clock elsewhere."""
     loop = _asyncio_loop()
     if loop is None:
         return backend().now
-    if type(loop).time is sys.modules["asyncio"].BaseEventLoop.time:
-        # The stock loop's time() *is* time.monotonic(): the same clock, read without the
-        # Python frame of the method (a stream reads it on every chunk). Other loops (uvloop)
-        # keep their own.
-        return time.monotonic
-    return loop.time  # type: ignore[no-any-return]
+    _loop_time(loop)
+    return _monotonic if type(loop) in _monotonic_loops else loop.time
 
 
 def clock() -> float:
     """:func:`now` inside an event loop; ``time.monotonic()`` outside one (a ``repr``, a
     garbage-collection finaliser). The default clock of stateful objects (breakers, budgets,
     latency windows), which may be read from either side."""
+    loop = _asyncio_loop()
+    if type(loop) in _monotonic_loops:
+        return _monotonic()
     try:
-        return now()
+        return _loop_time(loop)
     except sniffio.AsyncLibraryNotFoundError:
-        return time.monotonic()
+        return _monotonic()
 
 
 # --- detached tasks: one supervisor ---------------------------------------------------------------

@@ -191,6 +191,12 @@ class Trace:
             trace = trace.parent
 
 
+def current_call_id() -> int:
+    """The ``call_id`` of the latencykit scope running in this task (0 outside one)."""
+    trace = trace_var.get()
+    return 0 if trace is None else trace.call_id
+
+
 def current_attempt() -> int:
     """The number of the attempt running in this task (0 outside an attempt)."""
     return attempt_var.get()

@@ -38,7 +38,7 @@ from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
 from .. import _validation, events
 from .. import fleet as _fleet
 from .._cancel import clock as loop_clock
-from .._context import probe_var, trace_var
+from .._context import current_call_id, probe_var
 from .._values import BreakerState
 from ..errors import (
     CircuitOpen,
@@ -312,9 +312,8 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
                 calls, failed, slow = self._probe_calls, self._probe_failures, self._probe_slow
             else:
                 calls, failed, slow = self._window.totals
-            trace = trace_var.get()
             event = BreakerStateChanged(
-                call_id=0 if trace is None else trace.call_id,
+                call_id=current_call_id(),
                 key=self.key,
                 from_state=self._state,
                 to_state=to,
@@ -458,12 +457,7 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
 
     def _refused(self, state: BreakerState, wait: float | None) -> CircuitOpen:
         if events.listening():
-            trace = trace_var.get()
-            events.emit(
-                BreakerRejected(
-                    call_id=0 if trace is None else trace.call_id, key=self.key, state=state
-                )
-            )
+            events.emit(BreakerRejected(call_id=current_call_id(), key=self.key, state=state))
         return CircuitOpen(self.key, state, wait)
 
     def _admit_local(self) -> BreakerPermit | CircuitOpen:

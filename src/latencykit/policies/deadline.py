@@ -1,8 +1,9 @@
 """``deadline``: one total latency budget for everything inside it.
 
-Built on anyio cancel scopes, so expiry really cancels the work inside (an in-flight litellm
-request closes its connection within milliseconds) and nesting composes: an inner deadline can
-only shorten the budget, never extend it.
+Built on the backend's cancel scopes (``_cancel.Expiry`` on asyncio: one loop timer, with
+anyio's semantics), so expiry really cancels the work inside (an in-flight litellm request closes
+its connection within milliseconds) and nesting composes: an inner deadline can only shorten the
+budget, never extend it.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class DeadlineScope:
         if expires >= enclosing:
             self.deadline, self._cancel_scope = enclosing, None
         else:
-            self.deadline, self._cancel_scope = expires, loop.scope(deadline=expires)
+            self.deadline, self._cancel_scope = expires, loop.expiry(expires)
         self._trace: Trace | None = Trace(trace_var.get(), self.starts_at) if own_trace else None
 
     @property

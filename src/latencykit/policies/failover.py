@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from .. import events
 from .._cancel import backend, now
-from .._context import deadline_var, order_var, reason_var, trace_var
+from .._context import current_call_id, deadline_var, order_var, reason_var
 from ..errors import (
     AttemptTimeout,
     CircuitOpen,
@@ -188,7 +188,7 @@ class Failover(PolicyDecorator):
             if limit is None:
                 return await next(route.call(call))
             started, share = limit
-            with backend().scope(deadline=started + share):
+            with backend().expiry(started + share):
                 return await next(route.call(call))
             raise AttemptTimeout(
                 f"no answer within its share of the deadline ({share:.3f}s): "
@@ -223,8 +223,7 @@ class Failover(PolicyDecorator):
     ) -> None:
         if not events.listening():
             return
-        trace = trace_var.get()
-        call_id = 0 if trace is None else trace.call_id
+        call_id = current_call_id()
         if skipped is None:
             assert previous is not None
             events.emit(events.FailedOver(call_id, from_target=previous, to_target=to))

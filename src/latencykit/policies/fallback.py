@@ -140,7 +140,7 @@ class Fallback(PolicyDecorator):
                 # An enclosing budget shorter than ``after`` would cancel everything before the
                 # switch: the primary gets half of what is left, the alternative the rest.
                 switch_at = started + (deadline - started) / 2
-            timer = backend().scope(deadline=switch_at)
+            timer = backend().expiry(switch_at)
         error: Exception | None = None  # stays None when the timer cancelled the primary
         with timer:
             try:

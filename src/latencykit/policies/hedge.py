@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from .. import _validation, events
 from .._cancel import now
-from .._context import deadline_var, reason_var, trace_var
+from .._context import current_call_id, deadline_var, reason_var
 from .._race import Race, Reason
 from ..budget import RetryBudget
 from ..errors import ErrorFilter, attach_others, error_predicate
@@ -113,8 +113,7 @@ class _Attempts(Race):
         self.call = call
         self.next = next
         self.ttft = ttft
-        trace = trace_var.get()
-        self.call_id = 0 if trace is None else trace.call_id
+        self.call_id = current_call_id()
 
     def contender(self, index: int, reason: Reason) -> Awaitable[Any] | None:
         policy = self.policy

@@ -47,8 +47,8 @@ import anyio
 
 from .. import _response, _validation, events
 from .. import fleet as _fleet
-from .._cancel import Backend, backend, clock, threadsafe_caller
-from .._context import deadline_var, trace_var
+from .._cancel import Backend, backend, clock, effective_deadline, threadsafe_caller
+from .._context import current_call_id, deadline_var
 from .._response import Summary
 from ..errors import LimitExceeded
 from ..events import Event, LimitKind, LimitRefused, LimitWaited
@@ -619,7 +619,7 @@ class Limiter(PolicyDecorator):
     def _room(self, started: float, now: float) -> float:
         """Seconds a call may still wait: up to ``max_wait`` after it arrived, and before the
         enclosing deadline or cancel scope ends."""
-        end = min(deadline_var.get(), anyio.current_effective_deadline())
+        end = min(deadline_var.get(), effective_deadline())
         room = end - now
         if self.max_wait is not None:
             room = min(room, started + self.max_wait - now)
@@ -731,15 +731,14 @@ def _report(
 ) -> None:
     """Emit :class:`LimitRefused` or :class:`LimitWaited` for ``permit``'s call."""
     if events.listening():
-        trace = trace_var.get()
-        call_id = 0 if trace is None else trace.call_id
+        call_id = current_call_id()
         target, who = permit.call.target.key, permit.tenant
         events.emit(event(call_id, target=target, tenant=who, limit=kind, waited=waited, **more))
 
 
 async def _wait(waiter: _Waiter, end: float, loop: Backend) -> None:
     """Wait for ``waiter``'s slot until ``end`` at most (then return without one)."""
-    if end < min(deadline_var.get(), anyio.current_effective_deadline()):
+    if end < min(deadline_var.get(), effective_deadline()):
         with loop.scope(deadline=end):
             await waiter.event.wait()
     else:

@@ -40,7 +40,7 @@ import anyio
 
 from .. import _validation, events
 from .._cancel import now
-from .._context import deadline_var, probe_var, reason_var, trace_var
+from .._context import current_call_id, deadline_var, probe_var, reason_var
 from ..budget import RetryBudget
 from ..errors import ErrorFilter, ErrorKind, attach_others, classify, error_predicate, retry_after
 from ..events import GiveUpReason, RetryGaveUp, RetryScheduled
@@ -374,7 +374,7 @@ class _Run:
         if events.listening():
             events.emit(
                 RetryScheduled(
-                    _call_id(),
+                    current_call_id(),
                     attempt=state.attempt_number + 1,
                     wait=self.planned_wait,
                     reason_kind=classify(self.errors[-1]),
@@ -405,18 +405,13 @@ class _Run:
         if events.listening():
             events.emit(
                 RetryGaveUp(
-                    _call_id(),
+                    current_call_id(),
                     attempts=len(self.errors),
                     reason=reason,
                     error_kind=classify(error),
                     wait=wait,
                 )
             )
-
-
-def _call_id() -> int:
-    trace = trace_var.get()
-    return 0 if trace is None else trace.call_id
 
 
 retry = Retry
