@@ -53,9 +53,7 @@ def test_trio_and_no_loop() -> None:
     assert now == clock == expected
 
 
-def test_asyncio_deadlines_expire_through_one_timer_while_anyio_keeps_what_shields_need() -> (
-    None
-):
+def test_asyncio_deadlines_expire_through_one_timer_while_anyio_keeps_what_shields_need() -> None:
     # Expiry reads anyio's private task states to honour shields; when an anyio release moves
     # them, deadlines fall back to anyio's scopes (slower, still right) and this test says so.
     async def expiry() -> object:
