@@ -365,6 +365,14 @@ def loop_clock() -> Callable[[], float]:
     return _monotonic if type(loop) in _monotonic_loops else loop.time
 
 
+def process_clock() -> float:
+    """``time.monotonic()``: the clock of state shared by every event loop and thread of the
+    process and paced by the outside world in real time (a provider's rate-limit room,
+    :mod:`latencykit.ratelimit`), where one loop's clock (trio's has an offset of its own) would
+    not be comparable with another's."""
+    return _monotonic()
+
+
 def clock() -> float:
     """:func:`now` inside an event loop; ``time.monotonic()`` outside one (a ``repr``, a
     garbage-collection finaliser). The default clock of stateful objects (breakers, budgets,

@@ -16,9 +16,10 @@ tells how long a call needing some requests and tokens must wait. Limits are tak
 minute, as every provider's are (RPM, TPM): the room refills continuously, at least at
 ``limit / 60`` per second and fully by the reset the provider told. A provider's quota refills
 in real time, and a room is shared by every event loop and thread of the process: rooms keep
-time with ``time.monotonic()``, whatever an event loop's clock says. litellm's copies of the
-headers (``llm_provider-x-ratelimit-...``) read as the provider's own, so both lanes give the
-same state from the same bytes. The key itself is never kept: only a hash of it.
+time with ``time.monotonic()`` (``_cancel.process_clock``), whatever an event loop's clock
+says. litellm's copies of the headers (``llm_provider-x-ratelimit-...``) read as the provider's
+own, so both lanes give the same state from the same bytes. The key itself is never kept:
+only a hash of it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
+
+from ._cancel import process_clock
 
 __all__ = [
     "Limit",
@@ -346,7 +349,7 @@ def room_of(target: Any, key: str) -> RoomStats | None:
     found = _rooms.get((key, key_hash(api_key)))
     if found is None:
         return None
-    requests, tokens = found.left(time.monotonic())
+    requests, tokens = found.left(process_clock())
     return RoomStats(
         requests, tokens, found.requests.limit, found.tokens.limit, found.waits, found.waited
     )

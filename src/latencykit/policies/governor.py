@@ -23,14 +23,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import anyio
 
 from .. import _response, events, ratelimit
-from .._cancel import now
+from .._cancel import now, process_clock
 from .._context import remaining, trace_var
 from ..errors import ErrorKind, LimitExceeded, _headers_of, _links, classify, retry_after
 from ..pipeline import Call, Next, Stage
@@ -100,7 +99,7 @@ class Governor:
                 self._read_error(room, target.key, exc)
             raise
         room.release(tokens)
-        _learned(target.key, room.read_pending(time.monotonic()))
+        _learned(target.key, room.read_pending(process_clock()))
         settle = functools.partial(self._settle, room, target.key, cap)
         if isinstance(result, Stream):
             result.on_close(lambda stream, outcome, error: settle(stream.summary()))
@@ -119,7 +118,7 @@ class Governor:
             output if average is None else average + _AVERAGE_WEIGHT * (output - average)
         )
         if cap is not None and cap > output:
-            room.refund(cap - output, time.monotonic())
+            room.refund(cap - output, process_clock())
 
     @staticmethod
     def _read_error(room: ratelimit.Room, target: str, exc: Exception) -> None:
@@ -134,7 +133,7 @@ class Governor:
             ),
             None,
         )
-        at = time.monotonic()
+        at = process_clock()
         if found is not None:
             _learned(target, room.read(found, at))
         # A 429 body's wait too (Google's RetryInfo).
@@ -156,7 +155,7 @@ async def _wait_for_room(room: ratelimit.Room, target: str, tokens: int) -> None
     waited = 0.0
     limit: ratelimit.Limit = "requests"
     while True:
-        wait, limit = room.wait(tokens, time.monotonic())
+        wait, limit = room.wait(tokens, process_clock())
         if wait <= 0:
             break
         left = remaining()
