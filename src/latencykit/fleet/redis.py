@@ -19,12 +19,12 @@ import logging
 import math
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias, TypeVar, cast
 
 from .. import _validation, events
+from .._cancel import process_clock
 from ..events import StoreRecovered, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -124,12 +124,12 @@ class SharedBreaker:
         self._outcomes: deque[tuple[int, int]] = deque(maxlen=_MAX_QUEUED)
         self._ops: deque[tuple[str, int, str]] = deque()
         self._view: BreakerView | None = None
-        self._until = 0.0  # time.monotonic() at which an open state ends
+        self._until = 0.0  # process_clock() at which an open state ends
 
     def view(self) -> BreakerView | None:
         """The fleet's state as last refreshed, or ``None`` when the store is unavailable or
         its view is older than its staleness bound (the breaker then decides alone)."""
-        now = time.monotonic()
+        now = process_clock()
         view = self._view
         if now > self._store._fresh_until or view is None:
             return None
@@ -191,7 +191,7 @@ class SharedBreaker:
         if state not in _STATES or not all(type(n) is int for n in numbers):
             raise _Garbage("breaker script returned an unknown state or a non-integer")
         epoch, remaining, free, calls, failures, slow, _ = numbers
-        self._until = time.monotonic() + remaining / 1000
+        self._until = process_clock() + remaining / 1000
         view = BreakerView(
             state=state,
             epoch=epoch,
@@ -249,7 +249,7 @@ class SharedBudget:
 
     def balance(self) -> float | None:
         """The fleet's balance as last refreshed, or ``None`` when unavailable."""
-        if self._balance is None or time.monotonic() > self._store._fresh_until:
+        if self._balance is None or process_clock() > self._store._fresh_until:
             return None
         return self._balance + self._held
 
@@ -427,7 +427,7 @@ class RedisStore:
         self._shas: dict[str, str] = {}
         self._closed = False
         self._down_since: float | None = None
-        self._fresh_until = 0.0  # time.monotonic() until which the views may be used
+        self._fresh_until = 0.0  # process_clock() until which the views may be used
         self.available = False
         """Whether the last exchange with the server succeeded (read-only)."""
 
@@ -616,7 +616,7 @@ class RedisStore:
             for owner in plan:
                 owner._lost()
             raise
-        fresh_until = time.monotonic() + self.stale_after
+        fresh_until = process_clock() + self.stale_after
         for owner, reply in zip(plan, replies, strict=True):
             owner._update(reply)
         self._fresh_until = fresh_until
@@ -651,7 +651,7 @@ class RedisStore:
         self.available = False
         if self._down_since is not None:
             return
-        self._down_since = time.monotonic()
+        self._down_since = process_clock()
         reason = type(exc).__name__
         logger.warning(
             "latencykit: shared store %r is unavailable (%s); policies use process-local "
@@ -666,7 +666,7 @@ class RedisStore:
         self.available = True
         if self._down_since is None:
             return
-        down_for = time.monotonic() - self._down_since
+        down_for = process_clock() - self._down_since
         self._down_since = None
         logger.warning("latencykit: shared store %r answers again (after %.1fs)", self, down_for)
         if events.listening():
