@@ -96,6 +96,10 @@ async def test_attempts_beyond_the_pool_wait_visibly_and_their_latency_leaves_th
     for response in waited:
         report = lk.report(response)
         assert report.duration - report.attempts[0].duration > SLOW / 2
+        # The record says where the time went: the wait, apart from the attempt.
+        [attempt] = report.attempts
+        assert attempt.queued > SLOW / 2 and "waiting for a connection" in str(attempt)
+    assert sum(lk.report(r).attempts[0].queued == 0 for r in responses) == 2
     # Nor is it in the latency window the hedge reads: every sample is one answer's time.
     assert stats.latency.p99 is not None
     assert stats.latency.p99 < min(lk.report(r).duration for r in waited)
@@ -140,6 +144,11 @@ async def test_a_deadline_ends_a_wait_for_a_slot(fake: FakeProvider, lane: str, 
             await hung.acompletion(messages=MESSAGES)
         group.cancel_scope.cancel()
     assert caught.value.attempts == ()  # no request was made: it waited for a connection
+    # ...and the error says so: which host it waited for, how long, and that nothing was sent.
+    error = caught.value
+    assert error.queued_for is not None and error.queued_for.startswith("127.0.0.1:")
+    assert error.queued_for.endswith(f"({lane} lane)") and error.queued > 0.2
+    assert f"for a connection to {error.queued_for} (no request sent)" in str(error)
     assert len(fake.attempts) == 1
     stats = hung.stats()["openai/slow"]
     assert stats.connection_wait.censored == 1 and stats.waiting == 0
@@ -244,3 +253,73 @@ async def test_a_stream_collected_unclosed_gives_its_slot_back(
         async with await llm.acompletion(messages=MESSAGES, stream=True):
             pass
     assert len(fake.attempts) == 2
+
+
+@pytest.mark.anyio
+async def test_a_deadline_block_around_a_call_says_it_ended_a_wait(
+    fake: FakeProvider, lane: str, slots: Any
+) -> None:
+    slots(1)
+    fake.script("slow", Behavior(ttft=30.0))
+    llm = make_llm(fake, lane)
+    await llm.warm()
+    async with anyio.create_task_group() as group:
+        group.start_soon(lambda: llm.acompletion(messages=MESSAGES))
+        await until(lambda: len(fake.attempts) == 1)
+        # The deadline outside the call's pipeline:
+        with pytest.raises(lk.DeadlineExceeded) as caught, lk.deadline(0.3):
+            await llm.acompletion(messages=MESSAGES)
+        group.cancel_scope.cancel()
+    assert caught.value.queued_for is not None and caught.value.queued > 0.2
+    assert "no request sent" in str(caught.value)
+
+
+@pytest.mark.anyio
+async def test_a_deadline_that_ends_a_request_does_not_blame_a_wait(
+    fake: FakeProvider, lane: str, slots: Any
+) -> None:
+    slots(1)
+    fake.script("slow", Behavior(ttft=30.0))
+    llm = make_llm(fake, lane, deadline=0.3)
+    await llm.warm()
+    with pytest.raises(lk.DeadlineExceeded) as caught:
+        await llm.acompletion(messages=MESSAGES)
+    assert caught.value.queued_for is None and caught.value.queued == 0.0
+    assert "connection" not in str(caught.value)
+
+
+@pytest.mark.anyio
+async def test_the_wait_is_in_the_attempt_event(fake: FakeProvider, lane: str, slots: Any) -> None:
+    slots(1)
+    fake.script("slow", Behavior(ttft=SLOW))
+    llm = make_llm(fake, lane)
+    await llm.warm()
+    seen: list[lk.events.Event] = []
+    with lk.subscribe(seen.append):
+        async with anyio.create_task_group() as group:
+            for _ in range(2):
+                group.start_soon(lambda: llm.acompletion(messages=MESSAGES))
+    started = sorted(e.queued for e in seen if isinstance(e, lk.events.AttemptStarted))
+    ended = sorted(e.record.queued for e in seen if isinstance(e, lk.events.AttemptEnded))
+    assert started == ended  # one value: the event, the record (and telemetry) read the same
+    assert started[0] == 0 and started[1] > SLOW / 2
+
+
+@pytest.mark.anyio
+async def test_the_breaker_judges_the_provider_without_the_wait(
+    fake: FakeProvider, lane: str, slots: Any
+) -> None:
+    slots(1)
+    fake.script("slow", Behavior(ttft=SLOW))
+    # Four calls through one slot: the last waits 3 answers, so with the wait it would take
+    # 4 x SLOW; alone, each answer takes SLOW, far from slow_call_duration.
+    breaker = {"slow_call_duration": SLOW * 2.5, "slow_call_rate": 0.5, "minimum_calls": 2}
+    llm = make_llm(fake, lane, breaker=breaker)
+    await llm.warm()
+    async with anyio.create_task_group() as group:
+        for _ in range(4):
+            group.start_soon(lambda: llm.acompletion(messages=MESSAGES))
+    breaker_of_target = lk.policies.breaker.breakers()["openai/slow"]
+    metrics = breaker_of_target.metrics()
+    assert metrics.calls == 4 and metrics.slow_calls == 0
+    assert breaker_of_target.state is lk.policies.breaker.BreakerState.CLOSED

@@ -44,6 +44,12 @@ task_var: ContextVar[str | None] = ContextVar("latencykit.task", default=None)
 """The task tag of the call being made (``LLM.acompletion(task=...)``), for its router."""
 probe_var: ContextVar[bool] = ContextVar("latencykit.probe", default=False)
 """Set while a half-open breaker's probe runs: a probe is one attempt, never retried."""
+queued_var: ContextVar[float] = ContextVar("latencykit.queued", default=0.0)
+"""Seconds the attempt starting in this task waited for its connection slot (``0.0``: none);
+set around it by the ``LLM``'s connection slots (:mod:`latencykit._slots`)."""
+queued_total_var: ContextVar[float] = ContextVar("latencykit.queued_total", default=0.0)
+"""Seconds this task's attempts waited for connection slots, all together (it only grows): a
+breaker leaves the waits inside it out of the time it judges the provider by."""
 
 
 class Attempt(NamedTuple):
@@ -73,6 +79,9 @@ class Attempt(NamedTuple):
         reason: why the attempt was made (:data:`~latencykit.pipeline.AttemptReason`):
             ``"primary"``, ``"retry"``, ``"hedge"``, ``"failover"``, ``"fallback"`` or
             ``"resume"`` (default ``"primary"``).
+        queued: seconds the attempt waited for a connection slot before its request (default
+            ``0.0``: none): latencykit's queue, not the provider's latency, so it is not in
+            ``duration`` (the attempt starts once it has its slot).
 
     A stream's attempt is recorded when the stream ends (finished, broken or closed), so its
     ``duration`` runs to the last chunk.
@@ -91,6 +100,7 @@ class Attempt(NamedTuple):
     gap_max: float | None = None
     output_tokens: int | None = None
     reason: AttemptReason = "primary"
+    queued: float = 0.0
 
     @property
     def time_per_output_token(self) -> float | None:
@@ -109,6 +119,8 @@ class Attempt(NamedTuple):
         if self.ttft is not None:
             what += f", first chunk at {self.ttft:.3f}s, {self.chunks} chunks"
         why = "" if self.reason == "primary" else f" ({self.reason})"
+        if self.queued:
+            why += f" after {self.queued:.3f}s waiting for a connection"
         return (
             f"#{self.number}{why} {self.target} at +{self.start:.3f}s for {self.duration:.3f}s: "
             f"{what}"
@@ -135,6 +147,9 @@ class Trace:
             ``None``).
         ledger: on the outermost trace of a turn, the turn's
             :class:`~latencykit.turn.Ledger` once a stage ran in it (else ``None``).
+        queued_for: ``(host, seconds)`` when the deadline ended an attempt's wait for a
+            connection slot: the host it waited for (``"host:port (lane)"``) and how long (else
+            ``None``): what :class:`~latencykit.DeadlineExceeded` tells.
     """
 
     # A plain slotted class, not a dataclass: one is built per call, on the hot path.
@@ -151,6 +166,7 @@ class Trace:
         "origin",
         "paid_budgets",
         "parent",
+        "queued_for",
         "route",
         "started_at",
     )
@@ -170,6 +186,7 @@ class Trace:
         self.cache: str | None = None
         self.ledger: Ledger | None = None
         self.route: RouteDecision | None = None
+        self.queued_for: tuple[str, float] | None = None
 
     def turn(self) -> Trace:
         """The outermost enclosing trace (this one when it has no parent): the turn's."""

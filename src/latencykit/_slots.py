@@ -12,9 +12,12 @@ attempt takes a slot before its request and holds it until its response is done 
 its body read; a stream: closed, however it ends); beyond the size, attempts wait here, first
 come first served, cancellable by the call's deadline. The wait is not the provider's latency:
 an attempt starts once it has its slot (its duration, time to first chunk and the latency
-windows the hedge reads leave the wait out), and the wait is recorded apart
-(:meth:`~latencykit.stats.Recorder.connection_wait`, the attempt span's
-``latencykit.connection.wait``); :func:`waiting` counts the attempts waiting now.
+windows the hedge reads leave the wait out, and so does the time a breaker judges the provider
+by), and the wait is recorded apart (:attr:`~latencykit.Attempt.queued` and
+:class:`~latencykit.events.AttemptStarted`, which telemetry reads,
+:meth:`~latencykit.stats.Recorder.connection_wait`); :func:`waiting` counts the attempts waiting
+now. A deadline that ends a wait says so (:class:`~latencykit.DeadlineExceeded`'s
+``queued_for``): no request was sent.
 
 The size, per host and lane, is litellm's: its environment variable
 ``AIOHTTP_CONNECTOR_LIMIT_PER_HOST`` (default ``500``; ``0``: no limit), read by litellm when it
@@ -30,12 +33,12 @@ import os
 import sys
 import weakref
 from collections.abc import Callable
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from ._cancel import loop_key, now, threadsafe_caller
+from ._context import deadline_var, queued_total_var, queued_var, trace_var
 from .pipeline import Call, Next, Stage
 from .stream import Stream, StreamOutcome
 
@@ -46,7 +49,6 @@ if TYPE_CHECKING:
 __all__ = [
     "PER_HOST_VARIABLE",
     "ConnectionSlots",
-    "connection_wait",
     "host_of",
     "per_host",
     "waiting",
@@ -56,14 +58,6 @@ PER_HOST_VARIABLE = "AIOHTTP_CONNECTOR_LIMIT_PER_HOST"
 """litellm's environment variable for its connections per host, which both lanes follow."""
 DEFAULT_PER_HOST = 500
 """litellm's default for it (``litellm.constants``)."""
-
-_waited: ContextVar[float] = ContextVar("latencykit.connection_wait", default=0.0)
-
-
-def connection_wait() -> float:
-    """Seconds the attempt starting in this task waited for its connection slot (``0.0``: none,
-    or not an ``LLM`` attempt): what telemetry reads when the attempt starts."""
-    return _waited.get()
 
 
 def per_host(lane: str) -> int | None:
@@ -190,7 +184,9 @@ class ConnectionSlots:
         try:
             semaphore.acquire_nowait()
         except anyio.WouldBlock:
-            token = _waited.set(await self._wait(semaphore, call.target.key))
+            waited = await self._wait(gate, call.target.key)
+            token = queued_var.set(waited)
+            queued_total_var.set(queued_total_var.get() + waited)  # left in: the breaker reads it
         try:
             result = await next(call)
         except BaseException:
@@ -198,7 +194,7 @@ class ConnectionSlots:
             raise
         finally:
             if token is not None:
-                _waited.reset(token)
+                queued_var.reset(token)
         if isinstance(result, Stream):
             ended = functools.partial(gate.stream_ended, threadsafe_caller())
             result.on_close(ended, attempt=True)
@@ -206,15 +202,22 @@ class ConnectionSlots:
             semaphore.release()
         return result
 
-    async def _wait(self, semaphore: anyio.Semaphore, target: str) -> float:
+    async def _wait(self, gate: _Gate, target: str) -> float:
         """Wait for a slot (first come, first served); the seconds waited."""
         started = now()
         recorder = self._recorder
         try:
-            await semaphore.acquire()
+            await gate.semaphore.acquire()
         except BaseException:
+            ended = now()
             if recorder is not None:
-                recorder.connection_wait(target, now() - started, censored=True)
+                recorder.connection_wait(target, ended - started, censored=True)
+            # The deadline ended it (its timer may fire a hair early): the error says so.
+            if ended >= deadline_var.get() - 1e-3:
+                trace = trace_var.get()
+                while trace is not None:
+                    trace.queued_for = (f"{gate.host} ({gate.lane} lane)", ended - started)
+                    trace = trace.parent
             raise
         waited = now() - started
         if recorder is not None:

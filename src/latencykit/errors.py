@@ -95,17 +95,35 @@ class DeadlineExceeded(LatencykitError, TimeoutError):
             running when the turn's deadline did (``None``: no stage).
         ledger: the turn's :class:`~latencykit.turn.Ledger` when stages ran in it (``None``
             otherwise).
+        queued_for: when the deadline ended an attempt's wait for a connection slot (the
+            provider was not asked: no request sent), the host it waited for, as
+            ``"host:port (lane)"`` (else ``None``).
+        queued: how many seconds that attempt waited (``0.0`` otherwise).
     """
 
     partial_text: str | None = None
     ledger: Ledger | None = None
 
-    def __init__(self, budget: float, elapsed: float, *, stage: str | None = None) -> None:
+    def __init__(
+        self,
+        budget: float,
+        elapsed: float,
+        *,
+        stage: str | None = None,
+        queued_for: tuple[str, float] | None = None,
+    ) -> None:
         where = "" if stage is None else f" in stage {stage!r}"
+        if queued_for is not None:
+            where += (
+                f", while an attempt waited {queued_for[1]:.3f}s for a connection to "
+                f"{queued_for[0]} (no request sent)"
+            )
         super().__init__(f"deadline of {budget:.3f}s exceeded after {elapsed:.3f}s{where}")
         self.budget = budget
         self.elapsed = elapsed
         self.stage = stage
+        self.queued_for: str | None = None if queued_for is None else queued_for[0]
+        self.queued = 0.0 if queued_for is None else queued_for[1]
 
     def __str__(self) -> str:
         text = super().__str__()

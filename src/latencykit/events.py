@@ -139,12 +139,15 @@ class AttemptStarted(Event, frozen=True):
         reason: why it is made: ``"primary"``, ``"retry"``, ``"hedge"``, ``"failover"``,
             ``"fallback"`` or ``"resume"`` (default ``"primary"``).
         endpoint: where it goes (default ``None``: not known).
+        queued: seconds it waited for a connection slot before starting (default ``0.0``:
+            none; see :attr:`~latencykit.Attempt.queued`).
     """
 
     attempt: int
     target: str
     reason: AttemptReason = "primary"
     endpoint: Endpoint | None = None
+    queued: float = 0.0
 
 
 class AttemptEnded(Event, frozen=True):

@@ -51,6 +51,7 @@ from ._context import (
     attempt_var,
     current_attempt,
     deadline_var,
+    queued_var,
     reason_var,
     trace_var,
 )
@@ -393,6 +394,7 @@ async def run_attempt(call: Call) -> Any:
     number = trace.next_attempt_number()
     target = call.target.key
     reason = reason_var.get()
+    queued = queued_var.get()
     if events.listening():
         events.emit(
             events.AttemptStarted(
@@ -401,6 +403,7 @@ async def run_attempt(call: Call) -> Any:
                 target=target,
                 reason=reason,
                 endpoint=call.target.endpoint,
+                queued=queued,
             )
         )
     token = attempt_var.set(number)
@@ -412,21 +415,21 @@ async def run_attempt(call: Call) -> Any:
         else:
             result = await _open_stream(result, call, trace, number, started)
     except Exception as exc:
-        _record(call, trace, number, reason, started, None, "error", exc)
+        _record(call, trace, number, reason, queued, started, None, "error", exc)
         raise
     except BaseException:
-        _record(call, trace, number, reason, started, None, "cancelled", None)
+        _record(call, trace, number, reason, queued, started, None, "cancelled", None)
         raise
     finally:
         attempt_var.reset(token)
     trace.answered = (number, target)
     if call.stream is None:
-        _record(call, trace, number, reason, started, None, "ok", None)
+        _record(call, trace, number, reason, queued, started, None, "ok", None)
     else:
         if call.recorder is not None and result.ttft is not None:
             call.recorder.first_chunk(target, result.ttft)
         result.on_close(
-            functools.partial(_record, call, trace, number, reason, started), attempt=True
+            functools.partial(_record, call, trace, number, reason, queued, started), attempt=True
         )
     return result
 
@@ -476,6 +479,7 @@ def _record(
     trace: Trace,
     number: int,
     reason: AttemptReason,
+    queued: float,
     started: float,
     stream: Stream[Any] | None,
     outcome: str,
@@ -494,6 +498,7 @@ def _record(
         error_type=None if error is None else type(error).__name__,
         error_kind=None if error is None else classify(error),
         reason=reason,
+        queued=queued,
         **(_EMPTY if stream is None else stream.timing()),
     )
     trace.record(attempt)

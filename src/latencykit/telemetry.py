@@ -36,7 +36,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from . import events
 from ._context import Attempt
 from ._handle import Handle
-from ._slots import connection_wait, waiting
+from ._slots import waiting
 from ._version import __version__
 from .target import Endpoint
 
@@ -585,7 +585,7 @@ class Instrumentation(Handle):
         self._calls[event.call_id] = _Call(span, metric_attributes, genai, endpoint)
 
     def _attempt_started(self, event: events.AttemptStarted) -> None:
-        waited = connection_wait()  # read in the attempt's task, as it starts
+        waited = event.queued
         if waited:
             self._histograms["latencykit.connection.wait"].record(waited, {_TARGET: event.target})
         call = self._calls.get(event.call_id)

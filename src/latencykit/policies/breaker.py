@@ -38,7 +38,7 @@ from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
 from .. import _validation, events
 from .. import fleet as _fleet
 from .._cancel import clock as loop_clock
-from .._context import current_call_id, probe_var
+from .._context import current_call_id, probe_var, queued_total_var
 from .._values import BreakerState
 from ..errors import (
     CircuitOpen,
@@ -194,7 +194,8 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
             :func:`~latencykit.use_store`, looked up at each use; none unless set). While it is
             unavailable the breaker decides alone, from its local state.
         clock: time source in seconds (default: the event loop's clock); durations of calls are
-            measured with it too.
+            measured with it too (less any wait for a connection slot in an ``LLM``'s queue:
+            not the provider's time).
     """
 
     stage = Stage.BREAKER
@@ -616,12 +617,14 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
         if type(permit) is not BreakerPermit:  # rare: the exact type test is the cheap one
             permit = await self._permit(permit)
         clock = self.clock
-        started = clock()
+        # The provider is judged on its own time: the waits for a connection slot in
+        # latencykit's queue (their total in this task only grows) are taken out.
+        started = clock() - queued_total_var.get()
         probing = probe_var.set(True) if permit.probe else None
         try:
             result = await next(call)
         except BaseException as exc:  # cancelled: neither a success nor a failure
-            duration = clock() - started
+            duration = clock() - started - queued_total_var.get()
             outcome = None
             try:
                 outcome = self._failed(exc)
@@ -633,11 +636,10 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
                 probe_var.reset(probing)
         if isinstance(result, Stream):
             # A stream's outcome is known when it ends; its latency is its time to first chunk.
-            result.on_close(
-                functools.partial(self._stream_ended, permit, clock() - started), attempt=True
-            )
+            ttft = clock() - started - queued_total_var.get()
+            result.on_close(functools.partial(self._stream_ended, permit, ttft), attempt=True)
         else:
-            self.record(permit, True, clock() - started)
+            self.record(permit, True, clock() - started - queued_total_var.get())
         return result
 
     def _failed(self, error: BaseException) -> Literal[False] | None:

@@ -158,7 +158,8 @@ class DeadlineScope:
             events.emit(
                 events.DeadlineExpired(call_id, budget=self.budget, elapsed=elapsed, stage=stage)
             )
-        error = DeadlineExceeded(self.budget, elapsed, stage=stage)
+        queued_for = None if trace is None else trace.queued_for
+        error = DeadlineExceeded(self.budget, elapsed, stage=stage, queued_for=queued_for)
         error.ledger = ledger
         if trace is not None:
             error.attempts = tuple(trace.attempts)
