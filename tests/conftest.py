@@ -23,7 +23,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import pytest
 
 from latencykit.policies.breaker import reset_breakers
-from latencykit.testing import FakeProvider
+from latencykit.testing import FakeProvider, ProviderQuota
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -62,3 +62,14 @@ def _fresh_breakers() -> Iterator[None]:
 def fake(fake_provider: FakeProvider) -> FakeProvider:
     """The pytest plugin's provider (latencykit.testing.pytest_plugin), under a short name."""
     return fake_provider
+
+
+@pytest.fixture
+def quota() -> Iterator[FakeProvider]:
+    """A provider of its own with a quota of 6 requests and 600 tokens per minute per key (1
+    request and 10 tokens per second), on a frozen quota clock."""
+    with FakeProvider(
+        quota=ProviderQuota(requests_per_minute=6, tokens_per_minute=600)
+    ) as provider:
+        provider.freeze_quota()
+        yield provider

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -39,13 +38,9 @@ COST = 10 + 16  # the prompt and the default 16-token answer
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeProvider]:
-    """6 requests and 600 tokens per minute per key: 1 request and 10 tokens per second."""
-    with FakeProvider(
-        quota=ProviderQuota(requests_per_minute=6, tokens_per_minute=600)
-    ) as provider:
-        provider.freeze_quota()
-        yield provider
+def fake(quota: FakeProvider) -> FakeProvider:
+    """The quota'd provider (conftest's ``quota``) under this file's short name."""
+    return quota
 
 
 def request(

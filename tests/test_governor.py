@@ -37,16 +37,6 @@ def _fresh_rooms() -> Iterator[None]:
     ratelimit._rooms.clear()
 
 
-@pytest.fixture
-def quota() -> Iterator[FakeProvider]:
-    """6 requests and 600 tokens per minute per key, on a frozen clock."""
-    with FakeProvider(
-        quota=ProviderQuota(requests_per_minute=6, tokens_per_minute=600)
-    ) as provider:
-        provider.freeze_quota()
-        yield provider
-
-
 def drain(fake: FakeProvider, requests: int, key: str = KEY) -> None:
     """Spend ``requests`` of ``key``'s quota with plain HTTP requests."""
     with httpx.Client() as client:

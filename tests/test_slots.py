@@ -34,6 +34,15 @@ def make_llm(fake: FakeProvider, lane: str, **options: Any) -> lk.LLM:
     return lk.LLM("openai/slow", api_base=fake.base_url, api_key=KEY, transport=lane, **options)
 
 
+def one_slot_llm(
+    fake: FakeProvider, lane: str, slots: Any, behavior: Behavior, **options: Any
+) -> lk.LLM:
+    """An ``LLM`` whose host has one connection slot, on a fake answering with ``behavior``."""
+    slots(1)
+    fake.script("slow", behavior)
+    return make_llm(fake, lane, **options)
+
+
 @pytest.fixture(params=["litellm", "openai"])
 def lane(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -109,9 +118,7 @@ async def test_attempts_beyond_the_pool_wait_visibly_and_their_latency_leaves_th
 async def test_a_stream_holds_its_slot_until_it_is_closed(
     fake: FakeProvider, lane: str, slots: Any
 ) -> None:
-    slots(1)
-    fake.script("slow", Behavior(ttft=0.0, itl=0.05, output_tokens=400))
-    llm = make_llm(fake, lane)
+    llm = one_slot_llm(fake, lane, slots, Behavior(ttft=0.0, itl=0.05, output_tokens=400))
     await llm.warm()
     first = await llm.acompletion(messages=MESSAGES, stream=True)
     second: list[lk.Stream[Any]] = []
@@ -132,9 +139,7 @@ async def test_a_stream_holds_its_slot_until_it_is_closed(
 
 @pytest.mark.anyio
 async def test_a_deadline_ends_a_wait_for_a_slot(fake: FakeProvider, lane: str, slots: Any) -> None:
-    slots(1)
-    fake.script("slow", Behavior(ttft=30.0))
-    llm = make_llm(fake, lane)
+    llm = one_slot_llm(fake, lane, slots, Behavior(ttft=30.0))
     await llm.warm()
     hung = make_llm(fake, lane, deadline=0.3)  # another LLM to the same host shares the pool
     async with anyio.create_task_group() as group:
@@ -159,9 +164,7 @@ async def test_a_deadline_ends_a_wait_for_a_slot(fake: FakeProvider, lane: str, 
 async def test_telemetry_shows_the_wait_on_the_attempt_and_in_metrics(
     fake: FakeProvider, slots: Any
 ) -> None:
-    slots(1)
-    fake.script("slow", Behavior(ttft=SLOW))
-    llm = make_llm(fake, "openai")
+    llm = one_slot_llm(fake, "openai", slots, Behavior(ttft=SLOW))
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
@@ -240,9 +243,7 @@ def test_a_host_is_named_without_credentials_and_without_litellm() -> None:
 async def test_a_stream_collected_unclosed_gives_its_slot_back(
     fake: FakeProvider, lane: str, slots: Any
 ) -> None:
-    slots(1)
-    fake.script("slow", Behavior(ttft=0.0, itl=0.05, output_tokens=400))
-    llm = make_llm(fake, lane)
+    llm = one_slot_llm(fake, lane, slots, Behavior(ttft=0.0, itl=0.05, output_tokens=400))
     stream = await llm.acompletion(messages=MESSAGES, stream=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -259,9 +260,7 @@ async def test_a_stream_collected_unclosed_gives_its_slot_back(
 async def test_a_deadline_block_around_a_call_says_it_ended_a_wait(
     fake: FakeProvider, lane: str, slots: Any
 ) -> None:
-    slots(1)
-    fake.script("slow", Behavior(ttft=30.0))
-    llm = make_llm(fake, lane)
+    llm = one_slot_llm(fake, lane, slots, Behavior(ttft=30.0))
     await llm.warm()
     async with anyio.create_task_group() as group:
         group.start_soon(lambda: llm.acompletion(messages=MESSAGES))
@@ -278,9 +277,7 @@ async def test_a_deadline_block_around_a_call_says_it_ended_a_wait(
 async def test_a_deadline_that_ends_a_request_does_not_blame_a_wait(
     fake: FakeProvider, lane: str, slots: Any
 ) -> None:
-    slots(1)
-    fake.script("slow", Behavior(ttft=30.0))
-    llm = make_llm(fake, lane, deadline=0.3)
+    llm = one_slot_llm(fake, lane, slots, Behavior(ttft=30.0), deadline=0.3)
     await llm.warm()
     with pytest.raises(lk.DeadlineExceeded) as caught:
         await llm.acompletion(messages=MESSAGES)
@@ -290,9 +287,7 @@ async def test_a_deadline_that_ends_a_request_does_not_blame_a_wait(
 
 @pytest.mark.anyio
 async def test_the_wait_is_in_the_attempt_event(fake: FakeProvider, lane: str, slots: Any) -> None:
-    slots(1)
-    fake.script("slow", Behavior(ttft=SLOW))
-    llm = make_llm(fake, lane)
+    llm = one_slot_llm(fake, lane, slots, Behavior(ttft=SLOW))
     await llm.warm()
     seen: list[lk.events.Event] = []
     with lk.subscribe(seen.append):
