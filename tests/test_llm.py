@@ -9,6 +9,7 @@ import pytest
 
 import latencykit as lk
 from helpers import KEY, MESSAGES, make_llm, target
+from latencykit._context import priority_var
 from latencykit.testing import Behavior, FakeProvider, Fault, RequestInfo
 
 pytestmark = pytest.mark.anyio
@@ -201,6 +202,16 @@ async def test_arguments_latencykit_or_the_target_owns_are_refused(
     with pytest.raises(ValueError, match=name):
         await make_llm(fake).acompletion(messages=MESSAGES, **{name: "1"})
     assert fake.attempts == []
+
+
+async def test_priority_is_latencykit_s_own_and_checked(fake: FakeProvider) -> None:
+    llm = make_llm(fake)
+    with pytest.raises(ValueError, match=r"priority=.*interactive, default, batch.*'urgent'"):
+        await llm.acompletion(messages=MESSAGES, priority="urgent")
+    assert fake.attempts == []
+    await llm.acompletion(messages=MESSAGES, priority="batch")
+    assert len(fake.attempts) == 1
+    assert priority_var.get() == "default"
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,14 @@ order_var: ContextVar[tuple[str, ...] | None] = ContextVar("latencykit.route_ord
 """The targets a routed call may go to, in order (the chosen first); failover follows it."""
 task_var: ContextVar[str | None] = ContextVar("latencykit.task", default=None)
 """The task tag of the call being made (``LLM.acompletion(task=...)``), for its router."""
+
+Priority = Literal["interactive", "default", "batch"]
+"""A call's lane (``LLM.acompletion(priority=...)``), highest first: under a tight quota or
+concurrency limit, lower lanes wait or are shed first."""
+PRIORITIES: tuple[Priority, ...] = ("interactive", "default", "batch")
+"""The lanes, highest first: a lane's index in this tuple is its rank (0 is served first)."""
+priority_var: ContextVar[Priority] = ContextVar("latencykit.priority", default="default")
+"""The lane of the call being made (default ``"default"``)."""
 probe_var: ContextVar[bool] = ContextVar("latencykit.probe", default=False)
 """Set while a half-open breaker's probe runs: a probe is one attempt, never retried."""
 queued_var: ContextVar[float] = ContextVar("latencykit.queued", default=0.0)

@@ -27,7 +27,16 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 from . import _validation
 from ._cancel import clock, now
-from ._context import Attempt, Trace, current_attempt, remaining, task_var
+from ._context import (
+    PRIORITIES,
+    Attempt,
+    Priority,
+    Trace,
+    current_attempt,
+    priority_var,
+    remaining,
+    task_var,
+)
 from ._litellm import LitellmTransport, litellm, to_model_response
 from ._response import CHAT_PARAMETERS
 from ._slots import ConnectionSlots, host_of, per_host, waiting
@@ -701,7 +710,10 @@ class LLM:
         ``kwargs`` are litellm's (``messages``, ``temperature``, ``stream``,
         ``stream_options``, ...); ``model`` defaults to the LLM's model (and is refused with
         failover targets). ``max_retries``, ``timeout``, ``api_key`` and ``api_base`` are
-        refused with a ``ValueError`` saying why.
+        refused with a ``ValueError`` saying why. latencykit's own: ``task=`` (a tag for the
+        router), ``priority=`` (the call's lane: ``"interactive"``, ``"default"`` or
+        ``"batch"``, highest first; default ``"default"``; under a tight quota or concurrency
+        limit lower lanes wait or are shed first).
 
         Returns litellm's ``ModelResponse`` (from a fast-lane target, a
         :class:`~latencykit.chunks.Response` that reads like it; see :func:`to_model_response`),
@@ -714,7 +726,7 @@ class LLM:
         carrying the attempt history; a stream that breaks after its first chunk raises
         :class:`~latencykit.StreamBroken` with the partial text.
         """
-        target, stream, task = self._own_arguments(kwargs)
+        target, stream, task, priority = self._own_arguments(kwargs)
         arguments = {**self._defaults, **kwargs}
         call = Call(
             self._attempt_on(target, stream),
@@ -724,14 +736,15 @@ class LLM:
             self._guard if stream else None,
             self._recorder,  # every attempt of the call reports to it: stats() and the hedge
         )
-        if task is None:
+        if task is None and priority is None:
             result, trace = await self._pipeline.run_traced(call)
         else:
-            token = task_var.set(task)
+            tagged = task_var.set(task), priority_var.set(priority or "default")
             try:
                 result, trace = await self._pipeline.run_traced(call)
             finally:
-                task_var.reset(token)
+                task_var.reset(tagged[0])
+                priority_var.reset(tagged[1])
         if stream:
             return result
         hidden = result._hidden_params
@@ -741,9 +754,11 @@ class LLM:
             self._check_truncation(result, arguments)
         return result
 
-    def _own_arguments(self, kwargs: dict[str, Any]) -> tuple[Target, bool, str | None]:
+    def _own_arguments(
+        self, kwargs: dict[str, Any]
+    ) -> tuple[Target, bool, str | None, Priority | None]:
         """Take latencykit's own arguments out of ``kwargs``: the call's first target, whether
-        it streams, its task tag; refuse the arguments it owns."""
+        it streams, its task tag, its lane; refuse the arguments it owns."""
         for name in kwargs.keys() & (_RESERVED.keys() | _TARGET_OWNED.keys()):
             raise ValueError(
                 f"acompletion({name}=...) is not accepted: "
@@ -760,7 +775,13 @@ class LLM:
         task = kwargs.pop("task", None)
         if task is not None and self.router is None:
             raise ValueError("acompletion(task=...) is for a router: pass LLM(router=...)")
-        return target, stream, task
+        priority = kwargs.pop("priority", None)
+        if priority is not None and priority not in PRIORITIES:
+            raise ValueError(
+                f"acompletion(priority=...) must be one of {', '.join(PRIORITIES)}, "
+                f"got {priority!r}"
+            )
+        return target, stream, task, priority
 
     def _check_truncation(self, response: Any, arguments: Mapping[str, Any]) -> None:
         choices: list[Any] = list(getattr(response, "choices", None) or ())
