@@ -34,7 +34,9 @@ def run_example(
 
 
 def check_quickstart(lines: list[str]) -> None:
-    assert lines[0].startswith("answered by openai/small-model after 2 attempt(s), degraded=True")
+    assert lines[0].startswith(
+        "openai/small-model answered after 2 attempts (degraded: timeout), total "
+    )
     assert lines[1].startswith("(cached answer; primary timeout after 0.2")
     assert lines[2].startswith("slow-case log: [('timeout', 0.2")
     assert lines[3] == "DeadlineExceeded: budget 0.3s, attempts: 1"
