@@ -139,3 +139,14 @@ def test_the_table_shows_an_offered_rate_only_for_an_open_loop() -> None:
     header, _, first, *_ = format_table(opened).splitlines()
     assert "offered/s" in header
     assert first.split()[-2] == "40.0"
+
+
+def test_the_table_says_what_the_hedge_row_changes_and_what_it_does_not() -> None:
+    result = _result()
+    assert "hedge row" not in format_table(result)
+    hedged = dataclasses.replace(result.rows[1], key="hedge")
+    table = format_table(dataclasses.replace(result, rows=(result.rows[0], hedged)))
+    assert "the hedge row sends a backup only once a call has run past about the recent p90" in (
+        table
+    )
+    assert "p50/p90 differ from the bare row's by run-to-run noise" in table

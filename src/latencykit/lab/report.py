@@ -82,6 +82,14 @@ def format_table(result: LabResult) -> str:
         f"max_tokens={config.degraded_max_tokens})); "
         f"lk.Hedge(quantile({config.hedge_quantile:g}), max_extra_load={config.max_extra_load:g})",
     ]
+    if any(row.key == "hedge" for row in result.rows):
+        lines.append(
+            f"the hedge row sends a backup only once a call has run past about the recent "
+            f"p{config.hedge_quantile * 100:g}: it cuts the tail (p99, max); below that it makes "
+            "one attempt per call as the bare row does, and its p50/p90 differ from the bare "
+            "row's by run-to-run noise (client CPU shared with litellm and the fake provider: "
+            "repeat the run to see its size)"
+        )
     for row in result.rows:
         if row.error_types:
             kinds = ", ".join(f"{name} x{count}" for name, count in row.error_types.items())
