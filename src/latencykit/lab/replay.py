@@ -45,6 +45,7 @@ __all__ = [
     "ReplayRow",
     "TraceRecord",
     "default_policy",
+    "describe",
     "load_trace",
     "replay",
     "replay_rows",
