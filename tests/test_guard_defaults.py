@@ -11,25 +11,27 @@ and a stall is caught at the learned stall limit.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
 import pytest
 
 import latencykit as lk
 from helpers import KEY, read_all, text_of
+from latencykit.llm import CallReport
 from latencykit.policies.guard import (
     FIRST_TOKEN_FLOOR,
     LEARN_MIN_SAMPLES,
     LEARN_MULTIPLE,
     STALL_FLOOR,
 )
-from latencykit.llm import CallReport
 from latencykit.stats import Recorder
 from latencykit.stream import Limit
 from latencykit.testing import Behavior, FakeProvider, Fault
 
 pytestmark = pytest.mark.anyio
+E = TypeVar("E", bound=lk.events.Event)
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 PRIMARY, BACKUP = "openai/primary", "openai/backup"
@@ -70,7 +72,8 @@ async def test_a_cold_target_keeps_the_timeout_then_learns_3x_its_p99() -> None:
     assert first_token == pytest.approx(LEARN_MULTIPLE * 0.6)
     assert isinstance(first_token, Limit) and first_token.source == "learned"
     assert stall == 30.0  # no complete stream yet: the stall limit is not learned
-    assert guard.learned(TARGET.key) == (pytest.approx(1.8), None)
+    first, stall_learned = guard.learned(TARGET.key)
+    assert first == pytest.approx(1.8) and stall_learned is None
 
 
 @pytest.mark.virtual_time
@@ -147,6 +150,16 @@ def lane(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+def _collect(into: list[E], kind: type[E]) -> Callable[[lk.events.Event], None]:
+    """An event handler that keeps the events of type ``kind``."""
+
+    def handler(event: lk.events.Event) -> None:
+        if isinstance(event, kind):
+            into.append(event)
+
+    return handler
+
+
 def _llm(fake: FakeProvider, lane: str, **options: Any) -> lk.LLM:
     """An out-of-the-box LLM (the issue's 30 s attempt timeout) with a failover target."""
     backup = {"model": BACKUP, "api_base": fake.base_url, "api_key": KEY, "transport": lane}
@@ -193,7 +206,7 @@ async def test_a_warm_target_that_turns_silent_is_failed_over_within_3x_its_p99(
     assert learned == pytest.approx(max(FIRST_TOKEN_FLOOR, LEARN_MULTIPLE * p99), rel=0.05)
     fake.script("primary", Behavior(fault=Fault.HANG))
     missed: list[lk.events.FirstTokenMissed] = []
-    with lk.subscribe(lambda e: isinstance(e, lk.events.FirstTokenMissed) and missed.append(e)):
+    with lk.subscribe(_collect(missed, lk.events.FirstTokenMissed)):
         report, first, text = await _answer(llm)
     assert report.target == BACKUP and text
     gave_up = report.attempts[0]
@@ -230,7 +243,7 @@ async def test_a_cold_target_keeps_the_attempt_timeout(fake: FakeProvider, lane:
     fake.script("primary", Behavior(fault=Fault.HANG))
     fake.script("backup", Behavior(output_tokens=4))
     missed: list[lk.events.FirstTokenMissed] = []
-    with lk.subscribe(lambda e: isinstance(e, lk.events.FirstTokenMissed) and missed.append(e)):
+    with lk.subscribe(_collect(missed, lk.events.FirstTokenMissed)):
         report, _, text = await _answer(llm)
     assert report.target == BACKUP and text
     assert report.attempts[0].duration >= 2.0 - 0.05  # waited for the timeout, as before
@@ -263,7 +276,7 @@ async def test_a_stall_is_caught_at_the_learned_stall_limit(fake: FakeProvider, 
     assert learned == STALL_FLOOR  # healthy gaps of ~10 ms: the floor
     fake.script("primary", Behavior(fault=Fault.STALL, stall_after=2, output_tokens=4))
     stalls: list[lk.events.StallDetected] = []
-    with lk.subscribe(lambda e: isinstance(e, lk.events.StallDetected) and stalls.append(e)):
+    with lk.subscribe(_collect(stalls, lk.events.StallDetected)):
         stream = await llm.acompletion(messages=MESSAGES, stream=True)
         started = time.monotonic()
         with pytest.raises(lk.StreamStalled) as raised:

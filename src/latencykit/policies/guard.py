@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from .. import _validation, events
+from .. import _response, _validation, events
 from .._cancel import backend, clock, now
 from .._context import Trace, deadline_var, trace_var
 from ..errors import ErrorKind, classify, is_transient
@@ -72,7 +72,7 @@ class StreamGuard(PolicyDecorator):
         first_token: seconds from the start of an attempt to its first content chunk; past it the
             attempt fails with :class:`~latencykit.FirstTokenTimeout` (default ``None``: no
             limit of its own; in ``LLM`` learned per target from its recent times to first
-            chunk, and the target's attempt ``timeout`` until then: see the module's docs).
+            chunk, and the target's attempt ``timeout`` until then: see docs/streaming.md).
         stall: longest gap between two content chunks after the first; past it the stream
             breaks with :class:`~latencykit.StreamStalled` (default ``None``: no limit of its
             own; in ``LLM`` learned per target from its complete streams' longest gaps, and the
@@ -220,9 +220,7 @@ class StreamGuard(PolicyDecorator):
             f"on_break={self.on_break!r}, max_resumes={self.max_resumes})"
         )
 
-    def limits(
-        self, target: Target, *, input_size: int = 0
-    ) -> tuple[Limit | None, Limit | None]:
+    def limits(self, target: Target, *, input_size: int = 0) -> tuple[Limit | None, Limit | None]:
         """``(first_token, stall)`` for an attempt on ``target``, each a
         :class:`~latencykit.stream.Limit` that says where it came from (``None``: no limit):
         the guard's own, else the learned one (``input_size``: the prompt's characters, for
@@ -340,21 +338,16 @@ class _Longest:
 class _Learner:
     """The limits of one front's guard learned from its recorder (see the module's docs)."""
 
-    __slots__ = ("_characters", "_inputs", "_limits", "_recorder")
+    __slots__ = ("_inputs", "_limits", "_recorder")
 
     def __init__(self, recorder: Recorder) -> None:
-        # The governor's count of a prompt's text (imported with the first LLM, not with
-        # ``import latencykit``).
-        from .governor import _characters
-
-        self._characters = _characters
         self._recorder = recorder
         self._limits: dict[tuple[str, bool], _Learned] = {}
         self._inputs: dict[str, _Longest] = {}
 
     def input_size(self, call: Call) -> int:
         """The characters of ``call``'s prompt."""
-        return int(self._characters(call.kwargs.get("messages") or ()))
+        return _response.characters(call.kwargs.get("messages") or ())
 
     def limit(self, target: str, *, stall: bool, input_size: int = 0) -> float | None:
         """``target``'s learned first-token (``stall``: stall) limit now, for a prompt of
