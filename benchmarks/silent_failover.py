@@ -13,6 +13,12 @@ scenario then runs on a freshly warmed LLM; printed per tree: the seconds to the
 chunk (or to the error), who answered, the primary's attempt's duration (where it gave up), and
 that as a multiple of the primary's healthy p99 time to first token as its recorder measured it
 (the issue's bound: at most 3x). Ranges are over the rounds (min-max): the machine is shared.
+
+``--cost`` times instead what working out an attempt's limits costs (this tree only): the
+prompt's length and ``StreamGuard.limits`` for a target with a warm window, next to a guard
+whose limits are both set (nothing learned), in one run::
+
+    .venv/bin/python benchmarks/silent_failover.py --cost
 """
 
 from __future__ import annotations
@@ -108,6 +114,49 @@ async def _child(lane: str) -> None:
             print(json.dumps(await _scenario(fake, lane, name)), flush=True)
 
 
+def _cost() -> None:
+    """Microseconds per attempt to work out its limits: set vs learned (warm window)."""
+    import timeit
+
+    import anyio
+
+    import latencykit as lk
+    from latencykit import _response
+    from latencykit.stats import Recorder
+
+    async def measure() -> None:
+        target = lk.Target("openai/primary", timeout=30.0)
+        recorder = Recorder()
+        for i in range(200):
+            recorder.first_chunk(target.key, 0.3 + i / 1000)
+            recorder.longest_gap(target.key, 0.05 + i / 10000)
+
+        async def never(*args: Any) -> Any:
+            raise AssertionError
+
+        def bound(guard: lk.StreamGuard) -> lk.StreamGuard:
+            return guard.bound((), lambda t: never, never, raise_truncated=False, recorder=recorder)
+
+        messages = [{"role": "system", "content": "x" * 2000}] + MESSAGES * 10
+        guards = {
+            "set (first_token=10, stall=10)": bound(lk.StreamGuard(first_token=10.0, stall=10.0)),
+            "learned (warm window)": bound(lk.StreamGuard()),
+        }
+        for label, guard in guards.items():
+            learns = guard.first_token is None
+
+            def work(guard: lk.StreamGuard = guard, learns: bool = learns) -> None:
+                size = _response.characters(messages) if learns else 0
+                guard.limits(target, input_size=size)
+
+            best = min(timeit.repeat(work, number=20_000, repeat=5)) / 20_000
+            print(f"  {label:<32} {best * 1e6:6.2f} us per attempt")
+
+    for backend in ("asyncio", "trio"):
+        print(f"{backend}:")
+        anyio.run(measure, backend=backend)
+
+
 def _run_tree(tree: Path, lane: str) -> list[dict[str, Any]]:
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     done = subprocess.run(
@@ -133,8 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base", type=Path, help="a source tree to compare (its src/)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--lane", choices=("litellm", "openai"), default="litellm")
+    parser.add_argument("--cost", action="store_true", help="time the limits' work instead")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.cost:
+        _cost()
+        return 0
     if args.child:
         import anyio
 

@@ -226,19 +226,20 @@ class StreamGuard(PolicyDecorator):
         the guard's own, else the learned one (``input_size``: the prompt's characters, for
         the first-token limit; default ``0``), else the target's attempt timeout; each capped
         by that timeout."""
+        at = clock() if self._learner is not None else 0.0
         return (
-            self._limit(self.first_token, target, stall=False, input_size=input_size),
-            self._limit(self.stall, target, stall=True, input_size=0),
+            self._limit(self.first_token, target, at, stall=False, input_size=input_size),
+            self._limit(self.stall, target, at, stall=True, input_size=0),
         )
 
     def _limit(
-        self, configured: float | None, target: Target, *, stall: bool, input_size: int
+        self, configured: float | None, target: Target, at: float, *, stall: bool, input_size: int
     ) -> Limit | None:
         timeout = target.timeout
         source: LimitSource = "configured"
         seconds = configured
         if seconds is None and self._learner is not None:
-            seconds = self._learner.limit(target.key, stall=stall, input_size=input_size)
+            seconds = self._learner.limit(target.key, at, stall=stall, input_size=input_size)
             source = "learned"
         if timeout is not None and (seconds is None or timeout < seconds):
             seconds, source = timeout, "timeout"
@@ -248,12 +249,12 @@ class StreamGuard(PolicyDecorator):
         """The ``(first_token, stall)`` limits learned for the target key ``target`` now
         (before scaling for a long prompt and the timeout's cap); ``None``: not learned (or
         set in this guard)."""
-        learner = self._learner
+        learner, at = self._learner, clock()
         if learner is None:
             return None, None
         return (
-            None if self.first_token is not None else learner.limit(target, stall=False),
-            None if self.stall is not None else learner.limit(target, stall=True),
+            None if self.first_token is not None else learner.limit(target, at, stall=False),
+            None if self.stall is not None else learner.limit(target, at, stall=True),
         )
 
     def with_learned(self, table: StatsTable) -> StatsTable:
@@ -349,10 +350,10 @@ class _Learner:
         """The characters of ``call``'s prompt."""
         return _response.characters(call.kwargs.get("messages") or ())
 
-    def limit(self, target: str, *, stall: bool, input_size: int = 0) -> float | None:
-        """``target``'s learned first-token (``stall``: stall) limit now, for a prompt of
-        ``input_size`` characters, uncapped; ``None`` before any was learned."""
-        recorder, now = self._recorder, clock()
+    def limit(self, target: str, now: float, *, stall: bool, input_size: int = 0) -> float | None:
+        """``target``'s learned first-token (``stall``: stall) limit at ``now``, for a prompt
+        of ``input_size`` characters, uncapped; ``None`` before any was learned."""
+        recorder = self._recorder
         window: LatencyWindow | None = (
             recorder.gaps.get(target) if stall else recorder.latency_window(target, ttft=True)
         )
