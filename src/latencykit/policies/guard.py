@@ -347,8 +347,9 @@ class _Learner:
         self._inputs: dict[str, _Longest] = {}
 
     def input_size(self, call: Call) -> int:
-        """The characters of ``call``'s prompt."""
-        return _response.characters(call.kwargs.get("messages") or ())
+        """The characters of ``call``'s prompt (its ``messages``, or a Responses ``input``)."""
+        kwargs = call.kwargs
+        return _response.characters(kwargs.get("messages") or kwargs.get("input") or ())
 
     def limit(self, target: str, now: float, *, stall: bool, input_size: int = 0) -> float | None:
         """``target``'s learned first-token (``stall``: stall) limit at ``now``, for a prompt
