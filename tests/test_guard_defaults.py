@@ -285,3 +285,17 @@ async def test_a_stall_is_caught_at_the_learned_stall_limit(fake: FakeProvider, 
     assert STALL_FLOOR - 0.05 <= waited <= STALL_FLOOR + MARGIN  # not the 30 s timeout
     assert "stall limit: learned" in str(raised.value)
     assert [(e.target, e.stall, e.source) for e in stalls] == [(PRIMARY, STALL_FLOOR, "learned")]
+
+
+async def test_an_abandoned_stream_says_its_limit_was_configured(
+    fake: FakeProvider, lane: str
+) -> None:
+    llm = _llm(fake, lane, failover=[], stream_guard=lk.StreamGuard(first_token=0.5))
+    fake.script("primary", Behavior(fault=Fault.HANG))
+    missed: list[lk.events.FirstTokenMissed] = []
+    with (
+        lk.subscribe(_collect(missed, lk.events.FirstTokenMissed)),
+        pytest.raises(lk.FirstTokenTimeout, match=r"first-token limit: configured"),
+    ):
+        await llm.acompletion(messages=MESSAGES, stream=True)
+    assert [(e.target, e.first_token, e.source) for e in missed] == [(PRIMARY, 0.5, "configured")]
