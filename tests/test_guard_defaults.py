@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
+import msgspec
 import pytest
 
 import latencykit as lk
@@ -71,6 +72,7 @@ async def test_a_cold_target_keeps_the_timeout_then_learns_3x_its_p99() -> None:
     first_token, stall = guard.limits(TARGET)
     assert first_token == pytest.approx(LEARN_MULTIPLE * 0.6)
     assert isinstance(first_token, Limit) and first_token.source == "learned"
+    assert repr(first_token) == f"Limit({float(first_token)!r}, 'learned')"
     assert stall == 30.0  # no complete stream yet: the stall limit is not learned
     first, stall_learned = guard.learned(TARGET.key)
     assert first == pytest.approx(1.8) and stall_learned is None
@@ -215,6 +217,7 @@ async def test_a_warm_target_that_turns_silent_is_failed_over_within_3x_its_p99(
     assert first <= 3 * p99 + 2 * MARGIN
     assert [(e.target, e.source) for e in missed] == [(PRIMARY, "learned")]
     assert missed[0].first_token == pytest.approx(learned)
+    assert b'"source":"learned"' in msgspec.json.encode(missed[0])  # events encode (a float)
     # The silence taught nothing: the next call gives up as fast.
     assert llm.stats()[PRIMARY].first_token_limit == learned
     report, _, _ = await _answer(llm)
@@ -285,6 +288,7 @@ async def test_a_stall_is_caught_at_the_learned_stall_limit(fake: FakeProvider, 
     assert STALL_FLOOR - 0.05 <= waited <= STALL_FLOOR + MARGIN  # not the 30 s timeout
     assert "stall limit: learned" in str(raised.value)
     assert [(e.target, e.stall, e.source) for e in stalls] == [(PRIMARY, STALL_FLOOR, "learned")]
+    assert b'"source":"learned"' in msgspec.json.encode(stalls[0])
 
 
 async def test_an_abandoned_stream_says_its_limit_was_configured(

@@ -840,7 +840,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
                         self._call_id(),
                         attempt=self.attempt,
                         target=self.target,
-                        first_token=self.first_token or quiet,
+                        first_token=float(self.first_token or quiet),
                         source=source,
                     )
                 )
@@ -855,7 +855,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
                     self._call_id(),
                     attempt=self.attempt,
                     target=self.target,
-                    stall=self.stall or 0.0,
+                    stall=float(self.stall or 0.0),  # a plain float: events are encoded
                     chunks=self.chunks,
                     source=source,
                 )
