@@ -359,8 +359,13 @@ class LLM:
             target's key, so every ``LLM`` calling a target shares its breaker. Failover skips
             targets whose breaker is open.
         stream_guard: limits on streaming calls (default ``None``: ``lk.StreamGuard()``, whose
-            first-token and stall limits are then each target's attempt ``timeout``, so that
-            a stream never waits forever); see :class:`~latencykit.StreamGuard`.
+            first-token and stall limits are learned per target from its recent streams: 3x
+            the p99 of its times to first chunk (at least 1 s, more for a prompt longer than
+            it answered recently) and of its streams' longest gaps (at least 2 s), once it has
+            20 recent samples; its attempt ``timeout`` before that, and as a cap, so that a
+            stream never waits forever). A limit set in the guard wins. See
+            :class:`~latencykit.StreamGuard` and docs/streaming.md; :meth:`stats` shows the
+            learned limits.
         context_window: the primary model's context window in tokens (default ``None``:
             unknown); with the targets' ``context_window``, a context-length error goes only
             to a larger model.
@@ -567,6 +572,7 @@ class LLM:
             lambda target: functools.partial(self._open, target),
             lambda call, trace: self._per_target.run_within(call, trace, reason="resume"),
             raise_truncated=self.max_output_tokens is not None and self.on_truncated == "raise",
+            recorder=self._recorder,  # the limits left unset are learned from its windows
         )
 
     @functools.cached_property
@@ -667,6 +673,7 @@ class LLM:
             hedge_budget=None if self.hedge is None else self.hedge.budget.balance,
             waiting=lambda key: queued.get(key, 0),
         )
+        table = self._guard.with_learned(table)
         if self._governor is None:
             return table
         return self._governor.with_rooms(table, (*self.targets, self._degraded))
