@@ -32,6 +32,7 @@ __all__ = [
     "LitellmChunks",
     "LitellmTransport",
     "acompletion",
+    "aembedding",
     "is_set_up",
     "litellm",
     "open_connection",
@@ -176,6 +177,15 @@ async def acompletion(arguments: Mapping[str, Any]) -> Any:
         _quiet.reset(token)
 
 
+async def aembedding(arguments: Mapping[str, Any]) -> Any:
+    """``litellm.aembedding(**arguments, max_retries=0)``, quiet (see :class:`_QuietLitellm`)."""
+    token = _quiet.set(True)
+    try:
+        return await litellm().aembedding(**arguments, max_retries=0)
+    finally:
+        _quiet.reset(token)
+
+
 # --- litellm's first call of a process ---------------------------------------------------------
 
 _set_up: set[str] = set()  # the models whose set-up has run in this process (see set_up)
@@ -302,6 +312,14 @@ class LitellmTransport:
 
         await self._set_up(target)
         response = await run_on_asyncio(acompletion(target.litellm_arguments(arguments)))
+        ratelimit.heard(target.key, target.api_key, _headers(response))
+        return response
+
+    async def embed(self, target: Target, arguments: Mapping[str, Any]) -> Any:
+        """One embedding attempt: litellm's ``EmbeddingResponse``."""
+        from ._asyncio_bridge import run_on_asyncio
+
+        response = await run_on_asyncio(aembedding(target.litellm_arguments(arguments)))
         ratelimit.heard(target.key, target.api_key, _headers(response))
         return response
 

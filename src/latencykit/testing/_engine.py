@@ -42,7 +42,12 @@ _FAULT_POINT = frozenset(
     {Fault.STALL, Fault.CUT, Fault.CUT_WITH_DONE, Fault.ERROR_EVENT, Fault.MALFORMED_CHUNK}
 )
 _HEADERS_AT_ONCE = frozenset({Fault.KEEPALIVE_THEN_TOKENS, Fault.HEADERS_THEN_SILENCE})
-_WIRES: tuple[type[Wire], ...] = (oa.OpenAIWire, _anthropic.AnthropicWire, _gemini.GeminiWire)
+_WIRES: tuple[type[Wire], ...] = (
+    oa.OpenAIWire,
+    oa.EmbeddingsWire,
+    _anthropic.AnthropicWire,
+    _gemini.GeminiWire,
+)
 """The wire formats served, each routing its own URLs."""
 
 
@@ -657,6 +662,7 @@ class Engine:
                 include_usage=parsed_request.include_usage,
                 flavor=behavior.flavor,
                 tool_name=behavior.tool_call or "",
+                dimensions=behavior.dimensions,
             )
         )
         exchange = _Exchange(provider, conn, attempt, request, wire, stream=stream)

@@ -1,0 +1,171 @@
+"""Sync calls: an owner's async calls run on one long-lived event loop in a thread of its own.
+
+``LLM.completion(...)`` is ``LLM.acompletion(...)`` run on a :class:`LoopThread`: one asyncio
+loop in a daemon thread, started by the first sync call and kept, so that the HTTP clients and
+keep-alive connections that live on a loop (the fast lane's pool, litellm's clients) serve
+every later sync call. The pipeline, its deadlines and cancel scopes run there as they run in
+async code: a deadline still closes the HTTP request. A daemon thread, so that a process never
+waits for it at exit; a loop left running is stopped at exit all the same (its connections
+closed) within a bounded time.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from ._cancel import running_library
+from .stream import Stream
+
+if TYPE_CHECKING:
+    from anyio.from_thread import BlockingPortal
+
+__all__ = ["LoopThread", "SyncStream"]
+
+T = TypeVar("T")
+_STOP_WITHIN = 5.0  # seconds a stop waits for the loop: never a hang at exit
+
+
+class LoopThread:
+    """One event loop (asyncio) in a daemon thread, started on first use, that runs the
+    coroutine functions handed to :meth:`run` from any number of threads at once. ``name``:
+    the thread's (default ``"latencykit-sync"``)."""
+
+    __slots__ = ("__weakref__", "_lock", "_name", "_portal", "_stopper")
+
+    def __init__(self, name: str = "latencykit-sync") -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._portal: BlockingPortal | None = None
+        self._stopper: weakref.finalize[Any, LoopThread] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the loop is started (and not stopped since)."""
+        return self._portal is not None
+
+    def run(self, function: Callable[[], Awaitable[T]], what: str) -> T:
+        """``await function()`` on the loop, from a thread that runs no event loop; its result
+        or error. ``what``: the method called, for the error raised from an event loop's
+        thread (a ``RuntimeError`` naming the async method to await instead: blocking there
+        would stop that loop, or deadlock it). A ``KeyboardInterrupt`` while waiting cancels
+        the call on the loop (its HTTP request closed)."""
+        _refuse_in_event_loop(what)
+        future = self._started().start_task_soon(function)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # no-op once done; else the call is cancelled on the loop
+            raise
+
+    def _started(self) -> BlockingPortal:
+        portal = self._portal
+        if portal is None:
+            with self._lock:
+                portal = self._portal
+                if portal is None:
+                    portal = self._portal = self._start()
+        return portal
+
+    def _start(self) -> BlockingPortal:
+        import concurrent.futures
+
+        import anyio
+        from anyio.from_thread import BlockingPortal
+
+        ready: concurrent.futures.Future[BlockingPortal] = concurrent.futures.Future()
+
+        async def serve() -> None:
+            async with BlockingPortal() as portal:
+                ready.set_result(portal)
+                await portal.sleep_until_stopped()
+
+        def main() -> None:
+            try:
+                anyio.run(serve, backend="asyncio")
+            except BaseException as exc:  # the loop did not start: the caller is told
+                if not ready.done():
+                    ready.set_exception(exc)
+                raise
+
+        thread = threading.Thread(target=main, name=self._name, daemon=True)
+        thread.start()
+        portal = ready.result()
+        # Stopped when its owner is collected, or at interpreter exit (atexit): bounded.
+        self._stopper = weakref.finalize(self, _stop, portal, thread)
+        return portal
+
+    def stop(self, before: Callable[[], Awaitable[object]] | None = None) -> None:
+        """Run ``before()`` on the loop (closing what lives on it), then stop the loop
+        (calls still running are cancelled) and wait for its thread, at most a few seconds.
+        Idempotent; a later :meth:`run` starts a new loop."""
+        with self._lock:
+            portal, self._portal = self._portal, None
+            stopper, self._stopper = self._stopper, None
+        if portal is None or stopper is None:
+            return
+        try:
+            if before is not None:
+                portal.start_task_soon(before).result(_STOP_WITHIN)
+        finally:
+            stopper()
+
+
+def _stop(portal: BlockingPortal, thread: threading.Thread) -> None:
+    """Stop ``portal``'s loop and wait for ``thread``, each at most ``_STOP_WITHIN``."""
+    import concurrent.futures
+    import contextlib
+
+    # RuntimeError: already stopped, or its loop is gone: nothing left to wait for.
+    with contextlib.suppress(RuntimeError, concurrent.futures.CancelledError, TimeoutError):
+        portal.start_task_soon(portal.stop, True).result(_STOP_WITHIN)
+    if thread is not threading.current_thread():
+        thread.join(_STOP_WITHIN)
+
+
+def _refuse_in_event_loop(what: str) -> None:
+    library = running_library()
+    if library is None:
+        return
+    raise RuntimeError(
+        f"LLM.{what}() was called from a running {library} event loop, which it would block: "
+        f"use `await llm.a{what}(...)` there"
+    )
+
+
+class SyncStream(Generic[T]):
+    """A :class:`~latencykit.Stream` read from sync code (``LLM.completion(stream=True)``):
+    iterate it (``for chunk in stream``), and :meth:`close` it (or use ``with``), which closes
+    the HTTP response. Each chunk is read from :attr:`stream` on the owner's loop thread;
+    :func:`latencykit.report` reads it as it reads the stream."""
+
+    __slots__ = ("_loop", "stream")
+
+    def __init__(self, stream: Stream[T], loop: LoopThread) -> None:
+        self.stream = stream
+        self._loop = loop
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        try:
+            return self._loop.run(self.stream.__anext__, "completion")
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        """Close the stream and its HTTP response (idempotent)."""
+        if self._loop.running:
+            self._loop.run(self.stream.aclose, "completion")
+
+    def __enter__(self) -> SyncStream[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SyncStream({self.stream!r})"
