@@ -177,11 +177,24 @@ async def acompletion(arguments: Mapping[str, Any]) -> Any:
         _quiet.reset(token)
 
 
+class _NoRetries(int):
+    """``0`` that is true: litellm's OpenAI embedding handler reads ``max_retries or 2`` (and
+    sets that on the client), so a plain ``max_retries=0`` still cost 3 requests for one 503
+    (measured, litellm 1.110; the SDK's ``x-stainless-retry-count`` 0, 1, 2)."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_NO_RETRIES = _NoRetries(0)
+
+
 async def aembedding(arguments: Mapping[str, Any]) -> Any:
-    """``litellm.aembedding(**arguments, max_retries=0)``, quiet (see :class:`_QuietLitellm`)."""
+    """``litellm.aembedding(**arguments, max_retries=0)`` (a ``0`` litellm keeps: see
+    :class:`_NoRetries`), quiet (see :class:`_QuietLitellm`)."""
     token = _quiet.set(True)
     try:
-        return await litellm().aembedding(**arguments, max_retries=0)
+        return await litellm().aembedding(**arguments, max_retries=_NO_RETRIES)
     finally:
         _quiet.reset(token)
 

@@ -339,6 +339,8 @@ class LLM:
             unknown); with the targets' ``context_window``, a context-length error goes only
             to a larger model.
         capabilities: the primary target's capabilities (default empty), e.g. ``{"prefill"}``.
+        dimensions: the length of the primary model's embedding vectors (default ``None``:
+            undeclared); see :meth:`aembedding` and :attr:`~latencykit.Target.dimensions`.
         timeout: per-attempt timeout in seconds handed to litellm, constant so that litellm
             reuses its HTTP client and connections (default ``600``, litellm's own); the
             default of every target that sets none.
@@ -410,6 +412,7 @@ class LLM:
         stream_guard: StreamGuard | None = None,
         context_window: int | None = None,
         capabilities: frozenset[str] | set[str] | Sequence[str] = frozenset(),
+        dimensions: int | None = None,
         timeout: float | datetime.timedelta = 600.0,
         api_base: str | None = None,
         api_key: str | None = None,
@@ -446,6 +449,7 @@ class LLM:
             context_window=context_window,
             capabilities=capabilities,  # type: ignore[arg-type]  # Target validates it
             transport=transport,
+            dimensions=dimensions,
         )
         self.targets = _targets(primary, failover, self.timeout)
         self._secrets = _secrets_of(self.targets, degrade)

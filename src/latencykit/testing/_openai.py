@@ -430,6 +430,7 @@ class EmbeddingsWire(OpenAIWire):
     fault of a stream's middle happens to the JSON body, as on a non-streaming chat answer).
     A request's ``dimensions`` overrides ``Behavior.dimensions``."""
 
+    name = "openai-embeddings"
     endpoints = "POST /v1/embeddings"
     id_prefix = "embd-fake"
 
