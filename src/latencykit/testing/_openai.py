@@ -412,6 +412,13 @@ class OpenAIWire(Wire):
 
 
 EMBEDDINGS_PATHS = frozenset({"/v1/embeddings", "/embeddings"})
+DIMENSIONS = {
+    "text-embedding-3-small": 1536,
+    "text-embedding-3-large": 3072,
+    "text-embedding-ada-002": 1536,
+}
+"""The length of OpenAI's models' vectors; other models' are ``8`` unless a
+:class:`Behavior` says otherwise."""
 
 
 def embedding_of(text: str, dimensions: int) -> list[float]:
@@ -462,7 +469,7 @@ class EmbeddingsWire(OpenAIWire):
 
     def completion(self, pieces: list[Piece], finish: str | None) -> bytes:
         meta = self.meta
-        size = self.dimensions or meta.dimensions
+        size = self.dimensions or meta.dimensions or DIMENSIONS.get(meta.model, 8)
         data = []
         for index, text in enumerate(self.inputs):
             vector = embedding_of(text, size)

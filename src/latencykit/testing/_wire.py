@@ -132,7 +132,7 @@ class Meta:
     include_usage: bool
     flavor: str | None
     tool_name: str
-    dimensions: int = 8
+    dimensions: int | None = None
     """The length of an embeddings answer's vectors (``Behavior.dimensions``)."""
 
 
