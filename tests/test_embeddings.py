@@ -18,7 +18,7 @@ import latencykit as lk
 from helpers import KEY, make_llm, target, until
 from latencykit.cache import ResponseCache
 from latencykit.chunks import EmbeddingResponse
-from latencykit.testing import Behavior, FakeProvider, Fault
+from latencykit.testing import Behavior, FakeProvider, Fault, RequestInfo
 from latencykit.testing._openai import embedding_of
 
 pytestmark = pytest.mark.anyio
@@ -118,7 +118,12 @@ async def test_vectors_of_another_length_are_an_error_of_that_target(
 
 async def test_a_call_s_own_dimensions_are_the_length_expected(fake: FakeProvider) -> None:
     sent: list[Mapping[str, object]] = []
-    fake.script("embed", lambda request: sent.append(request.body) or Behavior())
+
+    def record(request: RequestInfo) -> Behavior:
+        sent.append(request.body)
+        return Behavior()
+
+    fake.script("embed", record)
     llm = make_llm(fake, "embed", transport="openai", dimensions=8)
     response = await llm.aembedding(input="text", dimensions=3)
     assert len(response.data[0].embedding) == 3
