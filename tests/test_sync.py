@@ -154,7 +154,7 @@ async def test_a_sync_call_from_an_event_loop_says_to_await_instead(fake: FakePr
         llm.completion(messages=MESSAGES)
     with pytest.raises(RuntimeError, match=r"await llm\.aembedding\(\.\.\.\)"):
         llm.embedding(input="x")
-    assert fake.attempts == [] and not llm._loop_thread.running
+    assert fake.attempts == [] and not llm._loop_thread().running
 
 
 @pytest.mark.anyio
@@ -163,9 +163,9 @@ async def test_aclose_closes_the_sync_loop_too(fake: FakeProvider) -> None:
 
     llm = make_llm(fake, transport="openai")
     await anyio.to_thread.run_sync(lambda: llm.completion(messages=MESSAGES))
-    assert llm._loop_thread.running
+    assert llm._loop_thread().running
     await llm.aclose()
-    assert not llm._loop_thread.running
+    assert not llm._loop_thread().running
 
 
 @pytest.mark.slow

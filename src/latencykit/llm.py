@@ -586,7 +586,7 @@ class LLM:
         ``async with lk.LLM(...) as llm:`` closes them at the end of the block. The sync
         calls' event loop thread, if started, is closed too (see :meth:`close`)."""
         await self._close_transports()
-        if "_loop_thread" in self.__dict__:
+        if "_sync_loop" in self.__dict__:
             import anyio
 
             await anyio.to_thread.run_sync(self.close)
@@ -802,7 +802,7 @@ class LLM:
                 "aembedding() is not accepted on an LLM with degrade=...: a degraded model "
                 "embeds into other vectors; use an LLM without it"
             )
-        self._embedding_dimensions  # noqa: B018 (checked once, at the first call)
+        self._check_dimensions()
         embed = functools.partial(self._embed, target)
         call = Call(embed, (), kwargs, target, None, self._recorder)
         tagged = operation_var.set("embeddings"), task_var.set(task)
@@ -829,31 +829,33 @@ class LLM:
         runs an event loop, raises ``RuntimeError`` (it would block that loop): await
         :meth:`acompletion` there.
         """
-        result = self._loop_thread.run(functools.partial(self.acompletion, **kwargs), "completion")
-        return SyncStream(result, self._loop_thread) if isinstance(result, Stream) else result
+        loop = self._loop_thread()
+        result = loop.run(functools.partial(self.acompletion, **kwargs), "completion")
+        return SyncStream(result, loop) if isinstance(result, Stream) else result
 
     def embedding(self, **kwargs: Any) -> Any:
         """:meth:`aembedding` from sync code, on this ``LLM``'s own event loop thread (see
         :meth:`completion`)."""
-        return self._loop_thread.run(functools.partial(self.aembedding, **kwargs), "embedding")
+        return self._loop_thread().run(functools.partial(self.aembedding, **kwargs), "embedding")
 
     def close(self) -> None:
         """Close what the sync calls opened: the connections of this ``LLM``'s event loop
         thread, then the loop and its thread (calls still running there are cancelled). A
         later sync call starts a new one. Idempotent; also done by :meth:`aclose`, when the
         ``LLM`` is collected, and at interpreter exit (each wait bounded by a few seconds)."""
-        if "_loop_thread" in self.__dict__:
-            self._loop_thread.stop(self._close_transports)
+        loop = self.__dict__.get("_sync_loop")
+        if loop is not None:
+            loop.stop(self._close_transports)
 
-    @functools.cached_property
     def _loop_thread(self) -> LoopThread:
-        """Where the sync calls run (started by the first)."""
-        return LoopThread()
+        """Where the sync calls run (its loop started by the first): one per ``LLM``, even
+        when several threads make their first sync call at once (``setdefault`` is atomic)."""
+        found: LoopThread | None = self.__dict__.get("_sync_loop")
+        return found or self.__dict__.setdefault("_sync_loop", LoopThread())
 
-    @functools.cached_property
-    def _embedding_dimensions(self) -> int | None:
-        """The targets' common :attr:`~latencykit.Target.dimensions`; ``ValueError`` if
-        failover targets do not all declare the same."""
+    def _check_dimensions(self) -> None:
+        """``ValueError`` unless every target declares the same
+        :attr:`~latencykit.Target.dimensions` (a lone target need not declare any)."""
         declared = {t.key: t.dimensions for t in self.targets}
         found = set(declared.values())
         if len(declared) > 1 and (None in found or len(found) > 1):
@@ -861,7 +863,6 @@ class LLM:
                 "aembedding() fails over only between targets of the same dimensions: give "
                 f"every target the same Target(dimensions=...), got {declared}"
             )
-        return next(iter(found))
 
     async def _embed(self, target: Target, **kwargs: Any) -> Any:
         """One embedding attempt on ``target``; its vectors checked against the dimensions."""
