@@ -68,7 +68,15 @@ if TYPE_CHECKING:
     from .config import LLMConfig
     from .policies.breaker import BreakerState
 
-__all__ = ["LLM", "CallReport", "Degrade", "Transport", "report", "to_model_response"]
+__all__ = [
+    "LLM",
+    "CallReport",
+    "Degrade",
+    "SyncStream",
+    "Transport",
+    "report",
+    "to_model_response",
+]
 
 _REPORT_KEY = "latencykit"
 _ATTEMPT_KEY = "latencykit.attempt"
@@ -824,7 +832,7 @@ class LLM:
         kept (its connections serve every later sync call) until :meth:`close`. A deadline
         still closes the HTTP request. Any number of threads may call at once.
 
-        With ``stream=True``, returns a :class:`~latencykit._sync.SyncStream`: iterate it
+        With ``stream=True``, returns a :class:`~latencykit.llm.SyncStream`: iterate it
         (``for chunk in stream``) and ``close()`` it (or ``with``). Called from a thread that
         runs an event loop, raises ``RuntimeError`` (it would block that loop): await
         :meth:`acompletion` there.
