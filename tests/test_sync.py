@@ -4,6 +4,7 @@ test_faults.py."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -31,6 +32,12 @@ def wait_for(predicate: Any, within: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < ends, "timed out"
         time.sleep(0.005)
+
+
+def forget(held: list[Any]) -> None:
+    """Drop the last references to ``held``'s objects and collect them."""
+    held.clear()
+    gc.collect()
 
 
 @pytest.fixture(params=["litellm", "openai"])
@@ -74,6 +81,22 @@ def test_a_sync_stream_is_an_iterator_that_closes(fake: FakeProvider, lane: str)
         assert fake.attempts[-1].tokens_sent < 50
     finally:
         llm.close()
+
+
+def test_a_sync_stream_outlived_by_its_loop_says_so(fake: FakeProvider) -> None:
+    fake.script("primary", Behavior(output_tokens=50, itl=0.05))
+    llm = make_llm(fake, transport="openai")
+    stream = llm.completion(messages=MESSAGES, stream=True)
+    next(stream)
+    llm.close()
+    with pytest.raises(RuntimeError, match=r"sync loop was closed \(LLM\.close\(\)\)"):
+        next(stream)
+    stream.close()  # nothing left to close
+    wait_for(lambda: fake.attempts[0].disconnected_at is not None)
+    held = [stream]
+    del stream
+    with pytest.warns(ResourceWarning, match="never closed"):  # as any stream left open
+        forget(held)
 
 
 def test_the_deadline_closes_a_sync_call_s_request(fake: FakeProvider, lane: str) -> None:

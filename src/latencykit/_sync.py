@@ -53,14 +53,10 @@ class LoopThread:
         would stop that loop, or deadlock it). A ``KeyboardInterrupt`` while waiting cancels
         the call on the loop (its HTTP request closed)."""
         _refuse_in_event_loop(what)
-        future = self._started().start_task_soon(function)
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()  # no-op once done; else the call is cancelled on the loop
-            raise
+        return _call(self.portal(), function)
 
-    def _started(self) -> BlockingPortal:
+    def portal(self) -> BlockingPortal:
+        """The running loop's portal (the loop started first if it is not)."""
         portal = self._portal
         if portal is None:
             with self._lock:
@@ -125,6 +121,22 @@ def _stop(portal: BlockingPortal, thread: threading.Thread) -> None:
         thread.join(_STOP_WITHIN)
 
 
+def _call(portal: BlockingPortal, function: Callable[[], Awaitable[T]]) -> T:
+    """``await function()`` on ``portal``'s loop; a ``KeyboardInterrupt`` (or any exception)
+    while waiting cancels it there. ``RuntimeError`` if that loop was stopped."""
+    try:
+        future = portal.start_task_soon(function)
+    except RuntimeError:  # anyio: "This portal is not running"
+        raise RuntimeError(
+            "the LLM's sync loop was closed (LLM.close()): what was opened on it went with it"
+        ) from None
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()  # no-op once done; else the call is cancelled on the loop
+        raise
+
+
 def _refuse_in_event_loop(what: str) -> None:
     library = running_library()
     if library is None:
@@ -138,28 +150,35 @@ def _refuse_in_event_loop(what: str) -> None:
 class SyncStream(Generic[T]):
     """A :class:`~latencykit.Stream` read from sync code (``LLM.completion(stream=True)``):
     iterate it (``for chunk in stream``), and :meth:`close` it (or use ``with``), which closes
-    the HTTP response. Each chunk is read from :attr:`stream` on the owner's loop thread;
-    :func:`latencykit.report` reads it as it reads the stream."""
+    the HTTP response. Each chunk is read from :attr:`stream` on the loop thread it was opened
+    on (``portal``'s); :func:`latencykit.report` reads it as it reads the stream. Once that
+    loop is closed (``LLM.close()``), reading raises ``RuntimeError`` and closing does
+    nothing (the response went with the loop)."""
 
-    __slots__ = ("_loop", "stream")
+    __slots__ = ("_portal", "stream")
 
-    def __init__(self, stream: Stream[T], loop: LoopThread) -> None:
+    def __init__(self, stream: Stream[T], portal: BlockingPortal) -> None:
         self.stream = stream
-        self._loop = loop
+        self._portal = portal
 
     def __iter__(self) -> Iterator[T]:
         return self
 
     def __next__(self) -> T:
+        _refuse_in_event_loop("completion")
         try:
-            return self._loop.run(self.stream.__anext__, "completion")
+            return _call(self._portal, self.stream.__anext__)
         except StopAsyncIteration:
             raise StopIteration from None
 
     def close(self) -> None:
         """Close the stream and its HTTP response (idempotent)."""
-        if self._loop.running:
-            self._loop.run(self.stream.aclose, "completion")
+        _refuse_in_event_loop("completion")
+        try:
+            future = self._portal.start_task_soon(self.stream.aclose)
+        except RuntimeError:  # its loop was closed: the response went with it
+            return
+        future.result()
 
     def __enter__(self) -> SyncStream[T]:
         return self

@@ -839,7 +839,7 @@ class LLM:
         """
         loop = self._loop_thread()
         result = loop.run(functools.partial(self.acompletion, **kwargs), "completion")
-        return SyncStream(result, loop) if isinstance(result, Stream) else result
+        return SyncStream(result, loop.portal()) if isinstance(result, Stream) else result
 
     def embedding(self, **kwargs: Any) -> Any:
         """:meth:`aembedding` from sync code, on this ``LLM``'s own event loop thread (see
