@@ -156,6 +156,17 @@ def test_close_is_idempotent_and_a_later_call_starts_a_new_loop(fake: FakeProvid
     assert first.connection_id != second.connection_id  # the first loop's pool was closed
 
 
+def test_a_collected_llm_stops_its_loop_thread(fake: FakeProvider) -> None:
+    make_llm(fake)  # the process's first litellm LLM freezes the heap (gc.freeze): not this one
+    before = len(loop_threads())
+    held = [make_llm(fake, transport="openai")]
+    held[0].completion(messages=MESSAGES)
+    assert len(loop_threads()) == before + 1
+    forget(held)
+    wait_for(lambda: len(loop_threads()) == before)
+    wait_for(lambda: fake.open_connections == 0)  # its pool closed with its loop
+
+
 def test_errors_are_latencykit_s_with_the_attempts(fake: FakeProvider, lane: str) -> None:
     fake.script("primary", Behavior(fault=Fault.HTTP_503))
     fake.script("secondary", Behavior(fault=Fault.HTTP_500))

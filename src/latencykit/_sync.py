@@ -30,12 +30,22 @@ _STOP_WITHIN = 5.0  # seconds a stop waits for the loop: never a hang at exit
 
 class LoopThread:
     """One event loop (asyncio) in a daemon thread, started on first use, that runs the
-    coroutine functions handed to :meth:`run` from any number of threads at once. ``name``:
-    the thread's (default ``"latencykit-sync"``)."""
+    coroutine functions handed to :meth:`run` from any number of threads at once.
 
-    __slots__ = ("__weakref__", "_lock", "_name", "_portal", "_stopper")
+    ``on_stop``: awaited on the loop whenever it stops (:meth:`stop`, the ``LoopThread``
+    collected, interpreter exit), after the calls still running were cancelled, within a few
+    seconds: what closes what lives on the loop (connections). It must not hold the
+    ``LoopThread``'s owner (or the owner is never collected). Default none. ``name``: the
+    thread's (default ``"latencykit-sync"``)."""
 
-    def __init__(self, name: str = "latencykit-sync") -> None:
+    __slots__ = ("__weakref__", "_lock", "_name", "_on_stop", "_portal", "_stopper")
+
+    def __init__(
+        self,
+        on_stop: Callable[[], Awaitable[object]] | None = None,
+        name: str = "latencykit-sync",
+    ) -> None:
+        self._on_stop = on_stop
         self._name = name
         self._lock = threading.Lock()
         self._portal: BlockingPortal | None = None
@@ -72,11 +82,17 @@ class LoopThread:
         from anyio.from_thread import BlockingPortal
 
         ready: concurrent.futures.Future[BlockingPortal] = concurrent.futures.Future()
+        on_stop = self._on_stop  # not self: the finaliser must let it be collected
 
         async def serve() -> None:
-            async with BlockingPortal() as portal:
-                ready.set_result(portal)
-                await portal.sleep_until_stopped()
+            try:
+                async with BlockingPortal() as portal:
+                    ready.set_result(portal)
+                    await portal.sleep_until_stopped()
+            finally:
+                if on_stop is not None:
+                    with anyio.move_on_after(_STOP_WITHIN, shield=True):
+                        await on_stop()
 
         def main() -> None:
             try:
@@ -93,32 +109,30 @@ class LoopThread:
         self._stopper = weakref.finalize(self, _stop, portal, thread)
         return portal
 
-    def stop(self, before: Callable[[], Awaitable[object]] | None = None) -> None:
-        """Run ``before()`` on the loop (closing what lives on it), then stop the loop
-        (calls still running are cancelled) and wait for its thread, at most a few seconds.
-        Idempotent; a later :meth:`run` starts a new loop."""
+    def stop(self) -> None:
+        """Stop the loop (calls still running are cancelled, then ``on_stop`` awaited) and
+        wait for its thread, at most a few seconds each. Idempotent; a later :meth:`run`
+        starts a new loop."""
         with self._lock:
-            portal, self._portal = self._portal, None
+            self._portal = None
             stopper, self._stopper = self._stopper, None
-        if portal is None or stopper is None:
-            return
-        try:
-            if before is not None:
-                portal.start_task_soon(before).result(_STOP_WITHIN)
-        finally:
+        if stopper is not None:
             stopper()
 
 
 def _stop(portal: BlockingPortal, thread: threading.Thread) -> None:
     """Stop ``portal``'s loop and wait for ``thread``, each at most ``_STOP_WITHIN``."""
+    if thread is threading.current_thread():  # collected on its own loop: stop it from outside
+        threading.Thread(target=_stop, args=(portal, thread), daemon=True).start()
+        return
     import concurrent.futures
     import contextlib
 
     # RuntimeError: already stopped, or its loop is gone: nothing left to wait for.
-    with contextlib.suppress(RuntimeError, concurrent.futures.CancelledError, TimeoutError):
+    done = (RuntimeError, concurrent.futures.CancelledError, concurrent.futures.TimeoutError)
+    with contextlib.suppress(*done):
         portal.start_task_soon(portal.stop, True).result(_STOP_WITHIN)
-    if thread is not threading.current_thread():
-        thread.join(_STOP_WITHIN)
+    thread.join(_STOP_WITHIN)
 
 
 def _call(portal: BlockingPortal, function: Callable[[], Awaitable[T]]) -> T:

@@ -593,15 +593,11 @@ class LLM:
 
         ``async with lk.LLM(...) as llm:`` closes them at the end of the block. The sync
         calls' event loop thread, if started, is closed too (see :meth:`close`)."""
-        await self._close_transports()
+        await _close_all(self._transports)
         if "_sync_loop" in self.__dict__:
             import anyio
 
             await anyio.to_thread.run_sync(self.close)
-
-    async def _close_transports(self) -> None:
-        for transport in self._transports.values():
-            await transport.aclose()
 
     async def __aenter__(self) -> LLM:
         return self
@@ -853,13 +849,17 @@ class LLM:
         ``LLM`` is collected, and at interpreter exit (each wait bounded by a few seconds)."""
         loop = self.__dict__.get("_sync_loop")
         if loop is not None:
-            loop.stop(self._close_transports)
+            loop.stop()
 
     def _loop_thread(self) -> LoopThread:
-        """Where the sync calls run (its loop started by the first): one per ``LLM``, even
-        when several threads make their first sync call at once (``setdefault`` is atomic)."""
+        """Where the sync calls run (its loop started by the first), closing the transports'
+        connections on it when it stops: one per ``LLM``, even when several threads make
+        their first sync call at once (``setdefault`` is atomic)."""
         found: LoopThread | None = self.__dict__.get("_sync_loop")
-        return found or self.__dict__.setdefault("_sync_loop", LoopThread())
+        if found is None:
+            close = functools.partial(_close_all, self._transports)  # not self: see LoopThread
+            found = self.__dict__.setdefault("_sync_loop", LoopThread(close))
+        return found
 
     def _check_dimensions(self) -> None:
         """``ValueError`` unless every target declares the same
@@ -1005,6 +1005,12 @@ class LLM:
                 target=target,
             )
         )
+
+
+async def _close_all(transports: Mapping[str, Transport]) -> None:
+    """Close the connections ``transports`` opened on this event loop."""
+    for transport in transports.values():
+        await transport.aclose()
 
 
 def _median(window: Any) -> float | None:
