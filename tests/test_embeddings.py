@@ -81,7 +81,7 @@ async def test_an_embedding_reads_like_litellm_s_on_both_lanes(
         assert isinstance(response, EmbeddingResponse)
         assert response.data[0].embedding == response.data[0]["embedding"]
     report = lk.report(response)
-    assert report.target == "openai/embed" and report.answered_by == 1
+    assert report.target == "openai/embed" and report.answering_attempt == 1
     assert [a.outcome for a in report.attempts] == ["ok"]
     [attempt] = fake.attempts
     assert attempt.wire == "openai-embeddings" and attempt.request_headers["authorization"]
@@ -191,7 +191,7 @@ async def test_a_slow_embedding_is_hedged(fake: FakeProvider, lane: str) -> None
     response = await llm.aembedding(input="x")
     assert time.monotonic() - started < 3.0
     report = lk.report(response)
-    assert report.answered_by == 2
+    assert report.answering_attempt == 2
     assert {a.number: a.reason for a in report.attempts} == {1: "primary", 2: "hedge"}
     await until(lambda: fake.attempts[0].disconnected_at is not None)  # the loser was closed
 

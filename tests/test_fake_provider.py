@@ -219,7 +219,7 @@ async def test_models_endpoint_and_404(fake_provider: FakeProvider) -> None:
     assert [m["id"] for m in models["data"]] == ["a", "b"]
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "unknown_url"
-    assert fake_provider.attempts == []  # only completions and embeddings are recorded
+    assert fake_provider.attempts == []  # only the APIs served are recorded
 
 
 # --------------------------------------------------------------------------- scripts

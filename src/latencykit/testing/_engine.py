@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING
 
-from . import _anthropic, _gemini
+from . import _anthropic, _gemini, _responses
 from . import _openai as oa
 from ._behavior import Behavior, Fault, header_pairs
 from ._http import (
@@ -45,6 +45,7 @@ _HEADERS_AT_ONCE = frozenset({Fault.KEEPALIVE_THEN_TOKENS, Fault.HEADERS_THEN_SI
 _WIRES: tuple[type[Wire], ...] = (
     oa.OpenAIWire,
     oa.EmbeddingsWire,
+    _responses.ResponsesWire,
     _anthropic.AnthropicWire,
     _gemini.GeminiWire,
 )

@@ -57,7 +57,7 @@ class RecordedAttempt:
     request; ``0`` when there is none (or it is empty)."""
     wire: str = "openai"
     """The request's wire format: ``"openai"`` (default), ``"openai-embeddings"``,
-    ``"anthropic"`` or ``"gemini"``."""
+    ``"openai-responses"``, ``"anthropic"`` or ``"gemini"``."""
 
     @property
     def completed(self) -> bool:

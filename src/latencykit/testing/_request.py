@@ -37,4 +37,4 @@ class RequestInfo:
     """The provider's seeded RNG: sample from it to keep runs reproducible."""
     wire: str = "openai"
     """The request's wire format: ``"openai"`` (default), ``"openai-embeddings"``,
-    ``"anthropic"`` or ``"gemini"``."""
+    ``"openai-responses"``, ``"anthropic"`` or ``"gemini"``."""
