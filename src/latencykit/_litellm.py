@@ -33,6 +33,7 @@ __all__ = [
     "LitellmTransport",
     "headers_of",
     "acompletion",
+    "aembedding",
     "is_set_up",
     "litellm",
     "open_connection",
@@ -177,6 +178,28 @@ async def acompletion(arguments: Mapping[str, Any]) -> Any:
         _quiet.reset(token)
 
 
+class _NoRetries(int):
+    """``0`` that is true: litellm's OpenAI embedding handler reads ``max_retries or 2`` (and
+    sets that on the client), so a plain ``max_retries=0`` still cost 3 requests for one 503
+    (measured, litellm 1.110; the SDK's ``x-stainless-retry-count`` 0, 1, 2)."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_NO_RETRIES = _NoRetries(0)
+
+
+async def aembedding(arguments: Mapping[str, Any]) -> Any:
+    """``litellm.aembedding(**arguments, max_retries=0)`` (a ``0`` litellm keeps: see
+    :class:`_NoRetries`), quiet (see :class:`_QuietLitellm`)."""
+    token = _quiet.set(True)
+    try:
+        return await litellm().aembedding(**arguments, max_retries=_NO_RETRIES)
+    finally:
+        _quiet.reset(token)
+
+
 # --- litellm's first call of a process ---------------------------------------------------------
 
 _set_up: set[str] = set()  # the models whose set-up has run in this process (see set_up)
@@ -303,6 +326,14 @@ class LitellmTransport:
 
         await self._set_up(target)
         response = await run_on_asyncio(acompletion(target.litellm_arguments(arguments)))
+        ratelimit.heard(target.key, target.api_key, headers_of(response))
+        return response
+
+    async def embed(self, target: Target, arguments: Mapping[str, Any]) -> Any:
+        """One embedding attempt: litellm's ``EmbeddingResponse``."""
+        from ._asyncio_bridge import run_on_asyncio
+
+        response = await run_on_asyncio(aembedding(target.litellm_arguments(arguments)))
         ratelimit.heard(target.key, target.api_key, headers_of(response))
         return response
 

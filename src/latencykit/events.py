@@ -120,6 +120,8 @@ class CallStarted(Event, frozen=True):
         parent_attempt: the number of that call's attempt it runs in (``0``: none).
         input_messages: the prompt's messages, only while content capture is on (else
             ``None``); not in the ``repr``.
+        operation: the GenAI operation: ``"chat"`` (default), ``"embeddings"``
+            (``LLM.aembedding``).
     """
 
     target: str
@@ -129,6 +131,7 @@ class CallStarted(Event, frozen=True):
     parent_id: int | None = None
     parent_attempt: int = 0
     input_messages: Any = None
+    operation: str = "chat"
 
 
 class AttemptStarted(Event, frozen=True):

@@ -44,6 +44,7 @@ _FAULT_POINT = frozenset(
 _HEADERS_AT_ONCE = frozenset({Fault.KEEPALIVE_THEN_TOKENS, Fault.HEADERS_THEN_SILENCE})
 _WIRES: tuple[type[Wire], ...] = (
     oa.OpenAIWire,
+    oa.EmbeddingsWire,
     _responses.ResponsesWire,
     _anthropic.AnthropicWire,
     _gemini.GeminiWire,
@@ -662,6 +663,7 @@ class Engine:
                 include_usage=parsed_request.include_usage,
                 flavor=behavior.flavor,
                 tool_name=behavior.tool_call or "",
+                dimensions=behavior.dimensions,
             )
         )
         exchange = _Exchange(provider, conn, attempt, request, wire, stream=stream)
