@@ -11,12 +11,11 @@ import anyio
 import pytest
 
 import latencykit as lk
+from helpers import KEY, MESSAGES, make_llm, target
 from latencykit.pipeline import Call
 from latencykit.routing import Balanced
-from latencykit.testing import Behavior, FakeProvider, Fault
 from latencykit.target import Target
-
-from helpers import KEY, MESSAGES, make_llm, target
+from latencykit.testing import Behavior, FakeProvider, Fault
 
 pytestmark = pytest.mark.anyio
 
