@@ -16,7 +16,7 @@ x10: median 2 s) or ``errors`` (it answers 503). Printed per system: p50 and p99
 that answered, the error rate (a call that raised, or took over 30 s), the share of requests
 the degraded deployment received after it degraded, and requests sent per call. The systems
 run one after the other (fresh providers, clients warmed first); the machine's noise is not
-removed: repeat (``--repeat``) and read ranges.
+removed: repeat (``--repeat``: every other repeat runs them in reverse order) and read ranges.
 
     .venv/bin/python benchmarks/balance.py [--rate 20] [--seconds 20] [--repeat 1]
 """
@@ -28,7 +28,7 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from typing import Any, NamedTuple
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -172,6 +172,24 @@ async def run_one(
     )
 
 
+async def warm_litellm() -> None:
+    """litellm's first failed call in a process pays for lazy imports on its error path
+    (hundreds of ms, blocking the loop): pay it before any system is measured."""
+    from latencykit._litellm import litellm
+
+    with FakeProvider() as fake:
+        fake.script("down", DEGRADED["errors"])
+        for model in ("openai/gpt", "openai/down"):
+            with suppress(Exception):
+                await litellm().acompletion(
+                    model=model,
+                    api_base=fake.base_url,
+                    api_key=KEY,
+                    messages=MESSAGES,
+                    max_retries=0,
+                )
+
+
 def systems() -> list[tuple[str, Callable[[Sequence[str]], tuple[Call, str]]]]:
     found: list[tuple[str, Callable[[Sequence[str]], tuple[Call, str]]]] = [
         ("latencykit Balanced", latencykit_system)
@@ -192,11 +210,13 @@ async def main_async(rate: float, seconds: float, repeat: int) -> None:
         f"{'scenario':8} {'system':34} {'calls':>5} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'errors':>7} {'degraded':>8} {'req/call':>8}"
     )
+    await warm_litellm()
     notes: dict[str, str] = {}
     for scenario in DEGRADED:
         print(f"\n{header}")
         for run in range(repeat):
-            for name, system in systems():
+            order = systems()
+            for name, system in order if run % 2 == 0 else order[::-1]:  # drift hits all alike
                 result, settings = await run_one(system, scenario, rate, seconds, seed=run)
                 notes[name] = settings
                 print(

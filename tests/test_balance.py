@@ -294,3 +294,25 @@ async def test_the_llm_keys_the_pool_by_target_name(fake: FakeProvider) -> None:
     assert lk.report(response).target in {"east", "west"}
     assert pool.latency(lk.report(response).target) is not None
     assert "Balanced" in repr(llm.pipeline)
+
+
+async def test_an_attempt_still_waiting_bounds_the_latency_from_below() -> None:
+    pool, clock = balanced("a", "b")
+    pool.observe("a", 0.1)
+    pool.observe("b", 0.3)
+    release = anyio.Event()
+
+    async def slow(call: Call) -> str:
+        await release.wait()
+        return "late"
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(pool.handle, _call("a"), slow)
+        await anyio.wait_all_tasks_blocked()
+        assert pool.costs()["a"] == pytest.approx(0.1 * 2)  # waiting 0 s: the estimate rules
+        clock.now = 2.0  # a's attempt has waited 2 s: a costs at least 2 s x 2
+        assert pool.costs()["a"] == pytest.approx(4.0)
+        assert pool.pick()[0].target == "b"
+        release.set()
+    assert pool.outstanding("a") == 0
+    assert pool.latency("a") == 2.0  # the slow answer, taken at once

@@ -12,7 +12,9 @@ weight ``1 - exp(-dt / decay)`` (``dt``: seconds since the member's previous sam
 samples it fades towards zero with the same time constant, so a member that was avoided is
 tried again. The sample is an attempt's time to first content chunk for a stream and its
 duration for a response; a transient failure is a sample of at least ``error_penalty`` seconds,
-so a failing member is avoided before its breaker opens.
+so a failing member is avoided before its breaker opens. An attempt still waiting for its
+sample bounds the latency from below: a member that has kept one waiting for 3 s costs at least
+3 s per attempt, before the slow answer arrives.
 
 The counting is a stage of the ``LLM``'s pipeline, innermost (after the connection slot: the
 wait for a slot is not the member's latency), present only when a ``Balanced`` router is.
@@ -22,8 +24,10 @@ from __future__ import annotations
 
 import datetime
 import functools
+import itertools
 import math
 import random
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -60,7 +64,17 @@ class Balanced:
     """
 
     stage = Stage.ATTEMPT + 6  # innermost: inside the connection slot (ATTEMPT + 5)
-    __slots__ = ("_clock", "_estimate", "_outstanding", "_rng", "decay", "error_penalty", "members")
+    __slots__ = (
+        "_clock",
+        "_estimate",
+        "_outstanding",
+        "_rng",
+        "_ticket",
+        "_waiting",
+        "decay",
+        "error_penalty",
+        "members",
+    )
 
     def __init__(
         self,
@@ -88,6 +102,9 @@ class Balanced:
         self._clock = clock
         self._estimate: dict[str, tuple[float, float]] = {}  # member: (seconds, sampled at)
         self._outstanding = dict.fromkeys(self.members, 0)
+        # member: {ticket: start} of its attempts not yet sampled, oldest first
+        self._waiting: dict[str, OrderedDict[int, float]] = {m: OrderedDict() for m in members}
+        self._ticket = itertools.count().__next__
 
     def __repr__(self) -> str:
         return f"Balanced({list(self.members)}, decay={self.decay:g})"
@@ -117,11 +134,20 @@ class Balanced:
         return self._outstanding[member]
 
     def costs(self) -> dict[str, float]:
-        """Each member's cost now: latency estimate x (outstanding attempts + 1)."""
+        """Each member's cost now: latency x (outstanding attempts + 1), where the latency is
+        the estimate, or how long its oldest attempt still waiting for its sample has waited
+        when that is longer (it will take at least that long)."""
         now = self._clock()
         known = {m: self._faded(e, now) for m, e in self._estimate.items()}
         neutral = sum(known.values()) / len(known) if known else 1.0
-        return {m: known.get(m, neutral) * (n + 1) for m, n in self._outstanding.items()}
+        found = {}
+        for member, count in self._outstanding.items():
+            latency = known.get(member, neutral)
+            waiting = self._waiting[member]
+            if waiting:
+                latency = max(latency, now - next(iter(waiting.values())))
+            found[member] = latency * (count + 1)
+        return found
 
     def observe(self, member: str, seconds: float) -> None:
         """Take a latency sample of ``member``: a slower one than the estimate replaces it, a
@@ -165,10 +191,12 @@ class Balanced:
     async def handle(self, call: Call, next: Next) -> Any:
         """Count a member's attempt as outstanding while it runs, and take its sample."""
         member = call.target.key
-        if member not in self._outstanding:  # the LLM's other targets
+        waiting = self._waiting.get(member)
+        if waiting is None:  # the LLM's other targets
             return await next(call)
         self._outstanding[member] += 1
-        started = self._clock()
+        ticket, started = self._ticket(), self._clock()
+        waiting[ticket] = started
         try:
             result = await next(call)
         except Exception as exc:
@@ -180,6 +208,8 @@ class Balanced:
             self._outstanding[member] -= 1
             self._censored(member, self._clock() - started)
             raise
+        finally:
+            del waiting[ticket]
         if isinstance(result, Stream):
             ttft = result.ttft
             self.observe(member, self._clock() - started if ttft is None else ttft)
