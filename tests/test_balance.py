@@ -49,13 +49,24 @@ def test_power_of_two_choices_takes_the_cheaper_of_two() -> None:
     assert decision.reason.startswith("balanced: ")
 
 
-def test_outstanding_attempts_multiply_the_cost() -> None:
+async def test_outstanding_attempts_multiply_the_cost() -> None:
     pool, _ = balanced("a", "b")
     pool.observe("a", 0.1)
     pool.observe("b", 0.25)
-    pool._outstanding["a"] = 2  # three times as busy: 0.3 > 0.25
-    assert pool.costs() == {"a": pytest.approx(0.3), "b": pytest.approx(0.25)}
-    assert pool.pick()[0].target == "b"
+    release = anyio.Event()
+
+    async def held(call: Call) -> None:
+        await release.wait()
+
+    async with anyio.create_task_group() as group:
+        for _ in range(2):
+            group.start_soon(pool.handle, _call("a"), held)
+        await anyio.wait_all_tasks_blocked()
+        assert pool.outstanding("a") == 2  # three times as busy: 0.3 > 0.25
+        assert pool.costs() == {"a": pytest.approx(0.3), "b": pytest.approx(0.25)}
+        assert pool.pick()[0].target == "b"
+        release.set()
+    assert pool.outstanding("a") == 0
 
 
 def test_a_new_member_costs_the_mean_of_the_others() -> None:

@@ -64,17 +64,7 @@ class Balanced:
     """
 
     stage = Stage.ATTEMPT + 6  # innermost: inside the connection slot (ATTEMPT + 5)
-    __slots__ = (
-        "_clock",
-        "_estimate",
-        "_outstanding",
-        "_rng",
-        "_ticket",
-        "_waiting",
-        "decay",
-        "error_penalty",
-        "members",
-    )
+    __slots__ = ("_clock", "_rng", "_state", "_ticket", "decay", "error_penalty", "members")
 
     def __init__(
         self,
@@ -100,10 +90,7 @@ class Balanced:
         _validation.function("Balanced.clock", clock)
         self._rng = rng or random.Random()
         self._clock = clock
-        self._estimate: dict[str, tuple[float, float]] = {}  # member: (seconds, sampled at)
-        self._outstanding = dict.fromkeys(self.members, 0)
-        # member: {ticket: start} of its attempts not yet sampled, oldest first
-        self._waiting: dict[str, OrderedDict[int, float]] = {m: OrderedDict() for m in members}
+        self._state = {member: _Member() for member in self.members}
         self._ticket = itertools.count().__next__
 
     def __repr__(self) -> str:
@@ -122,44 +109,43 @@ class Balanced:
 
     def latency(self, member: str) -> float | None:
         """``member``'s latency estimate now, in seconds (``None``: never sampled)."""
-        found = self._estimate.get(member)
-        return None if found is None else self._faded(found, self._clock())
+        state = self._state[member]
+        return None if state.sampled_at is None else self._faded(state, self._clock())
 
-    def _faded(self, found: tuple[float, float], now: float) -> float:
-        seconds, at = found
-        return seconds * math.exp(-max(0.0, now - at) / self.decay)
+    def _faded(self, state: _Member, now: float) -> float:
+        assert state.sampled_at is not None
+        return state.estimate * math.exp(-max(0.0, now - state.sampled_at) / self.decay)
 
     def outstanding(self, member: str) -> int:
         """``member``'s attempts started and not ended (a stream's: until it ends)."""
-        return self._outstanding[member]
+        return self._state[member].outstanding
 
     def costs(self) -> dict[str, float]:
         """Each member's cost now: latency x (outstanding attempts + 1), where the latency is
         the estimate, or how long its oldest attempt still waiting for its sample has waited
         when that is longer (it will take at least that long)."""
         now = self._clock()
-        known = {m: self._faded(e, now) for m, e in self._estimate.items()}
+        states = self._state
+        known = {m: self._faded(s, now) for m, s in states.items() if s.sampled_at is not None}
         neutral = sum(known.values()) / len(known) if known else 1.0
         found = {}
-        for member, count in self._outstanding.items():
+        for member, state in states.items():
             latency = known.get(member, neutral)
-            waiting = self._waiting[member]
-            if waiting:
-                latency = max(latency, now - next(iter(waiting.values())))
-            found[member] = latency * (count + 1)
+            if state.waiting:
+                latency = max(latency, now - next(iter(state.waiting.values())))
+            found[member] = latency * (state.outstanding + 1)
         return found
 
     def observe(self, member: str, seconds: float) -> None:
         """Take a latency sample of ``member``: a slower one than the estimate replaces it, a
         faster one is averaged in (see the module docs)."""
-        now = self._clock()
-        found = self._estimate.get(member)
-        if found is not None:
-            current = self._faded(found, now)
+        now, state = self._clock(), self._state[member]
+        if state.sampled_at is not None:
+            current = self._faded(state, now)
             if seconds < current:
-                weight = math.exp(-max(0.0, now - found[1]) / self.decay)
+                weight = math.exp(-max(0.0, now - state.sampled_at) / self.decay)
                 seconds = current + seconds * (1.0 - weight)  # current: already decayed
-        self._estimate[member] = (seconds, now)
+        state.estimate, state.sampled_at = seconds, now
 
     # --- the pick ------------------------------------------------------------------------------
 
@@ -169,10 +155,8 @@ class Balanced:
         breaker refuses calls (default ``None``: none does); such members are drawn only when
         every member's is open."""
         costs = self.costs()
-        closed = [m for m in self.members if is_open is None or not is_open(m)]
-        first, second = (
-            self._rng.sample(closed or self.members, 2) if len(closed) != 1 else closed * 2
-        )
+        closed = [m for m in self.members if is_open is None or not is_open(m)] or self.members
+        first, second = self._two(closed)
         chosen = first if costs[first] <= costs[second] else second
         order = [chosen, *sorted((m for m in self.members if m != chosen), key=costs.__getitem__)]
         if first == second:
@@ -180,6 +164,13 @@ class Balanced:
         else:
             reason = f"balanced: {first} cost {costs[first]:.3g} vs {second} {costs[second]:.3g}"
         return RouteDecision(chosen, reason), order
+
+    def _two(self, members: Sequence[str]) -> tuple[str, str]:
+        """Two distinct members drawn at random (the same one twice when there is one)."""
+        count, draw = len(members), self._rng.random
+        first = int(draw() * count)
+        second = int(draw() * (count - 1)) if count > 1 else -1
+        return members[first], members[second + (second >= first)]
 
     def __call__(self, request: object) -> RouteDecision:
         """Pick the member for a call, whatever its request (a router's signature); breakers
@@ -191,31 +182,31 @@ class Balanced:
     async def handle(self, call: Call, next: Next) -> Any:
         """Count a member's attempt as outstanding while it runs, and take its sample."""
         member = call.target.key
-        waiting = self._waiting.get(member)
-        if waiting is None:  # the LLM's other targets
+        state = self._state.get(member)
+        if state is None:  # the LLM's other targets
             return await next(call)
-        self._outstanding[member] += 1
+        state.outstanding += 1
         ticket, started = self._ticket(), self._clock()
-        waiting[ticket] = started
+        state.waiting[ticket] = started
         try:
             result = await next(call)
         except Exception as exc:
-            self._outstanding[member] -= 1
+            state.outstanding -= 1
             if is_transient(exc):
                 self.observe(member, max(self._clock() - started, self.error_penalty))
             raise
         except BaseException:
-            self._outstanding[member] -= 1
+            state.outstanding -= 1
             self._censored(member, self._clock() - started)
             raise
         finally:
-            del waiting[ticket]
+            del state.waiting[ticket]
         if isinstance(result, Stream):
             ttft = result.ttft
             self.observe(member, self._clock() - started if ttft is None else ttft)
             result.on_close(functools.partial(self._stream_ended, member), attempt=True)
         else:
-            self._outstanding[member] -= 1
+            state.outstanding -= 1
             self.observe(member, self._clock() - started)
         return result
 
@@ -229,6 +220,18 @@ class Balanced:
         self, member: str, stream: Stream[Any], outcome: StreamOutcome, error: BaseException | None
     ) -> None:
         # May run from a garbage-collection finaliser: plain updates only.
-        self._outstanding[member] -= 1
+        self._state[member].outstanding -= 1
         if outcome == "error" and error is not None and is_transient(error):
             self.observe(member, self.error_penalty)  # it broke: avoid it like a failure
+
+
+class _Member:
+    """What a :class:`Balanced` router knows of one member."""
+
+    __slots__ = ("estimate", "outstanding", "sampled_at", "waiting")
+
+    def __init__(self) -> None:
+        self.estimate = 0.0  # seconds, as of sampled_at
+        self.sampled_at: float | None = None  # None: never sampled
+        self.outstanding = 0
+        self.waiting: OrderedDict[int, float] = OrderedDict()  # ticket: start, oldest first
