@@ -94,9 +94,8 @@ def router_system(bases: Sequence[str], strategy: str) -> tuple[Call, str]:
     )
     read = getattr(router, "settings", None)  # litellm 1.110; older ones keep them on the Router
     source = read() if callable(read) else router
-    settings = ", ".join(
-        f"{name}={getattr(source, name, '?')}"
-        for name in ("num_retries", "allowed_fails", "cooldown_time")
+    settings = f"num_retries={router.num_retries}, " + ", ".join(
+        f"{name}={getattr(source, name, '?')}" for name in ("allowed_fails", "cooldown_time")
     )
     return lambda: router.acompletion(model="gpt", messages=MESSAGES), settings
 
