@@ -17,6 +17,8 @@ that answered, the error rate (a call that raised, or took over 30 s), the share
 the degraded deployment received after it degraded, and requests sent per call. The systems
 run one after the other (fresh providers, clients warmed first); the machine's noise is not
 removed: repeat (``--repeat``: every other repeat runs them in reverse order) and read ranges.
+First it prints what the pool costs per call on the client: its pick among three members and
+its count of an attempt (around an attempt that does nothing), best of 7 rounds.
 
     .venv/bin/python benchmarks/balance.py [--rate 20] [--seconds 20] [--repeat 1]
 """
@@ -27,6 +29,7 @@ import argparse
 import os
 import random
 import time
+import timeit
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack, suppress
 from typing import Any, NamedTuple
@@ -38,7 +41,9 @@ import anyio
 import latencykit as lk
 from latencykit.lab.report import percentile
 from latencykit.lab.runner import prepare_litellm, quiet_litellm
+from latencykit.pipeline import Call as PipelineCall
 from latencykit.routing import Balanced
+from latencykit.target import Target
 from latencykit.testing import Behavior, FakeProvider, Fault, Latency
 
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -171,6 +176,29 @@ async def run_one(
     )
 
 
+async def client_cost(rounds: int = 7, n: int = 20_000) -> tuple[float, float]:
+    """Seconds per call of a pick among three members, and of counting one attempt."""
+    pool = Balanced(["a", "b", "c"], clock=time.monotonic)
+    for member in ("a", "b", "c"):
+        pool.observe(member, 0.2)
+    pick = min(timeit.repeat(pool.pick, number=n, repeat=rounds)) / n
+    call = PipelineCall(lambda: None, target=Target(name="a"))
+
+    async def attempt(call: PipelineCall) -> int:
+        return 1
+
+    counted = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(n):
+            await pool.handle(call, attempt)
+        middle = time.perf_counter()
+        for _ in range(n):
+            await attempt(call)
+        counted = min(counted, ((middle - started) - (time.perf_counter() - middle)) / n)
+    return pick, counted
+
+
 async def warm_litellm() -> None:
     """litellm's first failed call in a process pays for lazy imports on its error path
     (hundreds of ms, blocking the loop): pay it before any system is measured."""
@@ -208,6 +236,11 @@ async def main_async(rate: float, seconds: float, repeat: int) -> None:
     header = (
         f"{'scenario':8} {'system':34} {'calls':>5} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'errors':>7} {'degraded':>8} {'req/call':>8}"
+    )
+    pick, counted = await client_cost()
+    print(
+        f"pool's cost per call: pick {pick * 1e6:.1f} us, "
+        f"counting an attempt {counted * 1e6:.1f} us"
     )
     await warm_litellm()
     notes: dict[str, str] = {}
