@@ -206,7 +206,7 @@ NORTH = "openai/north"
 
 
 async def test_calls_move_to_the_fast_member(fake: FakeProvider) -> None:
-    fake.script("west", Behavior(ttft=0.3))
+    fake.script("west", Behavior(ttft=1.0))  # far slower than a loaded machine's hiccups
     pool = Balanced([EAST, WEST], rng=random.Random(1))
     llm = pooled(fake, pool)
     await llm.warm()  # litellm's first-call set-up is no member's latency
@@ -216,7 +216,7 @@ async def test_calls_move_to_the_fast_member(fake: FakeProvider) -> None:
     assert seen.count("east") >= 17, seen  # west is tried at most until its first sample
     assert "other" not in seen
     west = pool.latency(WEST)
-    assert west is None or west >= 0.25
+    assert west is None or west >= 0.9
 
 
 async def test_a_failing_member_fails_over_inside_the_pool_first(fake: FakeProvider) -> None:
@@ -278,7 +278,7 @@ async def test_a_stream_is_outstanding_until_it_ends(fake: FakeProvider) -> None
     member = stream.target
     assert pool.outstanding(member) == 1
     ttft = pool.latency(member)
-    assert ttft is not None and ttft < 1.0  # the sample: its time to first chunk
+    assert ttft is not None and ttft < 5.0  # sampled at its first chunk, before its end
     async for _ in stream:
         pass
     assert pool.outstanding(member) == 0
