@@ -84,7 +84,8 @@ async def test_500_once_is_retried_on_the_same_target(fake_provider: FakeProvide
     fake.script("primary", [Behavior(fault=Fault.HTTP_500), Behavior()])
     response = await resilient(fake).acompletion(messages=MESSAGES)
     report = lk.report(response)
-    assert report.target == "openai/primary" and report.answered_by == 2
+    assert report.target == "openai/primary" and report.answering_attempt == 2
+    assert str(report).startswith("openai/primary answered after 2 attempts (retried), total ")
     assert models(fake) == ["primary", "primary"]
 
 

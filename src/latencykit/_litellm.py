@@ -31,6 +31,7 @@ __all__ = [
     "LITELLM_CHUNKS",
     "LitellmChunks",
     "LitellmTransport",
+    "headers_of",
     "acompletion",
     "is_set_up",
     "litellm",
@@ -277,7 +278,7 @@ def _first(*values: Any) -> Any:
     return next((value for value in values if value), None)
 
 
-def _headers(answer: Any) -> Any:
+def headers_of(answer: Any) -> Any:
     """The provider's headers on litellm's response or stream (``None``: none kept)."""
     hidden = getattr(answer, "_hidden_params", None)
     return hidden.get("additional_headers") if isinstance(hidden, dict) else None
@@ -302,7 +303,7 @@ class LitellmTransport:
 
         await self._set_up(target)
         response = await run_on_asyncio(acompletion(target.litellm_arguments(arguments)))
-        ratelimit.heard(target.key, target.api_key, _headers(response))
+        ratelimit.heard(target.key, target.api_key, headers_of(response))
         return response
 
     async def open(self, target: Target, arguments: Mapping[str, Any]) -> ChunkSource:
@@ -475,7 +476,7 @@ class LitellmChunks(ChunkSource):
                 **self._arguments, stream=True, max_retries=0
             )
             _our_streams[id(wrapper)] = wrapper  # quiet mid-stream too (see _in_our_stream)
-            ratelimit.heard(self._target.key, self._target.api_key, _headers(wrapper))
+            ratelimit.heard(self._target.key, self._target.api_key, headers_of(wrapper))
             try:
                 return await wrapper.__anext__()
             finally:  # litellm drops its parser at the stream's end: what it was is kept

@@ -422,7 +422,7 @@ class ResponseCache(PolicyDecorator):
             on it (a miss, or not stored), within the call's deadline (default ``1.0``).
 
     A hit makes no attempt: :func:`~latencykit.report` says ``cache="hit"`` (``attempts``
-    empty, ``answered_by`` ``0``); a call that could be stored but was not in the store says
+    empty, ``answering_attempt`` ``0``); a call that could be stored but was not in the store says
     ``"miss"``. Calls the cache never stores pass it by (``cache=None``): requests for
     several choices (``n > 1``), and streams of a decorated async-generator function (their
     items are opaque). Keys, values and what is never stored are described in the module

@@ -193,7 +193,9 @@ class CallReport:
         model: the model that answered (for a response, as the provider named it).
         attempts: every attempt of the call, oldest first, including losers and failures (for a
             stream: those ended so far; the answering one is added when the stream ends).
-        answered_by: the attempt that produced the response (or the stream).
+        answering_attempt: the :attr:`~latencykit.Attempt.number` of the attempt that produced
+            the response or the stream (``0``: the cache answered).
+            Which target that was is ``target`` (the span attribute ``latencykit.answered_by``).
         degraded: whether the answer came from the degraded path (:class:`Degrade`).
         fallback_reason: ``"timeout"`` or ``"error"`` when degraded, else ``None``.
         duration: seconds from the start of the call to the answer (for a stream: to its end,
@@ -202,19 +204,25 @@ class CallReport:
             (``None`` for a response).
         chunks: for a stream, content chunks received so far (``0`` for a response).
         cache: ``"hit"`` when the response cache answered (no attempt was made: ``attempts``
-            is empty, ``answered_by`` is ``0``), ``"miss"`` when the cache was asked and did
+            is empty, ``answering_attempt`` is ``0``), ``"miss"`` when the cache was asked and did
             not have it, ``None`` without a cache.
         route: the router's :class:`~latencykit.routing.RouteDecision` (``None``: no router).
         truncated: whether the answer stopped at its length limit (``finish_reason ==
             "length"``; for a stream, once it ended).
         max_tokens: the output cap latencykit sent with the answering attempt
             (``LLM(max_output_tokens=...)``; ``None``: it set none).
+
+    ``str(report)`` is one line for a log or a notebook: who answered, after how many
+    attempts, how (retried, hedged, failed over, resumed, degraded, truncated; for a stream,
+    what its attempts recorded so far), the time to first token and the total, e.g.
+    ``openai/backup answered after 2 attempts (failed over), first token 0.412s, total
+    1.203s``; ``repr(report)`` shows every field.
     """
 
     target: str
     model: str
     attempts: tuple[Attempt, ...]
-    answered_by: int
+    answering_attempt: int
     degraded: bool
     fallback_reason: str | None
     duration: float
@@ -224,6 +232,33 @@ class CallReport:
     route: RouteDecision | None = None
     truncated: bool = False
     max_tokens: int | None = None
+
+    def __str__(self) -> str:
+        if self.cache == "hit":
+            how = "from the cache"
+        else:
+            # A stream's answering attempt is recorded only when the stream ends.
+            made = max([self.answering_attempt, *(attempt.number for attempt in self.attempts)])
+            how = f"after {made} attempt{'s' if made > 1 else ''}"
+        reasons = {attempt.reason for attempt in self.attempts}
+        flags = [word for reason, word in _REASON_WORDS if reason in reasons]
+        if self.degraded:
+            flags.append(f"degraded: {self.fallback_reason}")
+        if self.truncated:
+            flags.append("truncated")
+        line = f"{self.target} answered {how}" + (f" ({', '.join(flags)})" if flags else "")
+        if self.ttft is not None:
+            line += f", first token {self.ttft:.3f}s"
+        return f"{line}, total {self.duration:.3f}s"
+
+
+# How CallReport's line names the attempts that were made (the degraded one: by its reason).
+_REASON_WORDS = (
+    ("retry", "retried"),
+    ("hedge", "hedged"),
+    ("failover", "failed over"),
+    ("resume", "resumed"),
+)
 
 
 def report(result: object) -> CallReport:
@@ -252,7 +287,7 @@ def report(result: object) -> CallReport:
         target=target,
         model=str(getattr(result, "model", "") or ""),
         attempts=tuple(trace.attempts),
-        answered_by=number,
+        answering_attempt=number,
         degraded=trace.degraded,
         fallback_reason=trace.fallback_reason,
         duration=(trace.ended_at or clock()) - trace.started_at,
@@ -282,7 +317,7 @@ def _stream_report(stream: Stream[Any]) -> CallReport:
         target=stream.target,
         model=stream.target,
         attempts=tuple(trace.attempts),
-        answered_by=stream.attempt,
+        answering_attempt=stream.attempt,
         degraded=trace.degraded,
         fallback_reason=trace.fallback_reason,
         duration=(trace.ended_at or clock()) - trace.started_at,
@@ -324,8 +359,13 @@ class LLM:
             target's key, so every ``LLM`` calling a target shares its breaker. Failover skips
             targets whose breaker is open.
         stream_guard: limits on streaming calls (default ``None``: ``lk.StreamGuard()``, whose
-            first-token and stall limits are then each target's attempt ``timeout``, so that
-            a stream never waits forever); see :class:`~latencykit.StreamGuard`.
+            first-token and stall limits are learned per target from its recent streams: 3x
+            the p99 of its times to first chunk (at least 1 s, more for a prompt longer than
+            it answered recently) and of its streams' longest gaps (at least 2 s), once it has
+            20 recent samples; its attempt ``timeout`` before that, and as a cap, so that a
+            stream never waits forever). A limit set in the guard wins. See
+            :class:`~latencykit.StreamGuard` and docs/streaming.md; :meth:`stats` shows the
+            learned limits.
         context_window: the primary model's context window in tokens (default ``None``:
             unknown); with the targets' ``context_window``, a context-length error goes only
             to a larger model.
@@ -531,6 +571,7 @@ class LLM:
             lambda target: functools.partial(self._open, target),
             lambda call, trace: self._per_target.run_within(call, trace, reason="resume"),
             raise_truncated=self.max_output_tokens is not None and self.on_truncated == "raise",
+            recorder=self._recorder,  # the limits left unset are learned from its windows
         )
 
     @functools.cached_property
@@ -631,6 +672,7 @@ class LLM:
             hedge_budget=None if self.hedge is None else self.hedge.budget.balance,
             waiting=lambda key: queued.get(key, 0),
         )
+        table = self._guard.with_learned(table)
         if self._governor is None:
             return table
         return self._governor.with_rooms(table, (*self.targets, self._degraded))

@@ -128,7 +128,8 @@ class StreamLimits(Protocol):
 
 
 class _Unguarded:
-    """A stream no guard bounds: its target's attempt timeout, as ``StreamGuard()`` gives."""
+    """A stream no guard bounds: its target's attempt timeout, as ``StreamGuard()`` gives
+    until it has learned limits."""
 
     raise_truncated = False
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import anyio
@@ -47,7 +47,6 @@ CHARS_PER_TOKEN = 4
 thumb for English)."""
 
 _TENANT = "<default>"  # events' tenant field: the governor paces a target, not a tenant
-_NOT_TEXT = frozenset({"role", "type"})
 _AVERAGE_WEIGHT = 0.2  # of the newest answer in the learned output size
 
 
@@ -187,16 +186,4 @@ def _input_tokens(call: Call, messages: Any) -> int:
             return int(counted)
         except Exception:  # a model or message litellm cannot count: the estimate
             pass
-    return _characters(messages) // CHARS_PER_TOKEN
-
-
-def _characters(value: Any) -> int:
-    """The characters of the text in messages (strings at any depth of lists and dicts, but
-    a message's role and a content part's type)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, Mapping):
-        return sum(_characters(v) for k, v in value.items() if k not in _NOT_TEXT)
-    if isinstance(value, (list, tuple)):
-        return sum(_characters(v) for v in value)
-    return 0
+    return _response.characters(messages) // CHARS_PER_TOKEN
