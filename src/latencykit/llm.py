@@ -509,13 +509,12 @@ class LLM:
         self.budget_aware = bool(budget_aware)
         self.on_truncated = on_truncated
         self.router = router
-        routing = router and Routing(router, self.targets, self._to_target, self._recorder)
-        self._pipeline = Pipeline(
-            [
-                *self._policies(failover_on, retry, breaker),
-                *filter(None, (limiter, cache, routing)),
-            ]
-        )
+        policies = self._policies(failover_on, retry, breaker)
+        if router is not None:  # a Balanced router also counts each attempt (policies)
+            is_open = None if self._breakers is None else self._breakers.is_open
+            routing = Routing(router, self.targets, self._to_target, self._recorder, is_open)
+            policies += routing.policies
+        self._pipeline = Pipeline([*policies, *filter(None, (limiter, cache))])
         # Per target (breaker, retry, attempt): what continues a broken stream on a target.
         self._per_target = Pipeline(
             p for p in self._pipeline.policies if int(p.stage) >= Stage.BREAKER
