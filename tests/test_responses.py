@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import latencykit as lk
-from helpers import KEY
+from helpers import KEY, read_all
 from latencykit import _responses
 from latencykit.errors import OutputTruncated
 from latencykit.target import Target
@@ -113,3 +113,92 @@ async def test_an_answer_stopped_at_its_cap_is_truncated_with_its_text(
         await read(fake, max_output_tokens=16)
     assert answered.value.partial_text == streamed.value.partial_text
     assert streamed.value.partial_text.split() == [f"tok{i}" for i in range(16)]
+
+
+def llm_on(fake: FakeProvider, **options: Any) -> lk.LLM:
+    return lk.LLM(f"openai/{MODEL}", api_base=fake.base_url, api_key=KEY, **options)
+
+
+async def test_llm_answers_and_reports(fake: FakeProvider) -> None:
+    response = await llm_on(fake).aresponses(input="hello", priority="interactive")
+    assert response.status == "completed" and response.output_text
+    report = lk.report(response)
+    assert report.target == f"openai/{MODEL}" and len(report.attempts) == 1
+
+
+async def test_llm_streams_events_committed_on_the_first_output_text(
+    fake: FakeProvider,
+) -> None:
+    fake.script(MODEL, Behavior(reasoning="thinking", ttft=0.05))
+    async with await llm_on(fake, deadline=10).aresponses(input="hello", stream=True) as stream:
+        events = [event async for event in stream]
+    assert events[-1].type == "response.completed"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == stream.partial_text and stream.outcome == "ok"
+    assert lk.report(stream).ttft is not None
+
+
+async def test_llm_fails_over_a_failing_or_cut_target(fake: FakeProvider) -> None:
+    backup = {"model": "openai/gpt-4o", "api_base": fake.base_url, "api_key": KEY}
+    llm = llm_on(fake, failover=[backup])
+    fake.script(MODEL, Behavior(fault=Fault.HTTP_503))
+    response = await llm.aresponses(input="hello")
+    assert lk.report(response).target == "openai/gpt-4o"
+    fake.script(MODEL, Behavior(fault=Fault.CUT_WITH_DONE, stall_after=0))
+    async with await llm.aresponses(input="hello", stream=True) as stream:
+        events = [event async for event in stream]
+    assert events[-1].type == "response.completed" and lk.report(stream).target == "openai/gpt-4o"
+
+
+async def test_llm_raises_a_cut_after_the_first_text_with_the_partial_text(
+    fake: FakeProvider,
+) -> None:
+    fake.script(MODEL, Behavior(fault=Fault.MISSING_DONE))
+    stream = await llm_on(fake).aresponses(input="hello", stream=True)
+    with pytest.raises(lk.StreamBroken) as info:
+        await read_all(stream)
+    assert info.value.reason == "cut" and info.value.partial_text
+    assert [a.outcome for a in info.value.attempts] == ["error"]
+
+
+async def test_llm_truncation_and_the_deadline(fake: FakeProvider) -> None:
+    fake.script(MODEL, Behavior(output_tokens=40))
+    with pytest.raises(OutputTruncated):
+        await llm_on(fake).aresponses(input="hello", max_output_tokens=16)
+    fake.script(MODEL, Behavior(ttft=30.0))
+    with pytest.raises(lk.DeadlineExceeded):
+        await llm_on(fake, deadline=0.3).aresponses(input="hello")
+    await fake.wait_for_async(lambda a: a[-1].disconnected, 2.0)
+
+
+def test_what_aresponses_refuses(fake: FakeProvider) -> None:
+    fast = lk.LLM(f"openai/{MODEL}", api_base=fake.base_url, api_key=KEY, transport="openai")
+    degraded = llm_on(fake, degrade=lk.Degrade(model="openai/gpt-4o"))
+    with pytest.raises(ValueError, match="transport='openai'"):
+        fast.responses(input="hello")
+    with pytest.raises(ValueError, match="degrade"):
+        degraded.responses(input="hello")
+    with pytest.raises(ValueError, match="max_retries"):
+        llm_on(fake).responses(input="hello", max_retries=2)
+    assert fake.attempts == []
+
+
+def test_sync_responses(fake: FakeProvider) -> None:
+    llm = llm_on(fake)
+    try:
+        assert llm.responses(input="hello").output_text
+        with llm.responses(input="hello", stream=True) as stream:
+            types = [event.type for event in stream]
+        assert types[-1] == "response.completed"
+    finally:
+        llm.close()
+
+
+async def test_the_response_cache_lets_responses_calls_by(fake: FakeProvider) -> None:
+    from latencykit.cache import ResponseCache
+
+    llm = llm_on(fake, cache=ResponseCache())
+    first = await llm.aresponses(input="hello")
+    second = await llm.aresponses(input="hello")
+    assert first.output_text == second.output_text and len(fake.attempts) == 2
+    assert lk.report(second).cache is None

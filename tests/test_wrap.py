@@ -73,3 +73,15 @@ async def test_the_enclosing_deadline_closes_the_request(fake: FakeProvider) -> 
     raised_at = time.monotonic()
     [attempt] = await fake.wait_for_async(lambda a: len(a) == 1 and a[0].disconnected, 2.0)
     assert attempt.disconnected_at is not None and attempt.disconnected_at - raised_at <= 0.5
+
+
+async def test_embeddings_and_responses_are_wrapped_too(fake: FakeProvider) -> None:
+    from latencykit.wrap import aembedding, aresponses
+
+    vectors = await aembedding(
+        model="openai/text-embedding-3-small", api_base=fake.base_url, api_key=KEY, input="hi"
+    )
+    assert vectors.data and lk.report(vectors).attempts
+    fake.script("gpt-4o-mini", Behavior(fault=Fault.HTTP_429))
+    with pytest.raises(lk.RateLimited):
+        await aresponses(model="openai/gpt-4o-mini", api_base=fake.base_url, api_key=KEY, input="x")

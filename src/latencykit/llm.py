@@ -515,6 +515,9 @@ class LLM:
             routing = Routing(router, self.targets, self._to_target, self._recorder, is_open)
             policies += routing.policies
         self._pipeline = Pipeline([*policies, *filter(None, (limiter, cache))])
+        # Responses API calls: the same pipeline, without the cache (which stores chat and
+        # embedding answers).
+        self._uncached = Pipeline(p for p in self._pipeline.policies if p is not cache)
         # Per target (breaker, retry, attempt): what continues a broken stream on a target.
         self._per_target = Pipeline(
             p for p in self._pipeline.policies if int(p.stage) >= Stage.BREAKER
@@ -850,17 +853,89 @@ class LLM:
         self._check_dimensions()
         embed = functools.partial(self._embed, target)
         call = Call(embed, (), kwargs, target, None, self._recorder)
-        tagged = operation_var.set("embeddings"), task_var.set(task)
+        result, trace = await self._run(call, task, priority, "embeddings", self._pipeline)
+        hidden = result._hidden_params
+        hidden[_REPORT_KEY] = _Answered(trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
+        return result
+
+    async def aresponses(self, **kwargs: Any) -> Any:
+        """Run ``litellm.aresponses(**kwargs)`` (OpenAI's Responses API) through the same
+        policies as :meth:`acompletion`: deadline, router, hedge (on the first output text,
+        for a stream), failover, breaker, limiter, retry, the stream guard (not the degraded
+        path: an ``LLM`` with ``degrade=`` raises ``ValueError`` here; nor the response cache,
+        which stores chat and embedding answers: with ``cache=``, Responses calls pass it by).
+
+        ``kwargs`` are litellm's (``input``, ``instructions``, ``max_output_tokens``,
+        ``tools``, ``stream``, ...), refused as :meth:`acompletion` refuses them, plus
+        ``task=`` and ``priority=``; ``LLM(defaults=...)`` (chat arguments) do not apply.
+        Every target must be on the litellm lane (``ValueError`` otherwise: the fast lane
+        speaks chat completions and embeddings).
+
+        An answer is complete only when the provider says so: returns litellm's
+        ``ResponsesAPIResponse`` whose ``status`` is ``"completed"``, or with ``stream=True`` a
+        :class:`~latencykit.Stream` of litellm's typed events, returned once the first output
+        text arrived and complete only with its ``response.completed`` event (events that
+        stop before it raise :class:`~latencykit.StreamBroken`, ``reason="cut"``). An answer
+        stopped at ``max_output_tokens`` raises :class:`~latencykit.errors.OutputTruncated`
+        (with the text so far), one stopped by the content filter
+        :class:`~latencykit.ContentPolicyViolation`, a failed one (``response.failed``, an
+        ``error`` event) the :class:`~latencykit.ProviderError` its error says. :func:`report`
+        reads either result.
+        """
+        target, stream, task, priority = self._own_arguments(kwargs, "aresponses")
+        if self.degrade is not None:
+            raise ValueError(
+                "aresponses() is not accepted on an LLM with degrade=...: the degraded path "
+                "rewrites chat calls; use an LLM without it"
+            )
+        lanes = sorted({t.transport for t in self.targets} - {"litellm"})
+        if lanes:
+            raise ValueError(
+                f"aresponses() goes through litellm: targets on transport={lanes[0]!r} speak "
+                "chat completions and embeddings only; give them transport='litellm'"
+            )
+        respond = functools.partial(self._open_events if stream else self._respond, target)
+        guard = self._guard if stream else None
+        call = Call(respond, (), kwargs, target, guard, self._recorder)
+        result, trace = await self._run(call, task, priority, "chat", self._uncached)
+        if stream:
+            return result
+        hidden = result._hidden_params
+        hidden[_REPORT_KEY] = _Answered(trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
+        return result
+
+    async def _run(
+        self,
+        call: Call,
+        task: str | None,
+        priority: Priority | None,
+        operation: str,
+        pipeline: Pipeline,
+    ) -> tuple[Any, Trace]:
+        """Run ``call`` through ``pipeline`` with its tags set: the router's task, its lane,
+        what telemetry calls the operation (``gen_ai.operation.name``)."""
+        tagged = operation_var.set(operation), task_var.set(task)
         lane = priority_var.set(priority or "default")
         try:
-            result, trace = await self._pipeline.run_traced(call)
+            return await pipeline.run_traced(call)
         finally:
             priority_var.reset(lane)
             task_var.reset(tagged[1])
             operation_var.reset(tagged[0])
-        hidden = result._hidden_params
-        hidden[_REPORT_KEY] = _Answered(trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
-        return result
+
+    async def _respond(self, target: Target, **kwargs: Any) -> Any:
+        """One Responses API attempt on ``target``: a complete answer (see :meth:`aresponses`)."""
+        from . import _responses
+
+        response = await _responses.respond(target, kwargs, self._secrets)
+        response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), target.key)
+        return response
+
+    def _open_events(self, target: Target, **kwargs: Any) -> ChunkSource:
+        """A streaming Responses API attempt's source, opened on its first read."""
+        from . import _responses
+
+        return _responses.open_events(target, kwargs, self._secrets)  # type: ignore[no-any-return]
 
     def completion(self, **kwargs: Any) -> Any:
         """:meth:`acompletion` from sync code (a script, a Django view, a notebook cell without
@@ -882,6 +957,13 @@ class LLM:
         """:meth:`aembedding` from sync code, on this ``LLM``'s own event loop thread (see
         :meth:`completion`)."""
         return self._loop_thread().run(functools.partial(self.aembedding, **kwargs), "embedding")
+
+    def responses(self, **kwargs: Any) -> Any:
+        """:meth:`aresponses` from sync code, on this ``LLM``'s own event loop thread (see
+        :meth:`completion`; ``stream=True`` returns a :class:`~latencykit.llm.SyncStream`)."""
+        loop = self._loop_thread()
+        result = loop.run(functools.partial(self.aresponses, **kwargs), "responses")
+        return SyncStream(result, loop.portal()) if isinstance(result, Stream) else result
 
     def close(self) -> None:
         """Close what the sync calls opened: the connections of this ``LLM``'s event loop
@@ -1001,8 +1083,8 @@ class LLM:
 
     def _to_target(self, target: Target, call: Call) -> Call:
         fn = call.fn
-        if isinstance(fn, functools.partial) and fn.func == self._embed:  # stays an embedding
-            return call._replace(fn=functools.partial(self._embed, target), target=target)
+        if isinstance(fn, functools.partial):  # the same kind of attempt, on another target
+            return call._replace(fn=functools.partial(fn.func, target), target=target)
         return call._replace(fn=self._attempt_on(target, call.stream is not None), target=target)
 
     def _open(self, target: Target, **kwargs: Any) -> Any:

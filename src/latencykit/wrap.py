@@ -1,4 +1,5 @@
-"""Drop-in replacements for litellm's call functions, for code that keeps its own calls.
+"""Drop-in replacements for litellm's call functions (``acompletion``, ``aembedding``,
+``aresponses``), for code that keeps its own calls.
 
 An app that calls ``litellm.acompletion`` in its own functions, and guards those functions with
 latencykit's decorators (``@lk.retry``, ``@lk.deadline``, ``@lk.hedge``, ...), swaps one import::
@@ -44,7 +45,7 @@ from typing import Any
 
 from .llm import LLM
 
-__all__ = ["KEPT_TARGETS", "acompletion"]
+__all__ = ["KEPT_TARGETS", "acompletion", "aembedding", "aresponses"]
 
 KEPT_TARGETS = 64
 """How many targets (model, endpoint, key, timeout) keep their ``LLM`` between calls."""
@@ -71,3 +72,30 @@ async def acompletion(
     them, ``num_retries``/``max_retries`` too: retrying is the decorators' business.
     """
     return await _llm(model, api_base, api_key, timeout).acompletion(**kwargs)
+
+
+async def aembedding(
+    *,
+    model: str,
+    api_base: str | None = None,
+    api_key: str | None = None,
+    timeout: float = 600.0,
+    **kwargs: Any,
+) -> Any:
+    """``litellm.aembedding(model=..., **kwargs)`` as one latencykit attempt, as
+    :func:`acompletion` makes a chat call (see :meth:`~latencykit.LLM.aembedding`)."""
+    return await _llm(model, api_base, api_key, timeout).aembedding(**kwargs)
+
+
+async def aresponses(
+    *,
+    model: str,
+    api_base: str | None = None,
+    api_key: str | None = None,
+    timeout: float = 600.0,
+    **kwargs: Any,
+) -> Any:
+    """``litellm.aresponses(model=..., **kwargs)`` (OpenAI's Responses API) as one latencykit
+    attempt, as :func:`acompletion` makes a chat call (see
+    :meth:`~latencykit.LLM.aresponses`: complete only on ``response.completed``)."""
+    return await _llm(model, api_base, api_key, timeout).aresponses(**kwargs)
