@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from .ratelimit import RoomStats
 
 __all__ = [
+    "ConcurrencyStats",
     "MAX_SECONDS",
     "MIN_SECONDS",
     "LatencyWindow",
@@ -312,6 +313,22 @@ def _percentiles(window: LatencyWindow | None) -> Percentiles:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ConcurrencyStats:
+    """A target's adaptive concurrency at one moment (``TargetStats.concurrency``, with
+    ``LLM(governor=True)``; see :mod:`latencykit.policies.concurrency`).
+
+    Attributes:
+        limit: the limit learned: attempts in flight allowed.
+        in_flight: attempts holding a slot now.
+        waiting: attempts waiting for a slot now, all lanes together.
+    """
+
+    limit: int
+    in_flight: int
+    waiting: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TargetStats:
     """One target's statistics at one moment: what ``lk.LLM.stats()`` (and
@@ -343,6 +360,9 @@ class TargetStats:
         room: the rate-limit room the provider told, with ``LLM(governor=True)``: requests
             and tokens left now, the limits learned, the waits for room (default ``None``: no
             governor).
+        concurrency: the adaptive concurrency limit learned, the attempts in flight and
+            waiting, with ``LLM(governor=True)`` (default ``None``: no governor, or no attempt
+            yet).
     """
 
     target: str
@@ -360,6 +380,7 @@ class TargetStats:
     connection_wait: Percentiles = Percentiles()
     waiting: int = 0
     room: RoomStats | None = None
+    concurrency: ConcurrencyStats | None = None
 
     @property
     def attempts(self) -> int:
@@ -483,6 +504,8 @@ _COLUMNS = (
     _Column("req left", 8, lambda s: s.room and _whole(s.room.requests_left), optional=True),
     _Column("tok left", 8, lambda s: s.room and _whole(s.room.tokens_left), optional=True),
     _Column("paced", 5, lambda s: s.room and s.room.waits, optional=True),
+    _Column("limit", 5, lambda s: s.concurrency and s.concurrency.limit, optional=True),
+    _Column("inflight", 8, lambda s: s.concurrency and s.concurrency.in_flight, optional=True),
 )
 
 
