@@ -1000,13 +1000,13 @@ _OVERLOAD_STATUSES = frozenset({503, 529})
 
 def overloaded(exc: BaseException) -> bool:
     """Whether ``exc`` says the provider has more than it can take: a ``RATE_LIMITED`` error
-    (429), or a ``SERVER_ERROR`` whose answer was a 503 or a 529 (Anthropic's overload), or
-    whose body says ``overloaded_error`` (an error event inside a stream). Another 5xx (a
-    500) is a failure, not a sign of load."""
+    (429), or a ``SERVER_ERROR`` (or a stream's error event, ``STREAM_BROKEN``) whose answer
+    was a 503 or a 529 (Anthropic's overload) or whose error says ``overloaded_error``.
+    Another 5xx (a 500) is a failure, not a sign of load."""
     kind = classify(exc)
     if kind is ErrorKind.RATE_LIMITED:
         return True
-    if kind is not ErrorKind.SERVER_ERROR:
+    if kind is not ErrorKind.SERVER_ERROR and kind is not ErrorKind.STREAM_BROKEN:
         return False
     for link in _links(exc):
         if link.status in _OVERLOAD_STATUSES or _stated_status(link.body) in _OVERLOAD_STATUSES:

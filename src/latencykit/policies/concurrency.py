@@ -5,14 +5,17 @@ The limit (:class:`ConcurrencyLimit`) finds the knee of the target's latency, wh
 concurrency stops buying throughput and only makes requests queue at the provider:
 
 - it learns in **rounds**: a round ends once it has ``max(round_samples, limit)`` samples of
-  attempts that started under the current limit (an attempt that started under another limit
+  attempts that started under the current limit with no more than it in flight (an attempt
+  that started under another limit, or beside the attempts of a higher one still running,
   says nothing about this one). A sample is an attempt's time to first content chunk (a
   stream) or its duration (a response), without latencykit's own wait for a connection slot;
   streams and responses keep apart baselines;
-- the **baseline** is the no-load latency: the lowest round median seen (per kind), measured
-  again every ``probe_interval`` seconds by a **probe round** run at half the limit (where a
-  server past its knee is back below it), whose median replaces the baseline, so that a
-  provider that became slower for good is not taken for an overloaded one;
+- the **baseline** is the no-load latency: the lowest round median seen (per kind). A **probe
+  round** measures it again at half the limit (where a server past its knee is back below it),
+  every ``probe_interval`` seconds and once when the latency first rises (in case the limit
+  started past the knee); its median replaces the baseline, so that a provider that became
+  slower for good is not taken for an overloaded one. A probe round 1.4 times faster than the
+  round before it was still past the knee: the next round probes at half again;
 - at the end of a round the limit moves by the **gradient** ``tolerance * baseline / median``
   (clamped to [0.5, 2]): ``new = limit + smoothing * (limit * gradient - limit)``. Below the
   knee the latency is the baseline's and the limit grows; past it the latency grows with the
@@ -30,12 +33,16 @@ concurrency stops buying throughput and only makes requests queue at the provide
 per attempt, inside the governor, so its pacing wait is not taken for latency), holds a slot of
 its target's limit for each attempt, a stream's until it ends (closed, finished, broken,
 garbage-collected). Beyond the limit, attempts wait in a queue served by lane
-(:data:`~latencykit._context.PRIORITIES`, the call's ``priority=``): stride scheduling with
-weights :data:`LANE_WEIGHTS` (interactive 16, default 4, batch 1), FIFO within a lane. A lane
-that was not waiting gets the next free slot, and every waiting lane gets its share, so none
-starves. An attempt whose wait cannot end within the call's deadline (the waiters ahead of it,
-in its lane and above, times the time a slot is held, over the limit) is refused at once with
-:class:`~latencykit.errors.LimitExceeded` (limit ``"concurrency"``), before anything is sent.
+(:data:`~latencykit._context.PRIORITIES`, the call's ``priority=``), FIFO within a lane: a freed
+slot goes to the waiting lane whose turn comes first, a lane's turns coming ``1 / weight``
+apart (:data:`LANE_WEIGHTS`: interactive 16, default 4, batch 1), its first one ``1 / weight``
+after it starts waiting. So an interactive call goes ahead of the lower lanes' backlog, and
+while all wait they share the slots 16:4:1: no lane starves.
+
+An attempt whose wait and its own run cannot end within the call's deadline is refused at once
+with :class:`~latencykit.errors.LimitExceeded` (limit ``"concurrency"``), before anything is
+sent. The wait is estimated as the waiters ahead of it (in its lane and above, itself
+included) times the average time a slot is held, over the limit; its run as that average time.
 """
 
 from __future__ import annotations
@@ -58,21 +65,25 @@ from .._context import (
     queued_total_var,
     remaining,
 )
+from .._fair import FairSlots, Waiter, wait_granted
 from ..errors import LimitExceeded, overloaded
 from ..pipeline import Call, Next, Stage
 from ..stats import ConcurrencyStats, StatsTable
 from ..stream import Stream, StreamOutcome
-from .limiter import DEFAULT_TENANT, _Slots, _wait, _Waiter
 
 __all__ = ["LANE_WEIGHTS", "AdaptiveConcurrency", "ConcurrencyLimit"]
 
 LANE_WEIGHTS: dict[Priority, float] = {"interactive": 16.0, "default": 4.0, "batch": 1.0}
 """The share of freed slots each lane gets while several wait (stride scheduling)."""
 
+_TENANT = "<default>"  # events' tenant field: the limit is a target's, not a tenant's
 MATERIAL = 0.1
 """A change of the limit by this fraction of the last one told (or by 1) is told
 (:class:`~latencykit.events.LimitLearned`); smaller moves are not."""
 
+# A probe round this much faster than the round before it ran past the knee too (where the
+# latency halves with the load), so the next one halves again.
+_STILL_PAST = 1.4
 _HOLD_WEIGHT = 0.1  # of the newest slot hold in the average hold time
 
 
@@ -99,7 +110,7 @@ class ConcurrencyLimit:
         round_samples: the fewest samples a round learns from (default ``10``; a round has at
             least as many as the limit).
         probe_interval: seconds between probe rounds, which measure the baseline again at half
-            the limit (default ``30.0``; ``None``: never, the baseline only goes down).
+            the limit (default ``30.0``; ``None``: only the one when the latency first rises).
         clock: the time source (default latencykit's clock).
 
     Raises:
@@ -136,6 +147,7 @@ class ConcurrencyLimit:
         """Counts the limit's changes: a sample or an overload counts only with the epoch its
         attempt started in."""
         self._baselines: list[float | None] = [None, None]  # by kind: response, stream
+        self._last: list[float | None] = [None, None]  # the last round's median, by kind
         self._samples: tuple[list[float], list[float]] = ([], [])
         self._busiest = 0  # the most in flight when a sample of this round started
         self._slow_start = True
@@ -157,7 +169,7 @@ class ConcurrencyLimit:
         """Learn from an attempt that took ``seconds`` (a stream: to its first content chunk),
         started in ``epoch`` with ``in_flight`` attempts in flight (itself included). Return
         whether the limit changed."""
-        if epoch != self.epoch:
+        if epoch != self.epoch or in_flight > self.limit:  # it ran alongside more than that
             return False
         samples = self._samples
         samples[stream].append(seconds)
@@ -178,12 +190,13 @@ class ConcurrencyLimit:
 
     def _end_round(self) -> bool:
         probe = self._restore is not None
-        weighted = 0.0
-        count = 0
+        weighted, count, lower = 0.0, 0, False
         for kind, samples in enumerate(self._samples):
             if samples:
                 median = statistics.median(samples)
-                baseline = self._baselines[kind]
+                baseline, last = self._baselines[kind], self._last[kind]
+                lower = lower or (last is not None and median * _STILL_PAST < last)
+                self._last[kind] = median
                 if probe or baseline is None or median < baseline:
                     baseline = self._baselines[kind] = median
                 weighted += len(samples) * median / baseline if baseline > 0 else len(samples)
@@ -192,15 +205,20 @@ class ConcurrencyLimit:
         ratio, busiest = weighted / count, self._busiest
         self._busiest = 0
         value = self._value
-        if self._restore is not None:  # the probe round is over
+        if self._restore is not None:  # a probe round is over
+            if lower and value > self.min_limit:  # half was still past the knee: half again
+                return self._set(value / 2, force=True)
             value, self._restore = self._restore, None
             return self._set(value, force=True)
+        if ratio > self.tolerance and self._slow_start:
+            # The first rise: the baseline may have been measured past the knee (the limit
+            # started there): measure it again now.
+            self._slow_start = False
+            self._probe_at = self.clock()
         if self.clock() >= self._probe_at:
             self._probe_at = self.clock() + (self.probe_interval or math.inf)
             self._restore = value
             return self._set(value / 2, force=True)
-        if ratio > self.tolerance:
-            self._slow_start = False
         gradient = 2.0 if self._slow_start else min(2.0, max(0.5, self.tolerance / ratio))
         if busiest < value / 2:  # the load did not reach the limit: it says nothing of more
             gradient = min(gradient, 1.0)
@@ -220,12 +238,21 @@ class ConcurrencyLimit:
         return changed
 
 
+class _Lanes(FairSlots):
+    """The slots of a target, whose queues are the lanes: a lane's first turn comes after
+    ``1 / weight`` (its finish time), so of the lanes that start waiting together the higher
+    goes first, while a lane already waiting keeps its turn."""
+
+    def first_turn(self, weight: float) -> float:
+        return self._vtime + 1.0 / weight
+
+
 @dataclass(eq=False)
 class _Target:
     """One target's limit, its slots (the lanes are the slots' queues) and its counters."""
 
     limit: ConcurrencyLimit
-    slots: _Slots
+    slots: _Lanes
     told: int  # the limit last told by an event
     hold: float | None = None  # average seconds a slot is held
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -235,7 +262,7 @@ class _Target:
         queues = self.slots.queues
         return sum(len(q.waiters) for lane in PRIORITIES[: up_to + 1] if (q := queues.get(lane)))
 
-    def resize(self) -> list[_Waiter]:
+    def resize(self) -> list[Waiter]:
         """Follow the limit: hand the slots it added to waiters (to be woken). Under the
         lock."""
         slots = self.slots
@@ -249,7 +276,7 @@ class _Target:
             woken.append(waiter)
         return woken
 
-    def release(self) -> _Waiter | None:
+    def release(self) -> Waiter | None:
         """Give a slot back: to the next waiter, unless the limit shrank below those in use.
         Under the lock."""
         slots = self.slots
@@ -300,7 +327,7 @@ class AdaptiveConcurrency:
         found = self._targets.get(key)
         if found is None:
             limit = self._new_limit()
-            found = self._targets.setdefault(key, _Target(limit, _Slots(limit.limit), limit.limit))
+            found = self._targets.setdefault(key, _Target(limit, _Lanes(limit.limit), limit.limit))
         return found
 
     async def handle(self, call: Call, next: Next) -> Any:
@@ -319,11 +346,7 @@ class AdaptiveConcurrency:
             result = await next(call)
         except BaseException as exc:
             self._release(state, started)
-            if isinstance(exc, Exception) and overloaded(exc):
-                with state.lock:
-                    state.limit.overload(epoch=epoch)
-                    woken = state.resize()
-                self._changed(state, key, woken)
+            self._overloaded(state, key, epoch, exc)
             raise
         seconds = now() - started - (queued_total_var.get() - queued)
         stream = isinstance(result, Stream)
@@ -333,13 +356,15 @@ class AdaptiveConcurrency:
         if changed:
             self._changed(state, key, woken)
         if stream:
-            ended = functools.partial(self._stream_ended, state, started, threadsafe_caller())
+            ended = functools.partial(
+                self._stream_ended, state, key, epoch, started, threadsafe_caller()
+            )
             result.on_close(ended, attempt=True)
         else:
             self._release(state, started)
         return result
 
-    def _enqueue(self, state: _Target, key: str) -> _Waiter:
+    def _enqueue(self, state: _Target, key: str) -> Waiter:
         """Queue the attempt in its lane, or refuse it at once if its wait cannot end within
         the call's deadline. Under the lock."""
         lane = priority_var.get()
@@ -347,22 +372,22 @@ class AdaptiveConcurrency:
         if left is not None and state.hold is not None:
             ahead = state.waiting(PRIORITIES.index(lane))
             wait = (ahead + 1) * state.hold / max(1, state.slots.limit)
-            if wait > left:
+            if wait + state.hold > left:  # its own attempt must fit too
                 if events.listening():
                     events.emit(
                         events.LimitRefused(
-                            current_call_id(), key, DEFAULT_TENANT, "concurrency", wait, 0.0
+                            current_call_id(), key, _TENANT, "concurrency", wait, 0.0
                         )
                     )
                 raise LimitExceeded(key, "concurrency", wait=wait)
         return state.slots.enqueue(lane, LANE_WEIGHTS[lane])
 
     @staticmethod
-    async def _wait(state: _Target, waiter: _Waiter, key: str) -> None:
+    async def _wait(state: _Target, waiter: Waiter, key: str) -> None:
         """Wait for the slot (the call's deadline or cancellation may end the wait)."""
         started = now()
         try:
-            await _wait(waiter, math.inf, backend())
+            await wait_granted(waiter, math.inf, backend())
         except BaseException:
             with state.lock:  # leave the queue, or hand on the slot just granted
                 if waiter.granted:
@@ -375,9 +400,7 @@ class AdaptiveConcurrency:
             raise
         if events.listening():
             waited = now() - started
-            events.emit(
-                events.LimitWaited(current_call_id(), key, DEFAULT_TENANT, "concurrency", waited)
-            )
+            events.emit(events.LimitWaited(current_call_id(), key, _TENANT, "concurrency", waited))
 
     @staticmethod
     def _release(state: _Target, started: float | None) -> None:
@@ -394,12 +417,16 @@ class AdaptiveConcurrency:
     def _stream_ended(
         self,
         state: _Target,
+        key: str,
+        epoch: int,
         started: float,
         soon: Callable[[Callable[[], object]], object],
         stream: Stream[Any],
         outcome: StreamOutcome,
         error: BaseException | None,
     ) -> None:
+        if outcome == "error" and error is not None:
+            self._overloaded(state, key, epoch, error)
         if outcome == "abandoned":
             # Garbage-collected: this may run at any allocation, even under our lock (not
             # reentrant). Release from the event loop.
@@ -411,8 +438,17 @@ class AdaptiveConcurrency:
                 return
         self._release(state, started)
 
+    def _overloaded(self, state: _Target, key: str, epoch: int, error: BaseException) -> None:
+        """An attempt of ``epoch`` failed with ``error``: back off if it is an overload."""
+        if isinstance(error, Exception) and overloaded(error):
+            with state.lock:
+                changed = state.limit.overload(epoch=epoch)
+                woken = state.resize()
+            if changed:
+                self._changed(state, key, woken)
+
     @staticmethod
-    def _changed(state: _Target, key: str, woken: list[_Waiter]) -> None:
+    def _changed(state: _Target, key: str, woken: list[Waiter]) -> None:
         """The limit changed: wake the waiters it let in; tell a material change."""
         for waiter in woken:
             waiter.wake()
