@@ -431,3 +431,18 @@ async def test_an_overload_that_breaks_a_committed_stream_backs_off(fake: FakePr
         await read_all(await llm.acompletion(messages=MESSAGES, stream=True))
     assert llm.stats()[llm.targets[0].key].concurrency == ConcurrencyStats(4, 0, 0)
     await llm.aclose()
+
+
+async def test_an_attempt_that_times_out_is_a_sample_of_at_least_that_long(
+    fake: FakeProvider,
+) -> None:
+    fake.script("m", Behavior(ttft=5.0))
+    llm = governed(fake, "m", "openai", timeout=0.1)
+    for _ in range(10):
+        with pytest.raises(lk.errors.AttemptTimeout):
+            await llm.acompletion(messages=MESSAGES)
+    limit = stage_of(llm).limit_of(llm.targets[0].key)
+    assert limit is not None
+    response, _ = limit.baselines
+    assert response is not None and 0.1 <= response < 1.0  # a round of 10 timed-out samples
+    await llm.aclose()

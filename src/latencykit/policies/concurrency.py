@@ -8,8 +8,9 @@ concurrency stops buying throughput and only makes requests queue at the provide
   attempts that started under the current limit with no more than it in flight (an attempt
   that started under another limit, or beside the attempts of a higher one still running,
   says nothing about this one). A sample is an attempt's time to first content chunk (a
-  stream) or its duration (a response), without latencykit's own wait for a connection slot;
-  streams and responses keep apart baselines;
+  stream) or its duration (a response), without latencykit's own wait for a connection slot
+  (an attempt that timed out: its time until then); streams and responses keep apart
+  baselines;
 - the **baseline** is the no-load latency: the lowest round median seen (per kind). A **probe
   round** measures it again at half the limit (where a server past its knee is back below it),
   every ``probe_interval`` seconds and once when the latency first rises (in case the limit
@@ -66,12 +67,12 @@ from .._context import (
     remaining,
 )
 from .._fair import FairSlots, Waiter, wait_granted
-from ..errors import LimitExceeded, overloaded
+from ..errors import ErrorKind, LimitExceeded, classify, overloaded
 from ..pipeline import Call, Next, Stage
 from ..stats import ConcurrencyStats, StatsTable
 from ..stream import Stream, StreamOutcome
 
-__all__ = ["LANE_WEIGHTS", "AdaptiveConcurrency", "ConcurrencyLimit"]
+__all__ = ["LANE_WEIGHTS", "MATERIAL", "AdaptiveConcurrency", "ConcurrencyLimit"]
 
 LANE_WEIGHTS: dict[Priority, float] = {"interactive": 16.0, "default": 4.0, "batch": 1.0}
 """The share of freed slots each lane gets while several wait (stride scheduling)."""
@@ -346,15 +347,16 @@ class AdaptiveConcurrency:
             result = await next(call)
         except BaseException as exc:
             self._release(state, started)
-            self._overloaded(state, key, epoch, exc)
+            if isinstance(exc, Exception) and classify(exc) is ErrorKind.TIMEOUT:
+                # Too slow to answer in time: a sample of at least that long.
+                seconds = now() - started - (queued_total_var.get() - queued)
+                self._learn(state, key, seconds, epoch, in_flight, call.stream is not None)
+            else:
+                self._overloaded(state, key, epoch, exc)
             raise
         seconds = now() - started - (queued_total_var.get() - queued)
         stream = isinstance(result, Stream)
-        with state.lock:
-            changed = state.limit.sample(seconds, epoch=epoch, in_flight=in_flight, stream=stream)
-            woken = state.resize() if changed else []
-        if changed:
-            self._changed(state, key, woken)
+        self._learn(state, key, seconds, epoch, in_flight, stream)
         if stream:
             ended = functools.partial(
                 self._stream_ended, state, key, epoch, started, threadsafe_caller()
@@ -437,6 +439,16 @@ class AdaptiveConcurrency:
                 self._release(state, None)
                 return
         self._release(state, started)
+
+    def _learn(
+        self, state: _Target, key: str, seconds: float, epoch: int, in_flight: int, stream: bool
+    ) -> None:
+        """A sample of ``seconds`` from an attempt of ``epoch`` (see ConcurrencyLimit.sample)."""
+        with state.lock:
+            changed = state.limit.sample(seconds, epoch=epoch, in_flight=in_flight, stream=stream)
+            woken = state.resize() if changed else []
+        if changed:
+            self._changed(state, key, woken)
 
     def _overloaded(self, state: _Target, key: str, epoch: int, error: BaseException) -> None:
         """An attempt of ``epoch`` failed with ``error``: back off if it is an overload."""
