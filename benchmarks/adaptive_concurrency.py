@@ -25,6 +25,11 @@ round every 30 s, are in it). Reported per variant: calls answered per second (g
 p50 and p99 latency of the answered calls (the queue wait included), calls refused at once,
 calls that ran out of time (``DeadlineExceeded``), and the ratio of goodputs.
 
+**Cost per call** (``--overhead``): a pipeline with the adaptive concurrency stage against the
+same pipeline without it, around a trivial async function (a slot free: no wait), variants
+interleaved per round, batches of 2,000 calls with the garbage collector off; reported: the
+median and range of the per-round differences.
+
 The machine this runs on may be shared and noisy: repeat, and read ranges. The script
 reports; it always exits 0.
 """
@@ -139,6 +144,36 @@ def report(name: str, result: Result, knee: int) -> float:
     return goodput
 
 
+async def overhead(rounds: int = 30, batch: int = 2000) -> None:
+    import gc
+
+    from latencykit.pipeline import Call, Pipeline
+    from latencykit.policies.concurrency import AdaptiveConcurrency
+
+    async def answer() -> str:
+        return "ok"
+
+    call = Call(answer, target=lk.Target(name="t"))
+    variants = {"plain": Pipeline(()), "adaptive": Pipeline((AdaptiveConcurrency(),))}
+    differences = []
+    for index in range(rounds):
+        took = {}
+        for name in sorted(variants, reverse=index % 2 == 1):
+            gc.disable()
+            started = time.perf_counter()
+            for _ in range(batch):
+                await variants[name].run(call)
+            took[name] = (time.perf_counter() - started) / batch
+            gc.enable()
+        differences.append(took["adaptive"] - took["plain"])
+    us = sorted(d * 1e6 for d in differences)
+    plain = took["plain"] * 1e6
+    print(
+        f"adaptive concurrency stage: median per-round difference {statistics.median(us):.1f} us "
+        f"per call (rounds {us[0]:.1f} to {us[-1]:.1f}; the plain pipeline {plain:.1f} us)"
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--knees", type=int, nargs="+", default=[8, 16, 32])
@@ -147,7 +182,11 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=40.0, help="per variant")
     parser.add_argument("--deadline", type=float, default=5.0)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--overhead", action="store_true", help="the cost per call only")
     args = parser.parse_args()
+    if args.overhead:
+        await overhead()
+        return
     if args.quick:
         args.knees, args.seconds = [8], 10.0
     with FakeProvider() as fake:
