@@ -335,12 +335,12 @@ class AdaptiveConcurrency:
         key = call.target.key
         state = self._target(key)
         with state.lock:
-            slots = state.slots
-            waiter = None if slots.take() else self._enqueue(state, key)
+            waiter = None if state.slots.take() else self._enqueue(state, key)
+            epoch, in_flight = state.limit.epoch, state.slots.in_use
         if waiter is not None:
             await self._wait(state, waiter, key)
-        with state.lock:
-            epoch, in_flight = state.limit.epoch, state.slots.in_use
+            with state.lock:
+                epoch, in_flight = state.limit.epoch, state.slots.in_use
         queued = queued_total_var.get()
         started = now()
         try:
