@@ -446,3 +446,27 @@ async def test_an_attempt_that_times_out_is_a_sample_of_at_least_that_long(
     response, _ = limit.baselines
     assert response is not None and 0.1 <= response < 1.0  # a round of 10 timed-out samples
     await llm.aclose()
+
+
+@pytest.mark.slow
+async def test_an_interactive_call_goes_ahead_of_a_batch_backlog(fake: FakeProvider) -> None:
+    fake.script("m", Behavior(ttft=0.1, concurrency_knee=2))
+    llm = governed(fake, "m", "openai")
+    done: list[str] = []
+
+    async def one(name: str, priority: str) -> None:
+        await llm.acompletion(messages=MESSAGES, priority=priority)
+        done.append(name)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(40):
+            tg.start_soon(one, f"batch{n}", "batch")
+        stage = stage_of(llm)
+        await until(
+            lambda: (stage.stats(llm.targets[0].key) or ConcurrencyStats(0, 0, 0)).waiting > 20
+        )
+        tg.start_soon(one, "interactive", "interactive")
+    # It waited for one freed slot, not for the backlog: at most the batch calls in flight
+    # ended before it (the limit: 8 at first, 12 after a round of slow start), not 40.
+    assert done.index("interactive") <= 13, done
+    await llm.aclose()
