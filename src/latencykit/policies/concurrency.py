@@ -289,7 +289,8 @@ class _Target:
 
 class AdaptiveConcurrency:
     """The stage that holds each attempt to its target's learned concurrency limit (see the
-    module docs). ``LLM(governor=True)`` puts one in its pipeline.
+    module docs). ``LLM(governor=True)`` puts one in its pipeline: the limits are that
+    ``LLM``'s, one per target key.
 
     Args:
         limit: what makes each target's :class:`ConcurrencyLimit` (default
