@@ -24,8 +24,8 @@ concurrency stops buying throughput and only makes requests queue at the provide
   server that serves ``N`` at a time (latency ``max(1, k / N)`` times its own with ``k`` in
   flight), that is ``tolerance * N``: the queue allowance is ``tolerance - 1`` of the knee.
   Until the latency first rises (or an overload), the gradient is 2 (slow start: with the
-  default smoothing, the limit grows by half each round); it does not grow in a round whose attempts never used half of it (the load, not the
-  provider, was the limit);
+  default smoothing, the limit grows by half each round). It does not grow in a round whose
+  attempts never used half of it (the load, not the provider, was the limit);
 - an **overload signal** (:func:`~latencykit.errors.overloaded`: a 429, a 503 or a 529)
   multiplies the limit by ``backoff`` at once, once per limit (the other attempts that
   started under the same limit and fail the same way do not cut it again).
