@@ -11,8 +11,10 @@ provider, on both lanes.
 
 from __future__ import annotations
 
+import gc
 import math
 import random
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -469,4 +471,22 @@ async def test_an_interactive_call_goes_ahead_of_a_batch_backlog(fake: FakeProvi
     # It waited for one freed slot, not for the backlog: at most the batch calls in flight
     # ended before it (the limit: 8 at first, 12 after a round of slow start), not 40.
     assert done.index("interactive") <= 13, done
+    await llm.aclose()
+
+
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
+async def test_a_stream_collected_unclosed_gives_its_slot_back(
+    fake: FakeProvider, lane: str
+) -> None:
+    fake.script("m", Behavior(itl=0.05, output_tokens=400))
+    llm = governed(fake, "m", lane)
+    key = llm.targets[0].key
+    stream = await llm.acompletion(messages=MESSAGES, stream=True)
+    assert llm.stats()[key].concurrency == ConcurrencyStats(8, 1, 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del stream
+        gc.collect()  # the finaliser gives the slot back through the event loop
+    assert any(issubclass(w.category, ResourceWarning) for w in caught)
+    await until(lambda: llm.stats()[key].concurrency == ConcurrencyStats(8, 0, 0))
     await llm.aclose()
