@@ -25,6 +25,11 @@ round every 30 s, are in it). Reported per variant: calls answered per second (g
 p50 and p99 latency of the answered calls (the queue wait included), calls refused at once,
 calls that ran out of time (``DeadlineExceeded``), and the ratio of goodputs.
 
+**Priority lanes** (``--lanes``): per knee, interactive streams arrive at 2 per second and the
+time to their first chunk is measured (after 10 s of warm-up, for ``--seconds``), alone, then
+beside a batch flood at ``--load`` times the capacity with ``governor=True``, then with the
+same flood and no limit (every call is sent; the provider's queue serves no lane first).
+
 **Cost per call** (``--overhead``): a pipeline with the adaptive concurrency stage against the
 same pipeline without it, around a trivial async function (a slot free: no wait), variants
 interleaved per round, batches of 2,000 calls with the garbage collector off; reported: the
@@ -37,15 +42,19 @@ reports; it always exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import statistics
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import anyio
+import anyio.abc
 
 import latencykit as lk
 from latencykit.errors import LimitExceeded
@@ -116,15 +125,100 @@ async def run(
     async with anyio.create_task_group() as calls:
         if governed:
             calls.start_soon(watch, start)
-        next_at = start
-        while (now := time.monotonic()) < start + seconds:
-            if now >= next_at:
-                calls.start_soon(one)
-                next_at += rng.expovariate(rate)
-            else:
-                await anyio.sleep(next_at - now)
+        await open_loop(calls, one, rate, start + seconds, rng)
         result.seconds = time.monotonic() - start
         calls.cancel_scope.cancel()  # the calls still running are not counted
+    await llm.aclose()
+    return result
+
+
+async def open_loop(
+    calls: anyio.abc.TaskGroup,
+    one: Callable[[], Coroutine[Any, Any, None]],
+    rate: float,
+    until: float,
+    rng: random.Random,
+) -> None:
+    """Start ``one()`` in ``calls`` at Poisson arrivals of ``rate`` per second until ``until``."""
+    next_at = time.monotonic()
+    while (now := time.monotonic()) < until:
+        if now >= next_at:
+            calls.start_soon(one)
+            next_at += rng.expovariate(rate)
+        else:
+            await anyio.sleep(next_at - now)
+
+
+async def lanes(fake: FakeProvider, knee: int, args: argparse.Namespace) -> None:
+    """The interactive lane's time to first chunk, alone and beside a batch flood."""
+    print(
+        f"lanes, knee {knee}: interactive streams at 2/s; batch flood at {args.load:g}x the "
+        f"capacity ({args.load * knee / args.base:.0f}/s); {args.seconds:g}s measured after 10s",
+        flush=True,
+    )
+    for name, flood, governed in (
+        ("alone", False, True),
+        ("flood, adaptive", True, True),
+        ("flood, none", True, False),
+    ):
+        result = await lane_run(fake, knee, args, name, flood=flood, governed=governed)
+        print(
+            f"  {name:<16} interactive first chunk p50 {result.quantile(0.5):6.3f}s "
+            f"p99 {result.quantile(0.99):6.3f}s ({len(result.latencies)} streams, "
+            f"{result.failed} failed)",
+            flush=True,
+        )
+
+
+async def lane_run(
+    fake: FakeProvider,
+    knee: int,
+    args: argparse.Namespace,
+    name: str,
+    *,
+    flood: bool,
+    governed: bool,
+) -> Result:
+    """One variant of ``--lanes``: the interactive streams' times to first chunk."""
+    model = f"lanes-{knee}-{name.replace(', ', '-')}"
+    fake.script(model, Behavior(ttft=args.base, concurrency_knee=knee))
+    llm = lk.LLM(
+        f"openai/{model}",
+        api_base=fake.base_url,
+        api_key=KEY,
+        transport="openai",
+        deadline=args.deadline,
+        governor=governed,
+    )
+    await llm.warm()
+    result = Result()
+    measure_from = time.monotonic() + 10.0
+
+    async def interactive() -> None:
+        started = time.monotonic()
+        try:
+            stream = await llm.acompletion(
+                messages=MESSAGES, stream=True, max_tokens=4, priority="interactive"
+            )
+            async with stream:
+                async for _ in stream:
+                    if started >= measure_from:
+                        result.latencies.append(time.monotonic() - started)
+                    break
+        except Exception:
+            result.failed += started >= measure_from
+
+    async def batch() -> None:
+        with contextlib.suppress(Exception):
+            await llm.acompletion(messages=MESSAGES, max_tokens=4, priority="batch")
+
+    until = measure_from + args.seconds
+    async with anyio.create_task_group() as calls:
+        if flood:
+            rate = args.load * knee / args.base
+            calls.start_soon(open_loop, calls, batch, rate, until, random.Random(3))
+        await open_loop(calls, interactive, 2.0, until, random.Random(5))
+        calls.cancel_scope.cancel()
     await llm.aclose()
     return result
 
@@ -183,9 +277,15 @@ async def main() -> None:
     parser.add_argument("--deadline", type=float, default=5.0)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--overhead", action="store_true", help="the cost per call only")
+    parser.add_argument("--lanes", action="store_true", help="the interactive lane under a flood")
     args = parser.parse_args()
     if args.overhead:
         await overhead()
+        return
+    if args.lanes:
+        with FakeProvider() as fake:
+            for knee in args.knees:
+                await lanes(fake, knee, args)
         return
     if args.quick:
         args.knees, args.seconds = [8], 10.0
