@@ -518,13 +518,17 @@ class LimitWaited(Event, frozen=True):
 
 class LimitLearned(Event, frozen=True):
     """A provider's answer told a rate limit for the first time, or a new value
-    (:class:`~latencykit.policies.governor.Governor`).
+    (:class:`~latencykit.policies.governor.Governor`); or a target's adaptive concurrency
+    limit moved by 10 % or more since last told
+    (:class:`~latencykit.policies.concurrency.AdaptiveConcurrency`).
 
     Attributes:
         target: the key of the target that told it.
-        limit: ``"requests"`` or ``"tokens"`` (per minute).
+        limit: ``"requests"`` or ``"tokens"`` (per minute), or ``"concurrency"`` (attempts in
+            flight).
         value: the limit now.
-        previous: the limit before (``None``: first told).
+        previous: the limit before (``None``: first told; a concurrency limit: its initial
+            value).
     """
 
     target: str

@@ -430,9 +430,12 @@ class LLM:
             hedge reads (default ``None``: the process default, :func:`~latencykit.use_store`,
             looked up at each use). Budgets and limiters take their own ``shared=``.
         governor: pace every attempt by the rate limits the provider's answers tell, so that
-            a tight quota waits instead of answering 429 (default ``False``); see
-            :class:`~latencykit.policies.governor.Governor` and docs/governor.md. Per process
-            for now.
+            a tight quota waits instead of answering 429, and hold each target's attempts in
+            flight to a concurrency limit learned from its latency and overloads, lower lanes
+            (``priority=``) waiting first (default ``False``); see
+            :class:`~latencykit.policies.governor.Governor`,
+            :class:`~latencykit.policies.concurrency.AdaptiveConcurrency` and
+            docs/governor.md. Per process for now.
 
     The pipeline, outermost first: deadline, cache, router, degrade, hedge, failover, then per
     target breaker, limiter, retry and the attempt (with the stream guard, then its connection
@@ -577,12 +580,14 @@ class LLM:
             policies.append(
                 Failover(*self._routes, on=failover_on, passthrough=True, is_open=is_open)
             )
-        self._governor = None
+        self._governor = self._concurrency = None
         if self._arguments["governor"]:
+            from .policies.concurrency import AdaptiveConcurrency
             from .policies.governor import Governor
 
             policies.append(governor := Governor())
-            self._governor = governor
+            policies.append(concurrency := AdaptiveConcurrency())
+            self._governor, self._concurrency = governor, concurrency
         policies += [self._guard, ConnectionSlots(self._recorder)]
         return policies
 
@@ -701,9 +706,10 @@ class LLM:
             waiting=lambda key: queued.get(key, 0),
         )
         table = self._guard.with_learned(table)
-        if self._governor is None:
+        if self._governor is None or self._concurrency is None:
             return table
-        return self._governor.with_rooms(table, (*self.targets, self._degraded))
+        table = self._governor.with_rooms(table, (*self.targets, self._degraded))
+        return self._concurrency.with_concurrency(table)
 
     async def warm(
         self,

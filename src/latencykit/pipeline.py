@@ -97,6 +97,7 @@ class Stage(enum.IntEnum):
     BREAKER = 50
     LIMITER = 60
     RETRY = 70
+    CONCURRENCY = 77  # per attempt, inside the governor's pacing (RETRY + 5)
     ATTEMPT = 80
 
 

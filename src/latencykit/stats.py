@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from .ratelimit import RoomStats
 
 __all__ = [
+    "ConcurrencyStats",
     "MAX_SECONDS",
     "MIN_SECONDS",
     "LatencyWindow",
@@ -312,6 +313,22 @@ def _percentiles(window: LatencyWindow | None) -> Percentiles:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ConcurrencyStats:
+    """A target's adaptive concurrency at one moment (``TargetStats.concurrency``, with
+    ``LLM(governor=True)``; see :mod:`latencykit.policies.concurrency`).
+
+    Attributes:
+        limit: the limit learned: attempts in flight allowed.
+        in_flight: attempts holding a slot now.
+        waiting: attempts waiting for a slot now, all lanes together.
+    """
+
+    limit: int
+    in_flight: int
+    waiting: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TargetStats:
     """One target's statistics at one moment: what ``lk.LLM.stats()`` (and
@@ -347,6 +364,9 @@ class TargetStats:
             seconds, before any scaling for a long prompt (default ``None``: none learned; a
             limit set in ``StreamGuard`` is not shown). See docs/streaming.md.
         stall_limit: the stall limit it learned likewise (default ``None``).
+        concurrency: the adaptive concurrency limit learned, the attempts in flight and
+            waiting, with ``LLM(governor=True)`` (default ``None``: no governor, or no attempt
+            yet).
     """
 
     target: str
@@ -366,6 +386,7 @@ class TargetStats:
     room: RoomStats | None = None
     first_token_limit: float | None = None
     stall_limit: float | None = None
+    concurrency: ConcurrencyStats | None = None
 
     @property
     def attempts(self) -> int:
@@ -498,6 +519,8 @@ _COLUMNS = (
     _Column("paced", 5, lambda s: s.room and s.room.waits, optional=True),
     _Column("ft limit", 8, lambda s: _ms(s.first_token_limit), optional=True),
     _Column("stall lim", 9, lambda s: _ms(s.stall_limit), optional=True),
+    _Column("limit", 5, lambda s: s.concurrency and s.concurrency.limit, optional=True),
+    _Column("inflight", 8, lambda s: s.concurrency and s.concurrency.in_flight, optional=True),
 )
 
 
