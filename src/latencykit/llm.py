@@ -372,8 +372,9 @@ class LLM:
             looked up at each use). Budgets and limiters take their own ``shared=``.
         governor: pace every attempt by the rate limits the provider's answers tell, so that
             a tight quota waits instead of answering 429 (default ``False``); see
-            :class:`~latencykit.policies.governor.Governor` and docs/governor.md. Per process
-            for now.
+            :class:`~latencykit.policies.governor.Governor` and docs/governor.md. One room per
+            target and API key for the fleet with ``shared`` (or :func:`~latencykit.use_store`),
+            else per process; calls of a lower ``priority`` yield to higher ones.
 
     The pipeline, outermost first: deadline, cache, router, degrade, hedge, failover, then per
     target breaker, limiter, retry and the attempt (with the stream guard, then its connection
@@ -518,7 +519,7 @@ class LLM:
         if self._arguments["governor"]:
             from .policies.governor import Governor
 
-            policies.append(governor := Governor())
+            policies.append(governor := Governor(shared=self.shared))
             self._governor = governor
         policies += [self._guard, ConnectionSlots(self._recorder)]
         return policies

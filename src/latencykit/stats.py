@@ -483,6 +483,7 @@ _COLUMNS = (
     _Column("req left", 8, lambda s: s.room and _whole(s.room.requests_left), optional=True),
     _Column("tok left", 8, lambda s: s.room and _whole(s.room.tokens_left), optional=True),
     _Column("paced", 5, lambda s: s.room and s.room.waits, optional=True),
+    _Column("shed", 5, lambda s: s.room and s.room.shed, optional=True),
 )
 
 
