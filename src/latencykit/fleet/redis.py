@@ -382,6 +382,7 @@ class SharedRoom:
         self._last: tuple[RateLimits, float] | None = None  # resent to a server without it
         self._view: FleetView | None = None
         self._wakes: list[Callable[[], None]] = []
+        self._drained_at = process_clock()
 
     def view(self) -> FleetView | None:
         """The fleet's room as last refreshed, ``None`` when the store is unavailable."""
@@ -423,6 +424,11 @@ class SharedRoom:
             told = self._last  # a server that lost the room (restarted) learns it again
         self._sending = told
         workers = 1 if view is None else max(1, view.workers)
+        now = process_clock()
+        # The pace asked for, over an interval: a refresh woken early by an empty lease
+        # leases for the interval to come, not for the few milliseconds since the last one.
+        scale = self._store.interval / max(now - self._drained_at, 1e-3)
+        self._drained_at = now
         with self._lock:
             asked, self._asked = self._asked, [0.0, 0.0]
             rank, self._rank = self._rank, len(RESERVES) - 1
@@ -435,7 +441,7 @@ class SharedRoom:
                 )
             ):
                 most = math.inf if not limit else max(least, limit * _LEASE_SHARE / workers)
-                goal = min(most, max(least, 2 * asked[i]))
+                goal = min(most, max(least, 2 * asked[i] * scale))
                 back = held - goal if held > goal else min(0.0, held)  # leftovers, or a debt
                 giving.append(back)
                 wanted.append(max(0.0, goal - (held - back)))
