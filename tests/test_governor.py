@@ -238,3 +238,83 @@ def test_only_a_429_pauses_the_target() -> None:
     limited = lk.RateLimited("slow down", target="t", status_code=429, retry_after=5.0)
     Governor._read_error(room, "t", limited)
     assert room.paused_until - time.monotonic() == pytest.approx(5.0, abs=0.5)
+
+
+# --- lanes ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tight() -> Iterator[FakeProvider]:
+    """A provider with 120 requests a minute (one every 0.5 s), all but one spent."""
+    with FakeProvider(
+        quota=ProviderQuota(requests_per_minute=120, tokens_per_minute=100_000)
+    ) as fake:
+        drain(fake, 119)
+        yield fake
+
+
+async def test_batch_yields_to_interactive_under_a_tight_room(tight: FakeProvider) -> None:
+    llm = governed(tight, deadline=30.0)
+    await answer(llm, priority="interactive")  # learns the room: none left
+    done: list[str] = []
+
+    async def one(lane: str) -> None:
+        await answer(llm, priority=lane)
+        done.append(lane)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            for _ in range(3):
+                group.start_soon(one, "batch")
+            await anyio.sleep(0.05)  # the batch calls wait first
+            for _ in range(2):
+                group.start_soon(one, "interactive")
+            await until_true(lambda: len(done) >= 2)
+            group.cancel_scope.cancel()  # batch would wait for 20 % of the limit to refill
+    assert done == ["interactive", "interactive"]
+    assert 429 not in [a.status for a in tight.attempts]
+    room = llm.stats()["openai/m"].room
+    assert room is not None and room.lanes["interactive"][0] == 2
+
+
+async def test_a_lane_is_served_in_arrival_order(tight: FakeProvider) -> None:
+    llm = governed(tight, deadline=30.0)
+    await answer(llm, priority="interactive")  # learns the room: none left
+    done: list[int] = []
+
+    async def one(index: int) -> None:
+        await answer(llm, priority="interactive")
+        done.append(index)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            for index in range(4):
+                group.start_soon(one, index)
+                await anyio.sleep(0.01)  # arrival order
+    assert done == [0, 1, 2, 3]
+
+
+async def test_a_lane_with_room_is_not_held_back(quota: FakeProvider) -> None:
+    llm = governed(quota, deadline=2.0)
+    for _ in range(3):  # 5, 4, 3 of 6 left: above the batch lane's reserve (1.2)
+        await answer(llm, priority="batch")
+    room = llm.stats()["openai/m"].room
+    assert room is not None and room.waits == 0 and room.shed == 0
+
+
+async def test_a_shed_call_says_its_lane(tight: FakeProvider) -> None:
+    llm = governed(tight, deadline=2.0)
+    await answer(llm, priority="batch")  # nothing learned yet: sent; no room left, it says
+    sent = len(tight.attempts)
+    with pytest.raises(lk.LimitExceeded) as info:
+        await answer(llm, priority="batch")
+    assert info.value.lane == "batch" and "batch lane" in str(info.value)
+    assert len(tight.attempts) == sent  # nothing was sent
+    room = llm.stats()["openai/m"].room
+    assert room is not None and room.lanes["batch"] == (0, 1) and room.shed == 1
+    assert "shed" in str(llm.stats())
+
+
+async def until_true(predicate: Any) -> None:
+    while not predicate():  # noqa: ASYNC110 - the calls' own progress is what is awaited
+        await anyio.sleep(0.01)
