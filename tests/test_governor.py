@@ -245,7 +245,8 @@ def test_only_a_429_pauses_the_target() -> None:
 
 @pytest.fixture
 def tight() -> Iterator[FakeProvider]:
-    """A provider with 120 requests a minute (one every 0.5 s), all but one spent."""
+    """A provider with 120 requests a minute (one every 0.5 s), all but one spent (and the
+    few that refill while they are)."""
     with FakeProvider(
         quota=ProviderQuota(requests_per_minute=120, tokens_per_minute=100_000)
     ) as fake:
@@ -318,3 +319,37 @@ async def test_a_shed_call_says_its_lane(tight: FakeProvider) -> None:
 async def until_true(predicate: Any) -> None:
     while not predicate():  # noqa: ASYNC110 - the calls' own progress is what is awaited
         await anyio.sleep(0.01)
+
+
+async def test_room_left_waits_and_sheds_are_metrics_by_lane(tight: FakeProvider) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from latencykit import telemetry
+
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    llm = governed(tight, deadline=2.0)
+    with telemetry.instrument(meter_provider=meter_provider):
+        await answer(llm)
+        with pytest.raises(lk.LimitExceeded):
+            await answer(llm, priority="batch")
+        data = reader.get_metrics_data()
+    meter_provider.shutdown()
+    assert data is not None
+    points: dict[str, list[Any]] = {
+        metric.name: list(metric.data.data_points)
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+    }
+    shed = {p.attributes["latencykit.lane"]: p.value for p in points["latencykit.room.shed"]}
+    assert shed == {"interactive": 0, "default": 0, "batch": 1}
+    left = {p.attributes["latencykit.limit.kind"]: p.value for p in points["latencykit.room.left"]}
+    assert 0 <= left["requests"] < 0.2 * 120  # below the batch lane's reserve: shed
+    assert "latencykit.room.waits" in points
+    hashes = {None, ratelimit.key_hash(KEY)}
+    for series in points.values():
+        for point in series:
+            assert KEY not in str(point.attributes)
+            assert point.attributes.get("latencykit.api_key.hash") in hashes
