@@ -23,7 +23,20 @@ Reported per variant (medians over rounds): the requests the provider saw, the s
 with 429, the 429s after the first answer (before it, nothing is known to pace by), calls
 answered per second and tokens served per second as a share of the quota's rate; and the
 median over rounds of the per-round ratio governor / retry of the calls answered.
-**2. Cost per call** (``--overhead``): a pipeline with the governor stage against the same
+**2. The fleet** (``--fleet``): ``--processes`` OS processes (default 4) x ``--concurrency``
+workers each (default 16), one shared redis-server (started here, as the tests do), against
+the provider's quota for one API key (``--fleet-rpm`` 600 requests and ``--fleet-tpm`` 60,000
+tokens per minute by default; a call costs about 100 tokens: both limits bind). Each process
+sends open-loop bursts (``--burst`` calls every ``--period`` seconds, 5 every 1 s: twice the
+quota, all four together), each call taking one of its workers (a call waits for a free one),
+with ``deadline=`` 10 s and ``lk.Retry(max_attempts=10)``, for ``--seconds``; calls still going
+at the end are cancelled. Variants, one after the other, each on a fresh key whose quota is
+first drained: ``retry`` (no governor: a 429 is retried after its Retry-After), ``governor``
+(``LLM(governor=True, shared=RedisStore(...))``). Reported from the provider's records: the
+requests it saw, the share refused with 429, the tokens it served as a share of the quota's
+refill over the run, and per variant the calls answered, shed (``LimitExceeded``) and failed.
+
+**3. Cost per call** (``--overhead``): a pipeline with the governor stage against the same
 pipeline without it, around a trivial async function whose answer tells the limits (as a
 transport does: :func:`latencykit.ratelimit.heard`), on a room with plenty left; variants
 interleaved per round, batches of 2,000 calls with the garbage collector off; reported: the
@@ -115,6 +128,130 @@ async def run(
     }
 
 
+# --- the fleet -----------------------------------------------------------------------------------
+
+FLEET_PROMPT = [{"role": "user", "content": "x" * 336}]  # 84 prompt tokens: 100 with the answer
+
+
+def fleet_process(options: dict[str, Any], start: Any, results: Any) -> None:
+    """One process of the fleet (spawned): its workers' calls, counted, put on ``results``."""
+    results.put(anyio.run(_fleet_process, options, start))
+
+
+async def _fleet_process(options: dict[str, Any], start: Any) -> dict[str, int]:
+    store = None
+    if options["variant"] == "governor":
+        store = lk.RedisStore(options["redis"], interval=0.05)
+    llm = lk.LLM(
+        "openai/m",
+        api_base=options["base_url"],
+        api_key=options["key"],
+        transport="openai",
+        governor=store is not None,
+        shared=store,
+        deadline=10.0,
+        retry=lk.Retry(max_attempts=10),
+    )
+    workers = anyio.CapacityLimiter(options["concurrency"])
+    counts = {"answered": 0, "shed": 0, "failed": 0}
+
+    async def one() -> None:
+        async with workers:
+            try:
+                await llm.acompletion(messages=FLEET_PROMPT, max_tokens=MAX_TOKENS)
+            except lk.LimitExceeded:
+                counts["shed"] += 1
+            except lk.LatencykitError:
+                counts["failed"] += 1
+            else:
+                counts["answered"] += 1
+
+    await anyio.to_thread.run_sync(start.wait)  # every process ready: go together
+    end = time.monotonic() + options["seconds"]
+    async with anyio.create_task_group() as group:
+        while time.monotonic() < end:
+            for _ in range(options["burst"]):
+                group.start_soon(one)
+            await anyio.sleep(options["period"])
+        group.cancel_scope.cancel()  # calls still going at the end are not counted
+    await llm.aclose()
+    if store is not None:
+        store.close()
+    return counts
+
+
+def fleet(args: argparse.Namespace) -> None:
+    import multiprocessing
+
+    from latencykit.testing import RedisServer
+
+    spawn = multiprocessing.get_context("spawn")
+    quota = ProviderQuota(requests_per_minute=args.fleet_rpm, tokens_per_minute=args.fleet_tpm)
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in args.variants}
+    rpm = args.fleet_rpm
+    with RedisServer() as redis_server, FakeProvider(quota=quota) as fake:
+        for index in range(args.rounds):
+            order = args.variants if index % 2 == 0 else args.variants[::-1]
+            for variant in order:
+                key = f"sk-fleet-{index}-{variant}"
+                options = {
+                    "variant": variant,
+                    "redis": redis_server.url,
+                    "base_url": fake.base_url,
+                    "key": key,
+                    "concurrency": args.concurrency,
+                    "seconds": args.seconds,
+                    "burst": args.burst,
+                    "period": args.period,
+                }
+                start = spawn.Barrier(args.processes + 1)
+                results = spawn.Queue()
+                processes = [
+                    spawn.Process(target=fleet_process, args=(options, start, results))
+                    for _ in range(args.processes)
+                ]
+                for process in processes:
+                    process.start()
+                # The processes import and build their LLM meanwhile, then wait: the run starts
+                # on an empty quota.
+                drain(fake, key)
+                start.wait()
+                began = time.monotonic()
+                counts = [results.get(timeout=args.seconds + 120) for _ in processes]
+                for process in processes:
+                    process.join()
+                # One variant runs at a time: the provider's requests of the run are its own.
+                mine = [a for a in fake.attempts if began <= a.arrived_at <= began + args.seconds]
+                statuses = [a.status for a in mine]
+                served = sum(a.prompt_tokens + a.tokens_sent for a in mine if a.status == 200)
+                rows[variant].append(
+                    {
+                        "sent": len(statuses),
+                        "429": statuses.count(429),
+                        "requests %": 100 * statuses.count(200) / (rpm * args.seconds / 60),
+                        "tokens %": 100 * served / (args.fleet_tpm * args.seconds / 60),
+                        **{name: sum(c[name] for c in counts) for name in counts[0]},
+                    }
+                )
+    print(
+        f"fleet: {args.processes} processes x {args.concurrency} workers, bursts of {args.burst}"
+        f" every {args.period:g} s per process, {args.rounds} rounds of {args.seconds:g} s per "
+        f"variant; quota {args.fleet_rpm} requests and {args.fleet_tpm} tokens per minute; "
+        f"python {sys.version.split()[0]}"
+    )
+    header = ("variant", "sent", "429s", "429 %", "requests % quota", "tokens % quota",
+              "answered", "shed", "failed")  # fmt: skip
+    print(f"{header[0]:<9} " + " ".join(f"{h:>{max(7, len(h))}}" for h in header[1:]))
+    for name, runs in rows.items():
+        for run in runs:
+            share = 100 * run["429"] / run["sent"] if run["sent"] else 0.0
+            print(
+                f"{name:<9} {run['sent']:>7.0f} {run['429']:>7.0f} {share:>7.2f} "
+                f"{run['requests %']:>16.1f} {run['tokens %']:>14.1f} {run['answered']:>8.0f} "
+                f"{run['shed']:>7.0f} {run['failed']:>7.0f}"
+            )
+
+
 _HEADERS = {
     "x-ratelimit-limit-requests": "600000",
     "x-ratelimit-limit-tokens": "60000000",
@@ -172,9 +309,22 @@ def main() -> None:
     parser.add_argument("--tpm", type=int, default=3_000)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 3 s")
     parser.add_argument("--overhead", action="store_true", help="only the cost per call")
+    parser.add_argument("--fleet", action="store_true", help="processes sharing one Redis")
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--burst", type=int, default=5)
+    parser.add_argument("--period", type=float, default=1.0)
+    parser.add_argument("--fleet-rpm", type=int, default=600)
+    parser.add_argument("--fleet-tpm", type=int, default=60_000)
+    parser.add_argument("--variants", nargs="+", default=["retry", "governor"])
     args = parser.parse_args()
     if args.overhead:
         anyio.run(overhead)
+        return
+    if args.fleet:
+        if args.quick:
+            args.rounds, args.seconds = 1, 5.0
+        fleet(args)
         return
     if args.quick:
         args.rounds, args.seconds = 2, 3.0

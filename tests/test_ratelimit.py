@@ -169,10 +169,10 @@ def test_lower_lanes_leave_a_reserve_to_the_higher_ones() -> None:
     room = Room()
     room.read(RateLimits(requests_limit=100, requests_remaining=15, requests_reset=51.0), now=0.0)
     assert wait_of(room, 0, now=0.0, rank=INTERACTIVE)[0] == 0.0
-    assert wait_of(room, 0, now=0.0, rank=DEFAULT)[0] == 0.0  # 15 - 1 >= 5 kept
+    assert wait_of(room, 0, now=0.0, rank=DEFAULT)[0] == 0.0
     # Batch keeps 20 of 100: 6 short, at 100 per minute.
     assert wait_of(room, 0, now=0.0, rank=BATCH)[0] == pytest.approx(6 * 0.6)
-    assert ratelimit.RESERVES == (0.0, 0.05, 0.2)
+    assert ratelimit.RESERVES == (0.0, 0.0, 0.2)
 
 
 def test_alone_while_the_fleet_is_away_a_worker_spends_its_share() -> None:

@@ -211,10 +211,16 @@ def key_hash(api_key: str | None) -> str:
     return hashlib.sha256((api_key or "").encode()).hexdigest()[:12]
 
 
-RESERVES: tuple[float, ...] = (0.0, 0.05, 0.2)
+RESERVES: tuple[float, ...] = (0.0, 0.0, 0.2)
 """The reserve of each lane (by rank, :data:`~latencykit._context.PRIORITIES`: interactive,
 default, batch): the share of a limit that a lane may not spend, kept for the lanes above it.
-Interactive calls may spend the whole room; default ones leave 5 % of it; batch ones 20 %."""
+Interactive and default calls may spend the whole room (the line serves interactive ones
+first); batch ones leave 20 % of it. An app that does not use lanes is paced as without."""
+
+
+PROBE_WAIT = 0.05
+"""Seconds a call looks again while the first call to a room, the one that finds out its
+limits, is still out (it is woken when that call comes back)."""
 
 
 class _Level:
@@ -294,9 +300,9 @@ class Lease(Protocol):
     def view(self) -> FleetView | None:
         """The fleet's room as last refreshed; ``None`` while the store is unavailable."""
 
-    def take(self, tokens: float, rank: int, fits: bool) -> bool:
-        """Spend one request and ``tokens`` of the lease if it holds them and ``fits`` (the
-        lane's reserve allows it); count the demand of lane ``rank`` either way."""
+    def take(self, requests: float, tokens: float, rank: int, fits: bool) -> bool:
+        """Spend ``requests`` and ``tokens`` of the lease if it holds them and ``fits`` (the
+        lane's reserve allows it), and count them as asked for by lane ``rank`` if it fits."""
 
     def give(self, tokens: float) -> None:
         """Give ``tokens`` back to the lease (negative: a debt)."""
@@ -315,7 +321,8 @@ class Room:
     :class:`Lease` attached, the fleet's room decides while its store answers; the process's
     own, divided by the workers last seen, while it does not.
 
-    Nothing is paced until an answer told the limits (:meth:`read`).
+    Until a first call came back, one call at a time is sent (it finds out the room); then
+    nothing is paced until an answer told the limits (:meth:`read`).
     """
 
     __slots__ = (
@@ -323,6 +330,7 @@ class Room:
         "_pending",
         "_turn",
         "_wakes",
+        "answered",
         "head_wait",
         "lease",
         "paused_until",
@@ -349,6 +357,7 @@ class Room:
         self._wakes: dict[tuple[int, int], Callable[[], None]] = {}
         self._turn = 0
         self.head_wait = 0.0  # the wait the call first in line was told last
+        self.answered = False  # whether any call came back (until then, one at a time)
 
     def attach(self, lease: Lease) -> None:
         """Spend from ``lease`` while its store answers."""
@@ -361,6 +370,7 @@ class Room:
     def read(self, limits: RateLimits, now: float) -> list[tuple[Limit, int, int | None]]:
         """Take in what an answer said at ``now``; returns the limits learned or changed:
         ``(limit, value, previous value)``."""
+        self.answered = True
         if self.lease is not None:
             self.lease.heard(limits)
         changed: list[tuple[Limit, int, int | None]] = []
@@ -403,7 +413,7 @@ class Room:
         for, False)``, nothing taken."""
         lease = self.lease
         view = None if lease is None else lease.view()
-        if view is None:
+        if view is None or (view.requests_limit is None and view.tokens_limit is None):
             wait, limit = self._local_wait(tokens, now, RESERVES[rank])
             if wait <= 0:
                 self.requests.reserved += 1.0
@@ -424,11 +434,16 @@ class Room:
         wait, limit = (
             (by_tokens, "tokens") if by_tokens > by_requests else (by_requests, "requests")
         )
-        if lease.take(tokens, rank, wait <= 0):
+        # A limit the fleet was not told (some hosts tell only one) is not leased.
+        requests = 0.0 if view.requests_limit is None else 1.0
+        if lease.take(requests, 0.0 if view.tokens_limit is None else tokens, rank, wait <= 0):
             return 0.0, limit, True
         return max(wait, view.renew), limit, False
 
     def _local_wait(self, tokens: float, now: float, reserve: float) -> tuple[float, Limit]:
+        if not self.answered and self.requests.reserved >= 1.0:
+            # Nothing known yet: one call finds out, before a burst meets an empty room.
+            return PROBE_WAIT, "requests"
         share = self.share
         requests = max(self.requests.wait(1.0, now, reserve, share), self.paused_until - now)
         by_tokens = self.tokens.wait(tokens, now, reserve, share)
@@ -437,9 +452,12 @@ class Room:
     def release(self, tokens: float, fleet: bool) -> None:
         """The call's answer (or failure) came: the provider's count has it now (a lease is
         spent when taken)."""
+        self.answered = True
         if not fleet:
             self.requests.reserved -= 1.0
             self.tokens.reserved -= tokens
+        if self._line:
+            self.wake_first()  # room freed, or the first answer came
 
     def refund(self, tokens: float, now: float, fleet: bool) -> None:
         """Give back the tokens a call reserved and did not use (as the provider does)."""

@@ -388,16 +388,16 @@ class SharedRoom:
         """The fleet's room as last refreshed, ``None`` when the store is unavailable."""
         return None if process_clock() > self._store._fresh_until else self._view
 
-    def take(self, tokens: float, rank: int, fits: bool) -> bool:
+    def take(self, requests: float, tokens: float, rank: int, fits: bool) -> bool:
         """See :class:`~latencykit.ratelimit.Lease`."""
         with self._lock:
             if fits:
-                self._asked[0] += 1.0
+                self._asked[0] += requests
                 self._asked[1] += tokens
                 self._biggest = max(self._biggest, tokens)
                 self._rank = min(self._rank, rank)
-                if self.held_requests >= 1.0 and self.held_tokens >= tokens:
-                    self.held_requests -= 1.0
+                if self.held_requests >= requests and self.held_tokens >= tokens:
+                    self.held_requests -= requests
                     self.held_tokens -= tokens
                     return True
         if fits:

@@ -57,7 +57,7 @@ if retry then s.paused = math.max(s.paused or 0, now + retry - age) end
 local floor = arg(14)
 local function lease(p, want, back)
   local limit = s[p .. '_limit']
-  if not limit then return want end -- nothing told yet: nothing paced
+  if not limit then return 0 end -- nothing told yet: the workers find out, one call each
   s[p .. '_level'] = math.min(limit, s[p .. '_level'] + back)
   local granted = math.max(0, math.min(want, s[p .. '_level'] - floor * limit))
   if p == 'r' then granted = math.floor(granted) end
