@@ -300,6 +300,9 @@ class Lease(Protocol):
     def view(self) -> FleetView | None:
         """The fleet's room as last refreshed; ``None`` while the store is unavailable."""
 
+    def joining(self) -> bool:
+        """Whether the store has not answered for this room yet, nor failed (a short time)."""
+
     def take(self, requests: float, tokens: float, rank: int, fits: bool) -> bool:
         """Spend ``requests`` and ``tokens`` of the lease if it holds them and ``fits`` (the
         lane's reserve allows it), and count them as asked for by lane ``rank`` if it fits."""
@@ -413,6 +416,8 @@ class Room:
         for, False)``, nothing taken."""
         lease = self.lease
         view = None if lease is None else lease.view()
+        if view is None and lease is not None and lease.joining():
+            return PROBE_WAIT, "requests", False  # the fleet's word first: woken when it comes
         if view is None or (view.requests_limit is None and view.tokens_limit is None):
             wait, limit = self._local_wait(tokens, now, RESERVES[rank])
             if wait <= 0:

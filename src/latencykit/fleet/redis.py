@@ -369,7 +369,7 @@ class SharedRoom:
     def __init__(self, store: RedisStore, key: str) -> None:
         self._store = store
         base = f"{store.namespace}:room:{{{key}}}"  # {key}: both keys in one cluster slot
-        self._keys = (base, f"{base}:workers")
+        self._keys = (base, f"{base}:workers", f"{base}:leases")
         self._lock = threading.Lock()
         self.held_requests = 0.0
         self.held_tokens = 0.0
@@ -382,11 +382,21 @@ class SharedRoom:
         self._last: tuple[RateLimits, float] | None = None  # resent to a server without it
         self._view: FleetView | None = None
         self._wakes: list[Callable[[], None]] = []
-        self._drained_at = process_clock()
+        self._drained_at = self._made_at = process_clock()
 
     def view(self) -> FleetView | None:
         """The fleet's room as last refreshed, ``None`` when the store is unavailable."""
         return None if process_clock() > self._store._fresh_until else self._view
+
+    def joining(self) -> bool:
+        """See :class:`~latencykit.ratelimit.Lease`: at most ``stale_after`` from the handle's
+        making, and not once the store failed."""
+        store = self._store
+        return (
+            self._view is None
+            and store._down_since is None
+            and process_clock() - self._made_at < store.stale_after
+        )
 
     def take(self, requests: float, tokens: float, rank: int, fits: bool) -> bool:
         """See :class:`~latencykit.ratelimit.Lease`."""
@@ -448,6 +458,7 @@ class SharedRoom:
             self._giving = (giving[0], giving[1])
             self.held_requests -= giving[0]
             self.held_tokens -= giving[1]
+            holding = (self.held_requests, self.held_tokens)
         if told is None:
             said: tuple[Any, ...] = ("",) * 8
         else:
@@ -457,8 +468,8 @@ class SharedRoom:
                 max(0.0, process_clock() - at),
             )
         args = (
-            2, *self._keys, self._store._id, *said, *wanted, *giving, RESERVES[rank],
-            _ROOM_TTL, _SEEN_FOR,
+            3, *self._keys, self._store._id, *said, *wanted, *giving, RESERVES[rank],
+            _ROOM_TTL, _SEEN_FOR, *holding,
         )  # fmt: skip
         return [("room", args)]
 

@@ -6,11 +6,12 @@
 -- KEYS[1]: a hash {r_limit, r_level, r_at, r_rate, t_limit, t_level, t_at, t_rate, paused}
 --          (r_: requests, t_: tokens; levels are the room not leased out; at, paused: server s).
 -- KEYS[2]: a sorted set of the workers seen (score: server seconds of their last exchange).
+-- KEYS[3]: a hash, field = worker id, value = "requests tokens" it holds in leases, unspent.
 -- ARGV: worker id; what an answer told ("" where not told): requests limit, remaining, reset
 --       (s), tokens limit, remaining, reset (s), retry-after (s), its age (s); requests and
 --       tokens wanted, requests and tokens given back (negative: a debt), the floor (a
 --       fraction of the limit no lease may take: the reserve of the lanes above the asking
---       one), ttl ms, seconds a worker counts as seen.
+--       one), ttl ms, seconds a worker counts as seen, requests and tokens it still holds.
 -- Returns {requests granted, tokens granted, requests left, limit, rate, tokens left, limit,
 --          rate, seconds paused, workers seen} (strings; a limit of -1: not told yet).
 
@@ -34,9 +35,25 @@ for _, p in ipairs({'r', 't'}) do
   end
 end
 
--- An answer's word, aged to now: it can only lower the room (the room not leased out is at
--- most what the provider says is left; the leases and any other client's calls are in its
--- count, not ours), except the limit itself, which is the provider's.
+-- The workers seen, and the leases they hold unspent (the provider counts them as left).
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - arg(16))
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[17] .. ' ' .. ARGV[18])
+local held = {r = 0, t = 0}
+local leases = redis.call('HGETALL', KEYS[3])
+for i = 1, #leases, 2 do
+  if redis.call('ZSCORE', KEYS[2], leases[i]) then
+    local r, tk = string.match(leases[i + 1], '^(%S+) (%S+)$')
+    held.r, held.t = held.r + (tonumber(r) or 0), held.t + (tonumber(tk) or 0)
+  else
+    redis.call('HDEL', KEYS[3], leases[i])
+  end
+end
+
+-- An answer's word, aged to now, less the leases held: it can only lower the room (the room
+-- not leased out is at most what the provider says is left, less what the workers hold;
+-- any other client's calls are in its count, not ours), except the limit itself, which is
+-- the provider's.
 local function read(p, limit, left, reset)
   if not left then return end
   local known = s[p .. '_limit']
@@ -44,7 +61,7 @@ local function read(p, limit, left, reset)
   left = math.min(left, limit)
   local rate = limit / 60
   if reset and reset > 0 and limit > left then rate = math.max(rate, (limit - left) / reset) end
-  local told = math.min(limit, left + rate * age)
+  local told = math.min(limit, left + rate * age) - math.max(0, held[p])
   if known then told = math.min(told, s[p .. '_level']) end
   s[p .. '_limit'], s[p .. '_level'], s[p .. '_at'], s[p .. '_rate'] = limit, told, now, rate
 end
@@ -79,9 +96,8 @@ if #fields > 0 then
   redis.call('PEXPIRE', KEYS[1], arg(15))
 end
 
-redis.call('ZADD', KEYS[2], now, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - arg(16))
 redis.call('PEXPIRE', KEYS[2], arg(15))
+redis.call('PEXPIRE', KEYS[3], arg(15))
 local workers = redis.call('ZCARD', KEYS[2])
 
 local function told(name) return tostring(s[name] or -1) end
