@@ -270,33 +270,58 @@ async def overhead(rounds: int = 30, batch: int = 2000) -> None:
     from latencykit import ratelimit
     from latencykit.pipeline import Call, Pipeline
     from latencykit.policies.governor import Governor
+    from latencykit.testing import RedisServer
 
-    target = lk.Target("openai/m", api_key="sk-bench", transport="openai")
     usage = SimpleNamespace(prompt_tokens=100, completion_tokens=16, total_tokens=116)
     answer = SimpleNamespace(usage=usage, choices=[], model="m", id="x")
 
-    async def call_provider(**kwargs: Any) -> Any:
-        ratelimit.heard(target.key, target.api_key, _HEADERS)
-        return answer
+    def calling(api_key: str) -> Call:
+        """A call of its own target (its own room) whose answer tells the limits."""
+        target = lk.Target("openai/m", api_key=api_key, transport="openai")
 
-    call = Call(call_provider, (), {"messages": [{"role": "user", "content": "x" * 400}]}, target)
-    variants = {"plain": Pipeline(()), "governor": Pipeline((Governor(),))}
-    await variants["governor"].run(call)  # the room exists: both variants parse the headers
-    differences = []
-    for index in range(rounds):
-        took = {}
-        for name in sorted(variants, reverse=index % 2 == 1):
-            gc.disable()
-            started = time.perf_counter()
-            for _ in range(batch):
-                await variants[name].run(call)
-            took[name] = (time.perf_counter() - started) / batch
-            gc.enable()
-        differences.append(took["governor"] - took["plain"])
+        async def call_provider(**kwargs: Any) -> Any:
+            ratelimit.heard(target.key, target.api_key, _HEADERS)
+            return answer
+
+        return Call(
+            call_provider, (), {"messages": [{"role": "user", "content": "x" * 400}]}, target
+        )
+
+    with RedisServer() as server:
+        store = lk.RedisStore(server.url)
+        variants = {
+            "plain": (Pipeline(()), calling("sk-bench")),
+            "governor": (Pipeline((Governor(),)), calling("sk-bench")),
+            "governor+store": (Pipeline((Governor(shared=store),)), calling("sk-bench-fleet")),
+        }
+        for pipeline, call in variants.values():  # the rooms exist, the fleet's is told
+            await pipeline.run(call)
+        await anyio.sleep(0.5)
+        differences: dict[str, list[float]] = {"governor": [], "governor+store": []}
+        for index in range(rounds):
+            took = {}
+            for name in sorted(variants, reverse=index % 2 == 1):
+                pipeline, call = variants[name]
+                gc.disable()
+                started = time.perf_counter()
+                for _ in range(batch):
+                    await pipeline.run(call)
+                took[name] = (time.perf_counter() - started) / batch
+                gc.enable()
+            for name, found in differences.items():
+                found.append(took[name] - took["plain"])
+        fleet = variants["governor+store"][1].target
+        paced = ratelimit.room_for(fleet.key, fleet.api_key).stats()
+        store.close()
     parse = min(timeit.repeat(lambda: ratelimit.read_limits(_HEADERS), number=5000, repeat=5))
+    for name, found in differences.items():
+        print(
+            f"{name} stage: median per-round difference {statistics.median(found) * 1e6:.1f} us"
+            f" per call (range {min(found) * 1e6:.1f} to {max(found) * 1e6:.1f})"
+        )
     print(
-        f"governor stage: median per-round difference {statistics.median(differences) * 1e6:.1f}"
-        f" us per call; parsing one answer's headers {parse / 5000 * 1e6:.1f} us"
+        f"parsing one answer's headers {parse / 5000 * 1e6:.1f} us; the fleet's room: "
+        f"{paced.waits} of {rounds * batch} calls waited for a lease (a round trip)"
     )
 
 
