@@ -4,7 +4,8 @@ Each process keeps a view of the fleet's state (each breaker's state, each budge
 the tokens this process leased from it) that a background task refreshes every ``interval``
 seconds, in one pipelined round trip that also writes the outcomes queued since the last one.
 Every change of shared state happens in a Lua script on the server (``breaker.lua``,
-``budget.lua``, ``quota.lua``), on the server's clock: no read-modify-write from a client.
+``budget.lua``, ``quota.lua``, ``room.lua``), on the server's clock: no read-modify-write from
+a client.
 
 The background task runs on the library's own asyncio loop (a daemon thread), whatever loop or
 backend the calls run on, so a busy application loop does not delay the refresh, and trio

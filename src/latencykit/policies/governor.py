@@ -13,9 +13,15 @@ to refill (the provider's reset), or, if that wait would pass the call's deadlin
 once with :class:`~latencykit.errors.LimitExceeded` before anything is sent. A 429's
 ``retry-after`` pauses every attempt to that target and key until then.
 
+Waiting attempts are served highest lane first (``acompletion(priority=...)``), in arrival
+order within a lane; a batch attempt leaves a reserve of the room to the lanes above
+(:data:`~latencykit.ratelimit.RESERVES`); one that is shed says its lane
+(``LimitExceeded.lane``). With a store (``shared=`` or ``use_store``) the room is the fleet's:
+headers merged on the server, a lease per process (:class:`~latencykit.fleet.redis.SharedRoom`).
+
 It runs per attempt (``Stage.RETRY + 5``: inside retry, before the attempt), so retries,
-hedges and failover attempts are paced too. With no numbers configured, nothing is paced
-until a first answer told the limits.
+hedges and failover attempts are paced too. With no numbers configured, one attempt at a time
+finds out the room, and nothing is paced until an answer told the limits.
 """
 
 from __future__ import annotations
@@ -58,8 +64,14 @@ _POLL = 1.0  # seconds a call waiting behind others looks again, if nobody woke 
 class Governor:
     """Paces a target's attempts by the rate limits its answers tell (see module docs).
 
-    ``LLM(governor=True)`` puts one in the pipeline. It has no options: the limits are learned
-    from the provider's headers, the state is per process, per (target key, API key hash).
+    ``LLM(governor=True)`` puts one in the pipeline. The limits are learned from the provider's
+    headers, one room per (target key, API key hash).
+
+    Args:
+        shared: a store shared by the fleet (:class:`~latencykit.RedisStore`): the rooms are
+            the fleet's, each process spending from a lease (default ``None``: the process
+            default, :func:`~latencykit.use_store`, looked up at each attempt; none: per
+            process).
     """
 
     stage = STAGE
