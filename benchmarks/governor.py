@@ -228,6 +228,9 @@ def fleet(args: argparse.Namespace) -> None:
                     {
                         "sent": len(statuses),
                         "429": statuses.count(429),
+                        "429 later": sum(
+                            a.status == 429 for a in mine if a.arrived_at > began + 2.0
+                        ),
                         "requests %": 100 * statuses.count(200) / (rpm * args.seconds / 60),
                         "tokens %": 100 * served / (args.fleet_tpm * args.seconds / 60),
                         **{name: sum(c[name] for c in counts) for name in counts[0]},
@@ -239,15 +242,16 @@ def fleet(args: argparse.Namespace) -> None:
         f"variant; quota {args.fleet_rpm} requests and {args.fleet_tpm} tokens per minute; "
         f"python {sys.version.split()[0]}"
     )
-    header = ("variant", "sent", "429s", "429 %", "requests % quota", "tokens % quota",
-              "answered", "shed", "failed")  # fmt: skip
+    header = ("variant", "sent", "429s", "429 %", "429s after 2 s", "requests % quota",
+              "tokens % quota", "answered", "shed", "failed")  # fmt: skip
     print(f"{header[0]:<9} " + " ".join(f"{h:>{max(7, len(h))}}" for h in header[1:]))
     for name, runs in rows.items():
         for run in runs:
             share = 100 * run["429"] / run["sent"] if run["sent"] else 0.0
             print(
                 f"{name:<9} {run['sent']:>7.0f} {run['429']:>7.0f} {share:>7.2f} "
-                f"{run['requests %']:>16.1f} {run['tokens %']:>14.1f} {run['answered']:>8.0f} "
+                f"{run['429 later']:>14.0f} {run['requests %']:>16.1f} {run['tokens %']:>14.1f} "
+                f"{run['answered']:>8.0f} "
                 f"{run['shed']:>7.0f} {run['failed']:>7.0f}"
             )
 

@@ -324,8 +324,9 @@ class Room:
     :class:`Lease` attached, the fleet's room decides while its store answers; the process's
     own, divided by the workers last seen, while it does not.
 
-    Until a first call came back, one call at a time is sent (it finds out the room); then
-    nothing is paced until an answer told the limits (:meth:`read`).
+    Until a first answer came back (an error that tells no limits does not count), one call
+    at a time is sent (it finds out the room); then nothing is paced until an answer told the
+    limits (:meth:`read`).
     """
 
     __slots__ = (
@@ -360,7 +361,7 @@ class Room:
         self._wakes: dict[tuple[int, int], Callable[[], None]] = {}
         self._turn = 0
         self.head_wait = 0.0  # the wait the call first in line was told last
-        self.answered = False  # whether any call came back (until then, one at a time)
+        self.answered = False  # whether an answer came back (until then, one at a time)
 
     def attach(self, lease: Lease) -> None:
         """Spend from ``lease`` while its store answers."""
@@ -418,6 +419,8 @@ class Room:
         view = None if lease is None else lease.view()
         if view is None and lease is not None and lease.joining():
             return PROBE_WAIT, "requests", False  # the fleet's word first: woken when it comes
+        if view is not None:
+            self.share = 1.0 / max(1, view.workers)
         if view is None or (view.requests_limit is None and view.tokens_limit is None):
             wait, limit = self._local_wait(tokens, now, RESERVES[rank])
             if wait <= 0:
@@ -425,7 +428,6 @@ class Room:
                 self.tokens.reserved += tokens
             return wait, limit, False
         assert lease is not None
-        self.share = 1.0 / max(1, view.workers)
         reserve = RESERVES[rank]
         by_requests = _fleet_wait(
             1.0, reserve, view.requests_left, lease.held_requests, view.requests_limit,
@@ -457,7 +459,6 @@ class Room:
     def release(self, tokens: float, fleet: bool) -> None:
         """The call's answer (or failure) came: the provider's count has it now (a lease is
         spent when taken)."""
-        self.answered = True
         if not fleet:
             self.requests.reserved -= 1.0
             self.tokens.reserved -= tokens
@@ -505,7 +506,11 @@ class Room:
 
     def wake_first(self) -> None:
         """Wake the call first in line, if any (it looks at the room again)."""
-        if self._line and (wake := self._wakes.get(self._line[0])) is not None:
+        try:  # called from the store's thread too: the line may change meanwhile
+            wake = self._wakes.get(self._line[0]) if self._line else None
+        except IndexError:
+            return
+        if wake is not None:
             wake()
 
     def left(self, now: float) -> tuple[float | None, float | None]:

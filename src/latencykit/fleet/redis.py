@@ -426,7 +426,8 @@ class SharedRoom:
 
     def listen(self, wake: Callable[[], None]) -> None:
         """See :class:`~latencykit.ratelimit.Lease`."""
-        self._wakes.append(wake)
+        if wake not in self._wakes:
+            self._wakes.append(wake)
 
     def _drain(self) -> list[tuple[str, tuple[Any, ...]]]:
         view = self._view

@@ -118,6 +118,7 @@ class Governor:
             if isinstance(exc, Exception):
                 self._read_error(room, target.key, exc)
             raise
+        room.answered = True
         room.release(tokens, fleet)
         _learned(target.key, room.read_pending(process_clock()))
         settle = functools.partial(self._settle, room, target.key, cap, fleet)
