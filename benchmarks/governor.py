@@ -32,9 +32,13 @@ quota, all four together), each call taking one of its workers (a call waits for
 with ``deadline=`` 10 s and ``lk.Retry(max_attempts=10)``, for ``--seconds``; calls still going
 at the end are cancelled. Variants, one after the other, each on a fresh key whose quota is
 first drained: ``retry`` (no governor: a 429 is retried after its Retry-After), ``governor``
-(``LLM(governor=True, shared=RedisStore(...))``). Reported from the provider's records: the
-requests it saw, the share refused with 429, the tokens it served as a share of the quota's
-refill over the run, and per variant the calls answered, shed (``LimitExceeded``) and failed.
+(``LLM(governor=True, shared=RedisStore(...))``), and with ``--variants ... router``, litellm's
+``Router`` with its own ``rpm``/``tpm`` and the same Redis (usage-based routing, 10 retries).
+Reported per round, from the provider's records: the requests it saw, the share refused with
+429 (and the 429s after the first 2 s: the start, when nobody has told the fleet the room yet,
+aside), the requests and tokens it served as a share of the quota's refill over the run; and
+the calls answered, shed (``LimitExceeded``: their wait would have passed the deadline) and
+failed.
 
 **3. Cost per call** (``--overhead``): a pipeline with the governor stage against the same
 pipeline without it, around a trivial async function whose answer tells the limits (as a
@@ -139,6 +143,8 @@ def fleet_process(options: dict[str, Any], start: Any, results: Any) -> None:
 
 
 async def _fleet_process(options: dict[str, Any], start: Any) -> dict[str, int]:
+    if options["variant"] == "router":
+        return await _router_process(options, start)
     store = None
     if options["variant"] == "governor":
         store = lk.RedisStore(options["redis"], interval=0.05)
@@ -166,7 +172,8 @@ async def _fleet_process(options: dict[str, Any], start: Any) -> dict[str, int]:
             else:
                 counts["answered"] += 1
 
-    await anyio.to_thread.run_sync(start.wait)  # every process ready: go together
+    await anyio.to_thread.run_sync(start.wait)  # every process ready: the parent drains
+    await anyio.to_thread.run_sync(start.wait)  # the quota is empty: go together
     end = time.monotonic() + options["seconds"]
     async with anyio.create_task_group() as group:
         while time.monotonic() < end:
@@ -177,6 +184,62 @@ async def _fleet_process(options: dict[str, Any], start: Any) -> dict[str, int]:
     await llm.aclose()
     if store is not None:
         store.close()
+    return counts
+
+
+async def _router_process(options: dict[str, Any], start: Any) -> dict[str, int]:
+    """The same load through litellm's Router with its own ``rpm``/``tpm`` on the shared Redis
+    (usage-based routing), 10 retries, the same 10 s deadline."""
+    from urllib.parse import urlsplit
+
+    import litellm
+
+    litellm.suppress_debug_info = True
+    redis_url = urlsplit(options["redis"])
+    router = litellm.Router(
+        model_list=[
+            {
+                "model_name": "m",
+                "litellm_params": {
+                    "model": "openai/m",
+                    "api_base": options["base_url"],
+                    "api_key": options["key"],
+                    "rpm": options["rpm"],
+                    "tpm": options["tpm"],
+                    "max_retries": 0,
+                },
+            }
+        ],
+        redis_host=redis_url.hostname,
+        redis_port=redis_url.port,
+        routing_strategy="usage-based-routing-v2",
+        num_retries=10,
+        timeout=10.0,
+    )
+    workers = anyio.CapacityLimiter(options["concurrency"])
+    counts = {"answered": 0, "shed": 0, "failed": 0}
+
+    async def one() -> None:
+        async with workers:
+            try:
+                with anyio.fail_after(10.0):
+                    await router.acompletion(
+                        model="m", messages=FLEET_PROMPT, max_tokens=MAX_TOKENS
+                    )
+            except Exception:
+                counts["failed"] += 1
+            else:
+                counts["answered"] += 1
+
+    await anyio.to_thread.run_sync(start.wait)  # ready
+    await anyio.to_thread.run_sync(start.wait)  # go
+    end = time.monotonic() + options["seconds"]
+    async with anyio.create_task_group() as group:
+        while time.monotonic() < end:
+            for _ in range(options["burst"]):
+                group.start_soon(one)
+            await anyio.sleep(options["period"])
+        group.cancel_scope.cancel()
     return counts
 
 
@@ -203,6 +266,8 @@ def fleet(args: argparse.Namespace) -> None:
                     "seconds": args.seconds,
                     "burst": args.burst,
                     "period": args.period,
+                    "rpm": args.fleet_rpm,
+                    "tpm": args.fleet_tpm,
                 }
                 start = spawn.Barrier(args.processes + 1)
                 results = spawn.Queue()
@@ -212,9 +277,8 @@ def fleet(args: argparse.Namespace) -> None:
                 ]
                 for process in processes:
                     process.start()
-                # The processes import and build their LLM meanwhile, then wait: the run starts
-                # on an empty quota.
-                drain(fake, key)
+                start.wait()  # the processes imported everything and built their clients
+                drain(fake, key)  # the run starts on an empty quota
                 start.wait()
                 began = time.monotonic()
                 counts = [results.get(timeout=args.seconds + 120) for _ in processes]
