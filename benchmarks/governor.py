@@ -193,10 +193,11 @@ async def _router_process(options: dict[str, Any], start: Any) -> dict[str, int]
     from urllib.parse import urlsplit
 
     import litellm
+    from litellm.router import Router
 
     litellm.suppress_debug_info = True
     redis_url = urlsplit(options["redis"])
-    router = litellm.Router(
+    router = Router(
         model_list=[
             {
                 "model_name": "m",
