@@ -284,7 +284,9 @@ def fleet(args: argparse.Namespace) -> None:
                 began = time.monotonic()
                 counts = [results.get(timeout=args.seconds + 120) for _ in processes]
                 for process in processes:
-                    process.join()
+                    process.join(30.0)
+                    if process.is_alive():  # reported, but stuck at exit: not ours to wait for
+                        process.terminate()
                 # One variant runs at a time: the provider's requests of the run are its own.
                 mine = [a for a in fake.attempts if began <= a.arrived_at <= began + args.seconds]
                 statuses = [a.status for a in mine]
@@ -301,6 +303,8 @@ def fleet(args: argparse.Namespace) -> None:
                         **{name: sum(c[name] for c in counts) for name in counts[0]},
                     }
                 )
+    for child in multiprocessing.active_children():  # whatever a library left running
+        child.terminate()
     print(
         f"fleet: {args.processes} processes x {args.concurrency} workers, bursts of {args.burst}"
         f" every {args.period:g} s per process, {args.rounds} rounds of {args.seconds:g} s per "
