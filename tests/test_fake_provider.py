@@ -215,11 +215,11 @@ async def test_models_endpoint_and_404(fake_provider: FakeProvider) -> None:
     fake_provider.script("a", Behavior())
     async with httpx.AsyncClient() as client:
         models = (await client.get(f"{fake_provider.base_url}/models")).json()
-        missing = await client.post(f"{fake_provider.base_url}/embeddings", json={})
+        missing = await client.post(f"{fake_provider.base_url}/audio/speech", json={})
     assert [m["id"] for m in models["data"]] == ["a", "b"]
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "unknown_url"
-    assert fake_provider.attempts == []  # only chat completions are recorded
+    assert fake_provider.attempts == []  # only the APIs served are recorded
 
 
 # --------------------------------------------------------------------------- scripts

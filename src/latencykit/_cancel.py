@@ -324,6 +324,17 @@ def on_asyncio() -> bool:
     return _asyncio_loop() is not None
 
 
+def running_library() -> str | None:
+    """The event loop library running in this thread (``"asyncio"``, ``"trio"``), or ``None``:
+    code that would block the thread asks it first."""
+    if _asyncio_loop() is not None:
+        return "asyncio"
+    try:
+        return sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return None
+
+
 def backend() -> Backend:
     """The clock and scope factory for the backend running this task."""
     name = "asyncio" if _asyncio_loop() is not None else sniffio.current_async_library()

@@ -51,6 +51,7 @@ from ._context import (
     attempt_var,
     current_attempt,
     deadline_var,
+    operation_var,
     queued_var,
     reason_var,
     trace_var,
@@ -128,7 +129,8 @@ class StreamLimits(Protocol):
 
 
 class _Unguarded:
-    """A stream no guard bounds: its target's attempt timeout, as ``StreamGuard()`` gives."""
+    """A stream no guard bounds: its target's attempt timeout, as ``StreamGuard()`` gives
+    until it has learned limits."""
 
     raise_truncated = False
 
@@ -326,6 +328,7 @@ def _call_started(trace: Trace, call: Call) -> None:
             parent_id=None if parent is None else parent.call_id,
             parent_attempt=current_attempt(),
             input_messages=call.kwargs.get("messages") if events.capturing_content() else None,
+            operation=operation_var.get(),
         )
     )
 

@@ -381,7 +381,12 @@ class _Call:
         answering = self.elsewhere.get(target)
         if answering is None:
             return self.attributes
-        return {**_endpoint_attributes(answering), _REQUEST_MODEL: self.endpoint.model}
+        operation = self.attributes[_OPERATION]  # the call's, whoever answered
+        return {
+            **_endpoint_attributes(answering),
+            _OPERATION: operation,
+            _REQUEST_MODEL: self.endpoint.model,
+        }
 
     def end(self, attributes: Mapping[str, Any] = {}, failed: bool = False) -> None:
         for span in self.attempts.values():  # attempts that never reported their end
@@ -614,6 +619,8 @@ class Instrumentation(Handle):
         name, kind = event.target, SpanKind.INTERNAL
         if genai:
             metric_attributes = _endpoint_attributes(endpoint)
+            if event.operation != "chat":
+                metric_attributes = {**metric_attributes, _OPERATION: event.operation}
             # The answering target's host is set when the call ends (a span attribute cannot
             # be taken back, should another target without an api_base of its own answer).
             attributes = {
@@ -627,7 +634,7 @@ class Instrumentation(Handle):
                 )
             if event.input_messages is not None:
                 attributes[_INPUT_MESSAGES] = _messages(event.input_messages)
-            name, kind = f"chat {endpoint.model}", SpanKind.CLIENT
+            name, kind = f"{event.operation} {endpoint.model}", SpanKind.CLIENT
         span = self._tracer.start_span(
             name, context=context, kind=kind, attributes=_present(attributes)
         )

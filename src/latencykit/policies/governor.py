@@ -30,7 +30,7 @@ import contextlib
 import dataclasses
 import functools
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 import anyio
@@ -55,7 +55,6 @@ CHARS_PER_TOKEN = 4
 thumb for English)."""
 
 _TENANT = "<default>"  # events' tenant field: the governor paces a target, not a tenant
-_NOT_TEXT = frozenset({"role", "type"})
 _AVERAGE_WEIGHT = 0.2  # of the newest answer in the learned output size
 _MARGIN = 0.01  # seconds: a wait must end this much before the deadline, to shed first
 _POLL = 1.0  # seconds a call waiting behind others looks again, if nobody woke it
@@ -256,16 +255,4 @@ def _input_tokens(call: Call, messages: Any) -> int:
             return int(counted)
         except Exception:  # a model or message litellm cannot count: the estimate
             pass
-    return _characters(messages) // CHARS_PER_TOKEN
-
-
-def _characters(value: Any) -> int:
-    """The characters of the text in messages (strings at any depth of lists and dicts, but
-    a message's role and a content part's type)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, Mapping):
-        return sum(_characters(v) for k, v in value.items() if k not in _NOT_TEXT)
-    if isinstance(value, (list, tuple)):
-        return sum(_characters(v) for v in value)
-    return 0
+    return _response.characters(messages) // CHARS_PER_TOKEN
