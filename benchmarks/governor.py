@@ -40,7 +40,13 @@ aside), the requests and tokens it served as a share of the quota's refill over 
 the calls answered, shed (``LimitExceeded``: their wait would have passed the deadline) and
 failed.
 
-**3. Cost per call** (``--overhead``): a pipeline with the governor stage against the same
+**3. Lanes** (``--lanes``): one process with ``governor=True`` on the same quota, drained;
+interactive calls (``priority="interactive"``, 2 a second) alone (``quiet``), under 16 workers
+flooding the quota in the batch lane (``flood``), and under the same flood with every call in
+the default lane (``no lanes``); reported: the interactive calls' latency p50 and p99 (the
+fake provider answers at once: the latency is the wait for room), and p99 over the quiet p99.
+
+**4. Cost per call** (``--overhead``): a pipeline with the governor stage against the same
 pipeline without it, around a trivial async function whose answer tells the limits (as a
 transport does: :func:`latencykit.ratelimit.heard`), on a room with plenty left; variants
 interleaved per round, batches of 2,000 calls with the garbage collector off; reported: the
@@ -52,6 +58,8 @@ The script reports; it always exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import statistics
 import sys
@@ -325,6 +333,83 @@ def fleet(args: argparse.Namespace) -> None:
             )
 
 
+# --- lanes ---------------------------------------------------------------------------------------
+
+
+async def lanes_run(fake: FakeProvider, key: str, variant: str, seconds: float) -> list[float]:
+    """Interactive calls' latencies (2 a second) in one process, alone (``quiet``), or with 16
+    workers flooding the quota in the batch lane (``flood``), or in the default lane like the
+    interactive calls themselves (``no lanes``)."""
+    llm = lk.LLM(
+        "openai/m",
+        api_base=fake.base_url,
+        api_key=key,
+        transport="openai",
+        governor=True,
+        deadline=30.0,
+        retry=lk.Retry(max_attempts=10),
+    )
+    latencies: list[float] = []
+    end = time.monotonic() + seconds
+    interactive = "default" if variant == "no lanes" else "interactive"
+
+    async def flood() -> None:
+        while time.monotonic() < end:
+            with contextlib.suppress(lk.LatencykitError):
+                await llm.acompletion(
+                    messages=FLEET_PROMPT, max_tokens=MAX_TOKENS, priority="batch"
+                    if variant == "flood" else "default"
+                )  # fmt: skip
+
+    async def person() -> None:
+        while time.monotonic() < end:
+            started = time.monotonic()
+            try:
+                await llm.acompletion(
+                    messages=FLEET_PROMPT, max_tokens=MAX_TOKENS, priority=interactive
+                )
+            except lk.LatencykitError:
+                latencies.append(math.inf)
+            else:
+                latencies.append(time.monotonic() - started)
+            await anyio.sleep(0.5)
+
+    # The room is learned first (a call that finds out, and its 429's retry, not counted).
+    await llm.acompletion(messages=FLEET_PROMPT, max_tokens=MAX_TOKENS, priority="interactive")
+    async with anyio.create_task_group() as group:
+        if variant != "quiet":
+            for _ in range(16):
+                group.start_soon(flood)
+            await anyio.sleep(2.0)  # the flood fills the line first
+            end += 2.0
+        group.start_soon(person)
+    await llm.aclose()
+    return latencies
+
+
+def lanes(args: argparse.Namespace) -> None:
+    quota = ProviderQuota(requests_per_minute=args.fleet_rpm, tokens_per_minute=args.fleet_tpm)
+    found: dict[str, list[float]] = {"quiet": [], "flood": [], "no lanes": []}
+    with FakeProvider(quota=quota) as fake:
+        for index in range(args.rounds):
+            for variant in found if index % 2 == 0 else list(found)[::-1]:
+                key = f"sk-lanes-{index}-{variant}"
+                drain(fake, key)
+                found[variant] += anyio.run(lanes_run, fake, key, variant, args.seconds)
+    print(
+        f"lanes: one process, interactive calls 2 a second, 16 flooding workers; quota "
+        f"{args.fleet_rpm} requests and {args.fleet_tpm} tokens per minute; {args.rounds} rounds "
+        f"of {args.seconds:g} s per variant"
+    )
+    quiet = statistics.quantiles(found["quiet"], n=100)[98]
+    for variant, latencies in found.items():
+        cut = statistics.quantiles(latencies, n=100)
+        print(
+            f"{variant:<9} interactive calls {len(latencies):>4}  p50 {cut[49] * 1e3:>7.1f} ms"
+            f"  p99 {cut[98] * 1e3:>7.1f} ms  p99 / quiet p99 {cut[98] / quiet:>5.2f}"
+        )
+
+
 _HEADERS = {
     "x-ratelimit-limit-requests": "600000",
     "x-ratelimit-limit-tokens": "60000000",
@@ -415,9 +500,13 @@ def main() -> None:
     parser.add_argument("--fleet-rpm", type=int, default=600)
     parser.add_argument("--fleet-tpm", type=int, default=60_000)
     parser.add_argument("--variants", nargs="+", default=["retry", "governor"])
+    parser.add_argument("--lanes", action="store_true", help="interactive under a batch flood")
     args = parser.parse_args()
     if args.overhead:
         anyio.run(overhead)
+        return
+    if args.lanes:
+        lanes(args)
         return
     if args.fleet:
         if args.quick:
