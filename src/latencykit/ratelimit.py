@@ -499,6 +499,7 @@ class Room:
         self._wakes.pop(place, None)
         if self._line and self._line[0] == place:
             heapq.heappop(self._line)
+            self.head_wait = 0.0  # the next one first in line tells its own
         else:
             self._line.remove(place)
             heapq.heapify(self._line)
