@@ -194,9 +194,11 @@ def test_the_line_serves_the_highest_lane_first_then_in_arrival_order() -> None:
     assert room.first(interactive)
     room.leave(interactive)
     assert room.first(first_batch) and woken == ["batch 1"]
+    room.head_wait = 12.0  # what the first in line was told
     room.leave(second_batch)  # gone before its turn: the first stays first
+    assert room.head_wait == 12.0
     room.leave(first_batch)
-    assert room.first_in_line(BATCH)
+    assert room.first_in_line(BATCH) and room.head_wait == 0.0  # not told to the next
 
 
 def test_unused_tokens_are_given_back() -> None:
