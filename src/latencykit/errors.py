@@ -163,6 +163,8 @@ class LimitExceeded(LatencykitError):
         wait: seconds the call would have had to wait (``None``: unknown, e.g. a slot
             with nothing to say when it frees up).
         waited: seconds the call waited before giving up.
+        lane: the call's lane (``"interactive"``, ``"default"`` or ``"batch"``) when a
+            governor shed it for want of room (default ``None``: another limit).
     """
 
     kind = ErrorKind.LIMIT_EXCEEDED
@@ -175,12 +177,16 @@ class LimitExceeded(LatencykitError):
         tenant: str | None = None,
         wait: float | None = None,
         waited: float = 0.0,
+        lane: str | None = None,
     ) -> None:
         who = f"target {target!r}" if tenant is None else f"tenant {tenant!r} on {target!r}"
+        if lane is not None:
+            who += f" for the {lane} lane"
         needs = "" if wait is None else f"; it would have had to wait {wait:.3f}s"
         super().__init__(
             f"{limit} limit of {who} reached; gave up after waiting {waited:.3f}s{needs}"
         )
+        self.lane = lane
         self.target = target
         self.tenant = tenant
         self.limit = limit

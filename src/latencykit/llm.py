@@ -431,11 +431,12 @@ class LLM:
             looked up at each use). Budgets and limiters take their own ``shared=``.
         governor: pace every attempt by the rate limits the provider's answers tell, so that
             a tight quota waits instead of answering 429, and hold each target's attempts in
-            flight to a concurrency limit learned from its latency and overloads, lower lanes
-            (``priority=``) waiting first (default ``False``); see
-            :class:`~latencykit.policies.governor.Governor`,
-            :class:`~latencykit.policies.concurrency.AdaptiveConcurrency` and
-            docs/governor.md. Per process for now.
+            flight to a concurrency limit learned from its latency and overloads (default
+            ``False``); see :class:`~latencykit.policies.governor.Governor`,
+            :class:`~latencykit.policies.concurrency.AdaptiveConcurrency` and docs/governor.md.
+            One room per target and API key for the fleet with ``shared`` (or
+            :func:`~latencykit.use_store`), else per process; calls of a lower ``priority``
+            yield to higher ones. The concurrency limit is learned per process.
 
     The pipeline, outermost first: deadline, cache, router, degrade, hedge, failover, then per
     target breaker, limiter, retry and the attempt (with the stream guard, then its connection
@@ -585,7 +586,7 @@ class LLM:
             from .policies.concurrency import AdaptiveConcurrency
             from .policies.governor import Governor
 
-            policies.append(governor := Governor())
+            policies.append(governor := Governor(shared=self.shared))
             policies.append(concurrency := AdaptiveConcurrency())
             self._governor, self._concurrency = governor, concurrency
         policies += [self._guard, ConnectionSlots(self._recorder)]

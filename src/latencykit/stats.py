@@ -517,6 +517,7 @@ _COLUMNS = (
     _Column("req left", 8, lambda s: s.room and _whole(s.room.requests_left), optional=True),
     _Column("tok left", 8, lambda s: s.room and _whole(s.room.tokens_left), optional=True),
     _Column("paced", 5, lambda s: s.room and s.room.waits, optional=True),
+    _Column("shed", 5, lambda s: s.room and s.room.shed, optional=True),
     _Column("ft limit", 8, lambda s: _ms(s.first_token_limit), optional=True),
     _Column("stall lim", 9, lambda s: _ms(s.stall_limit), optional=True),
     _Column("limit", 5, lambda s: s.concurrency and s.concurrency.limit, optional=True),
