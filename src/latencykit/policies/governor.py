@@ -20,7 +20,11 @@ order within a lane; a batch attempt leaves a reserve of the room to the lanes a
 headers merged on the server, a lease per process (:class:`~latencykit.fleet.redis.SharedRoom`).
 
 It runs per attempt (``Stage.RETRY + 5``: inside retry, before the attempt), so retries,
-hedges and failover attempts are paced too. With no numbers configured, one attempt at a time
+hedges and failover attempts are paced too. A retry or a hedge is an attempt a call adds: it is
+spent only from room to spare (leaving the batch lane's reserve, whatever the call's lane) and
+never waits for room; when there is none it is refused at once (``LimitExceeded``: the retry
+gives up, the hedge's backup is not sent), so near the end of a quota the first attempts of
+calls go first. With no numbers configured, one attempt at a time
 finds out the room, and nothing is paced until an answer told the limits.
 """
 
@@ -37,7 +41,7 @@ import anyio
 
 from .. import _response, _validation, events, ratelimit
 from .._cancel import now, process_clock, threadsafe_caller
-from .._context import PRIORITIES, priority_var, remaining, trace_var
+from .._context import PRIORITIES, priority_var, reason_var, remaining, trace_var
 from ..errors import ErrorKind, LimitExceeded, _headers_of, _links, classify, retry_after
 from ..fleet import SharedStore, current_store
 from ..pipeline import Call, Next, Stage
@@ -171,12 +175,23 @@ def _learned(target: str, changed: list[tuple[ratelimit.Limit, int, int | None]]
             events.emit(events.LimitLearned(_call_id(), target, limit, value, previous))
 
 
+_EXTRA = frozenset({"hedge", "retry"})  # attempts a call adds: spent from room to spare
+_SPARE = len(PRIORITIES) - 1  # ... as the lowest lane spends it (ratelimit.RESERVES)
+
+
 async def _take_room(room: ratelimit.Room, target: str, tokens: int) -> bool:
     """Take the attempt's room, first waiting for it (highest lane first, in arrival order
     within a lane), or raise ``LimitExceeded`` if that wait would pass the deadline (then
     nothing is sent). Returns whether the room was the fleet's."""
     lane = priority_var.get()
     rank = PRIORITIES.index(lane)
+    if reason_var.get() in _EXTRA:
+        # A hedge or a retry is spent only from room to spare (what the batch lane may spend)
+        # and never waited for: near the end of a quota the first attempts of calls go first.
+        wait, limit, fleet = room.take(tokens, process_clock(), max(rank, _SPARE))
+        if wait > 0:
+            _shed(room, target, lane, limit, wait, 0.0)
+        return fleet
     if room.first_in_line(rank):
         wait, limit, fleet = room.take(tokens, process_clock(), rank)
         if wait <= 0:
