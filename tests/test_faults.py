@@ -1,6 +1,6 @@
 """The fault matrix: lk.LLM with retry, breaker and failover against the fake provider, through
-every entry point (acompletion, aembedding, and their sync forms called from a worker thread of
-the test's event loop) on both lanes."""
+every entry point (acompletion, aembedding, aresponses, and the sync forms called from a worker
+thread of the test's event loop) on both lanes (aresponses: litellm's)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ WAYS = [
     ("acompletion", "openai"),
     ("aembedding", "litellm"),
     ("aembedding", "openai"),
+    ("aresponses", "litellm"),
     ("completion", "litellm"),
     ("embedding", "openai"),
 ]
@@ -59,6 +60,8 @@ async def ask(llm: lk.LLM, messages: list[dict[str, Any]] = MESSAGES, **kwargs: 
         if kwargs.get("stream"):
             pytest.skip("embeddings do not stream")
         kwargs["input"] = messages[-1]["content"]
+    elif ENTRY == "aresponses":
+        kwargs["input"] = messages
     else:
         kwargs["messages"] = messages
     method = getattr(llm, ENTRY)
@@ -243,6 +246,8 @@ async def test_accounting_names_the_answering_target_and_its_usage(
     assert report.target == "openai/secondary" and report.model == "secondary"
     if embeds():  # "hello": one input token, and no output
         assert (response.usage.prompt_tokens, response.usage.total_tokens) == (1, 1)
+    elif ENTRY == "aresponses":  # the Responses API's words
+        assert response.usage.output_tokens == 7
     else:
         assert response.usage.completion_tokens == 7
     assert [(a.target, a.outcome) for a in report.attempts] == [

@@ -18,7 +18,7 @@ from latencykit.testing import Behavior, FakeProvider, Fault
 
 pytestmark = pytest.mark.anyio
 
-# litellm streams natively only for models it knows; for others it replays a whole answer.
+# A model litellm knows (the others are registered as streaming natively on their first stream).
 MODEL = "gpt-4o-mini"
 
 
@@ -202,3 +202,12 @@ async def test_the_response_cache_lets_responses_calls_by(fake: FakeProvider) ->
     second = await llm.aresponses(input="hello")
     assert first.output_text == second.output_text and len(fake.attempts) == 2
     assert lk.report(second).cache is None
+
+
+async def test_a_model_of_ones_own_streams_natively(fake: FakeProvider) -> None:
+    llm = lk.LLM("openai/my-own-model", api_base=fake.base_url, api_key=KEY)
+    fake.script("my-own-model", Behavior(ttft=0.05, itl=0.05))
+    async with await llm.aresponses(input="hello", stream=True) as stream:
+        events = [event async for event in stream]
+    assert events[-1].type == "response.completed"
+    assert [a.stream for a in fake.attempts] == [True]  # not a whole answer replayed

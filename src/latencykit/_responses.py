@@ -11,9 +11,10 @@ by the content filter :class:`~latencykit.ContentPolicyViolation`, a failed one
 object says, classified by the one table. Content is the output text (and a refusal, and a
 tool call's arguments, as a chat delta's ``tool_calls`` are); reasoning is not.
 
-litellm facts this is built on: for a model it does not know to stream natively, litellm asks
-for the whole answer and replays it as events (no first-token time to measure then); with
-native streaming it raises when the events stop before a terminal one.
+litellm facts this is built on: for a model its map does not know, litellm would not stream
+natively (it asks for the whole answer and replays it as events: no first-token time to guard
+or hedge on), so such a model is registered as streaming natively on its first stream; with
+native streaming litellm raises when the events stop before a terminal one.
 """
 
 from __future__ import annotations
@@ -195,8 +196,30 @@ class ResponseEvents(ChunkSource):
             self._run_soon(self.aclose)
 
 
+_native: set[str] = set()  # models litellm was told to stream natively
+
+
+def _stream_natively(model: str) -> None:
+    """Have litellm stream ``model`` natively: for a model its map does not know (a model of
+    one's own on an OpenAI-compatible server), litellm would ask for the whole answer and
+    replay it as events, with no first-token time to guard or hedge on. A model the map knows
+    keeps what the map says."""
+    if model in _native:
+        return
+    module = litellm()
+    try:
+        module.get_model_info(model=model)
+    except Exception:  # not in the map
+        provider = module.get_llm_provider(model)[1]
+        module.register_model(
+            {model: {"litellm_provider": provider, "supports_native_streaming": True}}
+        )
+    _native.add(model)
+
+
 def open_events(target: Target, arguments: Mapping[str, Any], secrets: tuple[str, ...]) -> Any:
     """A streaming attempt's source (on trio, bridged), opened on its first read."""
+    _stream_natively(target.model)
     events = ResponseEvents(target.litellm_arguments(arguments), target, secrets)
     if on_asyncio():
         return events
