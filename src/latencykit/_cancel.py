@@ -42,8 +42,9 @@ class Backend(NamedTuple):
     scope: Callable[..., Any]
     """``scope(deadline=...)``: a cancel scope (``cancelled_caught`` after exit)."""
     expiry: Callable[[float], Any]
-    """``expiry(deadline)``: a cancel scope that only expires (no ``cancel()``, no shield):
-    :class:`Expiry` on asyncio 3.11+, the backend's own scope elsewhere."""
+    """``expiry(deadline)``: a cancel scope without a shield (``cancel()``,
+    ``cancelled_caught``; ``math.inf``: none): :class:`Expiry` on asyncio 3.11+, the backend's
+    own scope elsewhere."""
 
 
 Interrupt = Callable[[], None]
@@ -172,13 +173,14 @@ _expiry_var: contextvars.ContextVar[float] = contextvars.ContextVar(
 
 
 class Expiry:
-    """A cancel scope that only expires, for asyncio 3.11+: ``with Expiry(deadline):``.
+    """A cancel scope without a shield, for asyncio 3.11+: ``with Expiry(deadline):``.
 
-    At ``deadline`` it cancels the task the way ``asyncio.timeout`` does (``cancel`` then, at
-    exit, ``uncancel``), so it composes with anyio's scopes and with any other cancellation,
-    for a fraction of an anyio scope's Python calls (the deadline, the fallback's switch and a
-    failover target's share each enter one per call). It arms no loop timer of its own: it
-    joins its loop's :class:`_Wheel`, and leaving it early costs a flag. As with an anyio
+    At ``deadline`` (``math.inf``: never), or when :meth:`cancel` is called, it cancels the
+    task the way ``asyncio.timeout`` does (``cancel`` then, at exit, ``uncancel``), so it
+    composes with anyio's scopes and with any other cancellation, for a fraction of an anyio
+    scope's Python calls (the deadline, the fallback's switch, a failover target's share and
+    a hedge's primary each enter one per call). It arms no loop timer of its own: it joins
+    its loop's :class:`_Wheel`, and leaving it early costs a flag. As with an anyio
     scope, an anyio scope shielded inside it holds the cancellation back until it exits (to
     within a millisecond), and ``cancelled_caught`` (after exit) tells whether it expired and
     swallowed the cancellation.
@@ -199,15 +201,26 @@ class Expiry:
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
         self.cancelled_caught = self._fired = self.live = False
+        self._task: Any = None
 
     def __enter__(self) -> Expiry:
-        task = self._task = sys.modules["asyncio"].current_task()
+        loop = _asyncio_loop()
+        task = self._task = sys.modules["asyncio"].current_task(loop)
         self._cancelling = task.cancelling()
         self._outer = _anyio_scope(task)  # where the scopes entered inside this one end
         self._token = _expiry_var.set(min(self.deadline, _expiry_var.get()))
-        self._wheel = wheel = _wheel_of(_asyncio_loop())
-        wheel.add(self.deadline, self)
+        self._wheel = wheel = _wheel_of(loop)
+        if self.deadline != math.inf:
+            wheel.add(self.deadline, self)
         return self
+
+    def cancel(self) -> None:
+        """Cancel the work inside now, as the deadline would (from any task on the loop, or a
+        loop callback); nothing once it fired or exited."""
+        if self.live:
+            self._wheel.drop(self)
+        if self._task is not None and not self._fired:
+            self.fire()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> bool:
         if self.live:

@@ -87,6 +87,7 @@ class Race(abc.ABC):
         "crashed",
         "deadline",
         "delay",
+        "expiry",
         "host",
         "limit",
         "lost",
@@ -118,6 +119,7 @@ class Race(abc.ABC):
         loop = backend()
         self.now = loop.now
         self.scope = loop.scope
+        self.expiry = loop.expiry
         self.starts: list[float] = []
         self.lost: list[Lost] = []
         self.won = -1
@@ -170,7 +172,7 @@ class Race(abc.ABC):
         while self.delay == 0 and self._launch("delay"):
             pass  # all at once
         self._arm()
-        with self.scope(deadline=self.deadline) as self.host:
+        with self.expiry(self.deadline) as self.host:  # no shield: the lightest scope
             await self._contend(0, first)
         self.host = None
         self.running -= 1
