@@ -152,8 +152,16 @@ class Race(abc.ABC):
         """Run ``first`` (contender 0) here and the race around it, until it is decided or
         every contender ended; then cancel, await and close the losers."""
         try:
-            if first is not None:
-                await self._host(first)
+            if first is not None:  # contender 0, here (inline: a coroutine frame less)
+                self.starts.append(self.now())
+                self.running = 1
+                while self.delay == 0 and self._launch("delay"):
+                    pass  # all at once
+                self._arm()
+                with self.expiry(self.deadline) as self.host:  # no shield: the lightest scope
+                    await self._contend(0, first)
+                self.host = None
+                self.running -= 1
             while self.running and not self.stopped:
                 await self._changed()
             if self.crashed is not None:
@@ -164,18 +172,6 @@ class Race(abc.ABC):
             raise
         finally:
             await self._finish()
-
-    async def _host(self, first: Awaitable[Any]) -> None:
-        """Run contender 0 in the caller's task, the others starting around it."""
-        self.starts.append(self.now())
-        self.running = 1
-        while self.delay == 0 and self._launch("delay"):
-            pass  # all at once
-        self._arm()
-        with self.expiry(self.deadline) as self.host:  # no shield: the lightest scope
-            await self._contend(0, first)
-        self.host = None
-        self.running -= 1
 
     async def _finish(self) -> None:
         """Stop the race; cancel and await the contenders still running."""

@@ -1043,5 +1043,5 @@ class _TargetBreakers:
         found = self._by_target.get(target)
         return None if found is None else found.state
 
-    async def handle(self, call: Call, next: Next) -> Any:
-        return await self.of(call.target.key).handle(call, next)
+    def handle(self, call: Call, next: Next) -> Awaitable[Any]:
+        return self.of(call.target.key).handle(call, next)  # no frame of its own

@@ -197,11 +197,9 @@ class StreamGuard(PolicyDecorator):
             stall = min(stall or math.inf, target.timeout)
         return first_token, stall
 
-    async def handle(self, call: Call, next: Next) -> Any:
+    def handle(self, call: Call, next: Next) -> Awaitable[Any]:
         """Apply this guard to a streaming call (a non-streaming call goes through as is)."""
-        if call.stream is None:
-            return await next(call)
-        return await next(call._replace(stream=self))
+        return next(call if call.stream is None else call._replace(stream=self))
 
 
 def _resumed(
