@@ -209,7 +209,7 @@ class Expiry:
         self._cancelling = task.cancelling()
         self._outer = _anyio_scope(task)  # where the scopes entered inside this one end
         self._token = _expiry_var.set(min(self.deadline, _expiry_var.get()))
-        self._wheel = wheel = _wheel_of(loop)
+        self._wheel = wheel = getattr(loop, "_latencykit_wheel", None) or _wheel_of(loop)
         if self.deadline != math.inf:
             wheel.add(self.deadline, self)
         return self
@@ -347,9 +347,16 @@ _foreign_wheels: weakref.WeakKeyDictionary[Any, _Wheel] = weakref.WeakKeyDiction
 
 def _anyio_scope(task: Any) -> Any:
     """The innermost anyio cancel scope ``task`` is in (``None``: none)."""
-    states = getattr(sys.modules.get("anyio._backends._asyncio"), "_task_states", None)
-    state = None if states is None else states.get(task)
+    global _task_states
+    if _task_states is None:  # anyio's asyncio backend loads with the first anyio call
+        _task_states = getattr(sys.modules.get("anyio._backends._asyncio"), "_task_states", None)
+        if _task_states is None:
+            return None
+    state = _task_states.get(task)
     return None if state is None else state.cancel_scope
+
+
+_task_states: Any = None  # anyio's (asyncio backend's) state of each task, once it is loaded
 
 
 def _shielded(task: Any, outer: Any) -> bool:
