@@ -588,7 +588,7 @@ def _load_baseline(source: Path) -> Any:
 
 def _labels(keys: Iterable[str]) -> dict[str, str]:
     """The report's label of every measured variant, baseline ones marked."""
-    return {key: LLM_LABELS[key] if key in LLM_LABELS else "    the same, baseline" for key in keys}
+    return {key: LLM_LABELS.get(key, "    the same, baseline") for key in keys}
 
 
 def bench_llm(settings: Settings, seed: int, *, http: bool = False) -> LLMResult:

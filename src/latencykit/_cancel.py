@@ -250,15 +250,18 @@ class _Alarm:
 
     def __init__(self, wheel: _Wheel, callback: Callable[[], None]) -> None:
         self._wheel = wheel
-        self.callback = callback
+        self.callback: Callable[[], None] | None = callback
         self.context = contextvars.copy_context()  # as asyncio's call_at: the caller's context
         self.live = False
 
     def cancel(self) -> None:
+        self.callback = None  # also when it is due in the same turn as the timer cancelling it
         if self.live:
             self._wheel.drop(self)
 
     def fire(self) -> None:
+        if self.callback is None:
+            return
         try:
             self.context.run(_as_asyncio, self.callback)
         except Exception:  # a timer must not stop the others due with it
@@ -276,14 +279,17 @@ class _Wheel:
 
     The timer stays armed at the earliest time it was asked for; an entry that leaves early
     (nearly all: a call ends long before its deadline) is only marked dead, and when the timer
-    fires with nothing due it is re-armed for the earliest live entry. So a call whose
-    deadlines all fall after the armed time creates, cancels and reschedules no loop timer at
-    all (asyncio's ``call_at`` and ``cancel`` are several Python calls each, and a pending
-    timer of each nested scope was paid by every call). Dead entries are swept out once they
-    are the majority, as asyncio's own loop does with its cancelled timers.
+    fires with nothing due it is re-armed for the earliest live entry. So while other calls
+    are in flight, a call whose deadlines all fall after the armed time creates, cancels and
+    reschedules no loop timer at all (asyncio's ``call_at`` and ``cancel`` are several Python
+    calls each, and the nested scopes of one call had three or four pending), nor does the
+    next call after it on a loop running in real time; on a loop with a clock of its own the
+    timer is cancelled once no entry is live (a virtual-time loop jumps to a pending timer).
+    Dead entries are swept out once they are the majority, as asyncio's own loop does with
+    its cancelled timers.
     """
 
-    __slots__ = ("armed", "dead", "handle", "heap", "loop", "order")
+    __slots__ = ("armed", "dead", "handle", "heap", "loop", "order", "waiting")
 
     def __init__(self, loop: Any) -> None:
         self.loop = loop
@@ -292,9 +298,11 @@ class _Wheel:
         self.armed = math.inf  # when the loop timer fires
         self.handle: Any = None
         self.dead = 0  # entries in the heap marked dead
+        self.waiting = 0  # live entries
 
     def add(self, when: float, entry: _Entry) -> None:
         entry.live = True
+        self.waiting += 1
         heapq.heappush(self.heap, (when, next(self.order), entry))
         if when < self.armed:
             if self.handle is not None:
@@ -304,6 +312,17 @@ class _Wheel:
 
     def drop(self, entry: _Entry) -> None:
         entry.live = False
+        self.waiting -= 1
+        if not self.waiting:  # the heap holds only dead entries
+            self.heap.clear()
+            self.dead = 0
+            # On a real-time loop the timer stays armed (it wakes the loop once, later): the
+            # next call's deadlines, later than it, arm none. A loop with a clock of its own
+            # (a virtual-time loop jumps to its next timer when idle) is left with none.
+            if self.handle is not None and type(self.loop) not in _monotonic_loops:
+                self.handle.cancel()
+                self.handle, self.armed = None, math.inf
+            return
         self.dead += 1
         if self.dead > 64 and self.dead * 2 > len(self.heap):
             self.heap = [item for item in self.heap if item[2].live]
@@ -316,6 +335,8 @@ class _Wheel:
         while heap and (heap[0][0] <= now or not heap[0][2].live):
             entry = heapq.heappop(heap)[2]
             if entry.live:
+                entry.live = False
+                self.waiting -= 1
                 due.append(entry)
             else:
                 self.dead -= 1
@@ -323,9 +344,7 @@ class _Wheel:
             self.handle = self.loop.call_at(heap[0][0], self._ring)
             self.armed = heap[0][0]
         for entry in due:
-            if entry.live:  # not cancelled by an entry that fired before it
-                entry.live = False
-                entry.fire()
+            entry.fire()
 
 
 def _wheel_of(loop: Any) -> _Wheel:
