@@ -83,9 +83,15 @@ class CountingLoop(asyncio.SelectorEventLoop):
 
     timers = 0
 
-    def call_at(self, when: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
+    def call_at(  # type: ignore[override]
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
         self.timers += 1
-        return super().call_at(when, callback, *args, **kwargs)
+        return super().call_at(when, callback, *args, context=context)
 
 
 def run_counting(main: Callable[[], Coroutine[Any, Any, None]]) -> int:
