@@ -759,7 +759,7 @@ class LLM:
     ) -> tuple[Target, bool, str | None, Priority | None]:
         """Take latencykit's own arguments out of ``kwargs``: the call's first target, whether
         it streams, its task tag, its lane; refuse the arguments it owns."""
-        for name in kwargs.keys() & (_RESERVED.keys() | _TARGET_OWNED.keys()):
+        for name in (kwargs.keys() & _RESERVED.keys()) or (kwargs.keys() & _TARGET_OWNED.keys()):
             raise ValueError(
                 f"acompletion({name}=...) is not accepted: "
                 + (_RESERVED.get(name) or _TARGET_OWNED[name])
@@ -819,6 +819,8 @@ class LLM:
         return functools.partial(self._open if streaming else self._attempt, target)
 
     def _to_target(self, target: Target, call: Call) -> Call:
+        if call.target is target:  # on it already (its attempt function is the target's)
+            return call
         return call._replace(fn=self._attempt_on(target, call.stream is not None), target=target)
 
     def _open(self, target: Target, **kwargs: Any) -> Any:
