@@ -5,11 +5,14 @@ where a backend offers the same object natively: on trio, anyio's cancel scope *
 ``trio.CancelScope`` behind a wrapper, so we create trio's directly (about 5 us less per scope);
 on asyncio, the clock is the running loop's ``time()``, exactly what ``anyio.current_time()``
 returns, and scopes are anyio's asyncio scope class, constructed directly (the
-structured-cancellation machinery, without the per-call backend lookup).
+structured-cancellation machinery, without the per-call backend lookup), or cheaper still,
+an :class:`Expiry`: the deadlines and timers of an asyncio loop are entries behind one loop
+timer (a :class:`_Wheel`), and a scope left before its deadline, as nearly all are, only marks
+its entry dead.
 
 A stream waits for a chunk with a limit (stall, deadline) thousands of times; a cancel scope per
 wait costs microseconds, as much as the rest of a chunk's path. A :class:`Watchdog` instead keeps
-one loop timer per stream, re-armed only when it fires early; at expiry it cancels the waiting
+one timer per stream, re-armed only when it fires early; at expiry it cancels the waiting
 task on asyncio (Python 3.11+), and on trio it interrupts the source's read (where the source
 can: the fast lane closes its connection); other sources on trio get a scope per wait.
 """

@@ -2,10 +2,11 @@
 after a failure; the first acceptable result wins; every loser is cancelled, awaited and
 closed. Its users decide the rest (hedge: targets, budget, events; first: stagger, within).
 
-Lazy: contender 0 runs in the caller's task, with a loop timer armed at the delay, and no task
+Lazy: contender 0 runs in the caller's task, with a timer armed at the delay, and no task
 group is entered; the others run in tasks of their own that the caller cancels and awaits. A
-race decided before the timer fires costs a cancel scope and a timer (docs/benchmarks.md,
-"Hedging against real tails").
+race decided before the timer fires costs the lightest cancel scope the backend has (on
+asyncio, an ``Expiry`` with no deadline) and a timer (docs/benchmarks.md, "Hedging against real
+tails").
 """
 
 from __future__ import annotations
