@@ -209,3 +209,16 @@ def test_expiry_cancel_is_taken_back_at_exit_once() -> None:
         assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
 
     asyncio.run(asyncio.wait_for(main(), 5))
+
+
+def test_a_loop_that_takes_no_attribute_still_gets_its_wheel() -> None:
+    class NoDict:  # as uvloop's loop: no __dict__, but weak references
+        __slots__ = ("__weakref__",)
+
+    class Neither:
+        __slots__ = ()
+
+    loop = NoDict()
+    assert _cancel._wheel_of(loop) is _cancel._wheel_of(loop)  # one per loop
+    bare = Neither()
+    assert _cancel._wheel_of(bare).loop is bare  # a wheel per scope: right, not shared

@@ -19,6 +19,7 @@ can: the fast lane closes its connection); other sources on trio get a scope per
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import heapq
@@ -353,14 +354,15 @@ class _Wheel:
 def _wheel_of(loop: Any) -> _Wheel:
     """The running asyncio loop's :class:`_Wheel` (made on first use)."""
     wheel: _Wheel | None = getattr(loop, "_latencykit_wheel", None)
-    if wheel is None:
-        wheel = _foreign_wheels.get(loop)
-        if wheel is None:
-            wheel = _Wheel(loop)
-            try:
-                loop._latencykit_wheel = wheel
-            except AttributeError:  # a loop class without a __dict__ (uvloop's)
-                _foreign_wheels[loop] = wheel
+    if wheel is not None:
+        return wheel
+    wheel = _Wheel(loop)
+    try:
+        loop._latencykit_wheel = wheel
+    except AttributeError:  # a loop class without a __dict__ (uvloop's)
+        # (nor weak references: a wheel per scope, right but not shared)
+        with contextlib.suppress(TypeError):
+            wheel = _foreign_wheels.setdefault(loop, wheel)
     return wheel
 
 
