@@ -263,7 +263,8 @@ class Race(abc.ABC):
             self.waiter.set()
 
     def _arm(self) -> None:
-        self._disarm()
+        if self.timer is not None:
+            self._disarm()
         if self.delay and len(self.starts) < self.limit:
             self.timer = call_at(self.starts[-1] + self.delay, self._on_delay)
 

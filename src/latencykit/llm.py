@@ -1037,7 +1037,7 @@ class _TargetBreakers:
         return found
 
     def is_open(self, target: str) -> bool:
-        return not self.of(target).allows()
+        return not (self._by_target.get(target) or self.of(target)).allows()
 
     def state_of(self, target: str) -> BreakerState | None:
         """The state of ``target``'s breaker, or ``None`` if it has none yet (asking does not
@@ -1046,4 +1046,5 @@ class _TargetBreakers:
         return None if found is None else found.state
 
     def handle(self, call: Call, next: Next) -> Awaitable[Any]:
-        return self.of(call.target.key).handle(call, next)  # no frame of its own
+        key = call.target.key
+        return (self._by_target.get(key) or self.of(key)).handle(call, next)  # no frame of its own

@@ -438,6 +438,9 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
                 or (view.state == "open" and view.opens_in <= 0.0)  # the fleet would probe
                 or (view.state == "half_open" and view.free_probes > 0)
             )
+        state = self._state
+        if state is _CLOSED:
+            return True  # the hot path: nothing to refresh
         self._refresh()
         state = self._state
         return state is _CLOSED or (state is _HALF_OPEN and self._probes < self.half_open_calls)
