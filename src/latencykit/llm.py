@@ -1030,7 +1030,7 @@ class LLM:
         """Take latencykit's own arguments out of ``kwargs``: the call's first target, whether
         it streams, its task tag, its lane; refuse the arguments it owns. ``where``: the
         method, for the messages."""
-        for name in kwargs.keys() & (_RESERVED.keys() | _TARGET_OWNED.keys()):
+        for name in (kwargs.keys() & _RESERVED.keys()) or (kwargs.keys() & _TARGET_OWNED.keys()):
             raise ValueError(
                 f"{where}({name}=...) is not accepted: "
                 + (_RESERVED.get(name) or _TARGET_OWNED[name])
@@ -1089,6 +1089,8 @@ class LLM:
         return functools.partial(self._open if streaming else self._attempt, target)
 
     def _to_target(self, target: Target, call: Call) -> Call:
+        if call.target is target:  # on it already (its attempt function is the target's)
+            return call
         fn = call.fn
         if isinstance(fn, functools.partial):  # the same kind of attempt, on another target
             return call._replace(fn=functools.partial(fn.func, target), target=target)
@@ -1314,7 +1316,7 @@ class _TargetBreakers:
         return found
 
     def is_open(self, target: str) -> bool:
-        return not self.of(target).allows()
+        return not (self._by_target.get(target) or self.of(target)).allows()
 
     def state_of(self, target: str) -> BreakerState | None:
         """The state of ``target``'s breaker, or ``None`` if it has none yet (asking does not
@@ -1322,5 +1324,6 @@ class _TargetBreakers:
         found = self._by_target.get(target)
         return None if found is None else found.state
 
-    async def handle(self, call: Call, next: Next) -> Any:
-        return await self.of(call.target.key).handle(call, next)
+    def handle(self, call: Call, next: Next) -> Awaitable[Any]:
+        key = call.target.key
+        return (self._by_target.get(key) or self.of(key)).handle(call, next)  # no frame of its own

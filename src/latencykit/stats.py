@@ -628,8 +628,11 @@ class Recorder:
     def _sample(self, target: str, seconds: float, *, ttft: bool = False) -> None:
         """Feed one sample (negative: censored) to ``target``'s window and to the fleet's."""
         value = math.copysign(_clamp(abs(seconds)), seconds)
-        self.latency_window(target, ttft=ttft)._add(value)
+        window = (self.ttft if ttft else self.latency).get(target)
         link = self._link(target, ttft)
+        if window is None or link is not None:
+            window = self.latency_window(target, ttft=ttft)  # made, or the fleet's drained in
+        window._add(value)
         if link is not None:
             link[1].record(value)
 

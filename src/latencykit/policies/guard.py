@@ -270,13 +270,17 @@ class StreamGuard(PolicyDecorator):
             for first, stall in (self.learned(key),)
         )
 
-    async def handle(self, call: Call, next: Next) -> Any:
+    def handle(self, call: Call, next: Next) -> Awaitable[Any]:
         """Apply this guard to a streaming call (a non-streaming call goes through as is)."""
         if call.stream is None:
-            return await next(call)
+            return next(call)
         learner = self._learner
         if learner is None:
-            return await next(call._replace(stream=self))
+            return next(call._replace(stream=self))
+        return self._limited(call, next, learner)
+
+    async def _limited(self, call: Call, next: Next, learner: _Learner) -> Any:
+        """A streaming call with the limits learned for its target and prompt."""
         size = 0 if self.first_token is not None else learner.input_size(call)
         first_token, stall = self.limits(call.target, input_size=size)
         stream = await next(call._replace(stream=_Limited(self, first_token, stall)))
