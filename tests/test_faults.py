@@ -22,7 +22,7 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 LANE = "litellm"  # the transport of every target these tests make (see the way fixture)
 ENTRY = "acompletion"  # the entry point every call goes through (see ask)
 DIMENSIONS = 8  # what every target declares (the fake provider's vectors' length)
-SYNC = ("completion", "embedding")
+SYNC = ("completion", "embedding", "responses")
 _made: list[lk.LLM] = []  # the LLMs of the test: their sync loop threads are closed after it
 
 # Both async entry points on both lanes; the sync ones (the same pipeline on the LLM's own
@@ -35,6 +35,7 @@ WAYS = [
     ("aresponses", "litellm"),
     ("completion", "litellm"),
     ("embedding", "openai"),
+    ("responses", "litellm"),
 ]
 
 
@@ -60,7 +61,7 @@ async def ask(llm: lk.LLM, messages: list[dict[str, Any]] = MESSAGES, **kwargs: 
         if kwargs.get("stream"):
             pytest.skip("embeddings do not stream")
         kwargs["input"] = messages[-1]["content"]
-    elif ENTRY == "aresponses":
+    elif ENTRY in ("aresponses", "responses"):
         kwargs["input"] = messages
     else:
         kwargs["messages"] = messages
@@ -246,7 +247,7 @@ async def test_accounting_names_the_answering_target_and_its_usage(
     assert report.target == "openai/secondary" and report.model == "secondary"
     if embeds():  # "hello": one input token, and no output
         assert (response.usage.prompt_tokens, response.usage.total_tokens) == (1, 1)
-    elif ENTRY == "aresponses":  # the Responses API's words
+    elif ENTRY in ("aresponses", "responses"):  # the Responses API's words
         assert response.usage.output_tokens == 7
     else:
         assert response.usage.completion_tokens == 7
