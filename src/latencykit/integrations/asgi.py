@@ -90,8 +90,10 @@ class DeadlineMiddleware:
             with deadline(budget) as within:
                 await self.app(scope, receive, send_started)
         except DeadlineExceeded:
-            if started or not within.expired:
-                raise  # a response to abort, or a deadline of the app's own
+            # Ours, whether the scope cancelled the work or a stream's own guard saw the
+            # deadline pass first; an earlier deadline of the app's own is the app's error.
+            if started or not (within.expired or within.remaining() == 0.0):
+                raise  # ...and a started response is aborted
             await _gateway_timeout(send)
 
 
