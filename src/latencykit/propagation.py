@@ -58,6 +58,7 @@ _GRPC = re.compile(r"([0-9]{1,8})([HMSmun])")
 _GRPC_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 _MILLIS = re.compile(r"[0-9]{1,15}(\.[0-9]{1,9})?")
 _to_providers = True
+_deadline, _NONE = deadline_var.get, math.inf  # read per attempt: no attribute lookups
 
 
 def budget_of(headers: Mapping[str, str] | Iterable[tuple[Any, Any]]) -> float | None:
@@ -112,7 +113,7 @@ def provider_headers(extra_headers: Mapping[str, str] | None) -> Mapping[str, st
     itself, in any case, or :func:`send_to_providers` turned it off); else ``extra_headers``
     as they are. Called per attempt by both lanes: outside a deadline it costs one context
     variable read."""
-    if deadline_var.get() == math.inf or not _to_providers:
+    if _deadline() == _NONE or not _to_providers:
         return extra_headers
     remaining = _remaining()
     if remaining is None:  # pragma: no cover - the deadline was read just above

@@ -11,12 +11,16 @@ from ..errors import DeadlineExceeded
 from ..policies.deadline import deadline
 from ..propagation import budget_of
 
-__all__ = ["ASGIApp", "DeadlineMiddleware"]
+__all__ = ["ASGIApp", "DeadlineMiddleware", "Message", "Receive", "Scope", "Send"]
 
 Scope = MutableMapping[str, Any]
+"""An ASGI connection scope (``type``, ``headers``, ...)."""
 Message = MutableMapping[str, Any]
+"""An ASGI event, received or sent."""
 Receive = Callable[[], Awaitable[Message]]
+"""ASGI's ``receive``: the next event from the client."""
 Send = Callable[[Message], Awaitable[None]]
+"""ASGI's ``send``: an event to the client."""
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 """An ASGI 3 application (Starlette's and FastAPI's apps are ones)."""
 
