@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
+from ._cancel import now
 from ._context import deadline_var
 from ._context import remaining as _remaining
 
@@ -113,14 +114,12 @@ def provider_headers(extra_headers: Mapping[str, str] | None) -> Mapping[str, st
     itself, in any case, or :func:`send_to_providers` turned it off); else ``extra_headers``
     as they are. Called per attempt by both lanes: outside a deadline it costs one context
     variable read."""
-    if _deadline() == _NONE or not _to_providers:
-        return extra_headers
-    remaining = _remaining()
-    if remaining is None:  # pragma: no cover - the deadline was read just above
+    deadline = _deadline()
+    if deadline == _NONE or not _to_providers:
         return extra_headers
     if extra_headers and any(name.lower() == HEADER for name in extra_headers):
         return extra_headers
-    return {**(extra_headers or {}), HEADER: _format_millis(remaining)}
+    return {**(extra_headers or {}), HEADER: _format_millis(deadline - now())}
 
 
 def send_to_providers(enabled: bool) -> None:
