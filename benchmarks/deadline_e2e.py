@@ -59,6 +59,10 @@ fake.script("slowstream", Behavior(ttft=0.0, itl=0.05, output_tokens=200))
 fake.start()
 print(fake.base_url, flush=True)
 sys.stdin.read()
+try:  # the app has exited: its last closes may still be on their way
+    fake.wait_for(lambda seen: all(a.disconnected or a.completed for a in seen), timeout=2.0)
+except TimeoutError:
+    pass
 closes = {a.request_headers.get("x-call"): (a.arrived_at, a.disconnected_at) for a in fake.attempts}
 print(json.dumps(closes))
 fake.stop()
