@@ -73,11 +73,11 @@ class DeadlineMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         budget = budget_of(scope["headers"]) if scope["type"] == "http" else None
-        if budget is None:
-            budget = self.default if scope["type"] == "http" else None
-            if budget is None:
-                await self.app(scope, receive, send)
-                return
+        if budget is None and scope["type"] == "http":
+            budget = self.default
+        if budget is None:  # not HTTP, or no deadline said and no default
+            await self.app(scope, receive, send)
+            return
         if self.maximum is not None:
             budget = min(budget, self.maximum)
         if budget <= 0:
