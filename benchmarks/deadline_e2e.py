@@ -63,7 +63,10 @@ try:  # the app has exited: its last closes may still be on their way
     fake.wait_for(lambda seen: all(a.disconnected or a.completed for a in seen), timeout=2.0)
 except TimeoutError:
     pass
-closes = {a.request_headers.get("x-call"): (a.arrived_at, a.disconnected_at) for a in fake.attempts}
+closes = {
+    a.request_headers.get("x-call"): (a.arrived_at, a.disconnected_at, a.ended_at)
+    for a in fake.attempts
+}
 print(json.dumps(closes))
 fake.stop()
 """
@@ -182,7 +185,9 @@ async def gateway(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def report(
-    backend: str, records: list[dict[str, Any]], closes: dict[str, tuple[float, float | None]]
+    backend: str,
+    records: list[dict[str, Any]],
+    closes: dict[str, tuple[float, float | None, float | None]],
 ) -> None:
     print(f"\n{backend}: overshoot past the gateway's deadline, ms ({len(records)} calls)")
     print(f"  {'where':<9} {'calls':<9} {'n':>6} {'p50':>7} {'p99':>7} {'max':>7}")
@@ -193,7 +198,7 @@ def report(
             if where == "gateway":
                 ms = [r["late"] * 1e3 for r in chosen]
             else:
-                closed = [(closes.get(r["id"], (0, None))[1], r["expiry"]) for r in chosen]
+                closed = [(closes.get(r["id"], (0, None, None))[1], r["expiry"]) for r in chosen]
                 ms = [(at - expiry) * 1e3 for at, expiry in closed if at is not None]
             print(
                 f"  {where:<9} {kind:<9} {len(ms):>6} {percentile(ms, 50):>7.1f}"
@@ -203,9 +208,16 @@ def report(
     for r in records:
         outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
     unsent = sum(1 for r in records if r["id"] not in closes)
-    never = sum(1 for r in records if closes.get(r["id"], (0, 0))[1] is None)
+    left = [r for r in records if closes.get(r["id"], (0, 0, None))[1] is None]
+    ended = [r for r in left if closes[r["id"]][2] is not None]
     print(f"  outcomes: {outcomes}")
-    print(f"  calls the app never sent on: {unsent}; provider requests left open: {never}")
+    print(
+        f"  calls the app never sent on: {unsent}; provider requests never closed: {len(left)}"
+        f" ({len(ended)} ran to their end)"
+    )
+    for r in left[:5]:
+        arrived, _, end = closes[r["id"]]
+        print(f"    call {r['id']}: arrived {(arrived - r['expiry']) * 1e3:+.0f} ms, ended {end}")
 
 
 def main() -> None:
