@@ -18,7 +18,9 @@ Method. Three processes on loopback, each on its own core's worth of Python:
   (default 10,000); each call carries an id the app hands on to the provider (``x-call``), so
   the provider's record of the request is matched to the gateway's deadline.
 
-Reported per backend: the gateway's overshoot (from its deadline, on its loop's clock, to the
+Reported per backend: the lateness of a bare timer set for each call's deadline in the
+gateway (``anyio.sleep_until``: what the machine's load alone costs the loop, side by side),
+the gateway's overshoot (from its deadline, on its loop's clock, to the
 caller getting control back: a ``504`` from the app or its own ``DeadlineExceeded``), and the
 provider's (from the gateway's deadline, on ``time.monotonic()``, the clock every process of
 the machine shares, to the provider seeing the app's request closed): p50, p99, max in ms,
@@ -156,12 +158,18 @@ async def gateway(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """``--calls`` calls open loop at ``--rate`` per second; one record per call."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     records: list[dict[str, Any]] = []
+    timers: dict[int, float] = {}
     hooks: dict[str, list[Callable[..., Any]]] = {"request": [send_deadline]}
     async with httpx.AsyncClient(limits=limits, event_hooks=hooks, timeout=60) as client:
+
+        async def timer(i: int, until: float) -> None:
+            await anyio.sleep_until(until)
+            timers[i] = anyio.current_time() - until
 
         async def one(i: int) -> None:
             headers = {"x-call": str(i), "x-stream": str(i % 2)}
             started, wall = anyio.current_time(), time.monotonic()
+            tasks.start_soon(timer, i, started + args.budget)  # the bare loop's lateness
             outcome = "answered"
             try:
                 with lk.deadline(args.budget):
@@ -181,6 +189,8 @@ async def gateway(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             for i in range(args.warmup + args.calls):
                 await anyio.sleep(max(0.0, begin + i / args.rate - anyio.current_time()))
                 tasks.start_soon(one, i)
+    for record in records:
+        record["timer"] = timers[int(record["id"])]
     return [r for r in records if int(r["id"]) >= args.warmup]
 
 
@@ -192,11 +202,11 @@ def report(
     print(f"\n{backend}: overshoot past the gateway's deadline, ms ({len(records)} calls)")
     print(f"  {'where':<9} {'calls':<9} {'n':>6} {'p50':>7} {'p99':>7} {'max':>7}")
     kinds = {"all": (0, 1), "responses": (0,), "streams": (1,)}
-    for where in ("gateway", "provider"):
-        for kind, parities in kinds.items():
+    for where in ("timer", "gateway", "provider"):
+        for kind, parities in kinds.items() if where != "timer" else [("-", (0, 1))]:
             chosen = [r for r in records if int(r["id"]) % 2 in parities]
-            if where == "gateway":
-                ms = [r["late"] * 1e3 for r in chosen]
+            if where != "provider":
+                ms = [r["late" if where == "gateway" else "timer"] * 1e3 for r in chosen]
             else:
                 closed = [(closes.get(r["id"], (0, None, None))[1], r["expiry"]) for r in chosen]
                 ms = [(at - expiry) * 1e3 for at, expiry in closed if at is not None]
