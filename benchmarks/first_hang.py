@@ -34,7 +34,7 @@ async def first_hang(fake: FakeProvider, delay: float | Quantile) -> str:
     started = time.monotonic()
     report = lk.report(await llm.acompletion(messages=MESSAGES))
     took = time.monotonic() - started
-    return f"{took:.3f} s, {len(report.attempts)} attempts, answered by {report.answered_by}"
+    return f"{took:.3f} s: {report}"
 
 
 async def main() -> None:

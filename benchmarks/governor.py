@@ -23,7 +23,30 @@ Reported per variant (medians over rounds): the requests the provider saw, the s
 with 429, the 429s after the first answer (before it, nothing is known to pace by), calls
 answered per second and tokens served per second as a share of the quota's rate; and the
 median over rounds of the per-round ratio governor / retry of the calls answered.
-**2. Cost per call** (``--overhead``): a pipeline with the governor stage against the same
+**2. The fleet** (``--fleet``): ``--processes`` OS processes (default 4) x ``--concurrency``
+workers each (default 16), one shared redis-server (started here, as the tests do), against
+the provider's quota for one API key (``--fleet-rpm`` 600 requests and ``--fleet-tpm`` 60,000
+tokens per minute by default; a call costs about 100 tokens: both limits bind). Each process
+sends open-loop bursts (``--burst`` calls every ``--period`` seconds, 5 every 1 s: twice the
+quota, all four together), each call taking one of its workers (a call waits for a free one),
+with ``deadline=`` 10 s and ``lk.Retry(max_attempts=10)``, for ``--seconds``; calls still going
+at the end are cancelled. Variants, one after the other, each on a fresh key whose quota is
+first drained: ``retry`` (no governor: a 429 is retried after its Retry-After), ``governor``
+(``LLM(governor=True, shared=RedisStore(...))``), and with ``--variants ... router``, litellm's
+``Router`` with its own ``rpm``/``tpm`` and the same Redis (usage-based routing, 10 retries).
+Reported per round, from the provider's records: the requests it saw, the share refused with
+429 (and the 429s after the first 2 s: the start, when nobody has told the fleet the room yet,
+aside), the requests and tokens it served as a share of the quota's refill over the run; and
+the calls answered, shed (``LimitExceeded``: their wait would have passed the deadline) and
+failed.
+
+**3. Lanes** (``--lanes``): one process with ``governor=True`` on the same quota, drained;
+interactive calls (``priority="interactive"``, 2 a second) alone (``quiet``), under 16 workers
+flooding the quota in the batch lane (``flood``), and under the same flood with every call in
+the default lane (``no lanes``); reported: the interactive calls' latency p50 and p99 (the
+fake provider answers at once: the latency is the wait for room), and p99 over the quiet p99.
+
+**4. Cost per call** (``--overhead``): a pipeline with the governor stage against the same
 pipeline without it, around a trivial async function whose answer tells the limits (as a
 transport does: :func:`latencykit.ratelimit.heard`), on a room with plenty left; variants
 interleaved per round, batches of 2,000 calls with the garbage collector off; reported: the
@@ -35,6 +58,8 @@ The script reports; it always exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import statistics
 import sys
@@ -115,6 +140,276 @@ async def run(
     }
 
 
+# --- the fleet -----------------------------------------------------------------------------------
+
+FLEET_PROMPT = [{"role": "user", "content": "x" * 336}]  # 84 prompt tokens: 100 with the answer
+
+
+def fleet_process(options: dict[str, Any], start: Any, results: Any) -> None:
+    """One process of the fleet (spawned): its workers' calls, counted, put on ``results``."""
+    results.put(anyio.run(_fleet_process, options, start))
+
+
+async def _fleet_process(options: dict[str, Any], start: Any) -> dict[str, int]:
+    if options["variant"] == "router":
+        return await _router_process(options, start)
+    store = None
+    if options["variant"] == "governor":
+        store = lk.RedisStore(options["redis"], interval=0.05)
+    llm = lk.LLM(
+        "openai/m",
+        api_base=options["base_url"],
+        api_key=options["key"],
+        transport="openai",
+        governor=store is not None,
+        shared=store,
+        deadline=10.0,
+        retry=lk.Retry(max_attempts=10),
+    )
+    workers = anyio.CapacityLimiter(options["concurrency"])
+    counts = {"answered": 0, "shed": 0, "failed": 0}
+
+    async def one() -> None:
+        async with workers:
+            try:
+                await llm.acompletion(messages=FLEET_PROMPT, max_tokens=MAX_TOKENS)
+            except lk.LimitExceeded:
+                counts["shed"] += 1
+            except lk.LatencykitError:
+                counts["failed"] += 1
+            else:
+                counts["answered"] += 1
+
+    await anyio.to_thread.run_sync(start.wait)  # every process ready: the parent drains
+    await anyio.to_thread.run_sync(start.wait)  # the quota is empty: go together
+    end = time.monotonic() + options["seconds"]
+    async with anyio.create_task_group() as group:
+        while time.monotonic() < end:
+            for _ in range(options["burst"]):
+                group.start_soon(one)
+            await anyio.sleep(options["period"])
+        group.cancel_scope.cancel()  # calls still going at the end are not counted
+    await llm.aclose()
+    if store is not None:
+        store.close()
+    return counts
+
+
+async def _router_process(options: dict[str, Any], start: Any) -> dict[str, int]:
+    """The same load through litellm's Router with its own ``rpm``/``tpm`` on the shared Redis
+    (usage-based routing), 10 retries, the same 10 s deadline."""
+    from urllib.parse import urlsplit
+
+    import litellm
+    from litellm.router import Router
+
+    litellm.suppress_debug_info = True
+    redis_url = urlsplit(options["redis"])
+    router = Router(
+        model_list=[
+            {
+                "model_name": "m",
+                "litellm_params": {
+                    "model": "openai/m",
+                    "api_base": options["base_url"],
+                    "api_key": options["key"],
+                    "rpm": options["rpm"],
+                    "tpm": options["tpm"],
+                    "max_retries": 0,
+                },
+            }
+        ],
+        redis_host=redis_url.hostname,
+        redis_port=redis_url.port,
+        routing_strategy="usage-based-routing-v2",
+        num_retries=10,
+        timeout=10.0,
+    )
+    workers = anyio.CapacityLimiter(options["concurrency"])
+    counts = {"answered": 0, "shed": 0, "failed": 0}
+
+    async def one() -> None:
+        async with workers:
+            try:
+                with anyio.fail_after(10.0):
+                    await router.acompletion(
+                        model="m", messages=FLEET_PROMPT, max_tokens=MAX_TOKENS
+                    )
+            except Exception:
+                counts["failed"] += 1
+            else:
+                counts["answered"] += 1
+
+    await anyio.to_thread.run_sync(start.wait)  # ready
+    await anyio.to_thread.run_sync(start.wait)  # go
+    end = time.monotonic() + options["seconds"]
+    async with anyio.create_task_group() as group:
+        while time.monotonic() < end:
+            for _ in range(options["burst"]):
+                group.start_soon(one)
+            await anyio.sleep(options["period"])
+        group.cancel_scope.cancel()
+    return counts
+
+
+def fleet(args: argparse.Namespace) -> None:
+    import multiprocessing
+
+    from latencykit.testing import RedisServer
+
+    spawn = multiprocessing.get_context("spawn")
+    quota = ProviderQuota(requests_per_minute=args.fleet_rpm, tokens_per_minute=args.fleet_tpm)
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in args.variants}
+    rpm = args.fleet_rpm
+    with RedisServer() as redis_server, FakeProvider(quota=quota) as fake:
+        for index in range(args.rounds):
+            order = args.variants if index % 2 == 0 else args.variants[::-1]
+            for variant in order:
+                key = f"sk-fleet-{index}-{variant}"
+                options = {
+                    "variant": variant,
+                    "redis": redis_server.url,
+                    "base_url": fake.base_url,
+                    "key": key,
+                    "concurrency": args.concurrency,
+                    "seconds": args.seconds,
+                    "burst": args.burst,
+                    "period": args.period,
+                    "rpm": args.fleet_rpm,
+                    "tpm": args.fleet_tpm,
+                }
+                start = spawn.Barrier(args.processes + 1)
+                results = spawn.Queue()
+                processes = [
+                    spawn.Process(target=fleet_process, args=(options, start, results))
+                    for _ in range(args.processes)
+                ]
+                for process in processes:
+                    process.start()
+                start.wait()  # the processes imported everything and built their clients
+                drain(fake, key)  # the run starts on an empty quota
+                start.wait()
+                began = time.monotonic()
+                counts = [results.get(timeout=args.seconds + 120) for _ in processes]
+                for process in processes:
+                    process.join(30.0)
+                    if process.is_alive():  # reported, but stuck at exit: not ours to wait for
+                        process.terminate()
+                # One variant runs at a time: the provider's requests of the run are its own.
+                mine = [a for a in fake.attempts if began <= a.arrived_at <= began + args.seconds]
+                statuses = [a.status for a in mine]
+                served = sum(a.prompt_tokens + a.tokens_sent for a in mine if a.status == 200)
+                rows[variant].append(
+                    {
+                        "sent": len(statuses),
+                        "429": statuses.count(429),
+                        "429 later": sum(
+                            a.status == 429 for a in mine if a.arrived_at > began + 2.0
+                        ),
+                        "requests %": 100 * statuses.count(200) / (rpm * args.seconds / 60),
+                        "tokens %": 100 * served / (args.fleet_tpm * args.seconds / 60),
+                        **{name: sum(c[name] for c in counts) for name in counts[0]},
+                    }
+                )
+    for child in multiprocessing.active_children():  # whatever a library left running
+        child.terminate()
+    print(
+        f"fleet: {args.processes} processes x {args.concurrency} workers, bursts of {args.burst}"
+        f" every {args.period:g} s per process, {args.rounds} rounds of {args.seconds:g} s per "
+        f"variant; quota {args.fleet_rpm} requests and {args.fleet_tpm} tokens per minute; "
+        f"python {sys.version.split()[0]}"
+    )
+    header = ("variant", "sent", "429s", "429 %", "429s after 2 s", "requests % quota",
+              "tokens % quota", "answered", "shed", "failed")  # fmt: skip
+    print(f"{header[0]:<9} " + " ".join(f"{h:>{max(7, len(h))}}" for h in header[1:]))
+    for name, runs in rows.items():
+        for run in runs:
+            share = 100 * run["429"] / run["sent"] if run["sent"] else 0.0
+            print(
+                f"{name:<9} {run['sent']:>7.0f} {run['429']:>7.0f} {share:>7.2f} "
+                f"{run['429 later']:>14.0f} {run['requests %']:>16.1f} {run['tokens %']:>14.1f} "
+                f"{run['answered']:>8.0f} "
+                f"{run['shed']:>7.0f} {run['failed']:>7.0f}"
+            )
+
+
+# --- lanes ---------------------------------------------------------------------------------------
+
+
+async def lanes_run(fake: FakeProvider, key: str, variant: str, seconds: float) -> list[float]:
+    """Interactive calls' latencies (2 a second) in one process, alone (``quiet``), or with 16
+    workers flooding the quota in the batch lane (``flood``), or in the default lane like the
+    interactive calls themselves (``no lanes``)."""
+    llm = lk.LLM(
+        "openai/m",
+        api_base=fake.base_url,
+        api_key=key,
+        transport="openai",
+        governor=True,
+        deadline=30.0,
+        retry=lk.Retry(max_attempts=10),
+    )
+    latencies: list[float] = []
+    end = time.monotonic() + seconds
+    interactive = "default" if variant == "no lanes" else "interactive"
+
+    async def flood() -> None:
+        while time.monotonic() < end:
+            with contextlib.suppress(lk.LatencykitError):
+                await llm.acompletion(
+                    messages=FLEET_PROMPT, max_tokens=MAX_TOKENS, priority="batch"
+                    if variant == "flood" else "default"
+                )  # fmt: skip
+
+    async def person() -> None:
+        while time.monotonic() < end:
+            started = time.monotonic()
+            try:
+                await llm.acompletion(
+                    messages=FLEET_PROMPT, max_tokens=MAX_TOKENS, priority=interactive
+                )
+            except lk.LatencykitError:
+                latencies.append(math.inf)
+            else:
+                latencies.append(time.monotonic() - started)
+            await anyio.sleep(0.5)
+
+    # The room is learned first (a call that finds out, and its 429's retry, not counted).
+    await llm.acompletion(messages=FLEET_PROMPT, max_tokens=MAX_TOKENS, priority="interactive")
+    async with anyio.create_task_group() as group:
+        if variant != "quiet":
+            for _ in range(16):
+                group.start_soon(flood)
+            await anyio.sleep(2.0)  # the flood fills the line first
+            end += 2.0
+        group.start_soon(person)
+    await llm.aclose()
+    return latencies
+
+
+def lanes(args: argparse.Namespace) -> None:
+    quota = ProviderQuota(requests_per_minute=args.fleet_rpm, tokens_per_minute=args.fleet_tpm)
+    found: dict[str, list[float]] = {"quiet": [], "flood": [], "no lanes": []}
+    with FakeProvider(quota=quota) as fake:
+        for index in range(args.rounds):
+            for variant in found if index % 2 == 0 else list(found)[::-1]:
+                key = f"sk-lanes-{index}-{variant}"
+                drain(fake, key)
+                found[variant] += anyio.run(lanes_run, fake, key, variant, args.seconds)
+    print(
+        f"lanes: one process, interactive calls 2 a second, 16 flooding workers; quota "
+        f"{args.fleet_rpm} requests and {args.fleet_tpm} tokens per minute; {args.rounds} rounds "
+        f"of {args.seconds:g} s per variant"
+    )
+    quiet = statistics.quantiles(found["quiet"], n=100)[98]
+    for variant, latencies in found.items():
+        cut = statistics.quantiles(latencies, n=100)
+        print(
+            f"{variant:<9} interactive calls {len(latencies):>4}  p50 {cut[49] * 1e3:>7.1f} ms"
+            f"  p99 {cut[98] * 1e3:>7.1f} ms  p99 / quiet p99 {cut[98] / quiet:>5.2f}"
+        )
+
+
 _HEADERS = {
     "x-ratelimit-limit-requests": "600000",
     "x-ratelimit-limit-tokens": "60000000",
@@ -133,33 +428,58 @@ async def overhead(rounds: int = 30, batch: int = 2000) -> None:
     from latencykit import ratelimit
     from latencykit.pipeline import Call, Pipeline
     from latencykit.policies.governor import Governor
+    from latencykit.testing import RedisServer
 
-    target = lk.Target("openai/m", api_key="sk-bench", transport="openai")
     usage = SimpleNamespace(prompt_tokens=100, completion_tokens=16, total_tokens=116)
     answer = SimpleNamespace(usage=usage, choices=[], model="m", id="x")
 
-    async def call_provider(**kwargs: Any) -> Any:
-        ratelimit.heard(target.key, target.api_key, _HEADERS)
-        return answer
+    def calling(api_key: str) -> Call:
+        """A call of its own target (its own room) whose answer tells the limits."""
+        target = lk.Target("openai/m", api_key=api_key, transport="openai")
 
-    call = Call(call_provider, (), {"messages": [{"role": "user", "content": "x" * 400}]}, target)
-    variants = {"plain": Pipeline(()), "governor": Pipeline((Governor(),))}
-    await variants["governor"].run(call)  # the room exists: both variants parse the headers
-    differences = []
-    for index in range(rounds):
-        took = {}
-        for name in sorted(variants, reverse=index % 2 == 1):
-            gc.disable()
-            started = time.perf_counter()
-            for _ in range(batch):
-                await variants[name].run(call)
-            took[name] = (time.perf_counter() - started) / batch
-            gc.enable()
-        differences.append(took["governor"] - took["plain"])
+        async def call_provider(**kwargs: Any) -> Any:
+            ratelimit.heard(target.key, target.api_key, _HEADERS)
+            return answer
+
+        return Call(
+            call_provider, (), {"messages": [{"role": "user", "content": "x" * 400}]}, target
+        )
+
+    with RedisServer() as server:
+        store = lk.RedisStore(server.url)
+        variants = {
+            "plain": (Pipeline(()), calling("sk-bench")),
+            "governor": (Pipeline((Governor(),)), calling("sk-bench")),
+            "governor+store": (Pipeline((Governor(shared=store),)), calling("sk-bench-fleet")),
+        }
+        for pipeline, call in variants.values():  # the rooms exist, the fleet's is told
+            await pipeline.run(call)
+        await anyio.sleep(0.5)
+        differences: dict[str, list[float]] = {"governor": [], "governor+store": []}
+        for index in range(rounds):
+            took = {}
+            for name in sorted(variants, reverse=index % 2 == 1):
+                pipeline, call = variants[name]
+                gc.disable()
+                started = time.perf_counter()
+                for _ in range(batch):
+                    await pipeline.run(call)
+                took[name] = (time.perf_counter() - started) / batch
+                gc.enable()
+            for name, found in differences.items():
+                found.append(took[name] - took["plain"])
+        fleet = variants["governor+store"][1].target
+        paced = ratelimit.room_for(fleet.key, fleet.api_key).stats()
+        store.close()
     parse = min(timeit.repeat(lambda: ratelimit.read_limits(_HEADERS), number=5000, repeat=5))
+    for name, found in differences.items():
+        print(
+            f"{name} stage: median per-round difference {statistics.median(found) * 1e6:.1f} us"
+            f" per call (range {min(found) * 1e6:.1f} to {max(found) * 1e6:.1f})"
+        )
     print(
-        f"governor stage: median per-round difference {statistics.median(differences) * 1e6:.1f}"
-        f" us per call; parsing one answer's headers {parse / 5000 * 1e6:.1f} us"
+        f"parsing one answer's headers {parse / 5000 * 1e6:.1f} us; the fleet's room: "
+        f"{paced.waits} of {rounds * batch} calls waited for a lease (a round trip)"
     )
 
 
@@ -172,9 +492,26 @@ def main() -> None:
     parser.add_argument("--tpm", type=int, default=3_000)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 3 s")
     parser.add_argument("--overhead", action="store_true", help="only the cost per call")
+    parser.add_argument("--fleet", action="store_true", help="processes sharing one Redis")
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--burst", type=int, default=5)
+    parser.add_argument("--period", type=float, default=1.0)
+    parser.add_argument("--fleet-rpm", type=int, default=600)
+    parser.add_argument("--fleet-tpm", type=int, default=60_000)
+    parser.add_argument("--variants", nargs="+", default=["retry", "governor"])
+    parser.add_argument("--lanes", action="store_true", help="interactive under a batch flood")
     args = parser.parse_args()
     if args.overhead:
         anyio.run(overhead)
+        return
+    if args.lanes:
+        lanes(args)
+        return
+    if args.fleet:
+        if args.quick:
+            args.rounds, args.seconds = 1, 5.0
+        fleet(args)
         return
     if args.quick:
         args.rounds, args.seconds = 2, 3.0

@@ -7,6 +7,7 @@ Run it from the repository root::
     .venv/bin/python benchmarks/overhead.py --json results.json
     .venv/bin/python benchmarks/overhead.py --policies-only      # part 1 only, about a minute
     .venv/bin/python benchmarks/overhead.py --llm-only           # part 2a only, about 2 minutes
+    .venv/bin/python benchmarks/overhead.py --llm-only --llm-baseline /tmp/before/src
 
 It measures three things and prints each next to its target with PASS/FAIL. It always exits 0:
 it reports, it does not gate. Progress goes to stderr, the report to stdout.
@@ -58,7 +59,11 @@ resampled, so pairs stay paired) shows how precisely the median is known.
    the same model and its default settings (``num_retries=2``, as the full stack retries too;
    ``num_retries=0`` measured the same on calls that succeed), the alternative users would pick.
    The full stack's added cost is also given as a fraction of the Router's (ratio of the two
-   median paired differences, bootstrap 95 % CI). After a warm-up, each round makes one call
+   median paired differences, bootstrap 95 % CI). ``--llm-baseline DIR`` adds the ``lk.LLM``
+   variants built from another version's ``latencykit`` package under ``DIR`` (say an older
+   commit's ``src``, imported side by side as ``latencykit_baseline``) to the same rounds, each
+   reported right after the current one it compares with: on a noisy machine, two versions
+   are compared only within one run. After a warm-up, each round makes one call
    of every variant in a shuffled order, each call timed on its own. After every call
    the loop turns a few times, untimed, so the logging tasks litellm leaves behind after each
    call run there rather than inside whichever call comes next (they would add about +-0.5 ms of
@@ -97,7 +102,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -433,6 +438,9 @@ class LLMResult:
     """The full stack's added cost as a fraction of the Router's: the ratio of their median
     paired differences over bare litellm."""
     router_share_ci95: tuple[float, float]
+    baseline_router_share: float | None = None
+    """The same for ``--llm-baseline``'s full stack (``None``: no baseline measured)."""
+    baseline_router_share_ci95: tuple[float, float] | None = None
 
 
 async def _llm_rounds(
@@ -452,36 +460,6 @@ async def _llm_rounds(
         else {"api_base": base_url, "api_key": "bench-key-not-secret"}
     )
     per_call = {"mock_response": "hi"} if base_url is None else {}
-    key = None if base_url is None else "bench-key-not-secret"
-    llm_full = lk.LLM(
-        MODEL,
-        deadline=30,
-        degrade=lk.Degrade(model=MODEL, max_tokens=16, after=20),
-        api_base=base_url,
-        api_key=key,
-    )
-    llm_plain = lk.LLM(MODEL, api_base=base_url, api_key=key)
-    llm_hedge = lk.LLM(MODEL, hedge=lk.Hedge(30.0), api_base=base_url, api_key=key)
-    backup = {"model": BACKUP_MODEL, "api_base": base_url, "api_key": key}
-    llm_failover_deadline = lk.LLM(
-        MODEL, deadline=30, failover=[backup], api_base=base_url, api_key=key
-    )
-
-    def full_stack(hedge_delay: float) -> lk.LLM:
-        return lk.LLM(
-            MODEL,
-            deadline=30,
-            degrade=lk.Degrade(model=MODEL, max_tokens=16, after=20),
-            hedge=lk.Hedge(hedge_delay),
-            breaker={},
-            failover=[backup],
-            retry=lk.Retry(),
-            api_base=base_url,
-            api_key=key,
-        )
-
-    llm_stack = full_stack(10.0)  # the hedge is armed on every call (10 s < the deadline)
-    llm_stack_late_hedge = full_stack(30.0)  # no backup could start before the deadline
     # litellm's Router with its default settings (num_retries=2: our stack retries too; on
     # calls that succeed, num_retries=0 measured the same).
     deployment = {"model": MODEL, **({} if base_url is None else target)}
@@ -499,24 +477,6 @@ async def _llm_rounds(
         with anyio.fail_after(30):
             return await bare_same_args()
 
-    async def plain() -> object:
-        return await llm_plain.acompletion(messages=MESSAGES, **per_call)
-
-    async def full() -> object:
-        return await llm_full.acompletion(messages=MESSAGES, **per_call)
-
-    async def hedged() -> object:
-        return await llm_hedge.acompletion(messages=MESSAGES, **per_call)
-
-    async def failover_deadline() -> object:
-        return await llm_failover_deadline.acompletion(messages=MESSAGES, **per_call)
-
-    async def stack() -> object:
-        return await llm_stack.acompletion(messages=MESSAGES, **per_call)
-
-    async def stack_late_hedge() -> object:
-        return await llm_stack_late_hedge.acompletion(messages=MESSAGES, **per_call)
-
     async def routed() -> object:
         return await router.acompletion(model="bench", messages=MESSAGES, **per_call)
 
@@ -524,14 +484,12 @@ async def _llm_rounds(
         "bare": bare,
         "bare_same_args": bare_same_args,
         "bare_in_timeout": bare_in_timeout,
-        "llm_plain": plain,
-        "llm_full": full,
-        "llm_hedge": hedged,
-        "llm_failover_deadline": failover_deadline,
-        "llm_stack": stack,
-        "llm_stack_late_hedge": stack_late_hedge,
+        **_llm_calls(lk, base_url, per_call),
         "router": routed,
     }
+    if BASELINE_LLM is not None:
+        baseline = _llm_calls(_load_baseline(BASELINE_LLM), base_url, per_call)
+        calls.update({f"baseline_{name}": call for name, call in baseline.items()})
     times: dict[str, list[float]] = {key: [] for key in calls}
     keys = list(calls)
     rng = random.Random(seed)
@@ -557,6 +515,80 @@ async def _llm_rounds(
         gc.enable()
         gc.collect()
     return times
+
+
+def _report_order(key: str) -> tuple[int, int]:
+    """Baseline rows right after the current ones they are compared with."""
+    name = key.removeprefix("baseline_")
+    return list(LLM_LABELS).index(name), name != key
+
+
+def _llm_calls(
+    lk: Any, base_url: str | None, per_call: Mapping[str, Any]
+) -> dict[str, Callable[[], Awaitable[object]]]:
+    """The ``lk.LLM`` variants of part 2, built from the latencykit module ``lk``."""
+    key = None if base_url is None else "bench-key-not-secret"
+    backup = {"model": BACKUP_MODEL, "api_base": base_url, "api_key": key}
+    degrade = {"deadline": 30, "degrade": lk.Degrade(model=MODEL, max_tokens=16, after=20)}
+
+    def full_stack(hedge_delay: float) -> Any:
+        return lk.LLM(
+            MODEL,
+            **degrade,
+            hedge=lk.Hedge(hedge_delay),
+            breaker={},
+            failover=[backup],
+            retry=lk.Retry(),
+            api_base=base_url,
+            api_key=key,
+        )
+
+    llms = {
+        "llm_plain": lk.LLM(MODEL, api_base=base_url, api_key=key),
+        "llm_full": lk.LLM(MODEL, **degrade, api_base=base_url, api_key=key),
+        "llm_hedge": lk.LLM(MODEL, hedge=lk.Hedge(30.0), api_base=base_url, api_key=key),
+        "llm_failover_deadline": lk.LLM(
+            MODEL, deadline=30, failover=[backup], api_base=base_url, api_key=key
+        ),
+        "llm_stack": full_stack(10.0),  # the hedge is armed on every call (10 s < deadline)
+        "llm_stack_late_hedge": full_stack(30.0),  # no backup could start before the deadline
+    }
+
+    def calling(llm: Any) -> Callable[[], Awaitable[object]]:
+        async def call() -> object:
+            return await llm.acompletion(messages=MESSAGES, **per_call)
+
+        return call
+
+    return {name: calling(llm) for name, llm in llms.items()}
+
+
+BASELINE_LLM: Path | None = None
+"""``--llm-baseline DIR``: a source directory holding another version's ``latencykit``
+package (e.g. an older commit's ``src``), whose ``lk.LLM`` variants are measured in the same
+rounds as the current ones (part 2)."""
+
+
+def _load_baseline(source: Path) -> Any:
+    """The ``latencykit`` package under ``source``, imported as ``latencykit_baseline`` (its
+    modules import one another relatively, so the two versions live side by side)."""
+    name = "latencykit_baseline"
+    if name in sys.modules:
+        return sys.modules[name]
+    init = source / "latencykit" / "__init__.py"
+    spec = importlib.util.spec_from_file_location(
+        name, init, submodule_search_locations=[str(init.parent)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _labels(keys: Iterable[str]) -> dict[str, str]:
+    """The report's label of every measured variant, baseline ones marked."""
+    return {key: LLM_LABELS.get(key, "    the same, baseline") for key in keys}
 
 
 def bench_llm(settings: Settings, seed: int, *, http: bool = False) -> LLMResult:
@@ -586,13 +618,20 @@ def bench_llm(settings: Settings, seed: int, *, http: bool = False) -> LLMResult
         ratio_ci[key] = bootstrap_ci(len(values), ratio_of, seed)
         diffs = [(t - b) * 1000.0 for t, b in zip(values, bare, strict=True)]
         paired[key] = Summary.of(diffs, ci_seed=seed)
-    stack_diffs = [(t - b) for t, b in zip(times["llm_stack"], bare, strict=True)]
     router_diffs = [(t - b) for t, b in zip(times["router"], bare, strict=True)]
 
-    def share_of(idx: Sequence[int]) -> float:
-        return statistics.median([stack_diffs[i] for i in idx]) / statistics.median(
-            [router_diffs[i] for i in idx]
-        )
+    def share(stack: str) -> Callable[[Sequence[int]], float]:
+        stack_diffs = [(t - b) for t, b in zip(times[stack], bare, strict=True)]
+
+        def share_of(idx: Sequence[int]) -> float:
+            return statistics.median([stack_diffs[i] for i in idx]) / statistics.median(
+                [router_diffs[i] for i in idx]
+            )
+
+        return share_of
+
+    share_of = share("llm_stack")
+    baseline_share = share("baseline_llm_stack") if "baseline_llm_stack" in times else None
 
     return LLMResult(
         mode="loopback HTTP (fake provider)" if http else "mock_response",
@@ -603,9 +642,11 @@ def bench_llm(settings: Settings, seed: int, *, http: bool = False) -> LLMResult
         ratio_ci95=ratio_ci,
         overhead_pct={key: (value - 1.0) * 100.0 for key, value in ratio.items()},
         paired_diff_us=paired,
-        labels=dict(LLM_LABELS),
+        labels=_labels(sorted(times, key=_report_order)),
         router_share=share_of(range(len(bare))),
         router_share_ci95=bootstrap_ci(len(bare), share_of, seed),
+        baseline_router_share=baseline_share and baseline_share(range(len(bare))),
+        baseline_router_share_ci95=baseline_share and bootstrap_ci(len(bare), baseline_share, seed),
     )
 
 
@@ -941,6 +982,12 @@ def _render_llm_rows(llm: LLMResult, number: str) -> list[str]:
         f"   full stack's added cost / Router's: {llm.router_share:.3f} "
         f"[{low:.3f}, {high:.3f}] (1/{1 / llm.router_share:.0f})"
     )
+    if llm.baseline_router_share is not None and llm.baseline_router_share_ci95 is not None:
+        low, high = llm.baseline_router_share_ci95
+        add(
+            f"   baseline full stack's added cost / Router's: {llm.baseline_router_share:.3f} "
+            f"[{low:.3f}, {high:.3f}] (1/{1 / llm.baseline_router_share:.0f})"
+        )
     add("")
 
     return lines
@@ -1044,14 +1091,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="only part 2a (lk.LLM vs bare litellm and the Router, mock_response)",
     )
     parser.add_argument(
+        "--llm-baseline",
+        metavar="DIR",
+        type=Path,
+        help="a source directory with another latencykit package, measured side by side (part 2)",
+    )
+    parser.add_argument(
         "--hedge-baseline",
         metavar="PATH",
         type=Path,
         help="another hedge.py to measure side by side with the current one (part 1)",
     )
     args = parser.parse_args(argv)
-    global BASELINE_HEDGE
+    global BASELINE_HEDGE, BASELINE_LLM
     BASELINE_HEDGE = args.hedge_baseline
+    BASELINE_LLM = args.llm_baseline
     settings = QUICK if args.quick else FULL
 
     started = time.perf_counter()

@@ -322,7 +322,7 @@ async def hedge_run(
                 reported[i] = report.ttft
                 if len(report.attempts) == 1:
                     single.add(i)
-            return Sent(first, ok=True, hedge_won=lk.report(stream).answered_by > 1)
+            return Sent(first, ok=True, hedge_won=lk.report(stream).answering_attempt > 1)
 
         sends = {"bare": bare, "hedge": hedged}
         for name in models.values():  # warm-up: fresh samples, the TTFT window, connections
@@ -434,10 +434,10 @@ def check_stream(run: str, stream: lk.Stream[Any], first: float, anomalies: Anom
         anomalies.note(f"{run} hedge: {report.chunks} content chunks, {OUTPUT_TOKENS} sent")
     if report.ttft is None or not 0 < report.ttft <= first + 0.001:
         anomalies.note(f"{run} hedge: report.ttft {report.ttft} vs measured {first:.4f}")
-    answered = [a for a in report.attempts if a.number == report.answered_by]
+    answered = [a for a in report.attempts if a.number == report.answering_attempt]
     if len(answered) != 1 or answered[0].outcome != "ok" or answered[0].ttft is None:
         anomalies.note(f"{run} hedge: the answering attempt is not recorded as ok with a ttft")
-    others = [a for a in report.attempts if a.number != report.answered_by]
+    others = [a for a in report.attempts if a.number != report.answering_attempt]
     if any(a.outcome != "cancelled" for a in others):
         outcomes = sorted({a.outcome for a in others})
         anomalies.note(f"{run} hedge: losing attempt(s) recorded as {outcomes}")

@@ -34,11 +34,7 @@ async def main(base_url: str) -> None:
     await llm.acompletion(model="openai/small-model", messages=MESSAGES)
 
     response = await llm.acompletion(messages=MESSAGES)
-    report = lk.report(response)
-    print(
-        f"answered by {report.target} after {len(report.attempts)} attempt(s), "
-        f"degraded={report.degraded} ({report.fallback_reason}), {report.duration:.2f}s"
-    )
+    print(lk.report(response))  # who answered, after how many attempts, how, how long
 
     # 2. The same policies on any async function, as decorators.
     async def canned(reason: lk.policies.fallback.FallbackReason, question: str) -> str:

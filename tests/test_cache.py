@@ -97,7 +97,7 @@ async def test_second_identical_call_is_a_hit_without_a_request(fake: FakeProvid
     assert lk.report(first).cache == "miss"
     hit = lk.report(second)
     assert hit.cache == "hit"
-    assert hit.attempts == () and hit.answered_by == 0 and hit.target == "openai/m"
+    assert hit.attempts == () and hit.answering_attempt == 0 and hit.target == "openai/m"
     assert not hit.degraded
     assert type(second) is type(first)
     assert text_of(second) == text_of(first) and second.id == first.id
@@ -320,7 +320,8 @@ async def test_streaming_miss_is_stored_and_a_streaming_hit_replays_it(fake: Fak
     replayed, chunks = await read_stream(replay)
     assert replayed == text
     report = lk.report(replay)
-    assert report.cache == "hit" and report.attempts == () and report.answered_by == 0
+    assert report.cache == "hit" and report.attempts == () and report.answering_attempt == 0
+    assert str(report).startswith("openai/m answered from the cache, first token ")
     assert report.target == "openai/m" and report.chunks == 1 and report.ttft is not None
     assert replay.outcome == "ok" and replay.finish_reason == "stop"
     assert requests(fake) == 1

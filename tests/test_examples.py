@@ -1,10 +1,12 @@
-"""The examples run offline against the fake provider."""
+"""The examples run offline against the fake provider; ``CHECKS`` says what each must print
+(tests/test_wheel.py runs them again from a fresh venv holding only the built wheel)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -14,33 +16,33 @@ pytestmark = pytest.mark.slow  # subprocesses: each starts Python and imports li
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def run_example(name: str) -> list[str]:
-    """Run ``examples/<name>`` offline; its output lines (it must exit 0)."""
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+def run_example(
+    name: str, python: str = sys.executable, env: Mapping[str, str] | None = None
+) -> list[str]:
+    """Run ``examples/<name>`` offline with ``python`` (in ``env``, default this process's);
+    its output lines (it must exit 0)."""
     done = subprocess.run(
-        [sys.executable, str(EXAMPLES / name)],
+        [python, str(EXAMPLES / name)],
         capture_output=True,
         text=True,
         timeout=110,
-        env=env,
+        env={**(os.environ if env is None else env), "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
         check=False,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 
 
-@pytest.mark.timeout(120)
-def test_quickstart_runs() -> None:
-    lines = run_example("quickstart.py")
-    assert lines[0].startswith("answered by openai/small-model after 2 attempt(s), degraded=True")
+def check_quickstart(lines: list[str]) -> None:
+    assert lines[0].startswith(
+        "openai/small-model answered after 2 attempts (degraded: timeout), total "
+    )
     assert lines[1].startswith("(cached answer; primary timeout after 0.2")
     assert lines[2].startswith("slow-case log: [('timeout', 0.2")
     assert lines[3] == "DeadlineExceeded: budget 0.3s, attempts: 1"
 
 
-@pytest.mark.timeout(120)
-def test_streaming_example_runs() -> None:
-    lines = run_example("streaming.py")
+def check_streaming(lines: list[str]) -> None:
     assert lines[0].startswith(
         "'Queueing at the provider, long outputs, and stalled streams.' from openai/backup-model"
     )
@@ -50,9 +52,7 @@ def test_streaming_example_runs() -> None:
     assert lines[2] == "StreamStalled after 3 chunks: 'Queueing at the'"
 
 
-@pytest.mark.timeout(120)
-def test_turn_budget_example_runs() -> None:
-    lines = run_example("turn_budget.py")
+def check_turn_budget(lines: list[str]) -> None:
     assert lines[0] == "turn budget 2.300s"
     assert [line.split(":")[0].strip() for line in lines[1:5]] == [
         "retrieval",
@@ -67,9 +67,7 @@ def test_turn_budget_example_runs() -> None:
     )
 
 
-@pytest.mark.timeout(120)
-def test_fanout_example_runs() -> None:
-    lines = run_example("fanout.py")
+def check_fanout(lines: list[str]) -> None:
     assert lines[0] == "gathered 2 of 3, missing {2: 'TimedOut'}"
     assert lines[1].startswith("final answer: 'tok0 tok1', ")
     assert lines[2].startswith("GatherIncomplete: [1, 2] missing, caused by ProviderUnavailable(")
@@ -78,11 +76,29 @@ def test_fanout_example_runs() -> None:
     assert lines[5] == "NoAcceptableResult: ['Failed', 'TimedOut']"
 
 
-@pytest.mark.timeout(120)
-def test_fast_lane_example_runs() -> None:
-    lines = run_example("fast_lane.py")
+def check_fast_lane(lines: list[str]) -> None:
     assert lines[0] == "'Queueing, long outputs, stalls.' from openai/backup-model in 4 chunks"
     assert lines[1] == (
         "attempts: [('openai/primary-model', 'ProviderUnavailable'), ('openai/backup-model', 'ok')]"
     )
     assert lines[2] == "Response Queueing, long outputs, stalls."
+
+
+# What each example must print: a new example gets its check here (test_every_example_is_checked).
+CHECKS: dict[str, Callable[[list[str]], None]] = {
+    "quickstart.py": check_quickstart,
+    "streaming.py": check_streaming,
+    "turn_budget.py": check_turn_budget,
+    "fanout.py": check_fanout,
+    "fast_lane.py": check_fast_lane,
+}
+
+
+def test_every_example_is_checked() -> None:
+    assert set(CHECKS) == {path.name for path in EXAMPLES.glob("*.py")}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_example_runs(name: str) -> None:
+    CHECKS[name](run_example(name))

@@ -215,11 +215,11 @@ async def test_models_endpoint_and_404(fake_provider: FakeProvider) -> None:
     fake_provider.script("a", Behavior())
     async with httpx.AsyncClient() as client:
         models = (await client.get(f"{fake_provider.base_url}/models")).json()
-        missing = await client.post(f"{fake_provider.base_url}/embeddings", json={})
+        missing = await client.post(f"{fake_provider.base_url}/audio/speech", json={})
     assert [m["id"] for m in models["data"]] == ["a", "b"]
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "unknown_url"
-    assert fake_provider.attempts == []  # only chat completions are recorded
+    assert fake_provider.attempts == []  # only the APIs served are recorded
 
 
 # --------------------------------------------------------------------------- scripts
@@ -1426,3 +1426,31 @@ async def test_llmperf_profile_as_script_is_reproducible(fake_provider: FakeProv
         assert isinstance(behavior.ttft, float) and isinstance(behavior.itl, float)
         took = attempt.first_byte_at - attempt.arrived_at  # type: ignore[operator]
         assert took >= behavior.ttft + 5 * behavior.itl - 0.002
+
+
+@pytest.mark.slow
+async def test_past_the_knee_throughput_levels_off_and_latency_queues(fake: FakeProvider) -> None:
+    # What adaptive concurrency relies on: a server of 2 at a time, 0.1 s alone, kept busy by
+    # 8 closed-loop clients, answers about 2 / 0.1 = 20 per second however many ask, and each
+    # waits about 8 / 2 times as long.
+    fake.script("knee", Behavior(ttft=0.1, concurrency_knee=2))
+    body = {"model": "knee", "messages": [{"role": "user", "content": "hi"}]}
+    url = f"{fake.base_url}/chat/completions"
+    waits: list[float] = []
+    async with httpx.AsyncClient(timeout=10) as client:
+
+        async def client_loop(until: float) -> None:
+            while time.monotonic() < until:
+                started = time.monotonic()
+                (await client.post(url, json=body)).raise_for_status()
+                waits.append(time.monotonic() - started)
+
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(client_loop, started + 3.0)
+        elapsed = time.monotonic() - started
+    throughput = len(waits) / elapsed
+    assert throughput <= 20 * 1.15, throughput  # the knee caps it (a slow machine only lowers it)
+    later = sorted(waits[len(waits) // 2 :])
+    assert later[len(later) // 2] >= 0.3, later  # about 0.4 s: queued behind the others

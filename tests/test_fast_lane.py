@@ -57,7 +57,7 @@ async def test_a_response_reads_like_litellms_and_converts_to_it(fake: FakeProvi
         "Paris is the capital."
     )
     report = lk.report(response)
-    assert report.target == "openai/primary" and report.answered_by == 1
+    assert report.target == "openai/primary" and report.answering_attempt == 1
     converted: Any = to_model_response(response)
     assert type(converted) is litellm.ModelResponse
     assert converted.choices[0].message.content == "Paris is the capital."
@@ -423,7 +423,7 @@ async def main():
         )
         assert "litellm" not in sys.modules, "at construction"
         response = await llm.acompletion(messages=[{"role": "user", "content": "hi"}])
-        assert response.choices[0].message.content and lk.report(response).answered_by == 1
+        assert response.choices[0].message.content and lk.report(response).answering_attempt == 1
         stream = await llm.acompletion(messages=[{"role": "user", "content": "hi"}], stream=True)
         async with stream:
             assert [chunk async for chunk in stream]

@@ -1,4 +1,6 @@
-"""The fault matrix: lk.LLM with retry, breaker and failover against the fake provider."""
+"""The fault matrix: lk.LLM with retry, breaker and failover against the fake provider, through
+every entry point (acompletion, aembedding, aresponses, and the sync forms called from a worker
+thread of the test's event loop) on both lanes (aresponses: litellm's)."""
 
 from __future__ import annotations
 
@@ -17,28 +19,89 @@ pytestmark = pytest.mark.anyio
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
-LANE = "litellm"  # the transport of every target these tests make (see the lane fixture)
+LANE = "litellm"  # the transport of every target these tests make (see the way fixture)
+ENTRY = "acompletion"  # the entry point every call goes through (see ask)
+DIMENSIONS = 8  # what every target declares (the fake provider's vectors' length)
+SYNC = ("completion", "embedding")
+_made: list[lk.LLM] = []  # the LLMs of the test: their sync loop threads are closed after it
+
+# Both async entry points on both lanes; the sync ones (the same pipeline on the LLM's own
+# loop thread: only that layer is new) one lane each.
+WAYS = [
+    ("acompletion", "litellm"),
+    ("acompletion", "openai"),
+    ("aembedding", "litellm"),
+    ("aembedding", "openai"),
+    ("aresponses", "litellm"),
+    ("completion", "litellm"),
+    ("embedding", "openai"),
+]
 
 
-@pytest.fixture(autouse=True, params=["litellm", "openai"])
-def lane(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every test runs on both lanes: through litellm, and on the fast lane."""
-    global LANE
-    LANE = str(request.param)
-    yield LANE
-    LANE = "litellm"
+@pytest.fixture(autouse=True, params=WAYS, ids=["-".join(way) for way in WAYS])
+def way(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """Every test runs through each entry point, on a lane: through litellm, or the fast lane."""
+    global ENTRY, LANE
+    ENTRY, LANE = request.param
+    yield request.param
+    ENTRY, LANE = "acompletion", "litellm"
+    while _made:
+        _made.pop().close()
+
+
+def embeds() -> bool:
+    return ENTRY in ("aembedding", "embedding")
+
+
+async def ask(llm: lk.LLM, messages: list[dict[str, Any]] = MESSAGES, **kwargs: Any) -> Any:
+    """One call of ``llm`` through the entry point under test: a chat of ``messages``, or an
+    embedding of their text; a sync one from a worker thread. A stream is read to its end."""
+    if embeds():
+        if kwargs.get("stream"):
+            pytest.skip("embeddings do not stream")
+        kwargs["input"] = messages[-1]["content"]
+    elif ENTRY == "aresponses":
+        kwargs["input"] = messages
+    else:
+        kwargs["messages"] = messages
+    method = getattr(llm, ENTRY)
+    if ENTRY not in SYNC:
+        result = await method(**kwargs)
+        if kwargs.get("stream"):
+            async with result:
+                async for _ in result:
+                    pass
+        return result
+    _made.append(llm)
+
+    def call() -> Any:
+        result = method(**kwargs)
+        if kwargs.get("stream"):
+            with result:
+                for _ in result:
+                    pass
+        return result
+
+    return await anyio.to_thread.run_sync(call)
 
 
 def target(fake: FakeProvider, model: str, **extra: Any) -> dict[str, Any]:
     extra.setdefault("transport", LANE)
+    extra.setdefault("dimensions", DIMENSIONS)
     return {"model": f"openai/{model}", "api_base": fake.base_url, "api_key": "sk-fake", **extra}
+
+
+def llm_on(fake: FakeProvider, **options: Any) -> lk.LLM:
+    """``openai/primary`` on the fake provider, on the lane under test."""
+    options.setdefault("transport", LANE)
+    options.setdefault("dimensions", DIMENSIONS)
+    return lk.LLM("openai/primary", api_base=fake.base_url, api_key="sk-fake", **options)
 
 
 def resilient(fake: FakeProvider, **options: Any) -> lk.LLM:
     options.setdefault("retry", lk.Retry(max_attempts=3, initial=0.5))
     options.setdefault("failover", [target(fake, "secondary")])
-    options.setdefault("transport", LANE)
-    return lk.LLM("openai/primary", api_base=fake.base_url, api_key="sk-fake", **options)
+    return llm_on(fake, **options)
 
 
 def models(fake: FakeProvider) -> list[str]:
@@ -50,7 +113,7 @@ async def test_429_with_retry_after_is_retried_after_the_wait(fake_provider: Fak
     fake.script("primary", [Behavior(fault=Fault.HTTP_429, retry_after=2), Behavior()])
     llm = resilient(fake, deadline=10)
     started = time.monotonic()
-    response = await llm.acompletion(messages=MESSAGES)
+    response = await ask(llm)
     assert lk.report(response).target == "openai/primary"
     first, second = fake.attempts
     assert second.arrived_at - first.arrived_at >= 1.8
@@ -62,7 +125,7 @@ async def test_429_whose_wait_does_not_fit_fails_over_at_once(fake_provider: Fak
     fake.script("primary", Behavior(fault=Fault.HTTP_429, retry_after=2))
     llm = resilient(fake, deadline=1.0)
     started = time.monotonic()
-    response = await llm.acompletion(messages=MESSAGES)
+    response = await ask(llm)
     assert lk.report(response).target == "openai/secondary"
     assert models(fake) == ["primary", "secondary"]
     assert time.monotonic() - started < 0.9
@@ -72,7 +135,7 @@ async def test_persistent_429_backs_off_then_fails_over(fake_provider: FakeProvi
     fake = fake_provider
     fake.script("primary", Behavior(fault=Fault.HTTP_429))
     llm = resilient(fake, deadline=10)
-    response = await llm.acompletion(messages=MESSAGES)
+    response = await ask(llm)
     assert lk.report(response).target == "openai/secondary"
     primary = [a for a in fake.attempts if a.model == "primary"]
     assert 2 <= len(primary) <= 4  # no tight loop: backoff between attempts, then failover
@@ -82,16 +145,17 @@ async def test_persistent_429_backs_off_then_fails_over(fake_provider: FakeProvi
 async def test_500_once_is_retried_on_the_same_target(fake_provider: FakeProvider) -> None:
     fake = fake_provider
     fake.script("primary", [Behavior(fault=Fault.HTTP_500), Behavior()])
-    response = await resilient(fake).acompletion(messages=MESSAGES)
+    response = await ask(resilient(fake))
     report = lk.report(response)
-    assert report.target == "openai/primary" and report.answered_by == 2
+    assert report.target == "openai/primary" and report.answering_attempt == 2
+    assert str(report).startswith("openai/primary answered after 2 attempts (retried), total ")
     assert models(fake) == ["primary", "primary"]
 
 
 async def test_persistent_503_fails_over_within_the_budget(fake_provider: FakeProvider) -> None:
     fake = fake_provider
     fake.script("primary", Behavior(fault=Fault.HTTP_503))
-    response = await resilient(fake, deadline=10).acompletion(messages=MESSAGES)
+    response = await ask(resilient(fake, deadline=10))
     assert lk.report(response).target == "openai/secondary"
     assert models(fake).count("primary") <= 3
 
@@ -99,7 +163,7 @@ async def test_persistent_503_fails_over_within_the_budget(fake_provider: FakePr
 async def test_reset_before_headers_is_survived(fake_provider: FakeProvider) -> None:
     fake = fake_provider
     fake.script("primary", Behavior(fault=Fault.RESET_BEFORE_HEADERS))
-    response = await resilient(fake, deadline=10).acompletion(messages=MESSAGES)
+    response = await ask(resilient(fake, deadline=10))
     report = lk.report(response)
     assert report.target == "openai/secondary"
     assert {a.error_kind for a in report.attempts if a.outcome == "error"} == {
@@ -112,18 +176,15 @@ async def test_a_silent_target_times_out_fails_over_and_is_not_retried(
 ) -> None:
     fake = fake_provider
     fake.script("primary", Behavior(fault=Fault.HANG))
-    llm = lk.LLM(
-        "openai/primary",
-        api_base=fake.base_url,
-        api_key="sk-fake",
-        transport=LANE,
+    llm = llm_on(
+        fake,
         timeout=0.5,
         deadline=3.0,
         retry=lk.Retry(max_attempts=3),
         failover=[target(fake, "secondary", timeout=5)],
     )
     started = time.monotonic()
-    response = await llm.acompletion(messages=MESSAGES)
+    response = await ask(llm)
     assert time.monotonic() - started < 3.0
     assert lk.report(response).target == "openai/secondary"
     assert models(fake) == ["primary", "secondary"]
@@ -135,11 +196,8 @@ async def test_context_length_goes_only_to_a_larger_model(fake_provider: FakePro
     fake = fake_provider
     fake.script("primary", Behavior(context_window=50))
     fake.script("secondary", Behavior(context_window=50))
-    llm = lk.LLM(
-        "openai/primary",
-        api_base=fake.base_url,
-        api_key="sk-fake",
-        transport=LANE,
+    llm = llm_on(
+        fake,
         context_window=50,
         retry=lk.Retry(),
         failover=[
@@ -148,7 +206,7 @@ async def test_context_length_goes_only_to_a_larger_model(fake_provider: FakePro
         ],
     )
     long_prompt = [{"role": "user", "content": "word " * 400}]
-    response = await llm.acompletion(messages=long_prompt)
+    response = await ask(llm, long_prompt)
     assert lk.report(response).target == "openai/large"
     assert models(fake) == ["primary", "large"]  # exactly one primary attempt, no smaller model
 
@@ -160,7 +218,7 @@ async def test_context_length_without_a_larger_model_is_a_clear_error(
     fake.script("primary", Behavior(context_window=50))
     llm = resilient(fake, context_window=50)
     with pytest.raises(lk.ContextLengthExceeded) as info:
-        await llm.acompletion(messages=[{"role": "user", "content": "word " * 400}])
+        await ask(llm, [{"role": "user", "content": "word " * 400}])
     assert "maximum context length" in info.value.provider_message
     assert models(fake) == ["primary"]
 
@@ -171,7 +229,7 @@ async def test_content_filter_is_raised_after_exactly_one_attempt(
     fake = fake_provider
     fake.script("primary", Behavior(fault=Fault.CONTENT_POLICY))
     with pytest.raises(lk.ContentPolicyViolation) as info:
-        await resilient(fake).acompletion(messages=MESSAGES)
+        await ask(resilient(fake))
     assert "flagged: violence" in str(info.value)
     assert models(fake) == ["primary"]
     assert len(info.value.attempts) == 1
@@ -183,10 +241,15 @@ async def test_accounting_names_the_answering_target_and_its_usage(
     fake = fake_provider
     fake.script("primary", Behavior(fault=Fault.HTTP_503))
     fake.script("secondary", Behavior(output_tokens=7))
-    response = await resilient(fake, retry=None).acompletion(messages=MESSAGES)
+    response = await ask(resilient(fake, retry=None))
     report = lk.report(response)
     assert report.target == "openai/secondary" and report.model == "secondary"
-    assert response.usage.completion_tokens == 7
+    if embeds():  # "hello": one input token, and no output
+        assert (response.usage.prompt_tokens, response.usage.total_tokens) == (1, 1)
+    elif ENTRY == "aresponses":  # the Responses API's words
+        assert response.usage.output_tokens == 7
+    else:
+        assert response.usage.completion_tokens == 7
     assert [(a.target, a.outcome) for a in report.attempts] == [
         ("openai/primary", "error"),
         ("openai/secondary", "ok"),
@@ -200,7 +263,7 @@ async def test_all_targets_failing_raise_the_primary_error_with_the_others(
     fake.script("primary", Behavior(fault=Fault.HTTP_503))
     fake.script("secondary", Behavior(fault=Fault.HTTP_500))
     with pytest.raises(lk.ProviderUnavailable) as info:
-        await resilient(fake, retry=None).acompletion(messages=MESSAGES)
+        await ask(resilient(fake, retry=None))
     assert info.value.target == "openai/primary"
     assert [type(e).__name__ for e in info.value.others] == ["ProviderUnavailable"]
     assert [a.target for a in info.value.attempts] == ["openai/primary", "openai/secondary"]
@@ -234,7 +297,7 @@ async def test_flapping_primary_opens_probes_and_closes_the_breaker(
     answered_by: list[tuple[float, str]] = []
     with lk.subscribe(seen.append):
         for _ in range(10):
-            response = await llm.acompletion(messages=MESSAGES)  # every call is answered
+            response = await ask(llm)  # every call is answered
             answered_by.append((time.monotonic(), lk.report(response).target))
             await anyio.sleep(interval)
     changes = [
@@ -255,7 +318,7 @@ async def test_failover_on_opts_in_to_more_errors(fake_provider: FakeProvider) -
     fake = fake_provider
     fake.script("primary", Behavior(fault=Fault.CONTENT_POLICY))
     llm = resilient(fake, failover_on=lambda exc: True)  # e.g. a less strict second provider
-    response = await llm.acompletion(messages=MESSAGES)
+    response = await ask(llm)
     assert lk.report(response).target == "openai/secondary"
     assert models(fake) == ["primary", "secondary"]
 
@@ -266,10 +329,7 @@ async def test_failover_on_opts_in_to_more_errors(fake_provider: FakeProvider) -
 def silent_close_llm(fake: FakeProvider, **options: Any) -> lk.LLM:
     # timeout 1.0: a failure after 0.5 s or more is a slow one (half the attempt timeout).
     options.setdefault("retry", lk.Retry(max_attempts=3, initial=0.05, max_wait=0.05))
-    options.setdefault("transport", LANE)
-    return lk.LLM(
-        "openai/primary", api_base=fake.base_url, api_key="sk-fake", timeout=1.0, **options
-    )
+    return llm_on(fake, timeout=1.0, **options)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -282,11 +342,7 @@ async def test_a_silent_close_after_a_long_silence_fails_over_without_a_retry(
     seen: list[lk.events.Event] = []
     started = time.monotonic()
     with lk.subscribe(seen.append):
-        response = await llm.acompletion(messages=MESSAGES, stream=stream)
-        if stream:
-            async with response:
-                async for _ in response:
-                    pass
+        response = await ask(llm, stream=stream)
     assert time.monotonic() - started < 3.0
     assert lk.report(response).target == "openai/secondary"
     assert models(fake) == ["primary", "secondary"]  # the silent target was not asked again
@@ -311,7 +367,7 @@ async def test_a_quick_close_is_retried_a_slow_one_is_raised(
     )
     started = time.monotonic()
     with pytest.raises(lk.ProviderConnectionError) as info:
-        await silent_close_llm(fake).acompletion(messages=MESSAGES)
+        await ask(silent_close_llm(fake))
     assert time.monotonic() - started < 1.6  # one long silence, not two
     assert models(fake) == ["primary", "primary"]
     assert [a.error_kind for a in info.value.attempts] == [lk.ErrorKind.CONNECTION] * 2

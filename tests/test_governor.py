@@ -238,3 +238,141 @@ def test_only_a_429_pauses_the_target() -> None:
     limited = lk.RateLimited("slow down", target="t", status_code=429, retry_after=5.0)
     Governor._read_error(room, "t", limited)
     assert room.paused_until - time.monotonic() == pytest.approx(5.0, abs=0.5)
+
+
+# --- lanes ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tight() -> Iterator[FakeProvider]:
+    """A provider with 120 requests a minute (one every 0.5 s), all but one spent (and the
+    few that refill while they are)."""
+    with FakeProvider(
+        quota=ProviderQuota(requests_per_minute=120, tokens_per_minute=100_000)
+    ) as fake:
+        drain(fake, 119)
+        yield fake
+
+
+async def test_batch_yields_to_interactive_under_a_tight_room(tight: FakeProvider) -> None:
+    llm = governed(tight, deadline=30.0)
+    await answer(llm, priority="interactive")  # learns the room: none left
+    done: list[str] = []
+
+    async def one(lane: str) -> None:
+        await answer(llm, priority=lane)
+        done.append(lane)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            for _ in range(3):
+                group.start_soon(one, "batch")
+            await anyio.sleep(0.05)  # the batch calls wait first
+            for _ in range(2):
+                group.start_soon(one, "interactive")
+            await until_true(lambda: len(done) >= 2)
+            group.cancel_scope.cancel()  # batch would wait for 20 % of the limit to refill
+    assert done == ["interactive", "interactive"]
+    assert 429 not in [a.status for a in tight.attempts]
+    room = llm.stats()["openai/m"].room
+    assert room is not None and room.lanes["interactive"][0] == 2
+
+
+async def test_a_lane_is_served_in_arrival_order(tight: FakeProvider) -> None:
+    llm = governed(tight, deadline=30.0)
+    await answer(llm, priority="interactive")  # learns the room: none left
+    done: list[int] = []
+
+    async def one(index: int) -> None:
+        await answer(llm, priority="interactive")
+        done.append(index)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            for index in range(4):
+                group.start_soon(one, index)
+                await anyio.sleep(0.01)  # arrival order
+    assert done == [0, 1, 2, 3]
+
+
+async def test_a_lane_with_room_is_not_held_back(quota: FakeProvider) -> None:
+    llm = governed(quota, deadline=2.0)
+    for _ in range(3):  # 5, 4, 3 of 6 left: above the batch lane's reserve (1.2)
+        await answer(llm, priority="batch")
+    room = llm.stats()["openai/m"].room
+    assert room is not None and room.waits == 0 and room.shed == 0
+
+
+async def test_a_shed_call_says_its_lane(tight: FakeProvider) -> None:
+    llm = governed(tight, deadline=2.0)
+    await answer(llm, priority="batch")  # nothing learned yet: sent; no room left, it says
+    sent = len(tight.attempts)
+    with pytest.raises(lk.LimitExceeded) as info:
+        await answer(llm, priority="batch")
+    assert info.value.lane == "batch" and "batch lane" in str(info.value)
+    assert len(tight.attempts) == sent  # nothing was sent
+    room = llm.stats()["openai/m"].room
+    assert room is not None and room.lanes["batch"] == (0, 1) and room.shed == 1
+    assert "shed" in str(llm.stats())
+
+
+async def until_true(predicate: Any) -> None:
+    while not predicate():  # noqa: ASYNC110 - the calls' own progress is what is awaited
+        await anyio.sleep(0.01)
+
+
+async def test_room_left_waits_and_sheds_are_metrics_by_lane(tight: FakeProvider) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from latencykit import telemetry
+
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    llm = governed(tight, deadline=2.0)
+    with telemetry.instrument(meter_provider=meter_provider):
+        await answer(llm)
+        with pytest.raises(lk.LimitExceeded):
+            await answer(llm, priority="batch")
+        data = reader.get_metrics_data()
+    meter_provider.shutdown()
+    assert data is not None
+    points: dict[str, list[Any]] = {
+        metric.name: list(metric.data.data_points)
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+    }
+    shed = {p.attributes["latencykit.lane"]: p.value for p in points["latencykit.room.shed"]}
+    assert shed == {"interactive": 0, "default": 0, "batch": 1}
+    left = {p.attributes["latencykit.limit.kind"]: p.value for p in points["latencykit.room.left"]}
+    assert 0 <= left["requests"] < 0.2 * 120  # below the batch lane's reserve: shed
+    assert "latencykit.room.waits" in points
+    hashes = {None, ratelimit.key_hash(KEY)}
+    for series in points.values():
+        for point in series:
+            assert KEY not in str(point.attributes)
+            assert point.attributes.get("latencykit.api_key.hash") in hashes
+
+
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
+async def test_retries_and_hedges_are_spent_only_from_room_to_spare(
+    quota: FakeProvider, lane: str
+) -> None:
+    from latencykit.testing import Behavior, Fault
+
+    drain(quota, 3)
+    retrying = governed(quota, lane, deadline=30.0, retry=lk.Retry(max_attempts=2, initial=0.01))
+    await answer(retrying)  # learns: 2 requests left of 6, the batch reserve is 1.2
+    quota.script("m", [Behavior(fault=Fault.HTTP_503), Behavior()])
+    sent = len(quota.attempts)
+    with anyio.fail_after(5), pytest.raises(lk.LimitExceeded) as info:
+        await answer(retrying)  # the first attempt fits; its retry would spend the reserve
+    assert len(quota.attempts) == sent + 1  # the retry was not sent, nor waited for
+    assert info.value.limit == "requests" and info.value.wait is not None
+    assert [a.outcome for a in info.value.attempts][:1] == ["error"]
+    hedged = governed(quota, lane, hedge=lk.Hedge(0.05), deadline=30.0)
+    quota.script("m", Behavior(ttft=0.3))
+    sent = len(quota.attempts)
+    await answer(hedged)  # the last request left: the primary answers, no backup is sent
+    assert len(quota.attempts) == sent + 1

@@ -431,7 +431,8 @@ async def test_llm_adaptive_hedge_answers_a_hang_after_a_light_tail(
     response = await llm.acompletion(messages=messages)
     took = time.monotonic() - started
     report = lk.report(response)
-    assert report.answered_by == 2
+    assert report.answering_attempt == 2
+    assert str(report).startswith("openai/m answered after 2 attempts (hedged), total ")
     assert sorted((a.number, a.outcome) for a in report.attempts) == [(1, "cancelled"), (2, "ok")]
     assert took < 10  # ~0.7 s: the hedge went after p90 + fastest, not after the deadline
     # The hung attempt never answered, and its connection was closed when the backup won.

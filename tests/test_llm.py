@@ -9,7 +9,9 @@ import pytest
 
 import latencykit as lk
 from helpers import KEY, MESSAGES, make_llm, target
-from latencykit._context import priority_var
+from latencykit._context import Outcome, priority_var
+from latencykit.llm import CallReport
+from latencykit.pipeline import AttemptReason
 from latencykit.testing import Behavior, FakeProvider, Fault, RequestInfo
 
 pytestmark = pytest.mark.anyio
@@ -22,7 +24,7 @@ async def test_plain_call_returns_litellm_response_with_report(fake: FakeProvide
     assert response.choices[0].message.content
     report = lk.report(response)
     assert report.target == "openai/primary"
-    assert report.answered_by == 1
+    assert report.answering_attempt == 1
     assert not report.degraded and report.fallback_reason is None
     assert [a.outcome for a in report.attempts] == ["ok"]
     assert report.duration > 0
@@ -61,7 +63,8 @@ async def test_degrade_after_timeout_answers_from_the_cheap_model(fake: FakeProv
     report = lk.report(response)
     assert report.degraded and report.fallback_reason == "timeout"
     assert report.target == "openai/cheap"
-    assert report.answered_by == 2
+    assert report.answering_attempt == 2
+    assert str(report).startswith("openai/cheap answered after 2 attempts (degraded: timeout), ")
     assert [(a.target, a.outcome) for a in report.attempts] == [
         ("openai/slow", "cancelled"),
         ("openai/cheap", "ok"),
@@ -185,9 +188,56 @@ async def test_api_key_stays_out_of_reprs_and_reports(fake: FakeProvider) -> Non
     llm = make_llm(fake)
     response = await llm.acompletion(messages=MESSAGES)
     assert KEY not in repr(llm)
-    assert KEY not in repr(lk.report(response))
+    assert KEY not in repr(lk.report(response)) and KEY not in str(lk.report(response))
     [seen] = fake.attempts
     assert KEY not in str(seen.request_headers)
+
+
+def test_a_report_reads_as_one_line() -> None:
+    def attempt(number: int, target: str, reason: AttemptReason, outcome: Outcome) -> lk.Attempt:
+        return lk.Attempt(number, target, 0.0, 0.1, outcome, reason=reason)
+
+    plain = CallReport(
+        "openai/a", "a", (attempt(1, "openai/a", "primary", "ok"),), 1, False, None, 0.25
+    )
+    assert str(plain) == "openai/a answered after 1 attempt, total 0.250s"
+    assert "attempts=(Attempt(number=1" in repr(plain)  # repr keeps every field
+    everything = CallReport(
+        "openai/cheap",
+        "cheap",
+        (
+            attempt(1, "openai/a", "primary", "error"),
+            attempt(2, "openai/a", "retry", "cancelled"),
+            attempt(3, "openai/a", "hedge", "cancelled"),
+            attempt(4, "openai/b", "failover", "error"),
+            attempt(5, "openai/cheap", "fallback", "ok"),
+        ),
+        5,
+        True,
+        "error",
+        2.0,
+        truncated=True,
+    )
+    assert str(everything) == (
+        "openai/cheap answered after 5 attempts "
+        "(retried, hedged, failed over, degraded: error, truncated), total 2.000s"
+    )
+    # An open stream: its answering attempt (3) is not recorded yet, its first token is.
+    stream = CallReport(
+        "openai/b",
+        "openai/b",
+        (attempt(1, "openai/a", "primary", "cancelled"), attempt(2, "openai/b", "hedge", "error")),
+        3,
+        False,
+        None,
+        1.5,
+        ttft=0.4123,
+    )
+    assert str(stream) == (
+        "openai/b answered after 3 attempts (hedged), first token 0.412s, total 1.500s"
+    )
+    hit = CallReport("openai/a", "a", (), 0, False, None, 0.001, ttft=0.0005, cache="hit")
+    assert str(hit) == "openai/a answered from the cache, first token 0.001s, total 0.001s"
 
 
 def test_report_of_a_foreign_object() -> None:
@@ -273,7 +323,7 @@ async def test_hedge_wins_and_the_loser_connection_is_closed(fake: FakeProvider)
     response = await llm.acompletion(messages=MESSAGES)
     returned_at = time.monotonic()
     report = lk.report(response)
-    assert report.answered_by == 2
+    assert report.answering_attempt == 2
     assert sorted((a.number, a.outcome) for a in report.attempts) == [(1, "cancelled"), (2, "ok")]
     # The loser was cancelled and awaited before the call returned: its socket was closed by
     # then, and the server sees the disconnect within milliseconds.

@@ -229,7 +229,8 @@ async def test_a_hedged_stream_is_won_by_the_first_content_chunk(fake: FakeProvi
     assert returned_at - started < 2.0
     assert text_of(await read_all(stream)) == TEXT
     report = lk.report(stream)
-    assert report.answered_by == 2
+    assert report.answering_attempt == 2
+    assert str(report).startswith("openai/model answered after 2 attempts (hedged), first token ")
     assert sorted((a.number, a.outcome) for a in report.attempts) == [(1, "cancelled"), (2, "ok")]
     loser = await disconnected(fake, "model")
     assert loser.tokens_sent == 0

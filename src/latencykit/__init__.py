@@ -7,8 +7,10 @@ policy's options, breaker registry and stores), ``latencykit.stats`` (latency wi
 per-target statistics), ``latencykit.llm`` (``CallReport``), ``latencykit.turn`` (the stages'
 ``Ledger``), ``latencykit.routing`` (``Router``, ``Rule``), ``latencykit.fanout`` (``gather``'s
 markers), ``latencykit.fleet`` (state shared by a fleet of processes: ``SharedStore``,
-``StoreUnavailable``); ``latencykit.cache`` (``ResponseCache``), ``latencykit.slow_calls``
-(the slow-call log) and ``latencykit.telemetry`` (OpenTelemetry) are imported on first use.
+``StoreUnavailable``), ``latencykit.wrap`` (litellm's ``acompletion`` as a latencykit
+attempt, for code guarded by the decorators); ``latencykit.cache`` (``ResponseCache``),
+``latencykit.slow_calls`` (the slow-call log) and ``latencykit.telemetry`` (OpenTelemetry)
+are imported on first use.
 ``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
 """
 

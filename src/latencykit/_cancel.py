@@ -5,17 +5,21 @@ where a backend offers the same object natively: on trio, anyio's cancel scope *
 ``trio.CancelScope`` behind a wrapper, so we create trio's directly (about 5 us less per scope);
 on asyncio, the clock is the running loop's ``time()``, exactly what ``anyio.current_time()``
 returns, and scopes are anyio's asyncio scope class, constructed directly (the
-structured-cancellation machinery, without the per-call backend lookup).
+structured-cancellation machinery, without the per-call backend lookup), or cheaper still,
+an :class:`Expiry`: the deadlines and timers of an asyncio loop are entries behind one loop
+timer (a :class:`_Wheel`), and a scope left before its deadline, as nearly all are, only marks
+its entry dead.
 
 A stream waits for a chunk with a limit (stall, deadline) thousands of times; a cancel scope per
 wait costs microseconds, as much as the rest of a chunk's path. A :class:`Watchdog` instead keeps
-one loop timer per stream, re-armed only when it fires early; at expiry it cancels the waiting
+one timer per stream, re-armed only when it fires early; at expiry it cancels the waiting
 task on asyncio (Python 3.11+), and on trio it interrupts the source's read (where the source
 can: the fast lane closes its connection); other sources on trio get a scope per wait.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import heapq
@@ -24,6 +28,7 @@ import logging
 import math
 import sys
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -41,8 +46,9 @@ class Backend(NamedTuple):
     scope: Callable[..., Any]
     """``scope(deadline=...)``: a cancel scope (``cancelled_caught`` after exit)."""
     expiry: Callable[[float], Any]
-    """``expiry(deadline)``: a cancel scope that only expires (no ``cancel()``, no shield):
-    :class:`Expiry` on asyncio 3.11+, the backend's own scope elsewhere."""
+    """``expiry(deadline)``: a cancel scope without a shield (``cancel()``,
+    ``cancelled_caught``; ``math.inf``: none): :class:`Expiry` on asyncio 3.11+, the backend's
+    own scope elsewhere."""
 
 
 Interrupt = Callable[[], None]
@@ -171,63 +177,210 @@ _expiry_var: contextvars.ContextVar[float] = contextvars.ContextVar(
 
 
 class Expiry:
-    """A cancel scope that only expires, for asyncio 3.11+: ``with Expiry(deadline):``.
+    """A cancel scope without a shield, for asyncio 3.11+: ``with Expiry(deadline):``.
 
-    One loop timer cancels the task at ``deadline`` the way ``asyncio.timeout`` does (``cancel``
-    then, at exit, ``uncancel``), so it composes with anyio's scopes and with any other
-    cancellation, for a third of an anyio scope's Python calls (the deadline, the fallback's
-    switch and a failover target's share each enter one per call). As with an anyio scope, an
-    anyio scope shielded inside it holds the cancellation back until it exits (to within a
-    millisecond), and
-    ``cancelled_caught`` (after exit) tells whether it expired and swallowed the cancellation.
+    At ``deadline`` (``math.inf``: never), or when :meth:`cancel` is called, it cancels the
+    task the way ``asyncio.timeout`` does (``cancel`` then, at exit, ``uncancel``), so it
+    composes with anyio's scopes and with any other cancellation, for a fraction of an anyio
+    scope's Python calls (the deadline, the fallback's switch, a failover target's share and
+    a hedge's primary each enter one per call). It arms no loop timer of its own: it joins
+    its loop's :class:`_Wheel`, and leaving it early costs a flag. As with an anyio
+    scope, an anyio scope shielded inside it holds the cancellation back until it exits (to
+    within a millisecond), and ``cancelled_caught`` (after exit) tells whether it expired and
+    swallowed the cancellation.
     """
 
     __slots__ = (
         "_cancelling",
         "_fired",
-        "_handle",
         "_outer",
         "_task",
         "_token",
+        "_wheel",
         "cancelled_caught",
         "deadline",
+        "live",
     )
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
-        self.cancelled_caught = self._fired = False
+        self.cancelled_caught = self._fired = self.live = False
+        self._task: Any = None
 
     def __enter__(self) -> Expiry:
-        task = self._task = sys.modules["asyncio"].current_task()
+        loop = _asyncio_loop()
+        task = self._task = sys.modules["asyncio"].current_task(loop)
         self._cancelling = task.cancelling()
         self._outer = _anyio_scope(task)  # where the scopes entered inside this one end
         self._token = _expiry_var.set(min(self.deadline, _expiry_var.get()))
-        self._handle = _asyncio_loop().call_at(self.deadline, self._expire)
+        self._wheel = wheel = getattr(loop, "_latencykit_wheel", None) or _wheel_of(loop)
+        if self.deadline != math.inf:
+            wheel.add(self.deadline, self)
         return self
 
+    def cancel(self) -> None:
+        """Cancel the work inside now, as the deadline would (from any task on the loop, or a
+        loop callback); nothing once it fired or exited."""
+        if self.live:
+            self._wheel.drop(self)
+        if self._task is not None and not self._fired:
+            self.fire()
+
     def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> bool:
-        self._handle.cancel()
+        if self.live:
+            self._wheel.drop(self)
         _expiry_var.reset(self._token)
+        task, self._task, self._outer = self._task, None, None  # the wheel may keep this object
         # Swallow the cancellation only if it was ours alone (asyncio.timeout's rule).
-        if self._fired and self._task.uncancel() <= self._cancelling and exc_type is not None:
+        if self._fired and task.uncancel() <= self._cancelling and exc_type is not None:
             self.cancelled_caught = issubclass(exc_type, sys.modules["asyncio"].CancelledError)
         return self.cancelled_caught
 
-    def _expire(self) -> None:
+    def fire(self) -> None:
+        """The wheel's call at ``deadline``: cancel the task (unless a shield holds it back)."""
         if _shielded(self._task, self._outer):
             # anyio re-delivers when the shield's scope exits; this scope is not anyio's, so it
             # looks again soon (a shield inside a deadline is brief: cleanup that must finish).
-            self._handle = _asyncio_loop().call_later(_SHIELD_POLL, self._expire)
+            self._wheel.add(self._wheel.loop.time() + _SHIELD_POLL, self)
             return
         self._fired = True
         self._task.cancel()
 
 
+class _Alarm:
+    """A :func:`call_at` callback on an asyncio loop's :class:`_Wheel`."""
+
+    __slots__ = ("_wheel", "callback", "context", "live")
+
+    def __init__(self, wheel: _Wheel, callback: Callable[[], None]) -> None:
+        self._wheel = wheel
+        self.callback: Callable[[], None] | None = callback
+        self.context = contextvars.copy_context()  # as asyncio's call_at: the caller's context
+        self.live = False
+
+    def cancel(self) -> None:
+        self.callback = None  # also when it is due in the same turn as the timer cancelling it
+        if self.live:
+            self._wheel.drop(self)
+
+    def fire(self) -> None:
+        if self.callback is None:
+            return
+        try:
+            self.context.run(_as_asyncio, self.callback)
+        except Exception:  # a timer must not stop the others due with it
+            _logger.exception("latencykit: a timer callback failed")
+
+
+class _Entry(Protocol):
+    live: bool
+
+    def fire(self) -> None: ...
+
+
+class _Wheel:
+    """Every :class:`Expiry` and :func:`call_at` of one asyncio loop behind one loop timer.
+
+    The timer stays armed at the earliest time it was asked for; an entry that leaves early
+    (nearly all: a call ends long before its deadline) is only marked dead, and when the timer
+    fires with nothing due it is re-armed for the earliest live entry. So while other calls
+    are in flight, a call whose deadlines all fall after the armed time creates, cancels and
+    reschedules no loop timer at all (asyncio's ``call_at`` and ``cancel`` are several Python
+    calls each, and the nested scopes of one call had three or four pending), nor does the
+    next call after it on a loop running in real time; on a loop with a clock of its own the
+    timer is cancelled once no entry is live (a virtual-time loop jumps to a pending timer).
+    Dead entries are swept out once they are the majority, as asyncio's own loop does with
+    its cancelled timers.
+    """
+
+    __slots__ = ("armed", "dead", "handle", "heap", "loop", "order", "waiting")
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+        self.heap: list[tuple[float, int, _Entry]] = []
+        self.order = itertools.count()
+        self.armed = math.inf  # when the loop timer fires
+        self.handle: Any = None
+        self.dead = 0  # entries in the heap marked dead
+        self.waiting = 0  # live entries
+
+    def add(self, when: float, entry: _Entry) -> None:
+        entry.live = True
+        self.waiting += 1
+        heapq.heappush(self.heap, (when, next(self.order), entry))
+        if when < self.armed:
+            if self.handle is not None:
+                self.handle.cancel()
+            self.handle = self.loop.call_at(when, self._ring)
+            self.armed = when
+
+    def drop(self, entry: _Entry) -> None:
+        entry.live = False
+        self.waiting -= 1
+        if not self.waiting:  # the heap holds only dead entries
+            self.heap.clear()
+            self.dead = 0
+            # On a real-time loop the timer stays armed (it wakes the loop once, later): the
+            # next call's deadlines, later than it, arm none. A loop with a clock of its own
+            # (a virtual-time loop jumps to its next timer when idle) is left with none.
+            if self.handle is not None and type(self.loop) not in _monotonic_loops:
+                self.handle.cancel()
+                self.handle, self.armed = None, math.inf
+            return
+        self.dead += 1
+        if self.dead > 64 and self.dead * 2 > len(self.heap):
+            self.heap = [item for item in self.heap if item[2].live]
+            heapq.heapify(self.heap)
+            self.dead = 0
+
+    def _ring(self) -> None:
+        self.handle, self.armed = None, math.inf
+        heap, now, due = self.heap, self.loop.time(), []
+        while heap and (heap[0][0] <= now or not heap[0][2].live):
+            entry = heapq.heappop(heap)[2]
+            if entry.live:
+                entry.live = False
+                self.waiting -= 1
+                due.append(entry)
+            else:
+                self.dead -= 1
+        if heap:
+            self.handle = self.loop.call_at(heap[0][0], self._ring)
+            self.armed = heap[0][0]
+        for entry in due:
+            entry.fire()
+
+
+def _wheel_of(loop: Any) -> _Wheel:
+    """The running asyncio loop's :class:`_Wheel` (made on first use)."""
+    wheel: _Wheel | None = getattr(loop, "_latencykit_wheel", None)
+    if wheel is not None:
+        return wheel
+    wheel = _Wheel(loop)
+    try:
+        loop._latencykit_wheel = wheel
+    except AttributeError:  # a loop class without a __dict__ (uvloop's)
+        # (nor weak references: a wheel per scope, right but not shared)
+        with contextlib.suppress(TypeError):
+            wheel = _foreign_wheels.setdefault(loop, wheel)
+    return wheel
+
+
+_foreign_wheels: weakref.WeakKeyDictionary[Any, _Wheel] = weakref.WeakKeyDictionary()
+
+
 def _anyio_scope(task: Any) -> Any:
     """The innermost anyio cancel scope ``task`` is in (``None``: none)."""
-    states = getattr(sys.modules.get("anyio._backends._asyncio"), "_task_states", None)
-    state = None if states is None else states.get(task)
+    global _task_states
+    if _task_states is None:  # anyio's asyncio backend loads with the first anyio call
+        _task_states = getattr(sys.modules.get("anyio._backends._asyncio"), "_task_states", None)
+        if _task_states is None:
+            return None
+    state = _task_states.get(task)
     return None if state is None else state.cancel_scope
+
+
+_task_states: Any = None  # anyio's (asyncio backend's) state of each task, once it is loaded
 
 
 def _shielded(task: Any, outer: Any) -> bool:
@@ -322,6 +475,17 @@ loops keep their own): their clock is read without the method's Python frame."""
 def on_asyncio() -> bool:
     """Whether the running task runs on asyncio (else on trio)."""
     return _asyncio_loop() is not None
+
+
+def running_library() -> str | None:
+    """The event loop library running in this thread (``"asyncio"``, ``"trio"``), or ``None``:
+    code that would block the thread asks it first."""
+    if _asyncio_loop() is not None:
+        return "asyncio"
+    try:
+        return sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return None
 
 
 def backend() -> Backend:
@@ -562,7 +726,10 @@ def call_at(when: float, callback: Callable[[], None]) -> Timer:
     """Run ``callback()`` on the event loop at ``when`` (its clock), in the caller's context."""
     loop = _asyncio_loop()
     if loop is not None:
-        return loop.call_at(when, _as_asyncio, callback)  # type: ignore[no-any-return]
+        wheel = _wheel_of(loop)
+        alarm = _Alarm(wheel, callback)
+        wheel.add(when, alarm)
+        return alarm
     global _trio_timers
     import trio
 

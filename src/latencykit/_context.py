@@ -42,6 +42,8 @@ order_var: ContextVar[tuple[str, ...] | None] = ContextVar("latencykit.route_ord
 """The targets a routed call may go to, in order (the chosen first); failover follows it."""
 task_var: ContextVar[str | None] = ContextVar("latencykit.task", default=None)
 """The task tag of the call being made (``LLM.acompletion(task=...)``), for its router."""
+operation_var: ContextVar[str] = ContextVar("latencykit.operation", default="chat")
+"""The GenAI operation of the call being made: ``"chat"`` (default), ``"embeddings"``."""
 
 Priority = Literal["interactive", "default", "batch"]
 """A call's lane (``LLM.acompletion(priority=...)``), highest first: under a tight quota or

@@ -32,7 +32,9 @@ __all__ = [
     "LITELLM_CHUNKS",
     "LitellmChunks",
     "LitellmTransport",
+    "headers_of",
     "acompletion",
+    "aembedding",
     "is_set_up",
     "litellm",
     "open_connection",
@@ -177,6 +179,28 @@ async def acompletion(arguments: Mapping[str, Any]) -> Any:
         _quiet.reset(token)
 
 
+class _NoRetries(int):
+    """``0`` that is true: litellm's OpenAI embedding handler reads ``max_retries or 2`` (and
+    sets that on the client), so a plain ``max_retries=0`` still cost 3 requests for one 503
+    (measured, litellm 1.110; the SDK's ``x-stainless-retry-count`` 0, 1, 2)."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_NO_RETRIES = _NoRetries(0)
+
+
+async def aembedding(arguments: Mapping[str, Any]) -> Any:
+    """``litellm.aembedding(**arguments, max_retries=0)`` (a ``0`` litellm keeps: see
+    :class:`_NoRetries`), quiet (see :class:`_QuietLitellm`)."""
+    token = _quiet.set(True)
+    try:
+        return await litellm().aembedding(**arguments, max_retries=_NO_RETRIES)
+    finally:
+        _quiet.reset(token)
+
+
 # --- litellm's first call of a process ---------------------------------------------------------
 
 _set_up: set[str] = set()  # the models whose set-up has run in this process (see set_up)
@@ -278,7 +302,7 @@ def _first(*values: Any) -> Any:
     return next((value for value in values if value), None)
 
 
-def _headers(answer: Any) -> Any:
+def headers_of(answer: Any) -> Any:
     """The provider's headers on litellm's response or stream (``None``: none kept)."""
     hidden = getattr(answer, "_hidden_params", None)
     return hidden.get("additional_headers") if isinstance(hidden, dict) else None
@@ -303,7 +327,15 @@ class LitellmTransport:
 
         await self._set_up(target)
         response = await run_on_asyncio(acompletion(_arguments(target, arguments)))
-        ratelimit.heard(target.key, target.api_key, _headers(response))
+        ratelimit.heard(target.key, target.api_key, headers_of(response))
+        return response
+
+    async def embed(self, target: Target, arguments: Mapping[str, Any]) -> Any:
+        """One embedding attempt: litellm's ``EmbeddingResponse``."""
+        from ._asyncio_bridge import run_on_asyncio
+
+        response = await run_on_asyncio(aembedding(_arguments(target, arguments)))
+        ratelimit.heard(target.key, target.api_key, headers_of(response))
         return response
 
     async def open(self, target: Target, arguments: Mapping[str, Any]) -> ChunkSource:
@@ -485,7 +517,7 @@ class LitellmChunks(ChunkSource):
                 **self._arguments, stream=True, max_retries=0
             )
             _our_streams[id(wrapper)] = wrapper  # quiet mid-stream too (see _in_our_stream)
-            ratelimit.heard(self._target.key, self._target.api_key, _headers(wrapper))
+            ratelimit.heard(self._target.key, self._target.api_key, headers_of(wrapper))
             try:
                 return await wrapper.__anext__()
             finally:  # litellm drops its parser at the stream's end: what it was is kept

@@ -29,7 +29,16 @@ import msgspec
 
 from . import ratelimit
 from ._cancel import loop_key, now, run_soon
-from .chunks import OPENAI_CHUNKS, Node, Response, decode_chunk, decode_node, decode_response
+from .chunks import (
+    OPENAI_CHUNKS,
+    EmbeddingResponse,
+    Node,
+    Response,
+    decode_chunk,
+    decode_embeddings,
+    decode_node,
+    decode_response,
+)
 from .errors import (
     HTTPError,
     body_message,
@@ -106,6 +115,30 @@ class OpenAITransport:
             raise _error_of(response, response.content, target.api_key)
         return _answer(response, target)
 
+    async def embed(self, target: Target, arguments: Mapping[str, Any]) -> EmbeddingResponse:
+        """One embedding attempt: ``POST {api_base}/embeddings``, its answer an
+        :class:`~latencykit.chunks.EmbeddingResponse` (errors as :meth:`complete` raises
+        them)."""
+        request = Request(target, arguments, self.client(), path="/embeddings")
+        response = await request.send(stream=False)
+        ratelimit.heard(target.key, target.api_key, response.headers)
+        if response.status_code >= 400:
+            raise _error_of(response, response.content, target.api_key)
+        raw = response.content
+        try:
+            answer = decode_embeddings(raw)
+        except msgspec.ValidationError:  # an error object in its place, or another shape
+            data = decode_node(raw)
+            error = data.get("error") if type(data) is dict else None
+            if error:
+                message = error.get("message") if isinstance(error, Mapping) else error
+                raise HTTPError(str(message or "an error object"), None, data) from None
+            raise malformed_answer("is not an embedding list", raw, target=target.key) from None
+        except msgspec.DecodeError:
+            raise malformed_answer("is not JSON", raw, target=target.key) from None
+        answer._hidden_params = {}  # type: ignore[attr-defined]  # what report() reads
+        return answer
+
     def open(self, target: Target, arguments: Mapping[str, Any]) -> OpenAIChunks:
         """One streaming attempt's source, opened on its first read. The loop's first client is
         set-up, not the provider's time: the source is ready (``ready_at``) after it."""
@@ -135,7 +168,8 @@ class OpenAITransport:
 
 
 class Request:
-    """One chat-completions request to a target: URL, headers and body, built once.
+    """One request to a target (chat completions, or ``path``): URL, headers and body, built
+    once.
 
     Its auth is the litellm lane's: ``Authorization: Bearer`` with the target's ``api_key``
     (default ``OPENAI_API_KEY``). Credentials in ``api_base`` are left out of the URL, as
@@ -146,10 +180,15 @@ class Request:
     __slots__ = ("body", "client", "headers", "timeout", "url")
 
     def __init__(
-        self, target: Target, kwargs: Mapping[str, Any], client: httpx.AsyncClient
+        self,
+        target: Target,
+        kwargs: Mapping[str, Any],
+        client: httpx.AsyncClient,
+        path: str = "/chat/completions",
     ) -> None:
         self.client = client
-        self.url = _chat_url(target.api_base or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE)
+        base = target.api_base or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE
+        self.url = _url(base, path)
         key = target.api_key or os.environ.get("OPENAI_API_KEY")
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if key:
@@ -178,10 +217,10 @@ class Request:
 
 
 @functools.lru_cache(maxsize=64)
-def _chat_url(base: str) -> httpx.URL:
-    """The chat-completions URL under ``base``, parsed once (httpx parses a string URL on every
+def _url(base: str, path: str) -> httpx.URL:
+    """The URL of ``path`` under ``base``, parsed once (httpx parses a string URL on every
     request: ~10 us)."""
-    return httpx.URL(f"{without_credentials(base).rstrip('/')}/chat/completions")
+    return httpx.URL(f"{without_credentials(base).rstrip('/')}{path}")
 
 
 def _error_of(response: httpx.Response, raw: bytes, secret: str | None) -> HTTPError:

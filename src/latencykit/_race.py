@@ -2,10 +2,11 @@
 after a failure; the first acceptable result wins; every loser is cancelled, awaited and
 closed. Its users decide the rest (hedge: targets, budget, events; first: stagger, within).
 
-Lazy: contender 0 runs in the caller's task, with a loop timer armed at the delay, and no task
+Lazy: contender 0 runs in the caller's task, with a timer armed at the delay, and no task
 group is entered; the others run in tasks of their own that the caller cancels and awaits. A
-race decided before the timer fires costs a cancel scope and a timer (docs/benchmarks.md,
-"Hedging against real tails").
+race decided before the timer fires costs the lightest cancel scope the backend has (on
+asyncio, an ``Expiry`` with no deadline) and a timer (docs/benchmarks.md, "Hedging against real
+tails").
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ class Race(abc.ABC):
         "crashed",
         "deadline",
         "delay",
+        "expiry",
         "host",
         "limit",
         "lost",
@@ -118,6 +120,7 @@ class Race(abc.ABC):
         loop = backend()
         self.now = loop.now
         self.scope = loop.scope
+        self.expiry = loop.expiry
         self.starts: list[float] = []
         self.lost: list[Lost] = []
         self.won = -1
@@ -150,8 +153,16 @@ class Race(abc.ABC):
         """Run ``first`` (contender 0) here and the race around it, until it is decided or
         every contender ended; then cancel, await and close the losers."""
         try:
-            if first is not None:
-                await self._host(first)
+            if first is not None:  # contender 0, here (inline: a coroutine frame less)
+                self.starts.append(self.now())
+                self.running = 1
+                while self.delay == 0 and self._launch("delay"):
+                    pass  # all at once
+                self._arm()
+                with self.expiry(self.deadline) as self.host:  # no shield: the lightest scope
+                    await self._contend(0, first)
+                self.host = None
+                self.running -= 1
             while self.running and not self.stopped:
                 await self._changed()
             if self.crashed is not None:
@@ -162,18 +173,6 @@ class Race(abc.ABC):
             raise
         finally:
             await self._finish()
-
-    async def _host(self, first: Awaitable[Any]) -> None:
-        """Run contender 0 in the caller's task, the others starting around it."""
-        self.starts.append(self.now())
-        self.running = 1
-        while self.delay == 0 and self._launch("delay"):
-            pass  # all at once
-        self._arm()
-        with self.scope(deadline=self.deadline) as self.host:
-            await self._contend(0, first)
-        self.host = None
-        self.running -= 1
 
     async def _finish(self) -> None:
         """Stop the race; cancel and await the contenders still running."""
@@ -264,7 +263,8 @@ class Race(abc.ABC):
             self.waiter.set()
 
     def _arm(self) -> None:
-        self._disarm()
+        if self.timer is not None:
+            self._disarm()
         if self.delay and len(self.starts) < self.limit:
             self.timer = call_at(self.starts[-1] + self.delay, self._on_delay)
 

@@ -1,9 +1,11 @@
-"""What events report of a call's request and result, read from OpenAI-shaped objects.
+"""What events report of a call's request and result, read from OpenAI-shaped objects; and
+how long a request's prompt is.
 
 litellm's ``ModelResponse`` and its stream chunks, the openai SDK's ``ChatCompletion``, and any
 object shaped like them (``id``, ``model``, ``choices[i].finish_reason``, ``usage``) are read the
 same way, so a decorated function that calls a provider's SDK itself is reported as well. These
-run only while somebody listens to events, never on the hot path.
+run only while somebody listens to events, never on the hot path (but :func:`characters`, which
+the governor and the stream guard read per attempt).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ __all__ = [
     "CHAT_PARAMETERS",
     "MODEL_PARAMETERS",
     "Summary",
+    "characters",
     "message_text",
     "parameters",
     "summary",
@@ -128,3 +131,23 @@ def message_text(result: Any) -> str | None:
     if not isinstance(choices, (list, tuple)) or not choices:
         return None
     return _string(getattr(getattr(choices[0], "message", None), "content", None))
+
+
+_NOT_TEXT = frozenset({"role", "type"})
+
+
+def characters(value: Any) -> int:
+    """The characters of the text in messages (strings at any depth of lists and dicts, but
+    a message's role and a content part's type)."""
+    if isinstance(value, str):
+        return len(value)
+    total = 0
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if key not in _NOT_TEXT:
+                # A message's content is mostly a string: counted without a call.
+                total += len(item) if type(item) is str else characters(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            total += characters(item)
+    return total

@@ -43,7 +43,7 @@ from . import _validation, events
 from ._cancel import backend, clock, spawn_detached
 from ._context import Trace, deadline_var, trace_var
 from ._litellm import LITELLM_CHUNKS, litellm
-from .chunks import Node, Response
+from .chunks import EmbeddingResponse, Node, Response, decode_embeddings
 from .events import CacheLookup, CacheStored, SkipReason
 from .pipeline import Call, Next, PolicyDecorator, Stage
 from .stream import Stream, StreamOutcome
@@ -250,11 +250,12 @@ def _function_name(fn: Callable[..., Any]) -> str:
 
 
 class _Entry(msgspec.Struct, frozen=True):
-    """A stored answer, as the store keeps it (JSON): a response's data (``kind="response"``)
-    or the JSON data a function returned, with who answered and whether it was degraded."""
+    """A stored answer, as the store keeps it (JSON): a response's data (``kind="response"``),
+    an embedding response's (``"embeddings"``) or the JSON data a function returned, with who
+    answered and whether it was degraded."""
 
     version: Literal[1] = msgspec.field(name="latencykit.cache")
-    kind: Literal["response", "data"]
+    kind: Literal["response", "embeddings", "data"]
     target: str
     degraded: bool
     fallback_reason: str | None
@@ -262,7 +263,7 @@ class _Entry(msgspec.Struct, frozen=True):
 
 
 def _entry(
-    kind: Literal["response", "data"], value: Any, target: str, trace: Trace | None
+    kind: Literal["response", "embeddings", "data"], value: Any, target: str, trace: Trace | None
 ) -> bytes:
     degraded = trace is not None and trace.degraded
     reason = None if trace is None else trace.fallback_reason
@@ -276,11 +277,20 @@ def _is_response(result: Any) -> bool:
     return module is not None and isinstance(result, module.ModelResponse)
 
 
+def _is_embeddings(result: Any) -> bool:
+    if isinstance(result, EmbeddingResponse):  # the fast lane's
+        return True
+    module = sys.modules.get("litellm")
+    return module is not None and isinstance(result, module.EmbeddingResponse)
+
+
 def _encode(result: Any, target: str, trace: Trace | None) -> bytes:
     """``result`` (a litellm response or JSON data) as an entry; ``TypeError`` for anything
     that would not come back the same (a tuple, a non-string key, NaN, an object)."""
     if _is_response(result):
         return _entry("response", result.model_dump(mode="json"), target, trace)
+    if _is_embeddings(result):
+        return _entry("embeddings", result.model_dump(mode="json"), target, trace)
     try:
         raw = _entry("data", result, target, trace)
         same = msgspec.json.decode(raw, type=_Entry).value == result
@@ -422,7 +432,7 @@ class ResponseCache(PolicyDecorator):
             on it (a miss, or not stored), within the call's deadline (default ``1.0``).
 
     A hit makes no attempt: :func:`~latencykit.report` says ``cache="hit"`` (``attempts``
-    empty, ``answered_by`` ``0``); a call that could be stored but was not in the store says
+    empty, ``answering_attempt`` ``0``); a call that could be stored but was not in the store says
     ``"miss"``. Calls the cache never stores pass it by (``cache=None``): requests for
     several choices (``n > 1``), and streams of a decorated async-generator function (their
     items are opaque). Keys, values and what is never stored are described in the module
@@ -636,6 +646,14 @@ class ResponseCache(PolicyDecorator):
             trace.fallback_reason = entry.fallback_reason
         if entry.kind == "data":
             return entry.value
+        if entry.kind == "embeddings":  # the lane's type, as a miss would answer
+            if call.target.transport == "openai":
+                embeddings: Any = decode_embeddings(msgspec.json.encode(entry.value))
+                embeddings._hidden_params = {"latencykit.attempt": (0, entry.target)}
+                return embeddings
+            embeddings = litellm().EmbeddingResponse(**entry.value)
+            embeddings._hidden_params["latencykit.attempt"] = (0, entry.target)
+            return embeddings
         if call.stream is None and call.target.transport == "openai":
             answer = Node(entry.value)  # the fast lane's type (its general form): no litellm
             answer._hidden_params = {"latencykit.attempt": (0, entry.target)}

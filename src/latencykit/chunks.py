@@ -33,6 +33,8 @@ __all__ = [
     "Chunk",
     "ChunkChoice",
     "ChunkDelta",
+    "Embedding",
+    "EmbeddingResponse",
     "Function",
     "FunctionDelta",
     "Message",
@@ -42,6 +44,7 @@ __all__ = [
     "ToolCallDelta",
     "Usage",
     "decode_chunk",
+    "decode_embeddings",
     "decode_node",
     "decode_response",
     "delta_content",
@@ -231,7 +234,45 @@ class Response(_Completion, dict=True, gc=True):
     kv_transfer_params: Any = None
 
 
-_TYPES = (Function, ToolCall, Message, ChunkDelta, ChunkChoice, Choice, Usage, Chunk, Response)
+class Embedding(msgspec.Struct, _ReadsLikeAMapping, **_TYPED):
+    """One input's vector in an :class:`EmbeddingResponse`: ``embedding`` (a list of floats;
+    base64 text if the call asked for ``encoding_format="base64"``), ``index`` (its input's
+    position) and ``object`` (``"embedding"``). Defaults ``None``."""
+
+    object: str | None = None
+    index: int | None = None
+    embedding: list[float] | str | None = None
+
+
+class EmbeddingResponse(msgspec.Struct, _ReadsLikeAMapping, **{**_TYPED, "gc": True, "dict": True}):
+    """The fast lane's answer to :meth:`~latencykit.LLM.aembedding`: ``data`` (one
+    :class:`Embedding` per input, default empty), ``model``, ``usage`` (:class:`Usage`:
+    ``prompt_tokens``, ``total_tokens``) and ``object`` (``"list"``); other fields default to
+    ``None``. It reads as litellm's ``EmbeddingResponse`` does
+    (``response.data[0].embedding``, ``response["usage"]``, ``response.model_dump()``,
+    ``response._hidden_params``)."""
+
+    object: str | None = None
+    data: list[Embedding] = []
+    model: str | None = None
+    usage: Usage | None = None
+    id: str | None = None
+    created: int | None = None
+
+
+_TYPES = (
+    Function,
+    ToolCall,
+    Message,
+    ChunkDelta,
+    ChunkChoice,
+    Choice,
+    Usage,
+    Chunk,
+    Response,
+    Embedding,
+    EmbeddingResponse,
+)
 for _typed in _TYPES:
     Mapping.register(_typed)
 _SCHEMA_FIELDS = frozenset(name for typed in _TYPES for name in typed.__struct_fields__)
@@ -242,6 +283,9 @@ type the schema does not have, ``msgspec.DecodeError`` for anything that is not 
 
 decode_response = msgspec.json.Decoder(Response).decode
 """A body's bytes as a :class:`Response` (raising as :func:`decode_chunk` does)."""
+
+decode_embeddings = msgspec.json.Decoder(EmbeddingResponse).decode
+"""A body's bytes as an :class:`EmbeddingResponse` (raising as :func:`decode_chunk` does)."""
 
 
 # --- the general form -------------------------------------------------------------------------

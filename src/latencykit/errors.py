@@ -55,6 +55,7 @@ __all__ = [
     "classify",
     "error_predicate",
     "is_transient",
+    "overloaded",
     "retry_after",
 ]
 
@@ -162,6 +163,8 @@ class LimitExceeded(LatencykitError):
         wait: seconds the call would have had to wait (``None``: unknown, e.g. a slot
             with nothing to say when it frees up).
         waited: seconds the call waited before giving up.
+        lane: the call's lane (``"interactive"``, ``"default"`` or ``"batch"``) when a
+            governor shed it for want of room (default ``None``: another limit).
     """
 
     kind = ErrorKind.LIMIT_EXCEEDED
@@ -174,12 +177,16 @@ class LimitExceeded(LatencykitError):
         tenant: str | None = None,
         wait: float | None = None,
         waited: float = 0.0,
+        lane: str | None = None,
     ) -> None:
         who = f"target {target!r}" if tenant is None else f"tenant {tenant!r} on {target!r}"
+        if lane is not None:
+            who += f" for the {lane} lane"
         needs = "" if wait is None else f"; it would have had to wait {wait:.3f}s"
         super().__init__(
             f"{limit} limit of {who} reached; gave up after waiting {waited:.3f}s{needs}"
         )
+        self.lane = lane
         self.target = target
         self.tenant = tenant
         self.limit = limit
@@ -992,6 +999,28 @@ def _kind_of(links: list[_Link]) -> ErrorKind:
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` is worth another attempt: ``classify(exc).transient``."""
     return classify(exc).transient
+
+
+_OVERLOAD_STATUSES = frozenset({503, 529})
+
+
+def overloaded(exc: BaseException) -> bool:
+    """Whether ``exc`` says the provider has more than it can take: a ``RATE_LIMITED`` error
+    (429), or a ``SERVER_ERROR`` (or a stream's error event, ``STREAM_BROKEN``) whose answer
+    was a 503 or a 529 (Anthropic's overload) or whose error says ``overloaded_error``.
+    Another 5xx (a 500) is a failure, not a sign of load."""
+    kind = classify(exc)
+    if kind is ErrorKind.RATE_LIMITED:
+        return True
+    if kind is not ErrorKind.SERVER_ERROR and kind is not ErrorKind.STREAM_BROKEN:
+        return False
+    for link in _links(exc):
+        if link.status in _OVERLOAD_STATUSES or _stated_status(link.body) in _OVERLOAD_STATUSES:
+            return True
+        error = link.body.get("error", link.body) if isinstance(link.body, Mapping) else None
+        if isinstance(error, Mapping) and "overloaded_error" in _strings(error, "type", "code"):
+            return True
+    return False
 
 
 def _headers_of(exc: BaseException) -> Iterator[Mapping[str, Any]]:

@@ -45,6 +45,7 @@ __all__ = [
     "FallbackUsed",
     "FanOutEnded",
     "FirstToken",
+    "FirstTokenMissed",
     "GiveUpReason",
     "HedgeFired",
     "HedgeSkipped",
@@ -119,6 +120,8 @@ class CallStarted(Event, frozen=True):
         parent_attempt: the number of that call's attempt it runs in (``0``: none).
         input_messages: the prompt's messages, only while content capture is on (else
             ``None``); not in the ``repr``.
+        operation: the GenAI operation: ``"chat"`` (default), ``"embeddings"``
+            (``LLM.aembedding``).
     """
 
     target: str
@@ -128,6 +131,7 @@ class CallStarted(Event, frozen=True):
     parent_id: int | None = None
     parent_attempt: int = 0
     input_messages: Any = None
+    operation: str = "chat"
 
 
 class AttemptStarted(Event, frozen=True):
@@ -355,6 +359,25 @@ class FirstToken(Event, frozen=True):
     ttft: float
 
 
+class FirstTokenMissed(Event, frozen=True):
+    """A stream attempt sent no content chunk within its first-token limit: it is abandoned
+    (:class:`~latencykit.FirstTokenTimeout`).
+
+    Attributes:
+        attempt: the attempt's number.
+        target: the target's key.
+        first_token: the limit in seconds.
+        source: where the limit came from: ``"configured"`` (``StreamGuard(first_token=...)``),
+            ``"learned"`` (from the target's recent times to first chunk) or ``"timeout"`` (the
+            target's attempt timeout) (default ``"configured"``).
+    """
+
+    attempt: int
+    target: str
+    first_token: float
+    source: Literal["configured", "learned", "timeout"] = "configured"
+
+
 class StallDetected(Event, frozen=True):
     """A committed stream sent no content chunk for longer than its stall limit.
 
@@ -363,12 +386,15 @@ class StallDetected(Event, frozen=True):
         target: the target's key.
         stall: the limit in seconds.
         chunks: content chunks received before the stall.
+        source: where the limit came from, as in :class:`FirstTokenMissed` (default
+            ``"configured"``).
     """
 
     attempt: int
     target: str
     stall: float
     chunks: int
+    source: Literal["configured", "learned", "timeout"] = "configured"
 
 
 class StreamResumed(Event, frozen=True):
@@ -492,13 +518,17 @@ class LimitWaited(Event, frozen=True):
 
 class LimitLearned(Event, frozen=True):
     """A provider's answer told a rate limit for the first time, or a new value
-    (:class:`~latencykit.policies.governor.Governor`).
+    (:class:`~latencykit.policies.governor.Governor`); or a target's adaptive concurrency
+    limit moved by 10 % or more since last told
+    (:class:`~latencykit.policies.concurrency.AdaptiveConcurrency`).
 
     Attributes:
         target: the key of the target that told it.
-        limit: ``"requests"`` or ``"tokens"`` (per minute).
+        limit: ``"requests"`` or ``"tokens"`` (per minute), or ``"concurrency"`` (attempts in
+            flight).
         value: the limit now.
-        previous: the limit before (``None``: first told).
+        previous: the limit before (``None``: first told; a concurrency limit: its initial
+            value).
     """
 
     target: str

@@ -33,6 +33,7 @@ from ._context import (
     Priority,
     Trace,
     current_attempt,
+    operation_var,
     priority_var,
     remaining,
     task_var,
@@ -40,6 +41,7 @@ from ._context import (
 from ._litellm import LitellmTransport, litellm, to_model_response
 from ._response import CHAT_PARAMETERS
 from ._slots import ConnectionSlots, host_of, per_host, waiting
+from ._sync import LoopThread, SyncStream
 from .errors import (
     ErrorFilter,
     OutputTruncated,
@@ -66,7 +68,15 @@ if TYPE_CHECKING:
     from .config import LLMConfig
     from .policies.breaker import BreakerState
 
-__all__ = ["LLM", "CallReport", "Degrade", "Transport", "report", "to_model_response"]
+__all__ = [
+    "LLM",
+    "CallReport",
+    "Degrade",
+    "SyncStream",
+    "Transport",
+    "report",
+    "to_model_response",
+]
 
 _REPORT_KEY = "latencykit"
 _ATTEMPT_KEY = "latencykit.attempt"
@@ -101,6 +111,11 @@ class Transport(Protocol):
         self, target: Target, arguments: Mapping[str, Any]
     ) -> ChunkSource | Awaitable[ChunkSource]:
         """A streaming attempt's source, opened on its first read."""
+        ...
+
+    def embed(self, target: Target, arguments: Mapping[str, Any]) -> Awaitable[Any]:
+        """An embedding attempt: the answer (litellm's ``EmbeddingResponse``, or one that reads
+        like it, with a ``_hidden_params`` dict); raises what failed."""
         ...
 
     async def warm(self, target: Target, *, connect: bool, limit: float) -> None:
@@ -193,7 +208,9 @@ class CallReport:
         model: the model that answered (for a response, as the provider named it).
         attempts: every attempt of the call, oldest first, including losers and failures (for a
             stream: those ended so far; the answering one is added when the stream ends).
-        answered_by: the attempt that produced the response (or the stream).
+        answering_attempt: the :attr:`~latencykit.Attempt.number` of the attempt that produced
+            the response or the stream (``0``: the cache answered).
+            Which target that was is ``target`` (the span attribute ``latencykit.answered_by``).
         degraded: whether the answer came from the degraded path (:class:`Degrade`).
         fallback_reason: ``"timeout"`` or ``"error"`` when degraded, else ``None``.
         duration: seconds from the start of the call to the answer (for a stream: to its end,
@@ -202,19 +219,25 @@ class CallReport:
             (``None`` for a response).
         chunks: for a stream, content chunks received so far (``0`` for a response).
         cache: ``"hit"`` when the response cache answered (no attempt was made: ``attempts``
-            is empty, ``answered_by`` is ``0``), ``"miss"`` when the cache was asked and did
+            is empty, ``answering_attempt`` is ``0``), ``"miss"`` when the cache was asked and did
             not have it, ``None`` without a cache.
         route: the router's :class:`~latencykit.routing.RouteDecision` (``None``: no router).
         truncated: whether the answer stopped at its length limit (``finish_reason ==
             "length"``; for a stream, once it ended).
         max_tokens: the output cap latencykit sent with the answering attempt
             (``LLM(max_output_tokens=...)``; ``None``: it set none).
+
+    ``str(report)`` is one line for a log or a notebook: who answered, after how many
+    attempts, how (retried, hedged, failed over, resumed, degraded, truncated; for a stream,
+    what its attempts recorded so far), the time to first token and the total, e.g.
+    ``openai/backup answered after 2 attempts (failed over), first token 0.412s, total
+    1.203s``; ``repr(report)`` shows every field.
     """
 
     target: str
     model: str
     attempts: tuple[Attempt, ...]
-    answered_by: int
+    answering_attempt: int
     degraded: bool
     fallback_reason: str | None
     duration: float
@@ -224,6 +247,33 @@ class CallReport:
     route: RouteDecision | None = None
     truncated: bool = False
     max_tokens: int | None = None
+
+    def __str__(self) -> str:
+        if self.cache == "hit":
+            how = "from the cache"
+        else:
+            # A stream's answering attempt is recorded only when the stream ends.
+            made = max([self.answering_attempt, *(attempt.number for attempt in self.attempts)])
+            how = f"after {made} attempt{'s' if made > 1 else ''}"
+        reasons = {attempt.reason for attempt in self.attempts}
+        flags = [word for reason, word in _REASON_WORDS if reason in reasons]
+        if self.degraded:
+            flags.append(f"degraded: {self.fallback_reason}")
+        if self.truncated:
+            flags.append("truncated")
+        line = f"{self.target} answered {how}" + (f" ({', '.join(flags)})" if flags else "")
+        if self.ttft is not None:
+            line += f", first token {self.ttft:.3f}s"
+        return f"{line}, total {self.duration:.3f}s"
+
+
+# How CallReport's line names the attempts that were made (the degraded one: by its reason).
+_REASON_WORDS = (
+    ("retry", "retried"),
+    ("hedge", "hedged"),
+    ("failover", "failed over"),
+    ("resume", "resumed"),
+)
 
 
 def report(result: object) -> CallReport:
@@ -237,6 +287,8 @@ def report(result: object) -> CallReport:
     Raises:
         LookupError: the result did not come from latencykit.
     """
+    if isinstance(result, SyncStream):
+        result = result.stream
     if isinstance(result, Stream):
         return _stream_report(result)
     hidden = getattr(result, "_hidden_params", None)
@@ -252,7 +304,7 @@ def report(result: object) -> CallReport:
         target=target,
         model=str(getattr(result, "model", "") or ""),
         attempts=tuple(trace.attempts),
-        answered_by=number,
+        answering_attempt=number,
         degraded=trace.degraded,
         fallback_reason=trace.fallback_reason,
         duration=(trace.ended_at or clock()) - trace.started_at,
@@ -282,7 +334,7 @@ def _stream_report(stream: Stream[Any]) -> CallReport:
         target=stream.target,
         model=stream.target,
         attempts=tuple(trace.attempts),
-        answered_by=stream.attempt,
+        answering_attempt=stream.attempt,
         degraded=trace.degraded,
         fallback_reason=trace.fallback_reason,
         duration=(trace.ended_at or clock()) - trace.started_at,
@@ -324,12 +376,19 @@ class LLM:
             target's key, so every ``LLM`` calling a target shares its breaker. Failover skips
             targets whose breaker is open.
         stream_guard: limits on streaming calls (default ``None``: ``lk.StreamGuard()``, whose
-            first-token and stall limits are then each target's attempt ``timeout``, so that
-            a stream never waits forever); see :class:`~latencykit.StreamGuard`.
+            first-token and stall limits are learned per target from its recent streams: 3x
+            the p99 of its times to first chunk (at least 1 s, more for a prompt longer than
+            it answered recently) and of its streams' longest gaps (at least 2 s), once it has
+            20 recent samples; its attempt ``timeout`` before that, and as a cap, so that a
+            stream never waits forever). A limit set in the guard wins. See
+            :class:`~latencykit.StreamGuard` and docs/streaming.md; :meth:`stats` shows the
+            learned limits.
         context_window: the primary model's context window in tokens (default ``None``:
             unknown); with the targets' ``context_window``, a context-length error goes only
             to a larger model.
         capabilities: the primary target's capabilities (default empty), e.g. ``{"prefill"}``.
+        dimensions: the length of the primary model's embedding vectors (default ``None``:
+            undeclared); see :meth:`aembedding` and :attr:`~latencykit.Target.dimensions`.
         timeout: per-attempt timeout in seconds handed to litellm, constant so that litellm
             reuses its HTTP client and connections (default ``600``, litellm's own); the
             default of every target that sets none.
@@ -371,9 +430,13 @@ class LLM:
             hedge reads (default ``None``: the process default, :func:`~latencykit.use_store`,
             looked up at each use). Budgets and limiters take their own ``shared=``.
         governor: pace every attempt by the rate limits the provider's answers tell, so that
-            a tight quota waits instead of answering 429 (default ``False``); see
-            :class:`~latencykit.policies.governor.Governor` and docs/governor.md. Per process
-            for now.
+            a tight quota waits instead of answering 429, and hold each target's attempts in
+            flight to a concurrency limit learned from its latency and overloads (default
+            ``False``); see :class:`~latencykit.policies.governor.Governor`,
+            :class:`~latencykit.policies.concurrency.AdaptiveConcurrency` and docs/governor.md.
+            One room per target and API key for the fleet with ``shared`` (or
+            :func:`~latencykit.use_store`), else per process; calls of a lower ``priority``
+            yield to higher ones. The concurrency limit is learned per process.
 
     The pipeline, outermost first: deadline, cache, router, degrade, hedge, failover, then per
     target breaker, limiter, retry and the attempt (with the stream guard, then its connection
@@ -401,6 +464,7 @@ class LLM:
         stream_guard: StreamGuard | None = None,
         context_window: int | None = None,
         capabilities: frozenset[str] | set[str] | Sequence[str] = frozenset(),
+        dimensions: int | None = None,
         timeout: float | datetime.timedelta = 600.0,
         api_base: str | None = None,
         api_key: str | None = None,
@@ -437,6 +501,7 @@ class LLM:
             context_window=context_window,
             capabilities=capabilities,  # type: ignore[arg-type]  # Target validates it
             transport=transport,
+            dimensions=dimensions,
         )
         self.targets = _targets(primary, failover, self.timeout)
         self._secrets = _secrets_of(self.targets, degrade)
@@ -448,13 +513,15 @@ class LLM:
         self.budget_aware = bool(budget_aware)
         self.on_truncated = on_truncated
         self.router = router
-        routing = router and Routing(router, self.targets, self._to_target, self._recorder)
-        self._pipeline = Pipeline(
-            [
-                *self._policies(failover_on, retry, breaker),
-                *filter(None, (limiter, cache, routing)),
-            ]
-        )
+        policies = self._policies(failover_on, retry, breaker)
+        if router is not None:  # a Balanced router also counts each attempt (policies)
+            is_open = None if self._breakers is None else self._breakers.is_open
+            routing = Routing(router, self.targets, self._to_target, self._recorder, is_open)
+            policies += routing.policies
+        self._pipeline = Pipeline([*policies, *filter(None, (limiter, cache))])
+        # Responses API calls: the same pipeline, without the cache (which stores chat and
+        # embedding answers).
+        self._uncached = Pipeline(p for p in self._pipeline.policies if p is not cache)
         # Per target (breaker, retry, attempt): what continues a broken stream on a target.
         self._per_target = Pipeline(
             p for p in self._pipeline.policies if int(p.stage) >= Stage.BREAKER
@@ -514,12 +581,14 @@ class LLM:
             policies.append(
                 Failover(*self._routes, on=failover_on, passthrough=True, is_open=is_open)
             )
-        self._governor = None
+        self._governor = self._concurrency = None
         if self._arguments["governor"]:
+            from .policies.concurrency import AdaptiveConcurrency
             from .policies.governor import Governor
 
-            policies.append(governor := Governor())
-            self._governor = governor
+            policies.append(governor := Governor(shared=self.shared))
+            policies.append(concurrency := AdaptiveConcurrency())
+            self._governor, self._concurrency = governor, concurrency
         policies += [self._guard, ConnectionSlots(self._recorder)]
         return policies
 
@@ -532,6 +601,7 @@ class LLM:
             lambda target: functools.partial(self._open, target),
             lambda call, trace: self._per_target.run_within(call, trace, reason="resume"),
             raise_truncated=self.max_output_tokens is not None and self.on_truncated == "raise",
+            recorder=self._recorder,  # the limits left unset are learned from its windows
         )
 
     @functools.cached_property
@@ -570,9 +640,13 @@ class LLM:
         targets' pool). A later call opens new ones. litellm's own clients (the litellm lane)
         are litellm's, shared by every caller in the process, and are left open.
 
-        ``async with lk.LLM(...) as llm:`` closes them at the end of the block."""
-        for transport in self._transports.values():
-            await transport.aclose()
+        ``async with lk.LLM(...) as llm:`` closes them at the end of the block. The sync
+        calls' event loop thread, if started, is closed too (see :meth:`close`)."""
+        await _close_all(self._transports)
+        if "_sync_loop" in self.__dict__:
+            import anyio
+
+            await anyio.to_thread.run_sync(self.close)
 
     async def __aenter__(self) -> LLM:
         return self
@@ -632,9 +706,11 @@ class LLM:
             hedge_budget=None if self.hedge is None else self.hedge.budget.balance,
             waiting=lambda key: queued.get(key, 0),
         )
-        if self._governor is None:
+        table = self._guard.with_learned(table)
+        if self._governor is None or self._concurrency is None:
             return table
-        return self._governor.with_rooms(table, (*self.targets, self._degraded))
+        table = self._governor.with_rooms(table, (*self.targets, self._degraded))
+        return self._concurrency.with_concurrency(table)
 
     async def warm(
         self,
@@ -754,32 +830,226 @@ class LLM:
             self._check_truncation(result, arguments)
         return result
 
+    async def aembedding(self, **kwargs: Any) -> Any:
+        """Run ``litellm.aembedding(**kwargs)`` through the same policies as
+        :meth:`acompletion`: deadline, cache, router, hedge, failover, breaker, limiter, retry
+        (not the degraded path: an ``LLM`` with ``degrade=`` raises ``ValueError`` here).
+
+        ``kwargs`` are litellm's (``input``: a string or a list of them, ``dimensions``,
+        ``encoding_format``, ``user``, ...), refused as :meth:`acompletion` refuses them, plus
+        ``task=`` and ``priority=``; ``LLM(defaults=...)`` (chat arguments) do not apply, and
+        ``stream=True`` is refused. With failover targets, every target must declare the same
+        :attr:`~latencykit.Target.dimensions` (vectors of another length are useless to the
+        index they go to): otherwise ``ValueError``, at the first ``aembedding`` call. An
+        answer whose vectors are not of the declared (or the call's ``dimensions=``) length
+        is a :class:`~latencykit.ProviderUnavailable` of that target.
+
+        Returns litellm's ``EmbeddingResponse`` (from a fast-lane target, ``POST
+        {api_base}/embeddings``, a :class:`~latencykit.chunks.EmbeddingResponse` that reads
+        like it: ``response.data[0].embedding``, ``response.usage``, ``response.model``);
+        :func:`report` reads either. Failures raise as :meth:`acompletion`'s do.
+        """
+        target, stream, task, priority = self._own_arguments(kwargs, "aembedding")
+        if stream:
+            raise ValueError("aembedding(stream=...) is not accepted: embeddings do not stream")
+        if self.degrade is not None:
+            raise ValueError(
+                "aembedding() is not accepted on an LLM with degrade=...: a degraded model "
+                "embeds into other vectors; use an LLM without it"
+            )
+        self._check_dimensions()
+        embed = functools.partial(self._embed, target)
+        call = Call(embed, (), kwargs, target, None, self._recorder)
+        result, trace = await self._run(call, task, priority, "embeddings", self._pipeline)
+        hidden = result._hidden_params
+        hidden[_REPORT_KEY] = _Answered(trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
+        return result
+
+    async def aresponses(self, **kwargs: Any) -> Any:
+        """Run ``litellm.aresponses(**kwargs)`` (OpenAI's Responses API) through the same
+        policies as :meth:`acompletion`: deadline, router, hedge (on the first output text,
+        for a stream), failover, breaker, limiter, retry, the stream guard (not the degraded
+        path: an ``LLM`` with ``degrade=`` raises ``ValueError`` here; nor the response cache,
+        which stores chat and embedding answers: with ``cache=``, Responses calls pass it by).
+
+        ``kwargs`` are litellm's (``input``, ``instructions``, ``max_output_tokens``,
+        ``tools``, ``stream``, ...), refused as :meth:`acompletion` refuses them, plus
+        ``task=`` and ``priority=``; ``LLM(defaults=...)`` (chat arguments) do not apply.
+        Every target must be on the litellm lane (``ValueError`` otherwise: the fast lane
+        speaks chat completions and embeddings).
+
+        An answer is complete only when the provider says so: returns litellm's
+        ``ResponsesAPIResponse`` whose ``status`` is ``"completed"``, or with ``stream=True`` a
+        :class:`~latencykit.Stream` of litellm's typed events, returned once the first output
+        text arrived and complete only with its ``response.completed`` event (events that
+        stop before it raise :class:`~latencykit.StreamBroken`, ``reason="cut"``). An answer
+        stopped at ``max_output_tokens`` raises :class:`~latencykit.errors.OutputTruncated`
+        (with the text so far), one stopped by the content filter
+        :class:`~latencykit.ContentPolicyViolation`, a failed one (``response.failed``, an
+        ``error`` event) the :class:`~latencykit.ProviderError` its error says. :func:`report`
+        reads either result.
+        """
+        target, stream, task, priority = self._own_arguments(kwargs, "aresponses")
+        if self.degrade is not None:
+            raise ValueError(
+                "aresponses() is not accepted on an LLM with degrade=...: the degraded path "
+                "rewrites chat calls; use an LLM without it"
+            )
+        lanes = sorted({t.transport for t in self.targets} - {"litellm"})
+        if lanes:
+            raise ValueError(
+                f"aresponses() goes through litellm: targets on transport={lanes[0]!r} speak "
+                "chat completions and embeddings only; give them transport='litellm'"
+            )
+        respond = functools.partial(self._open_events if stream else self._respond, target)
+        guard = self._guard if stream else None
+        call = Call(respond, (), kwargs, target, guard, self._recorder)
+        result, trace = await self._run(call, task, priority, "chat", self._uncached)
+        if stream:
+            return result
+        hidden = result._hidden_params
+        hidden[_REPORT_KEY] = _Answered(trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
+        return result
+
+    async def _run(
+        self,
+        call: Call,
+        task: str | None,
+        priority: Priority | None,
+        operation: str,
+        pipeline: Pipeline,
+    ) -> tuple[Any, Trace]:
+        """Run ``call`` through ``pipeline`` with its tags set: the router's task, its lane,
+        what telemetry calls the operation (``gen_ai.operation.name``)."""
+        tagged = operation_var.set(operation), task_var.set(task)
+        lane = priority_var.set(priority or "default")
+        try:
+            return await pipeline.run_traced(call)
+        finally:
+            priority_var.reset(lane)
+            task_var.reset(tagged[1])
+            operation_var.reset(tagged[0])
+
+    async def _respond(self, target: Target, **kwargs: Any) -> Any:
+        """One Responses API attempt on ``target``: a complete answer (see :meth:`aresponses`)."""
+        from . import _responses
+
+        response = await _responses.respond(target, kwargs, self._secrets)
+        response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), target.key)
+        return response
+
+    def _open_events(self, target: Target, **kwargs: Any) -> ChunkSource:
+        """A streaming Responses API attempt's source, opened on its first read."""
+        from . import _responses
+
+        return _responses.open_events(target, kwargs, self._secrets)  # type: ignore[no-any-return]
+
+    def completion(self, **kwargs: Any) -> Any:
+        """:meth:`acompletion` from sync code (a script, a Django view, a notebook cell without
+        a loop), with the same arguments, policies and results, run on this ``LLM``'s own
+        event loop: one asyncio loop in a daemon thread, started by the first sync call and
+        kept (its connections serve every later sync call) until :meth:`close`. A deadline
+        still closes the HTTP request. Any number of threads may call at once.
+
+        With ``stream=True``, returns a :class:`~latencykit.llm.SyncStream`: iterate it
+        (``for chunk in stream``) and ``close()`` it (or ``with``). Called from a thread that
+        runs an event loop, raises ``RuntimeError`` (it would block that loop): await
+        :meth:`acompletion` there.
+        """
+        loop = self._loop_thread()
+        result = loop.run(functools.partial(self.acompletion, **kwargs), "completion")
+        return SyncStream(result, loop.portal()) if isinstance(result, Stream) else result
+
+    def embedding(self, **kwargs: Any) -> Any:
+        """:meth:`aembedding` from sync code, on this ``LLM``'s own event loop thread (see
+        :meth:`completion`)."""
+        return self._loop_thread().run(functools.partial(self.aembedding, **kwargs), "embedding")
+
+    def responses(self, **kwargs: Any) -> Any:
+        """:meth:`aresponses` from sync code, on this ``LLM``'s own event loop thread (see
+        :meth:`completion`; ``stream=True`` returns a :class:`~latencykit.llm.SyncStream`)."""
+        loop = self._loop_thread()
+        result = loop.run(functools.partial(self.aresponses, **kwargs), "responses")
+        return SyncStream(result, loop.portal()) if isinstance(result, Stream) else result
+
+    def close(self) -> None:
+        """Close what the sync calls opened: the connections of this ``LLM``'s event loop
+        thread, then the loop and its thread (calls still running there are cancelled). A
+        later sync call starts a new one. Idempotent; also done by :meth:`aclose`, when the
+        ``LLM`` is collected, and at interpreter exit (each wait bounded by a few seconds)."""
+        loop = self.__dict__.get("_sync_loop")
+        if loop is not None:
+            loop.stop()
+
+    def _loop_thread(self) -> LoopThread:
+        """Where the sync calls run (its loop started by the first), closing the transports'
+        connections on it when it stops: one per ``LLM``, even when several threads make
+        their first sync call at once (``setdefault`` is atomic)."""
+        found: LoopThread | None = self.__dict__.get("_sync_loop")
+        if found is None:
+            close = functools.partial(_close_all, self._transports)  # not self: see LoopThread
+            found = self.__dict__.setdefault("_sync_loop", LoopThread(close))
+        return found
+
+    def _check_dimensions(self) -> None:
+        """``ValueError`` unless every target declares the same
+        :attr:`~latencykit.Target.dimensions` (a lone target need not declare any)."""
+        declared = {t.key: t.dimensions for t in self.targets}
+        found = set(declared.values())
+        if len(declared) > 1 and (None in found or len(found) > 1):
+            raise ValueError(
+                "aembedding() fails over only between targets of the same dimensions: give "
+                f"every target the same Target(dimensions=...), got {declared}"
+            )
+
+    async def _embed(self, target: Target, **kwargs: Any) -> Any:
+        """One embedding attempt on ``target``; its vectors checked against the dimensions."""
+        try:
+            response = await self._transports[target.transport].embed(target, kwargs)
+        except Exception as exc:
+            raise provider_error(exc, target=target.key, secrets=self._secrets) from exc
+        data = response.data or ()
+        if not data:
+            raw = response.model_dump_json()
+            raise malformed_answer("has no embeddings", raw, target=target.key)
+        expected = kwargs.get("dimensions") or target.dimensions
+        for item in data if expected is not None else ():
+            vector = item["embedding"] if isinstance(item, Mapping) else item.embedding
+            if isinstance(vector, list) and len(vector) != expected:
+                raise malformed_answer(
+                    f"has vectors of {len(vector)} dimensions, not {expected}",
+                    "",
+                    target=target.key,
+                )
+        response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), target.key)
+        return response
+
     def _own_arguments(
-        self, kwargs: dict[str, Any]
+        self, kwargs: dict[str, Any], where: str = "acompletion"
     ) -> tuple[Target, bool, str | None, Priority | None]:
         """Take latencykit's own arguments out of ``kwargs``: the call's first target, whether
-        it streams, its task tag, its lane; refuse the arguments it owns."""
-        for name in kwargs.keys() & (_RESERVED.keys() | _TARGET_OWNED.keys()):
+        it streams, its task tag, its lane; refuse the arguments it owns. ``where``: the
+        method, for the messages."""
+        for name in (kwargs.keys() & _RESERVED.keys()) or (kwargs.keys() & _TARGET_OWNED.keys()):
             raise ValueError(
-                f"acompletion({name}=...) is not accepted: "
+                f"{where}({name}=...) is not accepted: "
                 + (_RESERVED.get(name) or _TARGET_OWNED[name])
             )
         target = self.targets[0]
         if "model" in kwargs:
             if len(self.targets) > 1:
-                raise ValueError("acompletion(model=...) is not accepted with failover targets")
+                raise ValueError(f"{where}(model=...) is not accepted with failover targets")
             target = target.replace(model=kwargs.pop("model"))
         stream = kwargs.pop("stream", False)
         if not isinstance(stream, bool):
-            raise TypeError(f"acompletion(stream=...) must be a bool, got {stream!r}")
+            raise TypeError(f"{where}(stream=...) must be a bool, got {stream!r}")
         task = kwargs.pop("task", None)
         if task is not None and self.router is None:
-            raise ValueError("acompletion(task=...) is for a router: pass LLM(router=...)")
+            raise ValueError(f"{where}(task=...) is for a router: pass LLM(router=...)")
         priority = kwargs.pop("priority", None)
         if priority is not None and priority not in PRIORITIES:
             raise ValueError(
-                f"acompletion(priority=...) must be one of {', '.join(PRIORITIES)}, "
-                f"got {priority!r}"
+                f"{where}(priority=...) must be one of {', '.join(PRIORITIES)}, got {priority!r}"
             )
         return target, stream, task, priority
 
@@ -819,6 +1089,11 @@ class LLM:
         return functools.partial(self._open if streaming else self._attempt, target)
 
     def _to_target(self, target: Target, call: Call) -> Call:
+        if call.target is target:  # on it already (its attempt function is the target's)
+            return call
+        fn = call.fn
+        if isinstance(fn, functools.partial):  # the same kind of attempt, on another target
+            return call._replace(fn=functools.partial(fn.func, target), target=target)
         return call._replace(fn=self._attempt_on(target, call.stream is not None), target=target)
 
     def _open(self, target: Target, **kwargs: Any) -> Any:
@@ -862,6 +1137,12 @@ class LLM:
                 target=target,
             )
         )
+
+
+async def _close_all(transports: Mapping[str, Transport]) -> None:
+    """Close the connections ``transports`` opened on this event loop."""
+    for transport in transports.values():
+        await transport.aclose()
 
 
 def _median(window: Any) -> float | None:
@@ -1035,7 +1316,7 @@ class _TargetBreakers:
         return found
 
     def is_open(self, target: str) -> bool:
-        return not self.of(target).allows()
+        return not (self._by_target.get(target) or self.of(target)).allows()
 
     def state_of(self, target: str) -> BreakerState | None:
         """The state of ``target``'s breaker, or ``None`` if it has none yet (asking does not
@@ -1043,5 +1324,6 @@ class _TargetBreakers:
         found = self._by_target.get(target)
         return None if found is None else found.state
 
-    async def handle(self, call: Call, next: Next) -> Any:
-        return await self.of(call.target.key).handle(call, next)
+    def handle(self, call: Call, next: Next) -> Awaitable[Any]:
+        key = call.target.key
+        return (self._by_target.get(key) or self.of(key)).handle(call, next)  # no frame of its own

@@ -51,6 +51,7 @@ from ._context import (
     attempt_var,
     current_attempt,
     deadline_var,
+    operation_var,
     queued_var,
     reason_var,
     trace_var,
@@ -96,6 +97,7 @@ class Stage(enum.IntEnum):
     BREAKER = 50
     LIMITER = 60
     RETRY = 70
+    CONCURRENCY = 77  # per attempt, inside the governor's pacing (RETRY + 5)
     ATTEMPT = 80
 
 
@@ -128,7 +130,8 @@ class StreamLimits(Protocol):
 
 
 class _Unguarded:
-    """A stream no guard bounds: its target's attempt timeout, as ``StreamGuard()`` gives."""
+    """A stream no guard bounds: its target's attempt timeout, as ``StreamGuard()`` gives
+    until it has learned limits."""
 
     raise_truncated = False
 
@@ -192,12 +195,15 @@ class Policy(Protocol):
     is composed with the policies outside it, to reject a combination that cannot work (raise
     ``ValueError`` naming the field). A policy whose ``next`` returns a
     :class:`~latencykit.Stream` and that must act when it ends registers ``on_close``.
+
+    ``handle`` is usually an ``async def``; a policy that only rewrites the call may be a plain
+    ``def`` returning ``next(call)`` (no coroutine frame of its own on every call).
     """
 
     @property
     def stage(self) -> int: ...
 
-    async def handle(self, call: Call, next: Next) -> Any:
+    def handle(self, call: Call, next: Next) -> Awaitable[Any]:
         """Run ``call`` through this policy; call ``next`` (zero or more times) to go on."""
         ...
 
@@ -274,7 +280,13 @@ class Pipeline(PolicyDecorator):
         if events.listening():
             _call_started(trace, call)
         try:
-            result = await self.run_within(call, trace, reason=reason)
+            # run_within's body, inline: one coroutine frame less on every call
+            token, reason_token = trace_var.set(trace), reason_var.set(reason)
+            try:
+                result = await self._entry(call)
+            finally:
+                reason_var.reset(reason_token)
+                trace_var.reset(token)
         except Exception as exc:
             _call_ended(trace, call, None, "error", exc)
             raise
@@ -326,6 +338,7 @@ def _call_started(trace: Trace, call: Call) -> None:
             parent_id=None if parent is None else parent.call_id,
             parent_attempt=current_attempt(),
             input_messages=call.kwargs.get("messages") if events.capturing_content() else None,
+            operation=operation_var.get(),
         )
     )
 

@@ -9,6 +9,7 @@ target that fits. Failover then goes on from the chosen target to the other elig
 A router is any callable ``(RouteRequest) -> target key`` (or a :class:`RouteDecision`);
 :class:`Router` is the built-in one, driven by :class:`Rule` objects. Prompt tokens are counted
 with litellm's token counter, only when a rule or a context window asks for them.
+:class:`Balanced` (from :mod:`latencykit.balance`) spreads calls over equivalent targets instead.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ from . import _validation, events
 from ._context import order_var, remaining, task_var, trace_var
 from ._litellm import litellm
 from ._values import RouteDecision
-from .pipeline import Call, Next, Stage
+from .balance import Balanced as Balanced
+from .pipeline import Call, Next, Policy, Stage
 
 if TYPE_CHECKING:
     from .stats import Recorder
     from .target import Target
 
 __all__ = [
+    "Balanced",
     "RouteDecision",
     "RouteRequest",
     "Router",
@@ -280,10 +283,15 @@ class Router:
 
 
 class Routing:
-    """Stage ``ROUTER`` in ``LLM``: route each call, then let failover follow the route."""
+    """Stage ``ROUTER`` in ``LLM``: route each call, then let failover follow the route.
+
+    ``is_open(key)``: whether a target's breaker refuses calls (default ``None``: no breakers);
+    a :class:`Balanced` router does not pick those. :attr:`policies` are the stages it adds to
+    the pipeline: itself, and a :class:`Balanced` router's count of each member's attempts.
+    """
 
     stage = Stage.ROUTER
-    __slots__ = ("_by_key", "_recorder", "_rewrite", "_targets", "router")
+    __slots__ = ("_by_key", "_is_open", "_recorder", "_rewrite", "_targets", "router")
 
     def __init__(
         self,
@@ -291,6 +299,7 @@ class Routing:
         targets: Sequence[Target],
         rewrite: Callable[[Target, Call], Call],
         recorder: Recorder | None,
+        is_open: Callable[[str], bool] | None = None,
     ) -> None:
         _validation.function("LLM.router", router)
         self.router = router
@@ -298,22 +307,36 @@ class Routing:
         self._by_key = {t.key: t for t in targets}
         self._rewrite = rewrite
         self._recorder = recorder
-        if isinstance(router, Router):
+        self._is_open = is_open
+        if isinstance(router, (Router, Balanced)):
             router.check(list(self._by_key))
 
     def __repr__(self) -> str:
         return f"routing({self.router!r})"
 
-    async def handle(self, call: Call, next: Next) -> Any:
-        """Route ``call`` and run it on the chosen target (failover after it)."""
-        request = RouteRequest(call.kwargs, task_var.get(), self._targets, self._recorder)
+    @property
+    def policies(self) -> tuple[Policy, ...]:
+        """The stages routing adds to the pipeline."""
+        return (self, self.router) if isinstance(self.router, Balanced) else (self,)
+
+    def _route(self, call: Call) -> tuple[RouteDecision, tuple[str, ...]]:
+        """The call's decision, and the targets in the order failover tries them."""
         router = self.router
+        if isinstance(router, Balanced):
+            chosen, pool = router.pick(self._is_open)
+            return chosen, (*pool, *(t.key for t in self._targets if t.key not in pool))
+        request = RouteRequest(call.kwargs, task_var.get(), self._targets, self._recorder)
         if isinstance(router, Router):
             eligible = router.eligible(request)
             chosen = router.decide(request, eligible)
         else:
             eligible, found = list(self._targets), router(request)
             chosen = found if isinstance(found, RouteDecision) else RouteDecision(found, "router")
+        return chosen, (chosen.target, *(t.key for t in eligible if t.key != chosen.target))
+
+    async def handle(self, call: Call, next: Next) -> Any:
+        """Route ``call`` and run it on the chosen target (failover after it)."""
+        chosen, order = self._route(call)
         target = self._by_key.get(chosen.target)
         if target is None:
             raise ValueError(
@@ -325,10 +348,9 @@ class Routing:
             if events.listening():
                 events.emit(
                     events.Routed(
-                        trace.call_id, target=target.key, reason=chosen.reason, task=request.task
+                        trace.call_id, target=target.key, reason=chosen.reason, task=task_var.get()
                     )
                 )
-        order = (target.key, *(t.key for t in eligible if t is not target))
         token = order_var.set(order)
         try:
             return await next(self._rewrite(target, call))

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from .ratelimit import RoomStats
 
 __all__ = [
+    "ConcurrencyStats",
     "MAX_SECONDS",
     "MIN_SECONDS",
     "LatencyWindow",
@@ -312,6 +313,22 @@ def _percentiles(window: LatencyWindow | None) -> Percentiles:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ConcurrencyStats:
+    """A target's adaptive concurrency at one moment (``TargetStats.concurrency``, with
+    ``LLM(governor=True)``; see :mod:`latencykit.policies.concurrency`).
+
+    Attributes:
+        limit: the limit learned: attempts in flight allowed.
+        in_flight: attempts holding a slot now.
+        waiting: attempts waiting for a slot now, all lanes together.
+    """
+
+    limit: int
+    in_flight: int
+    waiting: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TargetStats:
     """One target's statistics at one moment: what ``lk.LLM.stats()`` (and
@@ -343,6 +360,13 @@ class TargetStats:
         room: the rate-limit room the provider told, with ``LLM(governor=True)``: requests
             and tokens left now, the limits learned, the waits for room (default ``None``: no
             governor).
+        first_token_limit: the first-token limit the stream guard learned for the target, in
+            seconds, before any scaling for a long prompt (default ``None``: none learned; a
+            limit set in ``StreamGuard`` is not shown). See docs/streaming.md.
+        stall_limit: the stall limit it learned likewise (default ``None``).
+        concurrency: the adaptive concurrency limit learned, the attempts in flight and
+            waiting, with ``LLM(governor=True)`` (default ``None``: no governor, or no attempt
+            yet).
     """
 
     target: str
@@ -360,6 +384,9 @@ class TargetStats:
     connection_wait: Percentiles = Percentiles()
     waiting: int = 0
     room: RoomStats | None = None
+    first_token_limit: float | None = None
+    stall_limit: float | None = None
+    concurrency: ConcurrencyStats | None = None
 
     @property
     def attempts(self) -> int:
@@ -383,7 +410,14 @@ class TargetStats:
             parts.append(f"hedge budget {self.hedge_budget:.1f}")
         if self.connection_wait.samples or self.waiting:
             parts.append(f"waited for a connection {self.connection_wait}, {self.waiting} now")
+        if self.first_token_limit is not None or self.stall_limit is not None:
+            learned = (_seconds(self.first_token_limit), _seconds(self.stall_limit))
+            parts.append("learned limits: first token {}, stall {}".format(*learned))
         return "; ".join(parts)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}s"
 
 
 def _kinds(kinds: Mapping[ErrorKind, int]) -> str:
@@ -483,6 +517,11 @@ _COLUMNS = (
     _Column("req left", 8, lambda s: s.room and _whole(s.room.requests_left), optional=True),
     _Column("tok left", 8, lambda s: s.room and _whole(s.room.tokens_left), optional=True),
     _Column("paced", 5, lambda s: s.room and s.room.waits, optional=True),
+    _Column("shed", 5, lambda s: s.room and s.room.shed, optional=True),
+    _Column("ft limit", 8, lambda s: _ms(s.first_token_limit), optional=True),
+    _Column("stall lim", 9, lambda s: _ms(s.stall_limit), optional=True),
+    _Column("limit", 5, lambda s: s.concurrency and s.concurrency.limit, optional=True),
+    _Column("inflight", 8, lambda s: s.concurrency and s.concurrency.in_flight, optional=True),
 )
 
 
@@ -524,6 +563,9 @@ class Recorder:
         per_token: each target's window of seconds per output token: a stream's
             :attr:`~latencykit.Attempt.time_per_output_token`, or what :meth:`output_rate`
             reports for a response (``LLM(budget_aware=True)`` reads it).
+        gaps: each target's window of the longest gap between content chunks of its complete
+            streams, per stream (:meth:`longest_gap`; the stream guard's learned stall limit
+            reads it). Per process.
     """
 
     def __init__(
@@ -542,6 +584,7 @@ class Recorder:
         self.ttft: dict[str, LatencyWindow] = {}
         self.per_token: dict[str, LatencyWindow] = {}
         self.waits: dict[str, LatencyWindow] = {}
+        self.gaps: dict[str, LatencyWindow] = {}
         # Each target's attempts by outcome, the failed ones by error kind instead.
         self._counts: defaultdict[str, Counter[str]] = defaultdict(Counter)
         # window name -> (store, its pooled window, the queue of the other processes' samples)
@@ -585,8 +628,11 @@ class Recorder:
     def _sample(self, target: str, seconds: float, *, ttft: bool = False) -> None:
         """Feed one sample (negative: censored) to ``target``'s window and to the fleet's."""
         value = math.copysign(_clamp(abs(seconds)), seconds)
-        self.latency_window(target, ttft=ttft)._add(value)
+        window = (self.ttft if ttft else self.latency).get(target)
         link = self._link(target, ttft)
+        if window is None or link is not None:
+            window = self.latency_window(target, ttft=ttft)  # made, or the fleet's drained in
+        window._add(value)
         if link is not None:
             link[1].record(value)
 
@@ -619,12 +665,23 @@ class Recorder:
     def connection_wait(self, target: str, seconds: float, *, censored: bool = False) -> None:
         """An attempt to ``target`` waited ``seconds`` for a connection before its request
         (``censored``: it gave up waiting after that long)."""
-        window = self.waits.get(target)
+        window = self._own_window(self.waits, target)
+        (window.record_censored if censored else window.record)(seconds)
+
+    def longest_gap(self, target: str, seconds: float) -> None:
+        """A complete stream from ``target`` had ``seconds`` as its longest gap between two
+        content chunks (what a learned stall limit reads: :attr:`gaps`)."""
+        self._own_window(self.gaps, target).record(seconds)
+
+    def _own_window(self, windows: dict[str, LatencyWindow], target: str) -> LatencyWindow:
+        """``target``'s window in ``windows``, one of this process's own (never pooled),
+        created on first use."""
+        window = windows.get(target)
         if window is None:
-            window = self.waits[target] = LatencyWindow(
+            window = windows[target] = LatencyWindow(
                 window=self.window, max_samples=self.max_samples
             )
-        (window.record_censored if censored else window.record)(seconds)
+        return window
 
     def output_rate(self, target: str, seconds: float, tokens: int) -> None:
         """A response from ``target`` produced ``tokens`` output tokens in ``seconds`` (its

@@ -54,6 +54,8 @@ __all__ = [
     "ChunkReader",
     "ChunkSource",
     "LazyStream",
+    "Limit",
+    "LimitSource",
     "SkipPrefix",
     "Stream",
     "StreamOutcome",
@@ -69,6 +71,31 @@ consumer closed it before the end), ``"cancelled"`` (the consumer was cancelled)
 (garbage-collected unclosed); ``"open"`` until then."""
 
 _CLOSE_GRACE = 5.0  # seconds a close may take to release the HTTP response before we move on
+
+LimitSource = Literal["configured", "learned", "timeout"]
+"""Where a stream's first-token or stall limit came from: set by the user (``"configured"``),
+learned from the target's recent streams (``"learned"``, see
+:class:`~latencykit.StreamGuard`), or the target's attempt ``timeout`` (``"timeout"``)."""
+
+
+class Limit(float):
+    """A first-token or stall limit in seconds that says where it came from (``source``, a
+    :data:`LimitSource`; default ``"configured"``): what the stream guard gives a stream, so
+    that the error and the event of a stream abandoned at its limit can tell why."""
+
+    source: LimitSource
+
+    def __new__(cls, seconds: float, source: LimitSource = "configured") -> Limit:
+        limit = super().__new__(cls, seconds)
+        limit.source = source
+        return limit
+
+    def __repr__(self) -> str:
+        return f"Limit({float(self)!r}, {self.source!r})"
+
+
+def _source(limit: float | None) -> LimitSource:
+    return limit.source if isinstance(limit, Limit) else "configured"
 
 
 class ChunkReader(Protocol):
@@ -450,6 +477,12 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         return tuple(self._gaps)
 
     @property
+    def longest_gap(self) -> float | None:
+        """The longest gap between two content chunks so far, in seconds (``None`` with fewer
+        than two chunks): what a learned stall limit is learned from."""
+        return max(self._gaps, default=None)
+
+    @property
     def time_per_output_token(self) -> float | None:
         """Seconds per output token after the first content chunk, so far (the provider's
         ``output_tokens`` once reported, else content chunks); ``None`` with fewer than two."""
@@ -800,19 +833,35 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
                 )
             return DeadlineExceeded(self._budget, now - self._started)
         if not self._committed:
-            return FirstTokenTimeout(f"no content chunk within {quiet:.3g}s", target=self.target)
+            source = _source(self.first_token)
+            if events.listening():
+                events.emit(
+                    events.FirstTokenMissed(
+                        self._call_id(),
+                        attempt=self.attempt,
+                        target=self.target,
+                        first_token=float(self.first_token or quiet),
+                        source=source,
+                    )
+                )
+            return FirstTokenTimeout(
+                f"no content chunk within {quiet:.3g}s (first-token limit: {source})",
+                target=self.target,
+            )
+        source = _source(self.stall)
         if events.listening():
             events.emit(
                 events.StallDetected(
                     self._call_id(),
                     attempt=self.attempt,
                     target=self.target,
-                    stall=self.stall or 0.0,
+                    stall=float(self.stall or 0.0),  # a plain float: events are encoded
                     chunks=self.chunks,
+                    source=source,
                 )
             )
         return StreamStalled(
-            f"no content chunk for {quiet:.3g}s after {self.chunks} chunks",
+            f"no content chunk for {quiet:.3g}s after {self.chunks} chunks (stall limit: {source})",
             target=self.target,
             reason="stall",
         )

@@ -62,6 +62,11 @@ class Target:
             OpenAI (or ``OPENAI_BASE_URL``), so a model with another provider's prefix
             (``groq/...``) is refused (``ValueError``) and a name without a prefix is sent as
             it is; Azure (its own URL scheme and key header) is refused either way.
+        dimensions: the length of the vectors the model embeds into (default ``None``:
+            undeclared). :meth:`~latencykit.LLM.aembedding` fails over only between targets
+            that declare the same dimensions (vectors of another length are useless to the
+            index they go to), and refuses an answer of another length. A declaration: it is
+            not sent (a call's own ``dimensions=`` is, and is then the length expected).
     """
 
     model: str = ""
@@ -73,6 +78,7 @@ class Target:
     capabilities: frozenset[str] = frozenset()
     arguments: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     transport: str = "litellm"
+    dimensions: int | None = None
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -95,6 +101,8 @@ class Target:
             object.__setattr__(self, "timeout", _validation.seconds("target.timeout", self.timeout))
         if self.context_window is not None:
             _validation.count("target.context_window", self.context_window)
+        if self.dimensions is not None:
+            _validation.count("target.dimensions", self.dimensions)
         tags = _validation.tags("target.capabilities", self.capabilities)
         object.__setattr__(self, "capabilities", tags)
         object.__setattr__(self, "arguments", _own_arguments(self.name, self.arguments))

@@ -33,8 +33,9 @@ from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from . import events
-from ._context import Attempt
+from . import events, ratelimit
+from ._cancel import process_clock
+from ._context import PRIORITIES, Attempt
 from ._handle import Handle
 from ._slots import waiting
 from ._version import __version__
@@ -101,6 +102,7 @@ _OVERSHOOT = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 # --- latencykit's own names -----------------------------------------------------------------------
 
 _TARGET = "latencykit.target"
+_LANE = "latencykit.lane"
 _ATTEMPT = "latencykit.attempt.number"
 _ATTEMPTS = "latencykit.attempts"
 _ERROR_KIND = "latencykit.error.kind"
@@ -379,7 +381,12 @@ class _Call:
         answering = self.elsewhere.get(target)
         if answering is None:
             return self.attributes
-        return {**_endpoint_attributes(answering), _REQUEST_MODEL: self.endpoint.model}
+        operation = self.attributes[_OPERATION]  # the call's, whoever answered
+        return {
+            **_endpoint_attributes(answering),
+            _OPERATION: operation,
+            _REQUEST_MODEL: self.endpoint.model,
+        }
 
     def end(self, attributes: Mapping[str, Any] = {}, failed: bool = False) -> None:
         for span in self.attempts.values():  # attempts that never reported their end
@@ -417,6 +424,33 @@ def _observe_waiting(options: metrics.CallbackOptions) -> list[metrics.Observati
         metrics.Observation(count, {"latencykit.transport": lane, "latencykit.host": host})
         for (lane, host), count in waiting().items()
     ]
+
+
+_ROOM_KEY = "latencykit.api_key.hash"  # a short hash naming the key, never the key
+
+
+def _observe_room_left(options: metrics.CallbackOptions) -> list[metrics.Observation]:
+    now = process_clock()
+    found = []
+    for (target, key), room in list(ratelimit._rooms.items()):
+        for limit, left in zip(("requests", "tokens"), room.left(now), strict=True):
+            if left is not None:
+                attributes = {_TARGET: target, _ROOM_KEY: key, "latencykit.limit.kind": limit}
+                found.append(metrics.Observation(left, attributes))
+    return found
+
+
+def _observe_lanes(counts: str) -> Callable[[metrics.CallbackOptions], list[metrics.Observation]]:
+    """A callback observing each room's ``counts`` (``"waits"`` or ``"shed"``) by lane."""
+
+    def observe(options: metrics.CallbackOptions) -> list[metrics.Observation]:
+        return [
+            metrics.Observation(count, {_TARGET: target, _ROOM_KEY: key, _LANE: lane})
+            for (target, key), room in list(ratelimit._rooms.items())
+            for lane, count in zip(PRIORITIES, getattr(room, counts), strict=True)
+        ]
+
+    return observe
 
 
 class Instrumentation(Handle):
@@ -484,6 +518,26 @@ class Instrumentation(Handle):
             callbacks=[_observe_waiting],
             unit="{attempt}",
             description="Attempts waiting for a connection slot now, by lane and host.",
+        )
+        # The governor's rooms (``LLM(governor=True)``), read when metrics are collected.
+        meter.create_observable_gauge(
+            "latencykit.room.left",
+            callbacks=[_observe_room_left],
+            unit="1",
+            description="Room left in a provider's rate limits (requests or tokens), by target "
+            "and API key hash, as the governor sees it now.",
+        )
+        meter.create_observable_counter(
+            "latencykit.room.waits",
+            callbacks=[_observe_lanes("waits")],
+            unit="{attempt}",
+            description="Attempts that waited for room in a provider's rate limits, by lane.",
+        )
+        meter.create_observable_counter(
+            "latencykit.room.shed",
+            callbacks=[_observe_lanes("shed")],
+            unit="{attempt}",
+            description="Attempts refused for want of room (LimitExceeded), by lane.",
         )
         self._calls: dict[int, _Call] = {}
         self._handlers: dict[type[events.Event], Callable[[Any], None]] = {
@@ -565,6 +619,8 @@ class Instrumentation(Handle):
         name, kind = event.target, SpanKind.INTERNAL
         if genai:
             metric_attributes = _endpoint_attributes(endpoint)
+            if event.operation != "chat":
+                metric_attributes = {**metric_attributes, _OPERATION: event.operation}
             # The answering target's host is set when the call ends (a span attribute cannot
             # be taken back, should another target without an api_base of its own answer).
             attributes = {
@@ -578,7 +634,7 @@ class Instrumentation(Handle):
                 )
             if event.input_messages is not None:
                 attributes[_INPUT_MESSAGES] = _messages(event.input_messages)
-            name, kind = f"chat {endpoint.model}", SpanKind.CLIENT
+            name, kind = f"{event.operation} {endpoint.model}", SpanKind.CLIENT
         span = self._tracer.start_span(
             name, context=context, kind=kind, attributes=_present(attributes)
         )

@@ -3,8 +3,9 @@
 By default each process keeps its own state, in memory. ``lk.use_store(lk.RedisStore(url))``
 moves it to a shared server, so that a provider outage seen by one process protects all of
 them, a hedge budget caps the fleet's extra load, a tenant's quota is the tenant's, not each
-process's, and adaptive hedging learns from the fleet's latencies. A store can also be given
-to one policy or ``LLM`` (``shared=``).
+process's, adaptive hedging learns from the fleet's latencies, and the governor paces the
+fleet by one rate-limit room per provider key. A store can also be given to one policy or
+``LLM`` (``shared=``).
 
 The policies never wait for the store on the hot path. They read a local view that the store
 refreshes in the background, and queue their outcomes, which it writes in batches. Only the

@@ -4,7 +4,8 @@ Each process keeps a view of the fleet's state (each breaker's state, each budge
 the tokens this process leased from it) that a background task refreshes every ``interval``
 seconds, in one pipelined round trip that also writes the outcomes queued since the last one.
 Every change of shared state happens in a Lua script on the server (``breaker.lua``,
-``budget.lua``, ``quota.lua``), on the server's clock: no read-modify-write from a client.
+``budget.lua``, ``quota.lua``, ``room.lua``), on the server's clock: no read-modify-write from
+a client.
 
 The background task runs on the library's own asyncio loop (a daemon thread), whatever loop or
 backend the calls run on, so a busy application loop does not delay the refresh, and trio
@@ -15,6 +16,7 @@ and then at most ``timeout`` seconds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias, TypeVar, 
 from .. import _validation, events
 from .._cancel import process_clock
 from ..events import StoreRecovered, StoreUnavailable
+from ..ratelimit import RESERVES, FleetView, RateLimits
 
 if TYPE_CHECKING:
     import asyncio
@@ -33,11 +36,11 @@ if TYPE_CHECKING:
 # asyncio, the bridge to the library's loop and urllib.parse are imported by the functions that
 # use them: import latencykit does not pay for them (redis imports them when a store is made).
 
-__all__ = ["BreakerOptions", "BreakerView", "RedisStore"]
+__all__ = ["BreakerOptions", "BreakerView", "RedisStore", "SharedRoom"]
 
 logger = logging.getLogger("latencykit")
 
-_SCRIPT_NAMES = ("breaker", "budget", "latency", "quota")
+_SCRIPT_NAMES = ("breaker", "budget", "latency", "quota", "room")
 _FOLLOWED = 1000  # samples a follower's queue holds until its owner drains it
 _STATES = frozenset({"closed", "open", "half_open", "forced_open"})
 _MAX_QUEUED = 10_000  # outcomes kept per breaker while the store is unreachable
@@ -45,6 +48,9 @@ _MAX_LEASE = 32  # most budget tokens a process holds between two refreshes
 _MAX_BACKOFF = 2.0  # seconds between two attempts to reach a store that is down
 _IDLE_TTL = 3600.0  # seconds a key outlives its last write, beyond its own time spans
 _NO_LIMIT = "1e300"  # a quota adjustment's max wait: always taken
+_LEASE_SHARE = 0.1  # most of a room's limit the workers' leases hold together
+_SEEN_FOR = 10.0  # seconds a worker counts in a room's workers after its last refresh
+_ROOM_TTL = 3 * 60_000  # ms a room outlives its last refresh (three windows)
 
 H = TypeVar("H", bound="_Owner")
 T = TypeVar("T")
@@ -349,7 +355,156 @@ class _Adjustments:
             raise _Garbage(f"quota script returned {type(reply).__name__}")
 
 
-_Owner: TypeAlias = "_Adjustments | SharedBreaker | SharedBudget | SharedLatency"
+class SharedRoom:
+    """One provider rate-limit room (a target and API key hash) in a :class:`RedisStore`: what
+    :class:`~latencykit.policies.governor.Governor` asks of the fleet (a
+    :class:`~latencykit.ratelimit.Lease`).
+
+    ``room.lua`` merges the answers' headers on the server and hands out leases. The process
+    spends its lease with no round trip; each refresh gives back what it does not need and
+    leases twice what the process asked for in the last interval (at least one attempt's
+    worth, at most its share of ``_LEASE_SHARE`` of the limit), down to the reserve of the
+    highest lane that asked.
+    """
+
+    def __init__(self, store: RedisStore, key: str) -> None:
+        self._store = store
+        base = f"{store.namespace}:room:{{{key}}}"  # {key}: both keys in one cluster slot
+        self._keys = (base, f"{base}:workers", f"{base}:leases")
+        self._lock = threading.Lock()
+        self.held_requests = 0.0
+        self.held_tokens = 0.0
+        self._asked = [0.0, 0.0]  # requests and tokens asked for since the last refresh
+        self._biggest = 1.0  # tokens of the biggest attempt asked for lately
+        self._rank = len(RESERVES) - 1  # the highest lane that asked since the last refresh
+        self._giving = (0.0, 0.0)  # what the refresh in progress gives back
+        self._told: tuple[RateLimits, float] | None = None  # newest answer, not yet sent
+        self._sending: tuple[RateLimits, float] | None = None
+        self._last: tuple[RateLimits, float] | None = None  # resent to a server without it
+        self._view: FleetView | None = None
+        self._wakes: list[Callable[[], None]] = []
+        self._drained_at = self._made_at = process_clock()
+
+    def view(self) -> FleetView | None:
+        """The fleet's room as last refreshed, ``None`` when the store is unavailable."""
+        return None if process_clock() > self._store._fresh_until else self._view
+
+    def joining(self) -> bool:
+        """See :class:`~latencykit.ratelimit.Lease`: at most ``stale_after`` from the handle's
+        making, and not once the store failed."""
+        store = self._store
+        return (
+            self._view is None
+            and store._down_since is None
+            and process_clock() - self._made_at < store.stale_after
+        )
+
+    def take(self, requests: float, tokens: float, rank: int, fits: bool) -> bool:
+        """See :class:`~latencykit.ratelimit.Lease`."""
+        with self._lock:
+            if fits:
+                self._asked[0] += requests
+                self._asked[1] += tokens
+                self._biggest = max(self._biggest, tokens)
+                self._rank = min(self._rank, rank)
+                if self.held_requests >= requests and self.held_tokens >= tokens:
+                    self.held_requests -= requests
+                    self.held_tokens -= tokens
+                    return True
+        if fits:
+            self._store._wake_soon()  # out of lease: lease more now, not at the next tick
+        return False
+
+    def give(self, tokens: float) -> None:
+        """See :class:`~latencykit.ratelimit.Lease`."""
+        with self._lock:
+            self.held_tokens += tokens
+
+    def heard(self, limits: RateLimits) -> None:
+        """See :class:`~latencykit.ratelimit.Lease`."""
+        self._told = self._last = (limits, process_clock())
+
+    def listen(self, wake: Callable[[], None]) -> None:
+        """See :class:`~latencykit.ratelimit.Lease`."""
+        if wake not in self._wakes:
+            self._wakes.append(wake)
+
+    def _drain(self) -> list[tuple[str, tuple[Any, ...]]]:
+        view = self._view
+        told, self._told = self._told, None
+        if told is None and (view is None or view.requests_limit is None):
+            told = self._last  # a server that lost the room (restarted) learns it again
+        self._sending = told
+        workers = 1 if view is None else max(1, view.workers)
+        now = process_clock()
+        # The pace asked for, over an interval: a refresh woken early by an empty lease
+        # leases for the interval to come, not for the few milliseconds since the last one.
+        scale = self._store.interval / max(now - self._drained_at, 1e-3)
+        self._drained_at = now
+        with self._lock:
+            asked, self._asked = self._asked, [0.0, 0.0]
+            rank, self._rank = self._rank, len(RESERVES) - 1
+            wanted = []
+            giving = []
+            for i, (held, limit, least) in enumerate(
+                (
+                    (self.held_requests, view and view.requests_limit, 1.0),
+                    (self.held_tokens, view and view.tokens_limit, self._biggest),
+                )
+            ):
+                most = math.inf if not limit else max(least, limit * _LEASE_SHARE / workers)
+                goal = min(most, max(least, 2 * asked[i] * scale))
+                back = held - goal if held > goal else min(0.0, held)  # leftovers, or a debt
+                giving.append(back)
+                wanted.append(max(0.0, goal - (held - back)))
+            self._giving = (giving[0], giving[1])
+            self.held_requests -= giving[0]
+            self.held_tokens -= giving[1]
+            holding = (self.held_requests, self.held_tokens)
+        if told is None:
+            said: tuple[Any, ...] = ("",) * 8
+        else:
+            limits, at = told
+            said = (
+                *("" if x is None else x for x in dataclasses.astuple(limits)),
+                max(0.0, process_clock() - at),
+            )
+        args = (
+            3, *self._keys, self._store._id, *said, *wanted, *giving, RESERVES[rank],
+            _ROOM_TTL, _SEEN_FOR, *holding,
+        )  # fmt: skip
+        return [("room", args)]
+
+    def _lost(self) -> None:
+        """The refresh failed: what it gave back is still held, what it told is told again."""
+        with self._lock:
+            self.held_requests += self._giving[0]
+            self.held_tokens += self._giving[1]
+        if self._told is None:
+            self._told = self._sending
+
+    def _update(self, reply: object) -> None:
+        if not isinstance(reply, list) or len(reply) != 10 or type(reply[9]) is not int:
+            raise _Garbage(f"room script returned {type(reply).__name__}")
+        try:
+            numbers = [float(x) for x in reply[:9]]
+        except (TypeError, ValueError) as exc:
+            raise _Garbage("room script returned a non-number") from exc
+        granted_r, granted_t, r_left, r_limit, r_rate, t_left, t_limit, t_rate, paused = numbers
+        now = process_clock()
+        with self._lock:
+            self.held_requests += granted_r
+            self.held_tokens += granted_t
+        self._view = FleetView(
+            r_left, None if r_limit < 0 else r_limit, r_rate,
+            t_left, None if t_limit < 0 else t_limit, t_rate,
+            now + paused, reply[9], self._store.interval,
+        )  # fmt: skip
+        for wake in self._wakes:
+            wake()
+
+
+_Owner: TypeAlias = "_Adjustments | SharedBreaker | SharedBudget | SharedLatency | SharedRoom"
 """What a refresh drains and updates."""
 
 
@@ -450,6 +605,12 @@ class RedisStore:
     def latency(self, key: str, *, window: float) -> SharedLatency:
         """The pooled latency window ``key`` (samples count for ``window`` seconds)."""
         return self._handle("latency", key, lambda: SharedLatency(self, key, window))
+
+    def room(self, target: str, key_hash: str) -> SharedRoom:
+        """The fleet's rate-limit room of ``target`` for the API key hashed ``key_hash``
+        (:func:`latencykit.ratelimit.key_hash`; never the key itself)."""
+        key = f"{target}:{key_hash}"
+        return self._handle("room", key, lambda: SharedRoom(self, key))
 
     def _handle(self, kind: str, key: str, make: Callable[[], H]) -> H:
         """The handle of ``key``, made on first use (which starts the background task)."""

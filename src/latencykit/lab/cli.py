@@ -7,18 +7,24 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..testing import LlmperfProfile
 from .fast_lane import format_fast_lane
 from .otlp import ENDPOINT_VARIABLE, exporting
 from .outage import format_outage
-from .plots import format_text_plots, write_plots
+from .plots import Series, format_text_plots, write_plots
 from .report import format_stats, format_table
 from .rows import ROWS
 from .runner import ARRIVALS, LabConfig, run_lab, write_json
 from .streaming import format_streaming
 from .turn import format_turns
+
+if TYPE_CHECKING:
+    from .replay import ReplayResult
+
+SCENARIOS = ("streaming", "turn", "fast-lane", "outage")
+"""The scenarios ``--rows`` may name besides the rows (each also has a ``--no-...`` flag)."""
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -83,8 +89,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     parser.add_argument(
         "--rows",
-        default=",".join(defaults.rows),
-        help=f"comma-separated rows to run, from {', '.join(ROWS)} (default all)",
+        default=None,
+        help=f"comma-separated rows and scenarios to run, and only those: rows from "
+        f"{', '.join(ROWS)} (at least one), scenarios from {', '.join(SCENARIOS)} "
+        "(default: all)",
     )
     parser.add_argument(
         "--no-outage", action="store_true", help="skip the outage scenario (failover, breaker)"
@@ -235,18 +243,19 @@ def run_trace_command(args: argparse.Namespace) -> int:
                 stream=args.stream,
             )
             print(result.report(), end="")
-            series = [(row.name, row.latencies) for row in result.rows]
+            panels = replay_panels(result)
             if args.plot is not None:
                 from .plots import plot_cdf
 
-                plot_cdf(f"replay of {result.trace}", series, args.plot)
+                (title, series), *more = panels
+                plot_cdf(f"{result.title}\n{title}", series, args.plot, panels=more)
                 print(f"plot written: {args.plot}")
             else:
                 from .plots import format_text_cdf
 
-                print(
-                    format_text_cdf("latency", series, ascii_only=not _prints_unicode(sys.stdout))
-                )
+                ascii_only = not _prints_unicode(sys.stdout)
+                for title, series in panels:
+                    print(format_text_cdf(title, series, ascii_only=ascii_only))
             return 0
         values = [_yaml(value) for value in args.values.split(",") if value.strip()]
         found = tune(
@@ -267,6 +276,22 @@ def run_trace_command(args: argparse.Namespace) -> int:
         return 2
 
 
+def replay_panels(result: ReplayResult) -> list[tuple[str, Sequence[Series]]]:
+    """What a replay plots: each row's latency, and for streams its time to first chunk; each
+    line named by its row and what the row ran."""
+    labels = [f"{row.name}: {row.policy}" if row.policy else row.name for row in result.rows]
+    panels: list[tuple[str, Sequence[Series]]] = [
+        (
+            "latency from arrival to answer" + (" (the stream's end)" if result.streamed else ""),
+            [(label, row.latencies) for label, row in zip(labels, result.rows, strict=True)],
+        )
+    ]
+    if result.streamed:
+        ttfts = [(label, row.ttfts) for label, row in zip(labels, result.rows, strict=True)]
+        panels.append(("time to first chunk, from arrival", ttfts))
+    return panels
+
+
 def _prints_unicode(stream: TextIO) -> bool:
     try:
         "▁█".encode(stream.encoding or "ascii")
@@ -281,6 +306,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_from_args(args)
 
 
+def config_from_args(args: argparse.Namespace) -> LabConfig:
+    """The :class:`LabConfig` of parsed arguments: ``--rows`` names everything that runs (its
+    rows, and its scenarios unless their ``--no-...`` flag is given); without it, all of them.
+
+    Raises:
+        ValueError: an unknown name in ``--rows``, or no row in it; a bad option.
+    """
+    named = None if args.rows is None else [n.strip() for n in args.rows.split(",") if n.strip()]
+    rows = tuple(ROWS)
+    if named is not None:
+        rows = tuple(name for name in named if name not in SCENARIOS)
+        unknown = [name for name in rows if name not in ROWS]
+        if unknown or not rows:
+            raise ValueError(
+                f"--rows: unknown {unknown}; name at least one row of {list(ROWS)}, and any "
+                f"scenarios of {list(SCENARIOS)}"
+            )
+
+    def runs(scenario: str, skipped: bool) -> bool:
+        return not skipped and (named is None or scenario in named)
+
+    return LabConfig(
+        run=args.run,
+        scale=args.scale,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        deadline=args.deadline,
+        degrade_after=args.degrade_after,
+        degraded_run=args.degraded_run,
+        hedge_quantile=args.hedge_quantile,
+        max_extra_load=args.max_extra_load,
+        rows=rows,
+        seed=args.seed,
+        outage=runs("outage", args.no_outage),
+        streaming=runs("streaming", args.no_streaming),
+        turn=runs("turn", args.no_turn),
+        fast_lane=runs("fast-lane", args.no_fast_lane),
+        arrival=args.arrival,
+        rate=args.rate,
+        drain=args.drain,
+    )
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """Run the lab for parsed arguments (shared with the ``latencykit`` command)."""
     if getattr(args, "action", None) is not None:
@@ -289,26 +357,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         print("\n".join(LlmperfProfile.runs()))
         return 0
     try:
-        config = LabConfig(
-            run=args.run,
-            scale=args.scale,
-            requests=args.requests,
-            concurrency=args.concurrency,
-            deadline=args.deadline,
-            degrade_after=args.degrade_after,
-            degraded_run=args.degraded_run,
-            hedge_quantile=args.hedge_quantile,
-            max_extra_load=args.max_extra_load,
-            rows=tuple(r.strip() for r in args.rows.split(",") if r.strip()),
-            seed=args.seed,
-            outage=not args.no_outage,
-            streaming=not args.no_streaming,
-            turn=not args.no_turn,
-            fast_lane=not args.no_fast_lane,
-            arrival=args.arrival,
-            rate=args.rate,
-            drain=args.drain,
-        )
+        config = config_from_args(args)
     except (TypeError, ValueError) as exc:
         print(f"latencykit lab: {exc}", file=sys.stderr)
         return 2

@@ -185,27 +185,65 @@ def _new_figure(rows: int = 1, height: float = 5.5) -> tuple[Any, Any]:
     return figure, axes
 
 
-def plot_cdf(title: str, series: Sequence[Series], path: Path) -> Path:
-    """Draw ``series`` as ``1 - CDF`` on log-log axes, p50/p95/p99 marked on each line, to
-    the PNG file ``path``; returns ``path``."""
-    figure, ax = _new_figure()
+# Each line its own dash pattern, so a line drawn over an identical one still shows.
+_DASHES = ("-", (0, (5, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)), (0, (2, 3)))
+_LABEL_STEP = 9  # points between the value labels of lines on the same side of a mark
+
+
+def plot_cdf(
+    title: str,
+    series: Sequence[Series],
+    path: Path,
+    *,
+    panels: Sequence[tuple[str, Sequence[Series]]] = (),
+) -> Path:
+    """Draw ``series`` as ``1 - CDF`` on log-log axes, p50/p95/p99 marked on each line with
+    their values, to the PNG file ``path``; returns ``path``.
+
+    Each line has its own colour and dash pattern (one hidden under another still shows) and
+    its labels their own height. ``panels`` (default none) are more ``(title, series)`` plots
+    below the first, on the same latency axis (a streamed replay's times to first chunk).
+    """
+    everything = [(title, series), *panels]
+    figure, axes = _new_figure(rows=len(everything), height=5.5 * len(everything) ** 0.8)
+    for ax, (panel_title, panel) in zip(
+        axes if len(everything) > 1 else [axes], everything, strict=True
+    ):
+        _draw_cdf(ax, panel)
+        ax.set_title(panel_title)
+    figure.savefig(path)
+    return path
+
+
+def _draw_cdf(ax: Any, series: Sequence[Series]) -> None:
     smallest = 1.0
-    for label, latencies in series:
+    for index, (label, latencies) in enumerate(series):
         ordered = sorted(v for v in latencies if v > 0)
         if not ordered:
             continue
         n = len(ordered)
         slower = [(n - i) / n for i in range(n)]  # fraction of requests at least this slow
         smallest = min(smallest, 1 / n)
-        (line,) = ax.step(ordered, slower, where="post", label=label, linewidth=1.6)
+        (line,) = ax.step(
+            ordered,
+            slower,
+            where="post",
+            label=label,
+            linewidth=1.6,
+            linestyle=_DASHES[index % len(_DASHES)],
+        )
         for q in MARKS:
             value = percentile(ordered, q)
             ax.plot([value], [1 - q], marker="o", color=line.get_color(), markersize=5)
+            # Labels alternate sides of the mark and stack down: lines with close values
+            # keep theirs apart.
+            right = index % 2 == 0
             ax.annotate(
                 _ms(value),
                 (value, 1 - q),
                 textcoords="offset points",
-                xytext=(4, 3),
+                xytext=(4 if right else -4, 3 - _LABEL_STEP * (index // 2)),
+                horizontalalignment="left" if right else "right",
                 fontsize=7,
                 color=line.get_color(),
             )
@@ -228,11 +266,8 @@ def plot_cdf(title: str, series: Sequence[Series], path: Path) -> Path:
     ax.set_ylim(smallest / 2, 1.3)
     ax.set_xlabel("latency (seconds, log scale)")
     ax.set_ylabel("fraction of requests slower (1 - CDF, log scale)")
-    ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="lower left", fontsize=8)
-    figure.savefig(path)
-    return path
 
 
 def plot_outage(result: OutageResult, path: Path) -> Path:

@@ -45,6 +45,7 @@ __all__ = [
     "ReplayRow",
     "TraceRecord",
     "default_policy",
+    "describe",
     "load_trace",
     "replay",
     "replay_rows",
@@ -336,7 +337,10 @@ class ReplayRow:
             trace's token counts; ``0`` without them).
         ttft_p99: streams: the 99th percentile of the time to first chunk (``None``
             otherwise).
+        policy: what the row ran, one line (:func:`describe`; default ``""``).
         latencies: every request's latency, in arrival order (for plots).
+        ttfts: streams: every answered request's time to first chunk, from its arrival, in
+            arrival order (for plots; default ``()``).
     """
 
     name: str
@@ -349,7 +353,9 @@ class ReplayRow:
     wasted: float
     wasted_tokens: float = 0.0
     ttft_p99: float | None = None
+    policy: str = ""
     latencies: tuple[float, ...] = field(default=(), repr=False, compare=False)
+    ttfts: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,13 +368,26 @@ class ReplayResult:
     rate: float | None
     rows: tuple[ReplayRow, ...] = field(default=())
 
-    def report(self) -> str:
-        """The rows as a text table (the same trace and seed always give the same text)."""
+    @property
+    def streamed(self) -> bool:
+        """Whether the calls were streams (the rows have times to first chunk)."""
+        return any(row.ttft_p99 is not None for row in self.rows)
+
+    @property
+    def title(self) -> str:
+        """What was replayed, one line (the report's first line, the plot's title)."""
         arrivals = "recorded" if self.rate is None else f"Poisson, {self.rate:g}/s"
-        streams = any(row.ttft_p99 is not None for row in self.rows)
-        lines = [
+        return (
             f"replay of {self.trace}: target {self.target}, seed {self.seed}, arrivals {arrivals}"
-            + (", streamed" if streams else ""),
+            + (", streamed" if self.streamed else "")
+        )
+
+    def report(self) -> str:
+        """The rows as a text table, and what each row ran (the same trace and seed always
+        give the same text)."""
+        streams = self.streamed
+        lines = [
+            self.title,
             f"{'policy':<22} {'requests':>8} {'errors':>6} {'p50 s':>8} {'p95 s':>8} "
             f"{'p99 s':>8}"
             + (f" {'ttft p99':>8}" if streams else "")
@@ -381,6 +400,7 @@ class ReplayResult:
                 f"{row.p95:>8.3f} {row.p99:>8.3f}{ttft} {row.extra:>6.1%} {row.wasted:>9.3f} "
                 f"{row.wasted_tokens:>10.1f}"
             )
+        lines += [f"  {row.name}: {row.policy}" for row in self.rows if row.policy]
         return "\n".join(lines) + "\n"
 
 
@@ -388,6 +408,24 @@ def default_policy(target: str) -> dict[str, Any]:
     """The lab's default policies for ``target``: hedging at the 90th percentile of recent
     latencies with at most 10 % extra load."""
     return {"model": target, "hedge": {"delay": {"q": 0.9}, "max_extra_load": 0.1}}
+
+
+def describe(config: LLMConfig) -> str:
+    """``config``'s options besides its model, as dotted ``path=value`` pairs on one line
+    (the form ``lab tune --param`` takes), or ``"no policy"``."""
+    pairs: list[str] = []
+
+    def flatten(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                flatten(f"{prefix}.{key}", inner)
+        else:
+            pairs.append(f"{prefix}={value}")
+
+    options = config.model_dump(mode="json", exclude_unset=True, exclude={"model"})
+    for name, value in options.items():
+        flatten(name, value)
+    return ", ".join(pairs) or "no policy"
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -481,7 +519,9 @@ def replay(
         wasted=counts.wasted / n,
         wasted_tokens=counts.wasted_tokens / n,
         ttft_p99=_quantile(firsts, 0.99) if stream and firsts else None,
+        policy=describe(config),
         latencies=tuple(latencies),
+        ttfts=tuple(firsts),
     )
 
 

@@ -40,25 +40,23 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:,.0f}"
 
 
-def _rate(rate: float | None) -> str:
-    return "closed" if rate is None else f"{rate:,.1f}"
-
-
 def format_table(result: LabResult) -> str:
-    """The lab's results as a fixed-width text table (latencies in milliseconds; offered and
-    achieved load in requests/s, ``closed`` for a closed loop)."""
+    """The lab's results as a fixed-width text table (latencies in milliseconds; achieved load,
+    and in an open loop the offered load, in requests/s: a closed loop offers no rate)."""
+    offered = any(row.offered_rate is not None for row in result.rows)
     header = (
         f"{'policy':<30} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7} "
         f"{'errors':>7} {'extra req':>10} {'degraded':>9} {'hedge won':>10} "
-        f"{'offered/s':>10} {'achieved/s':>11}"
+        + (f"{'offered/s':>10} " if offered else "")
+        + f"{'achieved/s':>11}"
     )
     lines = [header, "-" * len(header)]
     for row in result.rows:
+        rate = "" if not offered else f"{row.offered_rate or math.nan:>10,.1f} "
         lines.append(
             f"{row.label:<30} {_ms(row.p50):>7} {_ms(row.p90):>7} {_ms(row.p99):>7} "
             f"{_ms(row.max):>7} {row.errors:>7} {row.extra_load_pct:>9.1f}% "
-            f"{row.degraded:>9} {row.hedges_won:>10} "
-            f"{_rate(row.offered_rate):>10} {row.throughput:>11,.1f}"
+            f"{row.degraded:>9} {row.hedges_won:>10} {rate}{row.throughput:>11,.1f}"
         )
     config = result.config
     if config.arrival == "closed":
@@ -84,6 +82,14 @@ def format_table(result: LabResult) -> str:
         f"max_tokens={config.degraded_max_tokens})); "
         f"lk.Hedge(quantile({config.hedge_quantile:g}), max_extra_load={config.max_extra_load:g})",
     ]
+    if any(row.key == "hedge" for row in result.rows):
+        lines.append(
+            f"the hedge row sends a backup only once a call has run past about the recent "
+            f"p{config.hedge_quantile * 100:g}: it cuts the tail (p99, max); below that it makes "
+            "one attempt per call as the bare row does, and its p50/p90 differ from the bare "
+            "row's by run-to-run noise (client CPU shared with litellm and the fake provider: "
+            "repeat the run to see its size)"
+        )
     for row in result.rows:
         if row.error_types:
             kinds = ", ".join(f"{name} x{count}" for name, count in row.error_types.items())

@@ -103,7 +103,7 @@ class Through:
             time.monotonic() - started,
             ok=True,
             degraded=report.degraded,
-            hedge_won=not report.degraded and report.answered_by > 1,
+            hedge_won=not report.degraded and report.answering_attempt > 1,
         )
 
 

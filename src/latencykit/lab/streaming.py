@@ -154,7 +154,7 @@ async def run_streaming(
                         pass
             except Exception as exc:
                 return Sent(time.monotonic() - started, ok=False, error_type=type(exc).__name__)
-            return Sent(ttft, ok=True, hedge_won=lk.report(stream).answered_by > 1)
+            return Sent(ttft, ok=True, hedge_won=lk.report(stream).answering_attempt > 1)
 
         return send
 

@@ -431,19 +431,24 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
     def allows(self) -> bool:
         """Whether a call would be admitted now, without taking a permit (nor emitting
         :class:`BreakerRejected`). Failover uses it to skip open targets."""
-        view = self._fleet_view()[1]
+        view = None if self.shared is None and _fleet._current is None else self._fleet_view()[1]
         if view is not None:
             return (
                 view.state == "closed"
                 or (view.state == "open" and view.opens_in <= 0.0)  # the fleet would probe
                 or (view.state == "half_open" and view.free_probes > 0)
             )
+        state = self._state
+        if state is _CLOSED:
+            return True  # the hot path: nothing to refresh
         self._refresh()
         state = self._state
         return state is _CLOSED or (state is _HALF_OPEN and self._probes < self.half_open_calls)
 
     def _admit(self) -> BreakerPermit | CircuitOpen | SharedBreaker:
         """A permit, a refusal, or the fleet's handle when a probe permit must be asked of it."""
+        if self.shared is None and _fleet._current is None:
+            return self._admit_local()  # no fleet: the hot path, without a look for one
         handle, view = self._fleet_view()
         if view is None or handle is None:
             return self._admit_local()

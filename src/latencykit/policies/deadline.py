@@ -1,9 +1,9 @@
 """``deadline``: one total latency budget for everything inside it.
 
-Built on the backend's cancel scopes (``_cancel.Expiry`` on asyncio: one loop timer, with
-anyio's semantics), so expiry really cancels the work inside (an in-flight litellm request closes
-its connection within milliseconds) and nesting composes: an inner deadline can only shorten the
-budget, never extend it.
+Built on the backend's cancel scopes (``_cancel.Expiry`` on asyncio: an entry on the loop's one
+timer, with anyio's semantics), so expiry really cancels the work inside (an in-flight litellm
+request closes its connection within milliseconds) and nesting composes: an inner deadline can
+only shorten the budget, never extend it.
 """
 
 from __future__ import annotations

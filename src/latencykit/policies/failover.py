@@ -138,14 +138,30 @@ class Failover(PolicyDecorator):
                 continue
             if previous is not None:
                 self._event(route.name, previous, None)
+            # The call on this route (index 0: the first tried; later ones are failovers),
+            # within its share of the deadline (see _share); inline: no frame of its own.
+            reason = reason_var.set("failover") if index else None
             try:
-                return await self._within_share(routes, index, call, next)
+                limit = self._share(routes, index)
+                if limit is None:
+                    return await next(route.call(call))
+                started, share = limit
+                with backend().expiry(started + share):
+                    return await next(route.call(call))
+                raise AttemptTimeout(
+                    f"no answer within its share of the deadline ({share:.3f}s): "
+                    "the targets after it need the rest",
+                    target=route.name,
+                )
             except Exception as exc:
                 errors.append(exc)
                 previous = route.name
                 smaller_than = self._judged(exc, route, errors, smaller_than)
                 if smaller_than == _STOP:
                     break
+            finally:
+                if reason is not None:
+                    reason_var.reset(reason)
         if not errors:
             raise CircuitOpen.all_open(skipped_open)
         attach_others(errors[0], errors[1:])
@@ -175,29 +191,6 @@ class Failover(PolicyDecorator):
         if self.is_open is not None and self.is_open(route.name):
             return "breaker_open"
         return None
-
-    async def _within_share(
-        self, routes: Sequence[Route], index: int, call: Call, next: Next
-    ) -> Any:
-        """The call on the ``index``-th of ``routes`` (``0``: the first tried; later ones are
-        failovers), within its share of the deadline (see :meth:`_share`)."""
-        route = routes[index]
-        reason = reason_var.set("failover") if index else None
-        try:
-            limit = self._share(routes, index)
-            if limit is None:
-                return await next(route.call(call))
-            started, share = limit
-            with backend().expiry(started + share):
-                return await next(route.call(call))
-            raise AttemptTimeout(
-                f"no answer within its share of the deadline ({share:.3f}s): "
-                "the targets after it need the rest",
-                target=route.name,
-            )
-        finally:
-            if reason is not None:
-                reason_var.reset(reason)
 
     def _share(self, routes: Sequence[Route], index: int) -> tuple[float, float] | None:
         """``(now, seconds)``: the most the ``index``-th of ``routes`` may take from now when

@@ -13,25 +13,37 @@ to refill (the provider's reset), or, if that wait would pass the call's deadlin
 once with :class:`~latencykit.errors.LimitExceeded` before anything is sent. A 429's
 ``retry-after`` pauses every attempt to that target and key until then.
 
+Waiting attempts are served highest lane first (``acompletion(priority=...)``), in arrival
+order within a lane; a batch attempt leaves a reserve of the room to the lanes above
+(:data:`~latencykit.ratelimit.RESERVES`); one that is shed says its lane
+(``LimitExceeded.lane``). With a store (``shared=`` or ``use_store``) the room is the fleet's:
+headers merged on the server, a lease per process (:class:`~latencykit.fleet.redis.SharedRoom`).
+
 It runs per attempt (``Stage.RETRY + 5``: inside retry, before the attempt), so retries,
-hedges and failover attempts are paced too. With no numbers configured, nothing is paced
-until a first answer told the limits.
+hedges and failover attempts are paced too. A retry or a hedge is an attempt a call adds: it is
+spent only from room to spare (leaving the batch lane's reserve, whatever the call's lane) and
+never waits for room; when there is none it is refused at once (``LimitExceeded``: the retry
+gives up, the hedge's backup is not sent), so near the end of a quota the first attempts of
+calls go first. With no numbers configured, one attempt at a time
+finds out the room, and nothing is paced until an answer told the limits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import sys
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, NoReturn
 
 import anyio
 
-from .. import _response, events, ratelimit
-from .._cancel import now, process_clock
-from .._context import remaining, trace_var
+from .. import _response, _validation, events, ratelimit
+from .._cancel import now, process_clock, threadsafe_caller
+from .._context import PRIORITIES, priority_var, reason_var, remaining, trace_var
 from ..errors import ErrorKind, LimitExceeded, _headers_of, _links, classify, retry_after
+from ..fleet import SharedStore, current_store
 from ..pipeline import Call, Next, Stage
 from ..stats import StatsTable
 from ..stream import Stream
@@ -47,24 +59,33 @@ CHARS_PER_TOKEN = 4
 thumb for English)."""
 
 _TENANT = "<default>"  # events' tenant field: the governor paces a target, not a tenant
-_NOT_TEXT = frozenset({"role", "type"})
 _AVERAGE_WEIGHT = 0.2  # of the newest answer in the learned output size
+_MARGIN = 0.01  # seconds: a wait must end this much before the deadline, to shed first
+_POLL = 1.0  # seconds a call waiting behind others looks again, if nobody woke it
 
 
 class Governor:
     """Paces a target's attempts by the rate limits its answers tell (see module docs).
 
-    ``LLM(governor=True)`` puts one in the pipeline. It has no options: the limits are learned
-    from the provider's headers, the state is per process, per (target key, API key hash).
+    ``LLM(governor=True)`` puts one in the pipeline. The limits are learned from the provider's
+    headers, one room per (target key, API key hash).
+
+    Args:
+        shared: a store shared by the fleet (:class:`~latencykit.RedisStore`): the rooms are
+            the fleet's, each process spending from a lease (default ``None``: the process
+            default, :func:`~latencykit.use_store`, looked up at each attempt; none: per
+            process).
     """
 
     stage = STAGE
 
-    def __init__(self) -> None:
+    def __init__(self, *, shared: SharedStore | None = None) -> None:
+        _validation.optional("Governor.shared", shared, SharedStore, "a RedisStore")
+        self.shared = shared
         self._output: dict[str, float] = {}  # learned average output tokens, by target
 
     def __repr__(self) -> str:
-        return "Governor()"
+        return "Governor()" if self.shared is None else f"Governor(shared={self.shared!r})"
 
     @staticmethod
     def with_rooms(table: StatsTable, targets: Iterable[Target | None]) -> StatsTable:
@@ -88,26 +109,31 @@ class Governor:
     async def handle(self, call: Call, next: Next) -> Any:
         target = call.target
         room = ratelimit.room_for(target.key, target.api_key)
+        store = self.shared or current_store()
+        if store is not None:
+            room.attach(store.room(target.key, ratelimit.key_hash(target.api_key)))
         tokens, cap = self.estimate(call)
-        await _wait_for_room(room, target.key, tokens)
-        room.reserve(tokens)
+        fleet = await _take_room(room, target.key, tokens)
         try:
             result = await next(call)
         except BaseException as exc:
-            room.release(tokens)
+            room.release(tokens, fleet)
             if isinstance(exc, Exception):
                 self._read_error(room, target.key, exc)
             raise
-        room.release(tokens)
+        room.answered = True
+        room.release(tokens, fleet)
         _learned(target.key, room.read_pending(process_clock()))
-        settle = functools.partial(self._settle, room, target.key, cap)
+        settle = functools.partial(self._settle, room, target.key, cap, fleet)
         if isinstance(result, Stream):
             result.on_close(lambda stream, outcome, error: settle(stream.summary()))
         else:
             settle(_response.summary(result))
         return result
 
-    def _settle(self, room: ratelimit.Room, key: str, cap: int | None, summary: Any) -> None:
+    def _settle(
+        self, room: ratelimit.Room, key: str, cap: int | None, fleet: bool, summary: Any
+    ) -> None:
         """Learn the output size; give back the output reserved and not used (as the provider
         does: it reserves the cap, and settles to the tokens sent)."""
         output = summary.output_tokens
@@ -118,7 +144,7 @@ class Governor:
             output if average is None else average + _AVERAGE_WEIGHT * (output - average)
         )
         if cap is not None and cap > output:
-            room.refund(cap - output, process_clock())
+            room.refund(cap - output, process_clock(), fleet)
 
     @staticmethod
     def _read_error(room: ratelimit.Room, target: str, exc: Exception) -> None:
@@ -149,28 +175,85 @@ def _learned(target: str, changed: list[tuple[ratelimit.Limit, int, int | None]]
             events.emit(events.LimitLearned(_call_id(), target, limit, value, previous))
 
 
-async def _wait_for_room(room: ratelimit.Room, target: str, tokens: int) -> None:
-    """Wait until the room holds the attempt, or raise ``LimitExceeded`` if that wait would
-    pass the deadline (then nothing is sent)."""
-    waited = 0.0
-    limit: ratelimit.Limit = "requests"
-    while True:
-        wait, limit = room.wait(tokens, process_clock())
+_EXTRA = frozenset({"hedge", "retry"})  # attempts a call adds: spent from room to spare
+_SPARE = len(PRIORITIES) - 1  # ... as the lowest lane spends it (ratelimit.RESERVES)
+
+
+async def _take_room(room: ratelimit.Room, target: str, tokens: int) -> bool:
+    """Take the attempt's room, first waiting for it (highest lane first, in arrival order
+    within a lane), or raise ``LimitExceeded`` if that wait would pass the deadline (then
+    nothing is sent). Returns whether the room was the fleet's."""
+    lane = priority_var.get()
+    rank = PRIORITIES.index(lane)
+    if reason_var.get() in _EXTRA:
+        # A hedge or a retry is spent only from room to spare (what the batch lane may spend)
+        # and never waited for: near the end of a quota the first attempts of calls go first.
+        wait, limit, fleet = room.take(tokens, process_clock(), max(rank, _SPARE))
+        if wait > 0:
+            _shed(room, target, lane, limit, wait, 0.0)
+        return fleet
+    if room.first_in_line(rank):
+        wait, limit, fleet = room.take(tokens, process_clock(), rank)
         if wait <= 0:
-            break
-        left = remaining()
-        if left is not None and wait > left:
-            if events.listening():
-                events.emit(events.LimitRefused(_call_id(), target, _TENANT, limit, wait, waited))
-            raise LimitExceeded(target, limit, wait=wait, waited=waited)
-        started = now()
-        await anyio.sleep(wait)
-        waited += now() - started
-    if waited:
-        room.waits += 1
-        room.waited += waited
-        if events.listening():
-            events.emit(events.LimitWaited(_call_id(), target, _TENANT, limit, waited))
+            return fleet
+    waiter = _Waiter()
+    place = room.join(rank, waiter.wake)
+    started = now()
+    try:
+        while True:
+            first = room.first(place)
+            if first:
+                wait, limit, fleet = room.take(tokens, process_clock(), rank)
+                if wait <= 0:
+                    break
+                room.head_wait = wait
+            else:  # at least the wait of the call first in line
+                wait, limit = room.head_wait, "requests"
+            left = remaining()
+            if left is not None and (wait > left or left <= _MARGIN):
+                _shed(room, target, lane, limit, wait, now() - started)
+            nap = wait if first else _POLL
+            await waiter.sleep(nap if left is None else min(nap, left - _MARGIN))
+    finally:
+        room.leave(place)
+    waited = now() - started
+    room.waits[rank] += 1
+    room.waited += waited
+    if events.listening():
+        events.emit(events.LimitWaited(_call_id(), target, _TENANT, limit, waited))
+    return fleet
+
+
+class _Waiter:
+    """A call waiting in a room's line: woken from any thread (the store's refresh, another
+    event loop's call leaving the line)."""
+
+    __slots__ = ("_call", "_event")
+
+    def __init__(self) -> None:
+        self._call = threadsafe_caller()
+        self._event = anyio.Event()
+
+    def wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # its loop is closed: nobody to wake
+            self._call(self._set)
+
+    def _set(self) -> None:
+        self._event.set()
+
+    async def sleep(self, seconds: float) -> None:
+        with anyio.move_on_after(seconds):
+            await self._event.wait()
+        self._event = anyio.Event()
+
+
+def _shed(
+    room: ratelimit.Room, target: str, lane: str, limit: str, wait: float, waited: float
+) -> NoReturn:
+    room.shed[PRIORITIES.index(lane)] += 1
+    if events.listening():
+        events.emit(events.LimitRefused(_call_id(), target, _TENANT, limit, wait, waited))  # type: ignore[arg-type]
+    raise LimitExceeded(target, limit, wait=wait, waited=waited, lane=lane)
 
 
 def _call_id() -> int:
@@ -187,16 +270,4 @@ def _input_tokens(call: Call, messages: Any) -> int:
             return int(counted)
         except Exception:  # a model or message litellm cannot count: the estimate
             pass
-    return _characters(messages) // CHARS_PER_TOKEN
-
-
-def _characters(value: Any) -> int:
-    """The characters of the text in messages (strings at any depth of lists and dicts, but
-    a message's role and a content part's type)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, Mapping):
-        return sum(_characters(v) for k, v in value.items() if k not in _NOT_TEXT)
-    if isinstance(value, (list, tuple)):
-        return sum(_characters(v) for v in value)
-    return 0
+    return _response.characters(messages) // CHARS_PER_TOKEN

@@ -12,21 +12,45 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import dataclasses
 import datetime
 import functools
-import math
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from .. import _validation, events
-from .._cancel import backend, now
+from .. import _response, _validation, events
+from .._cancel import backend, clock, now
 from .._context import Trace, deadline_var, trace_var
 from ..errors import ErrorKind, classify, is_transient
 from ..pipeline import Call, Next, PolicyDecorator, Stage
-from ..stream import ANY_ITEM, ChunkReader, Resume, SkipPrefix, Stream
+from ..stream import ANY_ITEM, ChunkReader, Limit, LimitSource, Resume, SkipPrefix, Stream
 from ..target import Target
 
-__all__ = ["OnBreak", "StreamGuard", "guard_stream", "stream_guard"]
+if TYPE_CHECKING:
+    from ..stats import LatencyWindow, Recorder, StatsTable
+
+__all__ = [
+    "FIRST_TOKEN_FLOOR",
+    "LEARN_MIN_SAMPLES",
+    "LEARN_MULTIPLE",
+    "STALL_FLOOR",
+    "OnBreak",
+    "StreamGuard",
+    "guard_stream",
+    "stream_guard",
+]
+
+LEARN_MIN_SAMPLES = 20
+"""Completed samples a target needs in its window before a limit is learned from them."""
+LEARN_MULTIPLE = 3.0
+"""A learned limit is this multiple of the p99 of the target's recent samples."""
+FIRST_TOKEN_FLOOR = 1.0
+"""The shortest learned first-token limit, in seconds."""
+STALL_FLOOR = 2.0
+"""The shortest learned stall limit, in seconds (a break mid-answer costs more than a late
+first token: the partial answer)."""
+_MOST_DOUBLINGS = 64  # a limit doubled this often is past any timeout
 
 OnBreak = Literal["raise", "continue"]
 """What a stream does when it breaks after its first content chunk (see :class:`StreamGuard`)."""
@@ -47,11 +71,12 @@ class StreamGuard(PolicyDecorator):
     Args:
         first_token: seconds from the start of an attempt to its first content chunk; past it the
             attempt fails with :class:`~latencykit.FirstTokenTimeout` (default ``None``: no
-            limit of its own; in ``LLM`` the target's attempt ``timeout``, so that a default
-            stream never waits forever).
+            limit of its own; in ``LLM`` learned per target from its recent times to first
+            chunk, and the target's attempt ``timeout`` until then: see docs/streaming.md).
         stall: longest gap between two content chunks after the first; past it the stream
             breaks with :class:`~latencykit.StreamStalled` (default ``None``: no limit of its
-            own; in ``LLM`` the target's attempt ``timeout``).
+            own; in ``LLM`` learned per target from its complete streams' longest gaps, and the
+            target's attempt ``timeout`` until then).
         on_break: what a stream that breaks after its first content chunk (cut, stall,
             transient error event) does: ``"raise"`` (default) raises
             :class:`~latencykit.StreamBroken` with the partial text; ``"continue"`` (honoured by
@@ -64,12 +89,14 @@ class StreamGuard(PolicyDecorator):
             break is raised if nothing can continue.
         max_resumes: how many times one stream may be continued (default ``2``).
 
-    The total deadline holds on every chunk whatever the guard says.
+    A limit you set always wins (capped by the attempt timeout). The total deadline holds on
+    every chunk whatever the guard says.
     """
 
     stage = Stage.ATTEMPT
     __slots__ = (
         "_attempt_on",
+        "_learner",
         "_run",
         "_targets",
         "first_token",
@@ -97,6 +124,7 @@ class StreamGuard(PolicyDecorator):
         self._targets: Sequence[Target] = ()  # what bound() gives: see there
         self._attempt_on: Callable[[Target], Callable[..., Any]] | None = None
         self._run: Callable[[Call, Trace], Awaitable[Any]] | None = None
+        self._learner: _Learner | None = None
 
     def bound(
         self,
@@ -105,16 +133,20 @@ class StreamGuard(PolicyDecorator):
         run: Callable[[Call, Trace], Awaitable[Any]],
         *,
         raise_truncated: bool,
+        recorder: Recorder | None = None,
     ) -> StreamGuard:
         """This guard, for the calls of one front (:class:`~latencykit.LLM`): with
         ``on_break="continue"`` a broken stream goes on from ``targets`` (in failover order),
         whose streaming attempt ``attempt_on(target)`` makes, each run by ``run(call, trace)``
         (the per-target policies, within the call's trace); ``raise_truncated``: an answer cut
         at its output cap raises :class:`~latencykit.errors.OutputTruncated` after its last
-        chunk."""
+        chunk; ``recorder`` (default ``None``: no learning): the record of the front's
+        attempts, from which the limits left unset are learned."""
         guard = copy.copy(self)
         guard._targets, guard._attempt_on, guard._run = targets, attempt_on, run
         guard.raise_truncated = raise_truncated
+        unset = self.first_token is None or self.stall is None
+        guard._learner = _Learner(recorder) if recorder is not None and unset else None
         return guard
 
     def resumer(self, call: Call, trace: Trace) -> Resume | None:
@@ -188,20 +220,188 @@ class StreamGuard(PolicyDecorator):
             f"on_break={self.on_break!r}, max_resumes={self.max_resumes})"
         )
 
-    def limits(self, target: Target) -> tuple[float | None, float | None]:
-        """``(first_token, stall)`` for an attempt on ``target``: the guard's own, capped by the
-        target's attempt timeout when it has one."""
-        first_token, stall = self.first_token, self.stall
-        if target.timeout is not None:
-            first_token = min(first_token or math.inf, target.timeout)
-            stall = min(stall or math.inf, target.timeout)
-        return first_token, stall
+    def limits(self, target: Target, *, input_size: int = 0) -> tuple[Limit | None, Limit | None]:
+        """``(first_token, stall)`` for an attempt on ``target``, each a
+        :class:`~latencykit.stream.Limit` that says where it came from (``None``: no limit):
+        the guard's own, else the learned one (``input_size``: the prompt's characters, for
+        the first-token limit; default ``0``), else the target's attempt timeout; each capped
+        by that timeout."""
+        at = clock() if self._learner is not None else 0.0
+        return (
+            self._limit(self.first_token, target, at, stall=False, input_size=input_size),
+            self._limit(self.stall, target, at, stall=True, input_size=0),
+        )
 
-    async def handle(self, call: Call, next: Next) -> Any:
+    def _limit(
+        self, configured: float | None, target: Target, at: float, *, stall: bool, input_size: int
+    ) -> Limit | None:
+        timeout = target.timeout
+        source: LimitSource = "configured"
+        seconds = configured
+        if seconds is None and self._learner is not None:
+            seconds = self._learner.limit(target.key, at, stall=stall, input_size=input_size)
+            source = "learned"
+        if timeout is not None and (seconds is None or timeout < seconds):
+            seconds, source = timeout, "timeout"
+        return None if seconds is None else Limit(seconds, source)
+
+    def learned(self, target: str) -> tuple[float | None, float | None]:
+        """The ``(first_token, stall)`` limits learned for the target key ``target`` now
+        (before scaling for a long prompt and the timeout's cap); ``None``: not learned (or
+        set in this guard)."""
+        learner, at = self._learner, clock()
+        if learner is None:
+            return None, None
+        return (
+            None if self.first_token is not None else learner.limit(target, at, stall=False),
+            None if self.stall is not None else learner.limit(target, at, stall=True),
+        )
+
+    def with_learned(self, table: StatsTable) -> StatsTable:
+        """``table`` with each target's learned limits (``TargetStats.first_token_limit`` and
+        ``stall_limit``)."""
+        if self._learner is None:
+            return table
+        from ..stats import StatsTable
+
+        return StatsTable(
+            dataclasses.replace(row, first_token_limit=first, stall_limit=stall)
+            for key, row in table.items()
+            for first, stall in (self.learned(key),)
+        )
+
+    def handle(self, call: Call, next: Next) -> Awaitable[Any]:
         """Apply this guard to a streaming call (a non-streaming call goes through as is)."""
         if call.stream is None:
-            return await next(call)
-        return await next(call._replace(stream=self))
+            return next(call)
+        learner = self._learner
+        if learner is None:
+            return next(call._replace(stream=self))
+        return self._limited(call, next, learner)
+
+    async def _limited(self, call: Call, next: Next, learner: _Learner) -> Any:
+        """A streaming call with the limits learned for its target and prompt."""
+        size = 0 if self.first_token is not None else learner.input_size(call)
+        first_token, stall = self.limits(call.target, input_size=size)
+        stream = await next(call._replace(stream=_Limited(self, first_token, stall)))
+        learner.answered(stream, size, gaps=self.stall is None)
+        return stream
+
+
+class _Limited:
+    """One attempt's limits, worked out by its guard (``Call.stream`` below the guard)."""
+
+    __slots__ = ("_guard", "_limits", "raise_truncated")
+
+    def __init__(self, guard: StreamGuard, first_token: Limit | None, stall: Limit | None):
+        self._guard = guard
+        self._limits = first_token, stall
+        self.raise_truncated = guard.raise_truncated
+
+    def limits(self, target: Target) -> tuple[Limit | None, Limit | None]:
+        return self._limits
+
+    def resumer(self, call: Call, trace: Trace) -> Resume | None:
+        return self._guard.resumer(call, trace)
+
+
+class _Learned:
+    """A limit learned for one target: its seconds, the window's ``changes`` it was learned at
+    (a quantile is estimated again once the window changed enough) and when the window last
+    held enough samples to back it."""
+
+    __slots__ = ("at", "changes", "seconds")
+
+    def __init__(self, seconds: float, changes: int, at: float) -> None:
+        self.seconds, self.changes, self.at = seconds, changes, at
+
+
+class _Longest:
+    """The largest value added in the last ``window`` seconds (the newest kept past that, so
+    that a target gone quiet keeps a reference): a deque of decreasing values, each the
+    largest since it arrived."""
+
+    __slots__ = ("_entries", "_window")
+
+    def __init__(self, window: float) -> None:
+        self._entries: deque[tuple[float, int]] = deque()
+        self._window = window
+
+    def add(self, at: float, value: int) -> None:
+        entries = self._entries
+        while entries and entries[-1][1] <= value:
+            entries.pop()
+        entries.append((at, value))
+
+    def value(self, now: float) -> int:
+        entries, cutoff = self._entries, now - self._window
+        while len(entries) > 1 and entries[0][0] < cutoff:
+            entries.popleft()
+        return entries[0][1] if entries else 0
+
+
+class _Learner:
+    """The limits of one front's guard learned from its recorder (see the module's docs)."""
+
+    __slots__ = ("_inputs", "_limits", "_recorder")
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self._limits: dict[tuple[str, bool], _Learned] = {}
+        self._inputs: dict[str, _Longest] = {}
+
+    def input_size(self, call: Call) -> int:
+        """The characters of ``call``'s prompt (its ``messages``, or a Responses ``input``)."""
+        kwargs = call.kwargs
+        return _response.characters(kwargs.get("messages") or kwargs.get("input") or ())
+
+    def limit(self, target: str, now: float, *, stall: bool, input_size: int = 0) -> float | None:
+        """``target``'s learned first-token (``stall``: stall) limit at ``now``, for a prompt
+        of ``input_size`` characters, uncapped; ``None`` before any was learned."""
+        recorder = self._recorder
+        window: LatencyWindow | None = (
+            recorder.gaps.get(target) if stall else recorder.latency_window(target, ttft=True)
+        )
+        learned = self._limits.get((target, stall))
+        if window is not None:
+            count = window.count()
+            if count - window.censored() >= LEARN_MIN_SAMPLES:
+                if learned is None or window.changes - learned.changes >= max(1, count >> 5):
+                    p99 = window.quantile(0.99) or 0.0
+                    floor = STALL_FLOOR if stall else FIRST_TOKEN_FLOOR
+                    seconds = max(floor, LEARN_MULTIPLE * p99)
+                    learned = self._limits[target, stall] = _Learned(seconds, window.changes, now)
+                learned.at = now
+                return learned.seconds * self._longer(target, input_size, now)
+        if learned is None:
+            return None
+        # Cold again (no sample for a while: silent, or slower than the limit, or idle):
+        # the last limit, doubled for every window gone by without enough samples.
+        idle = min(_MOST_DOUBLINGS, int((now - learned.at) / recorder.window))
+        return learned.seconds * 2.0**idle * self._longer(target, input_size, now)
+
+    def _longer(self, target: str, input_size: int, now: float) -> float:
+        """How many times longer than the longest recent prompt ``target`` answered this one
+        is (at least 1): TTFT grows with the prompt."""
+        inputs = self._inputs.get(target)
+        longest = 0 if inputs is None else inputs.value(now)
+        return input_size / longest if longest and input_size > longest else 1.0
+
+    def answered(self, stream: Stream[Any], input_size: int, *, gaps: bool) -> None:
+        """``stream`` committed, for a prompt of ``input_size`` characters; ``gaps``: learn
+        from its longest gap once it ends complete."""
+        if input_size:
+            inputs = self._inputs.get(stream.target)
+            if inputs is None:
+                inputs = self._inputs[stream.target] = _Longest(self._recorder.window)
+            inputs.add(clock(), input_size)
+        if gaps:
+            stream.on_close(self._ended)
+
+    def _ended(self, stream: Stream[Any], outcome: str, error: BaseException | None) -> None:
+        longest = stream.longest_gap
+        if outcome == "ok" and longest is not None and not stream.resumes:
+            self._recorder.longest_gap(stream.target, longest)
 
 
 def _resumed(

@@ -31,12 +31,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
-import heapq
-import itertools
-import logging
 import math
 import threading
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -49,6 +46,7 @@ from .. import _response, _validation, events
 from .. import fleet as _fleet
 from .._cancel import Backend, backend, clock, effective_deadline, threadsafe_caller
 from .._context import current_call_id, deadline_var
+from .._fair import FairSlots, Waiter, wait_granted
 from .._response import Summary
 from ..errors import LimitExceeded
 from ..events import Event, LimitKind, LimitRefused, LimitWaited
@@ -66,8 +64,6 @@ __all__ = [
     "current_tenant",
     "tenant",
 ]
-
-logger = logging.getLogger("latencykit")
 
 DEFAULT_TENANT = "<default>"
 """The tenant of calls that name none (no ``tenant()`` scope, no string ``user=``)."""
@@ -257,117 +253,6 @@ class _Buckets:
             return min(burst, tokens + max(0.0, now - at) * rate)
 
 
-# --- fair slots --------------------------------------------------------------------------------
-
-
-@dataclass(slots=True, eq=False)
-class _Waiter:
-    """One call waiting for a slot; ``granted`` is set (under the limiter's lock) when a slot is
-    handed to it, then ``event`` wakes it."""
-
-    queue: _Queue
-    event: anyio.Event = field(default_factory=anyio.Event)
-    granted: bool = False
-    # A limiter shared by event loops in several threads may free a slot in another thread
-    # than the waiter's: the wake-up must then go through the waiter's loop.
-    thread: int = field(default_factory=threading.get_ident)
-    threadsafe: Callable[[Callable[[], object]], object] = field(default_factory=threadsafe_caller)
-
-    def wake(self) -> None:
-        try:
-            if threading.get_ident() == self.thread:
-                self.event.set()
-            else:
-                self.threadsafe(self.event.set)
-        except RuntimeError:  # its event loop is gone (closed at shutdown): nobody to wake
-            logger.debug("latencykit limiter: a waiter's event loop is closed", exc_info=True)
-
-
-@dataclass(slots=True, eq=False)
-class _Queue:
-    """The waiters of one tenant for one set of slots (FIFO), and its place in the rotation."""
-
-    key: str
-    weight: float
-    pass_: float  # virtual time of its next turn: lower goes first
-    queued: bool = False  # has an entry in the heap
-    waiters: deque[_Waiter] = field(default_factory=deque)
-
-
-@dataclass(slots=True, eq=False)
-class _Slots:
-    """A counting semaphore whose waiters are served fairly across queues (tenants).
-
-    Stride scheduling: each queue's next turn is at virtual time ``pass_``; a turn advances it
-    by ``1 / weight``; the queue with the lowest ``pass_`` is served next (FIFO within it). A
-    queue that starts waiting starts at the current virtual time, so a tenant that was idle
-    neither saved up turns nor queues behind a busy tenant's backlog: it gets the next free
-    slot. A freed slot is handed straight to the next waiter (no barging). Not thread-safe:
-    the limiter holds its lock around every method.
-    """
-
-    limit: float
-    in_use: int = 0
-    queues: dict[str, _Queue] = field(default_factory=dict)
-    _heap: list[tuple[float, int, _Queue]] = field(default_factory=list)
-    _seq: Iterator[int] = field(default_factory=itertools.count)
-    _vtime: float = 0.0
-
-    @property
-    def idle(self) -> bool:
-        return self.in_use == 0 and not self.queues
-
-    def take(self) -> bool:
-        """Take a free slot, if there is one (a free slot means nobody waits: a freed slot is
-        handed to a waiter first)."""
-        if self.in_use < self.limit:
-            self.in_use += 1
-            return True
-        return False
-
-    def enqueue(self, key: str, weight: float) -> _Waiter:
-        """Queue a waiter under ``key`` (a tenant)."""
-        queue = self.queues.get(key)
-        if queue is None:
-            queue = self.queues[key] = _Queue(key, weight, self._vtime)
-        waiter = _Waiter(queue)
-        queue.waiters.append(waiter)
-        if not queue.queued:
-            queue.queued = True
-            heapq.heappush(self._heap, (queue.pass_, next(self._seq), queue))
-        return waiter
-
-    def release(self) -> _Waiter | None:
-        """Free a slot: hand it to the next waiter (returned, to be woken) or put it back."""
-        heap = self._heap
-        while heap:
-            pass_, _, queue = heapq.heappop(heap)
-            queue.queued = False
-            if not queue.waiters:  # its waiters gave up
-                if self.queues.get(queue.key) is queue:
-                    del self.queues[queue.key]
-                continue
-            waiter = queue.waiters.popleft()
-            waiter.granted = True
-            self._vtime = pass_
-            queue.pass_ = pass_ + 1.0 / queue.weight
-            if queue.waiters:
-                queue.queued = True
-                heapq.heappush(heap, (queue.pass_, next(self._seq), queue))
-            else:
-                del self.queues[queue.key]
-            return waiter
-        self.in_use -= 1
-        return None
-
-    def leave(self, waiter: _Waiter) -> _Waiter | None:
-        """A waiter gives up: leave the queue, or hand on the slot it was just granted."""
-        if waiter.granted:
-            return self.release()
-        waiter.queue.waiters.remove(waiter)
-        return None
-
-
 # --- the policy --------------------------------------------------------------------------------
 
 
@@ -406,8 +291,8 @@ class _Permit:
     quota: Quota | None
     loop: Backend = field(default_factory=backend)
     started: float = field(init=False)
-    tenant_slots: _Slots | None = None
-    target_slots: _Slots | None = None
+    tenant_slots: FairSlots | None = None
+    target_slots: FairSlots | None = None
     charges: list[_Charge] = field(default_factory=list)
     tokens: _Charge | None = None  # the token charge
     released: bool = False
@@ -493,8 +378,8 @@ class Limiter(PolicyDecorator):
         self.shared = shared
         self._buckets = _Buckets()
         self._lock = threading.Lock()
-        self._targets: dict[str, _Slots] = {}
-        self._tenants: dict[str, _Slots] = {}
+        self._targets: dict[str, FairSlots] = {}
+        self._tenants: dict[str, FairSlots] = {}
         self._prune_at = _PRUNE_FROM
 
     def __repr__(self) -> str:
@@ -563,7 +448,7 @@ class Limiter(PolicyDecorator):
             self._release(permit, refund=True)
             raise
 
-    def _slots(self, kind: LimitKind, key: str, quota: Quota | None) -> _Slots:
+    def _slots(self, kind: LimitKind, key: str, quota: Quota | None) -> FairSlots:
         """The slots a call of ``key`` (a tenant or a target) takes; under the lock."""
         of_tenant = kind == "tenant_concurrency"
         kept = self._tenants if of_tenant else self._targets
@@ -576,7 +461,7 @@ class Limiter(PolicyDecorator):
             else:
                 limit = self.concurrency
                 cap = limit.get(key) if isinstance(limit, Mapping) else limit
-            slots = kept[key] = _Slots(_UNLIMITED if cap is None else cap)
+            slots = kept[key] = FairSlots(_UNLIMITED if cap is None else cap)
         return slots
 
     # --- rates --------------------------------------------------------------------------------
@@ -627,7 +512,7 @@ class Limiter(PolicyDecorator):
 
     # --- slots --------------------------------------------------------------------------------
 
-    async def _enter(self, permit: _Permit, kind: LimitKind) -> _Slots:
+    async def _enter(self, permit: _Permit, kind: LimitKind) -> FairSlots:
         """Take a slot of the tenant's cap or of the target's limit, waiting if allowed."""
         who, quota = permit.tenant, permit.quota
         # The tenant's cap queues its calls FIFO; a target's limit serves tenants by weight.
@@ -645,7 +530,7 @@ class Limiter(PolicyDecorator):
         if waiter is None:  # max_wait is used up (or 0): no waiting at all
             raise self._refused(permit, kind, None)
         try:
-            await _wait(waiter, own_end, permit.loop)
+            await wait_granted(waiter, own_end, permit.loop)
         except BaseException:
             self._stop_waiting(slots, waiter, keep=False)
             raise
@@ -654,7 +539,7 @@ class Limiter(PolicyDecorator):
         _report(LimitWaited, permit, kind, permit.waited())
         return slots
 
-    def _stop_waiting(self, slots: _Slots, waiter: _Waiter, *, keep: bool) -> bool:
+    def _stop_waiting(self, slots: FairSlots, waiter: Waiter, *, keep: bool) -> bool:
         """The waiter stops waiting; return whether it holds a slot. A slot granted to it is
         kept if ``keep``, else handed on (it was cancelled); otherwise it leaves the queue."""
         with self._lock:
@@ -734,16 +619,6 @@ def _report(
         call_id = current_call_id()
         target, who = permit.call.target.key, permit.tenant
         events.emit(event(call_id, target=target, tenant=who, limit=kind, waited=waited, **more))
-
-
-async def _wait(waiter: _Waiter, end: float, loop: Backend) -> None:
-    """Wait for ``waiter``'s slot until ``end`` at most (then return without one)."""
-    if end < min(deadline_var.get(), effective_deadline()):
-        with loop.scope(deadline=end):
-            await waiter.event.wait()
-    else:
-        # The enclosing deadline (or cancel scope) ends first: its cancellation wins.
-        await waiter.event.wait()
 
 
 def _buckets(who: str, quota: Quota) -> list[tuple[LimitKind, str, float, float]]:

@@ -1,6 +1,6 @@
 """A fake LLM provider on a real local socket, for tests, demos and CI.
 
-It speaks OpenAI's chat completions (``fake.base_url``), Anthropic's Messages
+It speaks OpenAI's chat completions and Responses (``fake.base_url``), Anthropic's Messages
 (``fake.anthropic_base_url``) and Gemini's ``generateContent`` (``fake.gemini_base_url``),
 with the same scripted behaviours and faults in each, and optionally rate limits per API
 key (:class:`ProviderQuota`) told in each format's headers.

@@ -157,7 +157,8 @@ def header_pairs(value: object) -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class Behavior:
-    """How the fake provider answers one chat request, in any of its wire formats.
+    """How the fake provider answers one chat (or embeddings) request, in any of its wire
+    formats.
 
     All fields are keyword-only and validated on construction (``ValueError`` naming the
     field). ``Behavior()`` is a fast, successful answer: no delay, 16 tokens.
@@ -289,6 +290,12 @@ class Behavior:
     ``"missing"``: no ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` header (a 429 past the
     quota keeps its ``retry-after`` and body); ``"full"``: a lie, every answer claims all
     the room (remaining = limit, reset now) while the quota is still enforced."""
+    dimensions: int | None = None
+    """The length of the vectors ``POST /v1/embeddings`` answers with, unless the request
+    asks for ``dimensions``. Default ``None``: OpenAI's for its models
+    (``text-embedding-3-small`` and ``text-embedding-ada-002`` 1536, ``text-embedding-3-large``
+    3072), else ``8``. The vectors are deterministic: the same text always embeds into the
+    same unit vector."""
     reset_skew: float = 0.0
     """Seconds added to every reset the rate-limit headers report (OpenAI's durations,
     floored at ``0s``; Anthropic's timestamps), as a provider whose clock is off. Default
@@ -307,6 +314,7 @@ class Behavior:
         _number("stall_for", self.stall_for, allow_none=True)
         _number("keepalive_every", self.keepalive_every, positive=True)
         _integer("context_window", self.context_window, minimum=1, allow_none=True)
+        _integer("dimensions", self.dimensions, minimum=1, allow_none=True)
         if self.text is not None and not isinstance(self.text, str):
             raise ValueError(f"Behavior.text must be a str or None, got {self.text!r}")
         for name in ("role_chunk", "stall_keepalive", "rejects_prefill"):

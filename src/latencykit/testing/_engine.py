@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING
 
-from . import _anthropic, _gemini
+from . import _anthropic, _gemini, _responses
 from . import _openai as oa
 from ._behavior import Behavior, Fault, header_pairs
 from ._http import (
@@ -42,7 +42,13 @@ _FAULT_POINT = frozenset(
     {Fault.STALL, Fault.CUT, Fault.CUT_WITH_DONE, Fault.ERROR_EVENT, Fault.MALFORMED_CHUNK}
 )
 _HEADERS_AT_ONCE = frozenset({Fault.KEEPALIVE_THEN_TOKENS, Fault.HEADERS_THEN_SILENCE})
-_WIRES: tuple[type[Wire], ...] = (oa.OpenAIWire, _anthropic.AnthropicWire, _gemini.GeminiWire)
+_WIRES: tuple[type[Wire], ...] = (
+    oa.OpenAIWire,
+    oa.EmbeddingsWire,
+    _responses.ResponsesWire,
+    _anthropic.AnthropicWire,
+    _gemini.GeminiWire,
+)
 """The wire formats served, each routing its own URLs."""
 
 
@@ -657,6 +663,7 @@ class Engine:
                 include_usage=parsed_request.include_usage,
                 flavor=behavior.flavor,
                 tool_name=behavior.tool_call or "",
+                dimensions=behavior.dimensions,
             )
         )
         exchange = _Exchange(provider, conn, attempt, request, wire, stream=stream)

@@ -8,7 +8,11 @@ instead of ``reasoning_content``.
 
 from __future__ import annotations
 
+import base64
+import json
 import math
+import random
+import struct
 
 from ._behavior import Fault
 from ._http import REASONS
@@ -405,6 +409,83 @@ class OpenAIWire(Wire):
         if terminator:
             events.append(DONE_EVENT)
         return events
+
+
+EMBEDDINGS_PATHS = frozenset({"/v1/embeddings", "/embeddings"})
+DIMENSIONS = {
+    "text-embedding-3-small": 1536,
+    "text-embedding-3-large": 3072,
+    "text-embedding-ada-002": 1536,
+}
+"""The length of OpenAI's models' vectors; other models' are ``8`` unless a
+:class:`Behavior` says otherwise."""
+
+
+def embedding_of(text: str, dimensions: int) -> list[float]:
+    """The fake provider's vector for ``text``: deterministic (seeded by the text), of unit
+    length, ``dimensions`` long."""
+    rng = random.Random(text)
+    vector = [rng.uniform(-1.0, 1.0) for _ in range(dimensions)]
+    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return [x / norm for x in vector]
+
+
+class EmbeddingsWire(OpenAIWire):
+    """OpenAI embeddings: ``POST /v1/embeddings`` (also ``/embeddings``), answered with one
+    vector per input (:func:`embedding_of`; ``encoding_format="base64"``: little-endian
+    float32, as OpenAI sends), after ``ttft``, with the chat endpoint's faults and errors (a
+    fault of a stream's middle happens to the JSON body, as on a non-streaming chat answer).
+    A request's ``dimensions`` overrides ``Behavior.dimensions``."""
+
+    name = "openai-embeddings"
+    endpoints = "POST /v1/embeddings"
+    id_prefix = "embd-fake"
+
+    def __init__(self, url_model: str) -> None:
+        super().__init__(url_model)
+        self.inputs: list[str] = []
+        self.dimensions: int | None = None
+        self.base64 = False
+
+    @classmethod
+    def route(cls, method: str, path: str) -> str | None:
+        return "" if method == "POST" and path in EMBEDDINGS_PATHS else None
+
+    def parse(self, body: Mapping[str, object]) -> Parsed:
+        model = body.get("model")
+        given = body.get("input")
+        items = given if isinstance(given, list) else [given]
+        self.inputs = [item if isinstance(item, str) else json.dumps(item) for item in items]
+        self.dimensions = integer(body.get("dimensions"))
+        self.base64 = body.get("encoding_format") == "base64"
+        chars = sum(len(text) for text in self.inputs)
+        return Parsed(
+            model=model if isinstance(model, str) else "",
+            stream=False,
+            prompt_tokens=max(chars // 4, 1),
+            prefill=None,
+            max_tokens=None,
+        )
+
+    def completion(self, pieces: list[Piece], finish: str | None) -> bytes:
+        meta = self.meta
+        size = self.dimensions or meta.dimensions or DIMENSIONS.get(meta.model, 8)
+        data = []
+        for index, text in enumerate(self.inputs):
+            vector = embedding_of(text, size)
+            shown: object = vector
+            if self.base64:
+                shown = base64.b64encode(struct.pack(f"<{size}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": shown})
+        tokens = meta.prompt_tokens
+        return dumps(
+            {
+                "object": "list",
+                "data": data,
+                "model": meta.model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
 
 
 def models_list(names: Iterable[str]) -> bytes:

@@ -56,7 +56,8 @@ class RecordedAttempt:
     """Characters of the trailing ``assistant`` message (the answer's prefill) of the
     request; ``0`` when there is none (or it is empty)."""
     wire: str = "openai"
-    """The request's wire format: ``"openai"`` (default), ``"anthropic"`` or ``"gemini"``."""
+    """The request's wire format: ``"openai"`` (default), ``"openai-embeddings"``,
+    ``"openai-responses"``, ``"anthropic"`` or ``"gemini"``."""
 
     @property
     def completed(self) -> bool:

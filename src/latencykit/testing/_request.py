@@ -36,4 +36,5 @@ class RequestInfo:
     rng: random.Random = field(default_factory=random.Random, repr=False, compare=False)
     """The provider's seeded RNG: sample from it to keep runs reproducible."""
     wire: str = "openai"
-    """The request's wire format: ``"openai"`` (default), ``"anthropic"`` or ``"gemini"``."""
+    """The request's wire format: ``"openai"`` (default), ``"openai-embeddings"``,
+    ``"openai-responses"``, ``"anthropic"`` or ``"gemini"``."""

@@ -132,6 +132,8 @@ class Meta:
     include_usage: bool
     flavor: str | None
     tool_name: str
+    dimensions: int | None = None
+    """The length of an embeddings answer's vectors (``Behavior.dimensions``)."""
 
 
 Reply = tuple[int, bytes, list[tuple[str, str]]]

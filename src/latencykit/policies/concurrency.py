@@ -1,0 +1,472 @@
+"""Adaptive concurrency: a limit on each target's attempts in flight, learned from their
+latency and from the provider's overload signals, with a wait queue served by the call's lane.
+
+The limit (:class:`ConcurrencyLimit`) finds the knee of the target's latency, where more
+concurrency stops buying throughput and only makes requests queue at the provider:
+
+- it learns in **rounds**: a round ends once it has ``max(round_samples, limit)`` samples of
+  attempts that started under the current limit with no more than it in flight (an attempt
+  that started under another limit, or beside the attempts of a higher one still running,
+  says nothing about this one). A sample is an attempt's time to first content chunk (a
+  stream) or its duration (a response), without latencykit's own wait for a connection slot
+  (an attempt that timed out: its time until then); streams and responses keep apart
+  baselines;
+- the **baseline** is the no-load latency: the lowest round median seen (per kind). A **probe
+  round** measures it again at half the limit (where a server past its knee is back below it),
+  every ``probe_interval`` seconds and once when the latency first rises (in case the limit
+  started past the knee); its median replaces the baseline, so that a provider that became
+  slower for good is not taken for an overloaded one. A probe round 1.4 times faster than the
+  round before it was still past the knee: the next round probes at half again;
+- at the end of a round the limit moves by the **gradient** ``tolerance * baseline / median``
+  (clamped to [0.5, 2]): ``new = limit + smoothing * (limit * gradient - limit)``. Below the
+  knee the latency is the baseline's and the limit grows; past it the latency grows with the
+  load and the limit settles where the latency is ``tolerance`` times the baseline. For a
+  server that serves ``N`` at a time (latency ``max(1, k / N)`` times its own with ``k`` in
+  flight), that is ``tolerance * N``: the queue allowance is ``tolerance - 1`` of the knee.
+  Until the latency first rises (or an overload), the gradient is 2 (slow start: with the
+  default smoothing, the limit grows by half each round). It does not grow in a round whose
+  attempts never used half of it (the load, not the provider, was the limit);
+- an **overload signal** (:func:`~latencykit.errors.overloaded`: a 429, a 503 or a 529)
+  multiplies the limit by ``backoff`` at once, once per limit (the other attempts that
+  started under the same limit and fail the same way do not cut it again).
+
+:class:`AdaptiveConcurrency`, the stage ``LLM(governor=True)`` adds (``Stage.CONCURRENCY``:
+per attempt, inside the governor, so its pacing wait is not taken for latency), holds a slot of
+its target's limit for each attempt, a stream's until it ends (closed, finished, broken,
+garbage-collected). Beyond the limit, attempts wait in a queue served by lane
+(:data:`~latencykit._context.PRIORITIES`, the call's ``priority=``), FIFO within a lane: a freed
+slot goes to the waiting lane whose turn comes first, a lane's turns coming ``1 / weight``
+apart (:data:`LANE_WEIGHTS`: interactive 16, default 4, batch 1), its first one ``1 / weight``
+after it starts waiting. So an interactive call goes ahead of the lower lanes' backlog, and
+while all wait they share the slots 16:4:1: no lane starves.
+
+An attempt whose wait and its own run cannot end within the call's deadline is refused at once
+with :class:`~latencykit.errors.LimitExceeded` (limit ``"concurrency"``), before anything is
+sent. The wait is estimated as the waiters ahead of it (in its lane and above, itself
+included) times the average time a slot is held, over the limit; its run as that average time.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .. import events
+from .._cancel import backend, clock, now, threadsafe_caller
+from .._context import (
+    PRIORITIES,
+    Priority,
+    current_call_id,
+    priority_var,
+    queued_total_var,
+    remaining,
+)
+from .._fair import FairSlots, Waiter, wait_granted
+from ..errors import ErrorKind, LimitExceeded, classify, overloaded
+from ..pipeline import Call, Next, Stage
+from ..stats import ConcurrencyStats, StatsTable
+from ..stream import Stream, StreamOutcome
+
+__all__ = ["LANE_WEIGHTS", "MATERIAL", "AdaptiveConcurrency", "ConcurrencyLimit"]
+
+LANE_WEIGHTS: dict[Priority, float] = {"interactive": 16.0, "default": 4.0, "batch": 1.0}
+"""The share of freed slots each lane gets while several wait (stride scheduling)."""
+
+_TENANT = "<default>"  # events' tenant field: the limit is a target's, not a tenant's
+MATERIAL = 0.1
+"""A change of the limit by this fraction of the last one told (or by 1) is told
+(:class:`~latencykit.events.LimitLearned`); smaller moves are not."""
+
+# A probe round this much faster than the round before it ran past the knee too (where the
+# latency halves with the load), so the next one halves again.
+_STILL_PAST = 1.4
+_HOLD_WEIGHT = 0.1  # of the newest slot hold in the average hold time
+
+
+def _check(name: str, value: object, low: float, high: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"ConcurrencyLimit.{name} must be a number, got {value!r}")
+    if not (low <= value <= high):
+        raise ValueError(f"ConcurrencyLimit.{name} must be in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+class ConcurrencyLimit:
+    """A concurrency limit learned from latency samples and overload signals (the rule: see
+    the module docs). Not thread-safe: its owner serialises the calls.
+
+    Args:
+        initial: the limit before anything is learned (default ``8``).
+        min_limit: it never goes lower (default ``1``).
+        max_limit: nor higher (default ``500``, litellm's connections per host).
+        tolerance: the latency, relative to the no-load baseline, at which the limit stops
+            growing: past the knee, the queue allowed (default ``1.1``; > 1).
+        smoothing: the share of a round's correction applied (default ``0.5``; 1: all).
+        backoff: the factor an overload signal multiplies the limit by (default ``0.5``).
+        round_samples: the fewest samples a round learns from (default ``10``; a round has at
+            least as many as the limit).
+        probe_interval: seconds between probe rounds, which measure the baseline again at half
+            the limit (default ``30.0``; ``None``: only the one when the latency first rises).
+        clock: the time source (default latencykit's clock).
+
+    Raises:
+        TypeError, ValueError: an option out of range, naming it.
+    """
+
+    def __init__(
+        self,
+        *,
+        initial: int = 8,
+        min_limit: int = 1,
+        max_limit: int = 500,
+        tolerance: float = 1.1,
+        smoothing: float = 0.5,
+        backoff: float = 0.5,
+        round_samples: int = 10,
+        probe_interval: float | None = 30.0,
+        clock: Callable[[], float] = clock,
+    ) -> None:
+        self.min_limit = int(_check("min_limit", min_limit, 1))
+        self.max_limit = int(_check("max_limit", max_limit, self.min_limit))
+        self.tolerance = _check("tolerance", tolerance, 1.0 + 1e-9)
+        self.smoothing = _check("smoothing", smoothing, 1e-9, 1.0)
+        self.backoff = _check("backoff", backoff, 1e-9, 1.0)
+        self.round_samples = int(_check("round_samples", round_samples, 1))
+        if probe_interval is not None:
+            probe_interval = _check("probe_interval", probe_interval, 1e-9)
+        self.probe_interval = probe_interval
+        self.clock = clock
+        self._value = _check("initial", initial, self.min_limit, self.max_limit)
+        self.limit = int(self._value)
+        """The limit now: attempts in flight allowed."""
+        self.epoch = 0
+        """Counts the limit's changes: a sample or an overload counts only with the epoch its
+        attempt started in."""
+        self._baselines: list[float | None] = [None, None]  # by kind: response, stream
+        self._last: list[float | None] = [None, None]  # the last round's median, by kind
+        self._samples: tuple[list[float], list[float]] = ([], [])
+        self._busiest = 0  # the most in flight when a sample of this round started
+        self._slow_start = True
+        self._restore: float | None = None  # the limit to go back to after a probe round
+        self._probe_at = math.inf if probe_interval is None else clock() + probe_interval
+
+    def __repr__(self) -> str:
+        return (
+            f"ConcurrencyLimit(limit={self.limit}, baselines={self.baselines}, "
+            f"tolerance={self.tolerance:g})"
+        )
+
+    @property
+    def baselines(self) -> tuple[float | None, float | None]:
+        """The no-load latency of responses and of streams, in seconds (``None``: not yet)."""
+        return self._baselines[0], self._baselines[1]
+
+    def sample(self, seconds: float, *, epoch: int, in_flight: int, stream: bool = False) -> bool:
+        """Learn from an attempt that took ``seconds`` (a stream: to its first content chunk),
+        started in ``epoch`` with ``in_flight`` attempts in flight (itself included). Return
+        whether the limit changed."""
+        if epoch != self.epoch or in_flight > self.limit:  # it ran alongside more than that
+            return False
+        samples = self._samples
+        samples[stream].append(seconds)
+        self._busiest = max(self._busiest, in_flight)
+        if len(samples[0]) + len(samples[1]) < max(self.round_samples, self.limit):
+            return False
+        return self._end_round()
+
+    def overload(self, *, epoch: int) -> bool:
+        """An attempt started in ``epoch`` got an overload signal: back off (once per epoch).
+        Return whether the limit changed."""
+        if epoch != self.epoch:
+            return False
+        value = self._value if self._restore is None else self._restore
+        self._restore = None
+        self._slow_start = False
+        return self._set(value * self.backoff, force=True)
+
+    def _end_round(self) -> bool:
+        probe = self._restore is not None
+        weighted, count, lower = 0.0, 0, False
+        for kind, samples in enumerate(self._samples):
+            if samples:
+                median = statistics.median(samples)
+                baseline, last = self._baselines[kind], self._last[kind]
+                lower = lower or (last is not None and median * _STILL_PAST < last)
+                self._last[kind] = median
+                if probe or baseline is None or median < baseline:
+                    baseline = self._baselines[kind] = median
+                weighted += len(samples) * median / baseline if baseline > 0 else len(samples)
+                count += len(samples)
+                samples.clear()
+        ratio, busiest = weighted / count, self._busiest
+        self._busiest = 0
+        value = self._value
+        if self._restore is not None:  # a probe round is over
+            if lower and value > self.min_limit:  # half was still past the knee: half again
+                return self._set(value / 2, force=True)
+            value, self._restore = self._restore, None
+            return self._set(value, force=True)
+        if ratio > self.tolerance and self._slow_start:
+            # The first rise: the baseline may have been measured past the knee (the limit
+            # started there): measure it again now.
+            self._slow_start = False
+            self._probe_at = self.clock()
+        if self.clock() >= self._probe_at:
+            self._probe_at = self.clock() + (self.probe_interval or math.inf)
+            self._restore = value
+            return self._set(value / 2, force=True)
+        gradient = 2.0 if self._slow_start else min(2.0, max(0.5, self.tolerance / ratio))
+        if busiest < value / 2:  # the load did not reach the limit: it says nothing of more
+            gradient = min(gradient, 1.0)
+        return self._set(value + self.smoothing * (value * gradient - value))
+
+    def _set(self, value: float, *, force: bool = False) -> bool:
+        """Set the limit; a new epoch if its whole part changed (or ``force``)."""
+        self._value = min(self.max_limit, max(self.min_limit, value))
+        limit = int(self._value)
+        changed = limit != self.limit
+        if changed or force:
+            self.limit = limit
+            self.epoch += 1
+            for samples in self._samples:
+                samples.clear()
+            self._busiest = 0
+        return changed
+
+
+class _Lanes(FairSlots):
+    """The slots of a target, whose queues are the lanes: a lane's first turn comes after
+    ``1 / weight`` (its finish time), so of the lanes that start waiting together the higher
+    goes first, while a lane already waiting keeps its turn."""
+
+    def first_turn(self, weight: float) -> float:
+        return self._vtime + 1.0 / weight
+
+
+@dataclass(eq=False)
+class _Target:
+    """One target's limit, its slots (the lanes are the slots' queues) and its counters."""
+
+    limit: ConcurrencyLimit
+    slots: _Lanes
+    told: int  # the limit last told by an event
+    hold: float | None = None  # average seconds a slot is held
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def waiting(self, up_to: int) -> int:
+        """Attempts waiting in the lanes of rank ``up_to`` and above."""
+        queues = self.slots.queues
+        return sum(len(q.waiters) for lane in PRIORITIES[: up_to + 1] if (q := queues.get(lane)))
+
+    def resize(self) -> list[Waiter]:
+        """Follow the limit: hand the slots it added to waiters (to be woken). Under the
+        lock."""
+        slots = self.slots
+        slots.limit = self.limit.limit
+        woken = []
+        while slots.in_use < slots.limit:
+            slots.in_use += 1  # a freed slot, handed on (or put back: nobody waits)
+            waiter = slots.release()
+            if waiter is None:
+                break
+            woken.append(waiter)
+        return woken
+
+    def release(self) -> Waiter | None:
+        """Give a slot back: to the next waiter, unless the limit shrank below those in use.
+        Under the lock."""
+        slots = self.slots
+        if slots.in_use > slots.limit:
+            slots.in_use -= 1
+            return None
+        return slots.release()
+
+
+class AdaptiveConcurrency:
+    """The stage that holds each attempt to its target's learned concurrency limit (see the
+    module docs). ``LLM(governor=True)`` puts one in its pipeline: the limits are that
+    ``LLM``'s, one per target key.
+
+    Args:
+        limit: what makes each target's :class:`ConcurrencyLimit` (default
+            ``ConcurrencyLimit``, with its defaults).
+    """
+
+    stage = Stage.CONCURRENCY
+
+    def __init__(self, limit: Callable[[], ConcurrencyLimit] = ConcurrencyLimit) -> None:
+        self._new_limit = limit
+        self._targets: dict[str, _Target] = {}
+
+    def __repr__(self) -> str:
+        return "AdaptiveConcurrency()"
+
+    def limit_of(self, target: str) -> ConcurrencyLimit | None:
+        """``target``'s limit (``None``: no attempt went to it yet)."""
+        found = self._targets.get(target)
+        return None if found is None else found.limit
+
+    def stats(self, target: str) -> ConcurrencyStats | None:
+        """``target``'s limit, in flight and waiting now (``None``: no attempt yet)."""
+        found = self._targets.get(target)
+        if found is None:
+            return None
+        with found.lock:
+            in_use = found.slots.in_use
+            waiting = found.waiting(len(PRIORITIES))
+            return ConcurrencyStats(found.limit.limit, in_use, waiting)
+
+    def with_concurrency(self, table: StatsTable) -> StatsTable:
+        """``table`` with each target's concurrency (``TargetStats.concurrency``)."""
+        return StatsTable(replace(row, concurrency=self.stats(key)) for key, row in table.items())
+
+    def _target(self, key: str) -> _Target:
+        found = self._targets.get(key)
+        if found is None:
+            limit = self._new_limit()
+            found = self._targets.setdefault(key, _Target(limit, _Lanes(limit.limit), limit.limit))
+        return found
+
+    async def handle(self, call: Call, next: Next) -> Any:
+        key = call.target.key
+        state = self._target(key)
+        with state.lock:
+            waiter = None if state.slots.take() else self._enqueue(state, key)
+            epoch, in_flight = state.limit.epoch, state.slots.in_use
+        if waiter is not None:
+            await self._wait(state, waiter, key)
+            with state.lock:
+                epoch, in_flight = state.limit.epoch, state.slots.in_use
+        queued = queued_total_var.get()
+        started = now()
+        try:
+            result = await next(call)
+        except BaseException as exc:
+            self._release(state, started)
+            if isinstance(exc, Exception) and classify(exc) is ErrorKind.TIMEOUT:
+                # Too slow to answer in time: a sample of at least that long.
+                seconds = now() - started - (queued_total_var.get() - queued)
+                self._learn(state, key, seconds, epoch, in_flight, call.stream is not None)
+            else:
+                self._overloaded(state, key, epoch, exc)
+            raise
+        seconds = now() - started - (queued_total_var.get() - queued)
+        stream = isinstance(result, Stream)
+        self._learn(state, key, seconds, epoch, in_flight, stream)
+        if stream:
+            ended = functools.partial(
+                self._stream_ended, state, key, epoch, started, threadsafe_caller()
+            )
+            result.on_close(ended, attempt=True)
+        else:
+            self._release(state, started)
+        return result
+
+    def _enqueue(self, state: _Target, key: str) -> Waiter:
+        """Queue the attempt in its lane, or refuse it at once if its wait cannot end within
+        the call's deadline. Under the lock."""
+        lane = priority_var.get()
+        left = remaining()
+        if left is not None and state.hold is not None:
+            ahead = state.waiting(PRIORITIES.index(lane))
+            wait = (ahead + 1) * state.hold / max(1, state.slots.limit)
+            if wait + state.hold > left:  # its own attempt must fit too
+                if events.listening():
+                    events.emit(
+                        events.LimitRefused(
+                            current_call_id(), key, _TENANT, "concurrency", wait, 0.0
+                        )
+                    )
+                raise LimitExceeded(key, "concurrency", wait=wait)
+        return state.slots.enqueue(lane, LANE_WEIGHTS[lane])
+
+    @staticmethod
+    async def _wait(state: _Target, waiter: Waiter, key: str) -> None:
+        """Wait for the slot (the call's deadline or cancellation may end the wait)."""
+        started = now()
+        try:
+            await wait_granted(waiter, math.inf, backend())
+        except BaseException:
+            with state.lock:  # leave the queue, or hand on the slot just granted
+                if waiter.granted:
+                    woken = state.release()
+                else:
+                    woken = None
+                    waiter.queue.waiters.remove(waiter)
+            if woken is not None:
+                woken.wake()
+            raise
+        if events.listening():
+            waited = now() - started
+            events.emit(events.LimitWaited(current_call_id(), key, _TENANT, "concurrency", waited))
+
+    @staticmethod
+    def _release(state: _Target, started: float | None) -> None:
+        """Give the slot back; learn how long it was held (since ``started``, if known)."""
+        held = None if started is None else now() - started
+        with state.lock:
+            hold = state.hold
+            if held is not None:
+                state.hold = held if hold is None else hold + _HOLD_WEIGHT * (held - hold)
+            woken = state.release()
+        if woken is not None:
+            woken.wake()
+
+    def _stream_ended(
+        self,
+        state: _Target,
+        key: str,
+        epoch: int,
+        started: float,
+        soon: Callable[[Callable[[], object]], object],
+        stream: Stream[Any],
+        outcome: StreamOutcome,
+        error: BaseException | None,
+    ) -> None:
+        if outcome == "error" and error is not None:
+            self._overloaded(state, key, epoch, error)
+        if outcome == "abandoned":
+            # Garbage-collected: this may run at any allocation, even under our lock (not
+            # reentrant). Release from the event loop.
+            try:
+                soon(functools.partial(self._release, state, started))
+                return
+            except RuntimeError:  # the loop is closed: its clock too; the hold is not learned
+                self._release(state, None)
+                return
+        self._release(state, started)
+
+    def _learn(
+        self, state: _Target, key: str, seconds: float, epoch: int, in_flight: int, stream: bool
+    ) -> None:
+        """A sample of ``seconds`` from an attempt of ``epoch`` (see ConcurrencyLimit.sample)."""
+        with state.lock:
+            changed = state.limit.sample(seconds, epoch=epoch, in_flight=in_flight, stream=stream)
+            woken = state.resize() if changed else []
+        if changed:
+            self._changed(state, key, woken)
+
+    def _overloaded(self, state: _Target, key: str, epoch: int, error: BaseException) -> None:
+        """An attempt of ``epoch`` failed with ``error``: back off if it is an overload."""
+        if isinstance(error, Exception) and overloaded(error):
+            with state.lock:
+                changed = state.limit.overload(epoch=epoch)
+                woken = state.resize()
+            if changed:
+                self._changed(state, key, woken)
+
+    @staticmethod
+    def _changed(state: _Target, key: str, woken: list[Waiter]) -> None:
+        """The limit changed: wake the waiters it let in; tell a material change."""
+        for waiter in woken:
+            waiter.wake()
+        value, told = state.limit.limit, state.told
+        if abs(value - told) >= max(1.0, MATERIAL * told):
+            state.told = value
+            if events.listening():
+                events.emit(events.LimitLearned(current_call_id(), key, "concurrency", value, told))

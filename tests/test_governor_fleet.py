@@ -1,0 +1,286 @@
+"""The governor's rooms shared by the fleet: ``LLM(governor=True, shared=RedisStore(...))`` on a
+real redis-server (the ``redis_server`` fixture; under ``CI=true`` a missing one fails) and the
+fake provider's quota over real HTTP.
+
+A process has one room per (target, API key); two "processes" in one test are two
+:class:`~latencykit.ratelimit.Room` objects, each with its own store (its own lease, view and
+refresh task), exactly as separate processes would have.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+import latencykit as lk
+from helpers import until
+from latencykit import ratelimit
+from latencykit._cancel import process_clock
+from latencykit.ratelimit import RateLimits, Room
+from latencykit.testing import FakeProvider, ProviderQuota, RedisServer
+
+pytestmark = pytest.mark.anyio
+
+FAST = 0.02  # refresh interval of the stores under test (seconds)
+KEY = "sk-fleet-room-0123456789"
+ROTATED = "sk-fleet-room-9876543210"
+MESSAGES = [{"role": "user", "content": "x" * 40}]  # 10 prompt tokens
+INTERACTIVE = 0
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rooms() -> Iterator[None]:
+    """Rooms are process-wide; no default store leaks in or out."""
+    ratelimit._rooms.clear()
+    previous = lk.use_store(None)
+    yield
+    lk.use_store(previous)
+    ratelimit._rooms.clear()
+
+
+@pytest.fixture
+def ample() -> Iterator[FakeProvider]:
+    """A provider with room for every test here: 6,000 requests and 600,000 tokens a minute."""
+    with FakeProvider(
+        quota=ProviderQuota(requests_per_minute=6000, tokens_per_minute=600_000)
+    ) as provider:
+        yield provider
+
+
+def governed(fake: FakeProvider, store: lk.RedisStore, **options: Any) -> lk.LLM:
+    return lk.LLM(
+        options.pop("model", "openai/m"),
+        api_base=options.pop("api_base", fake.base_url),
+        api_key=options.pop("api_key", KEY),
+        transport=options.pop("transport", "openai"),
+        governor=True,
+        shared=store,
+        **options,
+    )
+
+
+async def answer(llm: lk.LLM, **kwargs: Any) -> None:
+    await llm.acompletion(messages=MESSAGES, max_tokens=16, **kwargs)
+
+
+def fleet_room(redis_server: RedisServer, target: str, api_key: str) -> dict[str, float]:
+    """The room as the server keeps it."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        key = f"latencykit:room:{{{target}:{ratelimit.key_hash(api_key)}}}"
+        stored = client.hgetall(key)
+        return {name.decode(): float(value) for name, value in stored.items()}  # type: ignore[union-attr]
+    finally:
+        client.close()
+
+
+async def test_two_workers_spend_one_room(redis_server: RedisServer) -> None:
+    # A view stays fresh for 5 s: a refresh late on a loaded machine does not send a worker
+    # to its own room (which, knowing nothing, would let one call find out).
+    stores = [
+        lk.RedisStore(redis_server.url, interval=FAST, timeout=0.5, stale_after=5.0)
+        for _ in range(2)
+    ]
+    rooms = [Room(), Room()]
+    try:
+        for room, store in zip(rooms, stores, strict=True):
+            room.attach(store.room("openai/m", ratelimit.key_hash(KEY)))
+        # Worker 0 hears an answer: 3 of 6 requests left (one back every 10 s).
+        rooms[0].read(RateLimits(6, 3, 30.0, 600, 600, 0.0), process_clock())
+
+        def told() -> bool:
+            views = [room.lease.view() if room.lease else None for room in rooms]
+            return all(view is not None and view.requests_limit == 6 for view in views)
+
+        await until(told)
+        taken = [0, 0]
+        with anyio.move_on_after(1.0):  # both workers try, over many refreshes
+            while True:
+                for index, room in enumerate(rooms):
+                    wait, _, fleet = room.take(10, process_clock(), INTERACTIVE)
+                    if wait <= 0:
+                        assert fleet
+                        taken[index] += 1
+                await anyio.sleep(FAST / 2)
+        # Alone, each would have spent the 3 it heard of: 6, 3 of them refused.
+        assert sum(taken) == 3
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.mark.parametrize("form", ["openai", "anthropic"])
+async def test_each_header_form_tells_the_fleet(
+    redis_server: RedisServer, quota: FakeProvider, form: str
+) -> None:
+    store = lk.RedisStore(redis_server.url, interval=FAST, timeout=0.5)
+    try:
+        if form == "openai":
+            llm = governed(quota, store)
+        else:
+            llm = governed(
+                quota,
+                store,
+                model="anthropic/m",
+                api_base=quota.anthropic_base_url,
+                transport="litellm",
+            )
+        await answer(llm)
+        target = llm.targets[0].key
+        await until(lambda: fleet_room(redis_server, target, KEY).get("r_limit") == 6)
+        room = fleet_room(redis_server, target, KEY)
+        assert room["t_limit"] == 600
+        assert room["r_level"] <= 5.5  # what the answer said was left (refilling), less leases
+        assert room["r_rate"] == pytest.approx(6 / 60)  # per minute: one every 10 s
+    finally:
+        store.close()
+
+
+async def test_the_lease_makes_no_round_trip_per_call(
+    redis_server: RedisServer, ample: FakeProvider
+) -> None:
+    import redis
+
+    store = lk.RedisStore(redis_server.url, interval=0.25, timeout=0.5)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        llm = governed(ample, store)
+        await answer(llm)
+        await until(lambda: (view := store.room("openai/m", ratelimit.key_hash(KEY)).view())
+                    is not None and view.requests_limit == 6000)  # fmt: skip
+        for _ in range(10):  # the lease learns the pace
+            await answer(llm)
+        client.config_resetstat()
+        started = process_clock()
+        calls = 60
+        for _ in range(calls):
+            await answer(llm)
+        elapsed = process_clock() - started
+        stats = client.info("commandstats")
+        round_trips = stats.get("cmdstat_evalsha", {}).get("calls", 0)
+        # One refresh per interval, and a few more when the lease ran out: far fewer than calls.
+        assert round_trips <= elapsed / 0.25 + 2 + calls // 4, (round_trips, elapsed)
+        assert round_trips < calls // 2
+        room = llm.stats()["openai/m"].room
+        # At most the first calls waited, a round trip, for the first lease.
+        assert room is not None and room.fleet and room.waits <= 2
+        assert 429 not in [a.status for a in ample.attempts]
+    finally:
+        client.close()
+        store.close()
+
+
+async def test_calls_go_on_when_redis_dies_and_the_room_resyncs(
+    redis_server: RedisServer, ample: FakeProvider
+) -> None:
+    store = lk.RedisStore(redis_server.url, interval=FAST, timeout=0.2, stale_after=0.2)
+    try:
+        llm = governed(ample, store, deadline=5.0)
+        await answer(llm)
+        await until(lambda: fleet_room(redis_server, "openai/m", KEY).get("r_limit") == 6000)
+        redis_server.kill()
+        await until(lambda: not store.available)
+        with anyio.fail_after(5):  # never waits on the dead server, never fails a call
+            for _ in range(20):
+                await answer(llm)
+        room = llm.stats()["openai/m"].room
+        assert room is not None and not room.fleet  # the process's own room meanwhile
+        redis_server.start()  # empty: the room is lost
+        await until(lambda: store.available)
+        await answer(llm)
+        # The worker tells the new server what it knows: the room is the fleet's again.
+        await until(lambda: fleet_room(redis_server, "openai/m", KEY).get("r_limit") == 6000)
+        await until(lambda: (r := llm.stats()["openai/m"].room) is not None and r.fleet)
+        assert 429 not in [a.status for a in ample.attempts]
+    finally:
+        store.close()
+
+
+def told(redis_server: RedisServer, api_key: str) -> bool:
+    return "r_limit" in fleet_room(redis_server, "openai/m", api_key)
+
+
+async def test_a_rotated_key_is_a_room_of_its_own_and_no_key_reaches_redis(
+    redis_server: RedisServer, ample: FakeProvider
+) -> None:
+    import redis
+
+    store = lk.RedisStore(redis_server.url, interval=FAST, timeout=0.5)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        await answer(governed(ample, store))
+        await answer(governed(ample, store, api_key=ROTATED))  # rotated mid-run
+        for key in (KEY, ROTATED):
+            await until(functools.partial(told, redis_server, key))
+        everything = b""
+        redis_client: Any = client  # redis' stubs type replies as bytes | str | Awaitable
+        for name in redis_client.keys("*"):
+            everything += name
+            if redis_client.type(name) == b"hash":
+                pairs = redis_client.hgetall(name).items()
+                everything += b"".join(k + v for k, v in pairs)
+            elif redis_client.type(name) == b"zset":
+                everything += b"".join(redis_client.zrange(name, 0, -1))
+        assert KEY.encode() not in everything and ROTATED.encode() not in everything
+        assert ratelimit.key_hash(KEY).encode() in everything
+        assert ratelimit.key_hash(ROTATED).encode() in everything
+    finally:
+        client.close()
+        store.close()
+
+
+@pytest.mark.parametrize("headers", ["missing", "full"])
+async def test_without_honest_headers_the_fleet_falls_back_to_the_429(
+    redis_server: RedisServer, quota: FakeProvider, headers: str
+) -> None:
+    store = lk.RedisStore(redis_server.url, interval=FAST, timeout=0.5)
+    try:
+        assert [await _plain(quota) for _ in range(6)] == [200] * 6  # spent elsewhere
+        behaviour = {"extra_headers": {"x-fake-behavior": json.dumps({"limit_headers": headers})}}
+        llm = governed(quota, store, deadline=2.0, defaults=behaviour)
+        with pytest.raises(lk.RateLimited):
+            await answer(llm)  # nothing (or a lie) learned: sent, refused
+        sent = len(quota.attempts)
+        with pytest.raises(lk.LimitExceeded):
+            await answer(llm)  # the 429's retry-after (10 s) does not fit the deadline
+        assert len(quota.attempts) == sent
+    finally:
+        store.close()
+
+
+async def _plain(fake: FakeProvider) -> int:
+    import httpx
+
+    async with httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{fake.base_url}/chat/completions",
+            json={"model": "m", "messages": MESSAGES, "max_tokens": 1},
+            headers={"authorization": f"Bearer {KEY}"},
+        )
+    return response.status_code
+
+
+@pytest.mark.parametrize("skew", [-20.0, 40.0])
+async def test_a_skewed_reset_keeps_the_per_minute_pace_on_the_servers_clock(
+    redis_server: RedisServer, quota: FakeProvider, skew: float
+) -> None:
+    store = lk.RedisStore(redis_server.url, interval=FAST, timeout=0.5)
+    try:
+        behaviour = {"extra_headers": {"x-fake-behavior": json.dumps({"reset_skew": skew})}}
+        await answer(governed(quota, store, defaults=behaviour))
+        await until(lambda: "r_limit" in fleet_room(redis_server, "openai/m", KEY))
+        room = fleet_room(redis_server, "openai/m", KEY)
+        # The provider says "full in 10 s + skew": never slower than a per-minute limit, and
+        # (a reset told too soon) at most the pace the reset told.
+        assert room["r_rate"] >= 6 / 60
+        told = 1 / max(10.0 + skew, 1e-9)
+        assert room["r_rate"] <= max(6 / 60, told) + 1e-9
+    finally:
+        store.close()
