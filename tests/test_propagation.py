@@ -192,6 +192,20 @@ async def test_llm_calls_inside_a_deadline_send_the_remainder(
     assert stream.stream
 
 
+@pytest.mark.parametrize("transport", ["litellm", "openai"])
+async def test_embeddings_and_responses_inside_a_deadline_send_it_too(
+    fake: FakeProvider, transport: str
+) -> None:
+    async with make_llm(fake, "gpt-4o-mini", transport=transport) as llm:
+        with lk.deadline(20):
+            await llm.aembedding(input=["hello"])
+            if transport == "litellm":  # the Responses API goes through litellm only
+                await llm.aresponses(input="hello")
+    for seen in fake.attempts:
+        assert 10_000 < int(seen.request_headers["x-request-timeout-ms"]) <= 20_000
+    assert len(fake.attempts) == (2 if transport == "litellm" else 1)
+
+
 async def test_the_deadline_header_costs_no_connection(fake: FakeProvider) -> None:
     # litellm caches its HTTP clients by their settings: a header that changes every call
     # must not be one of them (a new connection per call).
