@@ -22,6 +22,7 @@ from . import ratelimit
 from ._cancel import now, on_asyncio, run_soon
 from .chunks import delta_content
 from .errors import StreamBroken, malformed_answer, stream_error
+from .propagation import provider_headers
 from .stream import ChunkSource
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ __all__ = [
     "LitellmTransport",
     "headers_of",
     "acompletion",
+    "attempt_arguments",
     "aembedding",
     "is_set_up",
     "litellm",
@@ -325,7 +327,7 @@ class LitellmTransport:
         from ._asyncio_bridge import run_on_asyncio  # here: asyncio stays out of import
 
         await self._set_up(target)
-        response = await run_on_asyncio(acompletion(target.litellm_arguments(arguments)))
+        response = await run_on_asyncio(acompletion(attempt_arguments(target, arguments)))
         ratelimit.heard(target.key, target.api_key, headers_of(response))
         return response
 
@@ -333,7 +335,7 @@ class LitellmTransport:
         """One embedding attempt: litellm's ``EmbeddingResponse``."""
         from ._asyncio_bridge import run_on_asyncio
 
-        response = await run_on_asyncio(aembedding(target.litellm_arguments(arguments)))
+        response = await run_on_asyncio(aembedding(attempt_arguments(target, arguments)))
         ratelimit.heard(target.key, target.api_key, headers_of(response))
         return response
 
@@ -342,8 +344,9 @@ class LitellmTransport:
         bridge's pump hands the chunks over). The process's first call of a model first does
         litellm's set-up (see :func:`set_up`): the source is ready (``ready_at``) after it."""
         ready_at = now() if await self._set_up(target) else None
-        arguments = target.litellm_arguments(arguments)
-        chunks = LitellmChunks(arguments, target, self._secrets, ready_at)
+        chunks = LitellmChunks(
+            attempt_arguments(target, arguments), target, self._secrets, ready_at
+        )
         if on_asyncio():
             return chunks
         from ._asyncio_bridge import BridgedStream
@@ -377,6 +380,16 @@ class LitellmTransport:
 
     async def aclose(self) -> None:
         """Nothing to close: litellm's clients are litellm's."""
+
+
+def attempt_arguments(target: Target, call: Mapping[str, Any]) -> dict[str, Any]:
+    """litellm's arguments for an attempt made now, in the caller's task (on trio the bridge's
+    loop has another clock): the deadline's remainder rides in ``extra_headers``."""
+    arguments = target.litellm_arguments(call)
+    headers = provider_headers(arguments.get("extra_headers"))
+    if headers:
+        arguments["extra_headers"] = headers
+    return arguments
 
 
 class _LitellmChunkReader:

@@ -47,6 +47,7 @@ from .errors import (
     scrub,
     stream_error,
 )
+from .propagation import provider_headers
 from .stream import NOTHING, ChunkSource
 from .target import without_credentials
 
@@ -207,8 +208,10 @@ class Request:
 
     def send(self, stream: bool) -> Awaitable[httpx.Response]:
         http = self.client
+        # The deadline's remainder is read as the request leaves (see latencykit.propagation).
+        headers = provider_headers(self.headers)
         request = http.build_request(
-            "POST", self.url, content=self.body, headers=self.headers, timeout=self.timeout
+            "POST", self.url, content=self.body, headers=headers, timeout=self.timeout
         )
         return http.send(request, stream=stream)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import ratelimit
 from ._cancel import on_asyncio, run_soon
-from ._litellm import headers_of, litellm
+from ._litellm import attempt_arguments, headers_of, litellm
 from .errors import (
     ContentPolicyViolation,
     HTTPError,
@@ -104,7 +104,7 @@ async def respond(target: Target, arguments: Mapping[str, Any], secrets: tuple[s
     error, see the module)."""
     from ._asyncio_bridge import run_on_asyncio  # here: asyncio stays out of import
 
-    call = litellm().aresponses(**target.litellm_arguments(arguments), max_retries=0)
+    call = litellm().aresponses(**attempt_arguments(target, arguments), max_retries=0)
     try:
         response = await run_on_asyncio(call)
     except Exception as exc:
@@ -220,7 +220,7 @@ def _stream_natively(model: str) -> None:
 def open_events(target: Target, arguments: Mapping[str, Any], secrets: tuple[str, ...]) -> Any:
     """A streaming attempt's source (on trio, bridged), opened on its first read."""
     _stream_natively(target.model)
-    events = ResponseEvents(target.litellm_arguments(arguments), target, secrets)
+    events = ResponseEvents(attempt_arguments(target, arguments), target, secrets)
     if on_asyncio():
         return events
     from ._asyncio_bridge import BridgedStream
