@@ -57,6 +57,7 @@ async def test_degrade_after_timeout_answers_from_the_cheap_model(fake: FakeProv
         deadline=5.0,
         degrade=lk.Degrade(model="openai/cheap", max_tokens=16, after=0.2),
     )
+    await llm.warm()  # litellm's first call of a model may take longer than `after` alone
     seen: list[lk.events.Event] = []
     with lk.subscribe(seen.append):
         response = await llm.acompletion(messages=MESSAGES)
@@ -74,6 +75,28 @@ async def test_degrade_after_timeout_answers_from_the_cheap_model(fake: FakeProv
     slow, cheap = await fake.wait_for_async(lambda a: len(a) == 2 and a[0].disconnected, 2.0)
     assert slow.model == "slow" and cheap.model == "cheap"
     assert cheap.request_headers is not None
+
+
+async def test_degrade_before_the_deadline_when_the_primary_cannot_finish(
+    fake: FakeProvider,
+) -> None:
+    fake.script("steady", Behavior(ttft=0.3))
+    fake.script("cheap", Behavior(output_tokens=3))
+    degrade = lk.Degrade(model="openai/cheap", max_tokens=16)
+    llm = make_llm(fake, "steady", deadline=10.0, degrade=degrade)
+    for _ in range(5):  # the primary's recent median duration: about 0.3 s
+        await llm.acompletion(messages=MESSAGES)
+    seen: list[lk.events.Event] = []
+    with lk.subscribe(seen.append), lk.deadline(0.2):  # less time left than that
+        response = await llm.acompletion(messages=MESSAGES)
+    report = lk.report(response)
+    assert report.fallback_reason == "predicted" and report.target == "openai/cheap"
+    assert [a.target for a in report.attempts] == ["openai/cheap"]  # the primary not started
+    assert [a.model for a in fake.attempts] == ["steady"] * 5 + ["cheap"]
+    [used] = [e for e in seen if isinstance(e, lk.events.FallbackUsed)]
+    assert used.reason == "predicted" and used.elapsed == 0.0
+    with lk.deadline(5.0):  # time enough: the primary answers
+        assert lk.report(await llm.acompletion(messages=MESSAGES)).target == "openai/steady"
 
 
 async def test_degrade_after_a_provider_error(fake: FakeProvider) -> None:

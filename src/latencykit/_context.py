@@ -149,7 +149,8 @@ class Trace:
         call_id: identifies the scope in events.
         attempts: every attempt made inside the scope (nested scopes included), in end order.
         degraded: whether a fallback (degraded) path took over.
-        fallback_reason: ``"timeout"`` or ``"error"`` when degraded, else ``None``.
+        fallback_reason: ``"timeout"``, ``"error"`` or ``"predicted"`` when degraded, else
+            ``None``.
         answered: ``(number, target)`` of the attempt that produced the result, once one did.
         cache: what a response cache did for the call: ``"hit"`` (answered from the cache, no
             attempt made), ``"miss"``, or ``None`` (no cache).

@@ -173,15 +173,17 @@ class FallbackUsed(Event, frozen=True):
     This is the "slow-case log": subscribe to it to see which calls degraded, why, and when.
 
     Attributes:
-        reason: ``"timeout"`` (the primary was still running ``after`` seconds in) or
-            ``"error"`` (the primary raised an error the fallback handles).
+        reason: ``"timeout"`` (the primary was still running ``after`` seconds in),
+            ``"error"`` (the primary raised an error the fallback handles) or ``"predicted"``
+            (less time was left than the primary's predicted time to answer: it was not
+            started).
         elapsed: seconds from the start of the fallback policy to the switch.
         after: the configured ``after`` (``None`` when the fallback only handles errors).
         error_type: the primary's exception class name when ``reason == "error"``.
         error_kind: its classification, when ``reason == "error"``.
     """
 
-    reason: Literal["timeout", "error"]
+    reason: Literal["timeout", "error", "predicted"]
     elapsed: float
     after: float | None
     error_type: str | None = None

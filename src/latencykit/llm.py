@@ -145,6 +145,11 @@ class Degrade:
             primary's.
 
     At least one of ``model``, ``max_tokens`` and ``overrides`` must be given.
+
+    Degrade before the deadline, not after: inside a deadline, when less time is left than the
+    primary target's recent median duration (once it has 5 samples), the degraded path
+    answers at once (``report(r).fallback_reason == "predicted"``) instead of starting an
+    attempt that cannot finish.
     """
 
     model: str | None = None
@@ -212,7 +217,8 @@ class CallReport:
             the response or the stream (``0``: the cache answered).
             Which target that was is ``target`` (the span attribute ``latencykit.answered_by``).
         degraded: whether the answer came from the degraded path (:class:`Degrade`).
-        fallback_reason: ``"timeout"`` or ``"error"`` when degraded, else ``None``.
+        fallback_reason: ``"timeout"``, ``"error"`` or ``"predicted"`` when degraded, else
+            ``None``.
         duration: seconds from the start of the call to the answer (for a stream: to its end,
             or to now while it is open).
         ttft: for a stream, seconds from the start of the call to the first content chunk
@@ -538,7 +544,14 @@ class LLM:
                 f"LLM.degrade.after ({after:g}s) must be shorter than LLM.deadline "
                 f"({self.deadline:g}s)"
             )
-        return Fallback(Reroute(self._degraded_path), after=after, on=degrade.on)
+        return Fallback(
+            Reroute(self._degraded_path), after=after, on=degrade.on, predict=self._predicted
+        )
+
+    def _predicted(self, call: Call) -> float | None:
+        """The primary's predicted time to answer ``call``: its target's recent median
+        duration (to the last chunk, for a stream), once it has enough samples."""
+        return _median(self._recorder.latency.get(call.target.key))
 
     def _hedge_of_targets(self) -> Hedge | None:
         """The hedge, sending its backups to the next targets with ``target="next"``."""

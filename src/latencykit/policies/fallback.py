@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import inspect
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
@@ -29,13 +30,16 @@ class FallbackReason:
     """Why the fallback answers; passed as the first argument to a callable alternative.
 
     Attributes:
-        kind: ``"timeout"`` (the primary was still running after ``after`` seconds) or
-            ``"error"`` (the primary raised an error the policy handles).
-        elapsed: seconds from the start of the primary to the switch.
+        kind: ``"timeout"`` (the primary was still running after ``after`` seconds),
+            ``"error"`` (the primary raised an error the policy handles) or ``"predicted"``
+            (the time left before the deadline was less than the primary's predicted time to
+            answer: the primary was not started).
+        elapsed: seconds from the start of the primary to the switch (``0.0`` when
+            predicted).
         error: the primary's exception when ``kind == "error"``, else ``None``.
     """
 
-    kind: Literal["timeout", "error"]
+    kind: Literal["timeout", "error", "predicted"]
     elapsed: float
     error: Exception | None = None
 
@@ -93,13 +97,17 @@ class Fallback(PolicyDecorator):
         on: which primary errors switch to the alternative: exception type(s) or a predicate.
             Default ``None``: transient errors (:func:`~latencykit.errors.is_transient`: rate
             limits, 5xx, connection errors, timeouts). Errors not handled propagate unchanged.
+        predict: ``predict(call)``, the primary's predicted seconds to answer ``call`` (``None``:
+            no prediction). Inside a deadline, when less time is left than that, the
+            alternative answers at once (reason ``"predicted"``) instead of starting a
+            primary that cannot finish. Default ``None``: never predicted.
 
     If the alternative raises too, :class:`~latencykit.FallbackFailed` carries both errors.
     Cancellation from outside (an enclosing deadline) is never treated as an error.
     """
 
     stage = Stage.FALLBACK
-    __slots__ = ("_alternative", "_handles", "after", "on")
+    __slots__ = ("_alternative", "_handles", "after", "on", "predict")
 
     def __init__(
         self,
@@ -107,9 +115,13 @@ class Fallback(PolicyDecorator):
         *,
         after: float | datetime.timedelta | None = None,
         on: ErrorFilter | None = None,
+        predict: Callable[[Call], float | None] | None = None,
     ) -> None:
         self.after = _validation.optional_seconds("fallback.after", after)
         self.on = on
+        if predict is not None and not callable(predict):
+            raise TypeError(f"fallback.predict must be callable, got {predict!r}")
+        self.predict = predict
         self._handles = error_predicate(on, "fallback.on")
         self._alternative = _alternative(alternative)
 
@@ -132,10 +144,14 @@ class Fallback(PolicyDecorator):
         For a streaming call the primary has answered once its first content chunk arrived.
         """
         started = now()
+        deadline = deadline_var.get()
+        if self.predict is not None and deadline != math.inf:
+            predicted = self.predict(call)
+            if predicted is not None and predicted > deadline - started:
+                return await self._switch(0.0, None, call, next, "predicted")
         timer = _NO_TIMER
         if self.after is not None:
             switch_at = started + self.after
-            deadline = deadline_var.get()
             if deadline < switch_at:
                 # An enclosing budget shorter than ``after`` would cancel everything before the
                 # switch: the primary gets half of what is left, the alternative the rest.
@@ -151,9 +167,16 @@ class Fallback(PolicyDecorator):
                 error = exc
         return await self._switch(now() - started, error, call, next)
 
-    async def _switch(self, elapsed: float, error: Exception | None, call: Call, next: Next) -> Any:
+    async def _switch(
+        self,
+        elapsed: float,
+        error: Exception | None,
+        call: Call,
+        next: Next,
+        kind: Literal["timeout", "error", "predicted"] | None = None,
+    ) -> Any:
         reason = FallbackReason(
-            kind="timeout" if error is None else "error",
+            kind=kind or ("timeout" if error is None else "error"),
             elapsed=elapsed,
             error=error,
         )
