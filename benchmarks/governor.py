@@ -95,18 +95,24 @@ def drain(fake: FakeProvider, key: str) -> None:
                 )
 
 
-async def run(
-    fake: FakeProvider, key: str, governor: bool, workers: int, seconds: float
-) -> dict[str, float]:
-    llm = lk.LLM(
+def client(base_url: str, key: str, *, governor: bool, **options: Any) -> lk.LLM:
+    """The benchmark's client: the fast lane, retries honouring Retry-After, 30 s deadline."""
+    options.setdefault("deadline", 30.0)
+    return lk.LLM(
         "openai/m",
-        api_base=fake.base_url,
+        api_base=base_url,
         api_key=key,
         transport="openai",
         governor=governor,
-        deadline=30.0,
         retry=lk.Retry(max_attempts=10),
+        **options,
     )
+
+
+async def run(
+    fake: FakeProvider, key: str, governor: bool, workers: int, seconds: float
+) -> dict[str, float]:
+    llm = client(fake.base_url, key, governor=governor)
     before = len(fake.attempts)
     answered = tokens = failed = 0
     end = time.monotonic() + seconds
@@ -156,15 +162,8 @@ async def _fleet_process(options: dict[str, Any], start: Any) -> dict[str, int]:
     store = None
     if options["variant"] == "governor":
         store = lk.RedisStore(options["redis"], interval=0.05)
-    llm = lk.LLM(
-        "openai/m",
-        api_base=options["base_url"],
-        api_key=options["key"],
-        transport="openai",
-        governor=store is not None,
-        shared=store,
-        deadline=10.0,
-        retry=lk.Retry(max_attempts=10),
+    llm = client(
+        options["base_url"], options["key"], governor=store is not None, shared=store, deadline=10.0
     )
     workers = anyio.CapacityLimiter(options["concurrency"])
     counts = {"answered": 0, "shed": 0, "failed": 0}
@@ -340,15 +339,7 @@ async def lanes_run(fake: FakeProvider, key: str, variant: str, seconds: float) 
     """Interactive calls' latencies (2 a second) in one process, alone (``quiet``), or with 16
     workers flooding the quota in the batch lane (``flood``), or in the default lane like the
     interactive calls themselves (``no lanes``)."""
-    llm = lk.LLM(
-        "openai/m",
-        api_base=fake.base_url,
-        api_key=key,
-        transport="openai",
-        governor=True,
-        deadline=30.0,
-        retry=lk.Retry(max_attempts=10),
-    )
+    llm = client(fake.base_url, key, governor=True)
     latencies: list[float] = []
     end = time.monotonic() + seconds
     interactive = "default" if variant == "no lanes" else "interactive"

@@ -21,11 +21,12 @@ headers merged on the server, a lease per process (:class:`~latencykit.fleet.red
 
 It runs per attempt (``Stage.RETRY + 5``: inside retry, before the attempt), so retries,
 hedges and failover attempts are paced too. A retry or a hedge is an attempt a call adds: it is
-spent only from room to spare (leaving the batch lane's reserve, whatever the call's lane) and
-never waits for room; when there is none it is refused at once (``LimitExceeded``: the retry
-gives up, the hedge's backup is not sent), so near the end of a quota the first attempts of
-calls go first. With no numbers configured, one attempt at a time
-finds out the room, and nothing is paced until an answer told the limits.
+spent only from room to spare (leaving the batch lane's reserve, whatever the call's lane), so
+near the end of a quota the first attempts of calls go first. A retry waits for that room as a
+batch call does (shed with ``LimitExceeded`` when the wait would pass the deadline); a hedge's
+backup never waits: without room to spare it is not sent and the primary answers alone. With no
+numbers configured, one attempt at a time finds out the room, and nothing is paced until an
+answer told the limits.
 """
 
 from __future__ import annotations
@@ -185,13 +186,17 @@ async def _take_room(room: ratelimit.Room, target: str, tokens: int) -> bool:
     nothing is sent). Returns whether the room was the fleet's."""
     lane = priority_var.get()
     rank = PRIORITIES.index(lane)
-    if reason_var.get() in _EXTRA:
-        # A hedge or a retry is spent only from room to spare (what the batch lane may spend)
-        # and never waited for: near the end of a quota the first attempts of calls go first.
-        wait, limit, fleet = room.take(tokens, process_clock(), max(rank, _SPARE))
-        if wait > 0:
-            _shed(room, target, lane, limit, wait, 0.0)
-        return fleet
+    reason = reason_var.get()
+    if reason in _EXTRA:
+        # A hedge or a retry is spent only from room to spare (what the batch lane may spend):
+        # near the end of a quota the first attempts of calls go first. A retry waits for it
+        # as a batch call does; a hedge's backup that waited would be no hedge.
+        rank = max(rank, _SPARE)
+        if reason == "hedge":
+            wait, limit, fleet = room.take(tokens, process_clock(), rank)
+            if wait > 0:
+                _shed(room, target, lane, limit, wait, 0.0)
+            return fleet
     if room.first_in_line(rank):
         wait, limit, fleet = room.take(tokens, process_clock(), rank)
         if wait <= 0:
