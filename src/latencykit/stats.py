@@ -322,11 +322,20 @@ class ConcurrencyStats:
         limit: the limit learned: attempts in flight allowed.
         in_flight: attempts holding a slot now.
         waiting: attempts waiting for a slot now, all lanes together.
+        share: with a store, the slots this process may use now, its share of the fleet's
+            limit (default ``None``: no store, or not heard from).
+        fleet_in_flight: with a store, the fleet's attempts in flight as last refreshed
+            (default ``None``).
+        workers: with a store, the fleet's workers (processes' stages) for the target
+            (default ``None``).
     """
 
     limit: int
     in_flight: int
     waiting: int
+    share: int | None = None
+    fleet_in_flight: int | None = None
+    workers: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -36,11 +36,18 @@ if TYPE_CHECKING:
 # asyncio, the bridge to the library's loop and urllib.parse are imported by the functions that
 # use them: import latencykit does not pay for them (redis imports them when a store is made).
 
-__all__ = ["BreakerOptions", "BreakerView", "RedisStore", "SharedRoom"]
+__all__ = [
+    "BreakerOptions",
+    "BreakerView",
+    "ConcurrencyView",
+    "RedisStore",
+    "SharedConcurrency",
+    "SharedRoom",
+]
 
 logger = logging.getLogger("latencykit")
 
-_SCRIPT_NAMES = ("breaker", "budget", "latency", "quota", "room")
+_SCRIPT_NAMES = ("breaker", "budget", "concurrency", "latency", "quota", "room")
 _FOLLOWED = 1000  # samples a follower's queue holds until its owner drains it
 _STATES = frozenset({"closed", "open", "half_open", "forced_open"})
 _MAX_QUEUED = 10_000  # outcomes kept per breaker while the store is unreachable
@@ -504,7 +511,9 @@ class SharedRoom:
             wake()
 
 
-_Owner: TypeAlias = "_Adjustments | SharedBreaker | SharedBudget | SharedLatency | SharedRoom"
+_Owner: TypeAlias = (
+    "_Adjustments | SharedBreaker | SharedBudget | SharedConcurrency | SharedLatency | SharedRoom"
+)
 """What a refresh drains and updates."""
 
 
@@ -611,6 +620,19 @@ class RedisStore:
         (:func:`latencykit.ratelimit.key_hash`; never the key itself)."""
         key = f"{target}:{key_hash}"
         return self._handle("room", key, lambda: SharedRoom(self, key))
+
+    def concurrency(
+        self,
+        target: str,
+        report: Callable[[], tuple[int, int, int]],
+        wake: Callable[[], None],
+    ) -> SharedConcurrency:
+        """A new worker in the fleet's adaptive concurrency of ``target`` (see
+        :class:`SharedConcurrency`: ``report`` and ``wake`` run on the store's thread)."""
+        worker = f"{self._id}:{os.urandom(4).hex()}"  # a process may hold several
+        return self._handle(
+            "concurrency", worker, lambda: SharedConcurrency(self, target, worker, report, wake)
+        )
 
     def _handle(self, kind: str, key: str, make: Callable[[], H]) -> H:
         """The handle of ``key``, made on first use (which starts the background task)."""
@@ -850,3 +872,77 @@ def _redact(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return parts._replace(netloc=f"***@{parts.netloc.rpartition('@')[2]}").geturl()
+
+
+class ConcurrencyView(NamedTuple):
+    """The fleet's adaptive concurrency for one target, as a :class:`SharedConcurrency` last
+    refreshed it."""
+
+    limit: float
+    """The fleet's limit: the mean of the workers' estimates."""
+    in_flight: int
+    """The other workers' attempts in flight."""
+    demand: int
+    """The other workers' attempts in flight and waiting."""
+    workers: int
+    """The workers seen lately, this one included."""
+
+
+class SharedConcurrency:
+    """One worker's (an :class:`~latencykit.policies.concurrency.AdaptiveConcurrency`
+    stage's) part in a target's adaptive concurrency shared by the fleet, in a
+    :class:`RedisStore`.
+
+    Each refresh tells ``concurrency.lua`` what ``report`` returns (the worker's attempts in
+    flight, its demand, its estimate of the limit) and reads back the others' and the fleet's
+    limit (:class:`ConcurrencyView`); then ``wake`` runs (on the store's thread). A worker not
+    heard from for ``_SEEN_FOR`` seconds no longer counts.
+    """
+
+    def __init__(
+        self,
+        store: RedisStore,
+        target: str,
+        worker: str,
+        report: Callable[[], tuple[int, int, int]],
+        wake: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._key = f"{store.namespace}:concurrency:{{{target}}}"
+        self._worker = worker
+        self._report = report
+        self._wake = wake
+        self._view: ConcurrencyView | None = None
+        self._made_at = process_clock()
+
+    def view(self) -> ConcurrencyView | None:
+        """The fleet's view as last refreshed, ``None`` when the store is unavailable."""
+        return None if process_clock() > self._store._fresh_until else self._view
+
+    def joining(self) -> bool:
+        """Whether the worker has not heard the fleet yet, within ``stale_after`` of its
+        making, and the store has not failed."""
+        store = self._store
+        return (
+            self._view is None
+            and store._down_since is None
+            and process_clock() - self._made_at < store.stale_after
+        )
+
+    def _drain(self) -> list[tuple[str, tuple[Any, ...]]]:
+        in_flight, demand, estimate = self._report()
+        args = (1, self._key, self._worker, in_flight, demand, estimate, _SEEN_FOR, _ROOM_TTL)
+        return [("concurrency", args)]
+
+    def _lost(self) -> None:
+        """The refresh failed (the next one tells the worker's state again)."""
+
+    def _update(self, reply: object) -> None:
+        if not isinstance(reply, list) or len(reply) != 4:
+            raise _Garbage(f"concurrency script returned {type(reply).__name__}")
+        try:
+            in_flight, demand, workers, limit = (float(x) for x in reply)
+        except (TypeError, ValueError) as exc:
+            raise _Garbage("concurrency script returned a non-number") from exc
+        self._view = ConcurrencyView(limit, int(in_flight), int(demand), max(1, int(workers)))
+        self._wake()

@@ -54,9 +54,9 @@ import statistics
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import events
+from .. import _validation, events
 from .._cancel import backend, clock, now, threadsafe_caller
 from .._context import (
     PRIORITIES,
@@ -66,17 +66,23 @@ from .._context import (
     queued_total_var,
     remaining,
 )
-from .._fair import FairSlots, Waiter, wait_granted
+from .._fair import FairSlots, Queue, Waiter, wait_granted
 from ..errors import ErrorKind, LimitExceeded, classify, overloaded
+from ..fleet import SharedStore, current_store
 from ..pipeline import Call, Next, Stage
+from ..ratelimit import RESERVES
 from ..stats import ConcurrencyStats, StatsTable
 from ..stream import Stream, StreamOutcome
+
+if TYPE_CHECKING:
+    from ..fleet.redis import SharedConcurrency
 
 __all__ = ["LANE_WEIGHTS", "MATERIAL", "AdaptiveConcurrency", "ConcurrencyLimit"]
 
 LANE_WEIGHTS: dict[Priority, float] = {"interactive": 16.0, "default": 4.0, "batch": 1.0}
 """The share of freed slots each lane gets while several wait (stride scheduling)."""
 
+_RANK: dict[str, int] = {lane: rank for rank, lane in enumerate(PRIORITIES)}
 _TENANT = "<default>"  # events' tenant field: the limit is a target's, not a tenant's
 MATERIAL = 0.1
 """A change of the limit by this fraction of the last one told (or by 1) is told
@@ -189,6 +195,13 @@ class ConcurrencyLimit:
         self._slow_start = False
         return self._set(value * self.backoff, force=True)
 
+    def adopt(self, value: float) -> bool:
+        """Take ``value`` as the limit learned so far (a process joining a fleet that learned
+        it): no slow start from it. Return whether the limit changed."""
+        self._restore = None
+        self._slow_start = False
+        return self._set(value, force=True)
+
     def _end_round(self) -> bool:
         probe = self._restore is not None
         weighted, count, lower = 0.0, 0, False
@@ -223,7 +236,11 @@ class ConcurrencyLimit:
         gradient = 2.0 if self._slow_start else min(2.0, max(0.5, self.tolerance / ratio))
         if busiest < value / 2:  # the load did not reach the limit: it says nothing of more
             gradient = min(gradient, 1.0)
-        return self._set(value + self.smoothing * (value * gradient - value))
+        if gradient < 1.0:
+            # Past the knee, what was in flight made the latency (Little's law): the knee is
+            # about busiest / ratio, whether the rest of the limit was used or kept free.
+            value *= min(1.0, max(busiest, 1) / self.limit)
+        return self._set(self._value + self.smoothing * (value * gradient - self._value))
 
     def _set(self, value: float, *, force: bool = False) -> bool:
         """Set the limit; a new epoch if its whole part changed (or ``force``)."""
@@ -240,21 +257,67 @@ class ConcurrencyLimit:
 
 
 class _Lanes(FairSlots):
-    """The slots of a target, whose queues are the lanes: a lane's first turn comes after
-    ``1 / weight`` (its finish time), so of the lanes that start waiting together the higher
-    goes first, while a lane already waiting keeps its turn."""
+    """The slots of a target, whose queues are the lanes (stride scheduling, as
+    :class:`~latencykit._fair.FairSlots`): a lane's first turn comes after ``1 / weight`` (of
+    the lanes that start waiting together the higher goes first, while a lane already waiting
+    keeps its turn), and a lane takes a slot only while its reserve stays free
+    (:meth:`cap`)."""
 
     def first_turn(self, weight: float) -> float:
         return self._vtime + 1.0 / weight
 
+    def cap(self, lane: str) -> int:
+        """The most slots in use with which ``lane`` may take one more: the limit, less the
+        lane's reserve (:data:`~latencykit.ratelimit.RESERVES`, a share of the limit kept for
+        the lanes above it, rounded up), at least one."""
+        limit = int(self.limit)
+        return max(1, limit - math.ceil(RESERVES[_RANK[lane]] * limit))
+
+    def take(self, lane: str = "default") -> bool:
+        if self.in_use < self.cap(lane):
+            self.in_use += 1
+            return True
+        return False
+
+    def enqueue(self, key: str, weight: float) -> Waiter:
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = Queue(key, weight, self.first_turn(weight))
+        waiter = Waiter(queue)
+        queue.waiters.append(waiter)
+        return waiter
+
+    def release(self) -> Waiter | None:
+        """Free a slot: hand it to the waiter of the lane whose turn comes first among those
+        whose reserve it leaves free (returned, to be woken), or put it back."""
+        queues = self.queues
+        for key in [key for key, queue in queues.items() if not queue.waiters]:
+            del queues[key]  # their waiters gave up
+        ready = [q for q in queues.values() if self.in_use - 1 < self.cap(q.key)]
+        if not ready:
+            self.in_use -= 1
+            return None
+        queue = min(ready, key=lambda q: q.pass_)
+        waiter = queue.waiters.popleft()
+        waiter.granted = True
+        self._vtime = queue.pass_
+        queue.pass_ += 1.0 / queue.weight
+        if not queue.waiters:
+            del queues[queue.key]
+        return waiter
+
 
 @dataclass(eq=False)
 class _Target:
-    """One target's limit, its slots (the lanes are the slots' queues) and its counters."""
+    """One target's limit, its slots (the lanes are the slots' queues) and its counters; with
+    a store, the fleet's view of the target and this process's share of its limit."""
 
     limit: ConcurrencyLimit
     slots: _Lanes
     told: int  # the limit last told by an event
+    fleet: SharedConcurrency | None = None
+    joined: bool = False  # the fleet was heard once
+    share: float = 1.0  # of the fleet's limit, as this process last knew it
     hold: float | None = None  # average seconds a slot is held
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -263,11 +326,36 @@ class _Target:
         queues = self.slots.queues
         return sum(len(q.waiters) for lane in PRIORITIES[: up_to + 1] if (q := queues.get(lane)))
 
+    def in_flight(self) -> int:
+        """What the provider has in flight as far as is known: this process's attempts, and
+        the fleet's others as last refreshed. Under the lock."""
+        view = None if self.fleet is None else self.fleet.view()
+        if view is None:
+            return self.slots.in_use
+        # At most the limit: a share taken under the fleet's limit is a sample of it.
+        return min(self.limit.limit, self.slots.in_use + view.in_flight)
+
+    def cap(self) -> int:
+        """The slots this process may use: the limit, or with a store its share of the fleet's
+        limit (see the module docs). Under the lock."""
+        fleet, limit = self.fleet, self.limit.limit
+        if fleet is None:
+            return limit
+        view = fleet.view()
+        if view is None:  # not heard yet: one slot; the store is down: the share last known
+            return 1 if fleet.joining() else max(1, round(limit * self.share))
+        demand = self.slots.in_use + self.waiting(len(PRIORITIES))
+        wanted = demand + view.demand
+        fair = view.limit * max(1 / view.workers, demand / wanted if wanted else 0.0)
+        cap = max(1, min(round(fair), round(view.limit) - view.in_flight))
+        self.share = cap / limit
+        return cap
+
     def resize(self) -> list[Waiter]:
-        """Follow the limit: hand the slots it added to waiters (to be woken). Under the
-        lock."""
+        """Follow the limit (or the fleet's view): hand the slots it added to waiters (to be
+        woken). Under the lock."""
         slots = self.slots
-        slots.limit = self.limit.limit
+        slots.limit = self.cap()
         woken = []
         while slots.in_use < slots.limit:
             slots.in_use += 1  # a freed slot, handed on (or put back: nobody waits)
@@ -286,6 +374,13 @@ class _Target:
             return None
         return slots.release()
 
+    def report(self) -> tuple[int, int, int]:
+        """What this process tells the fleet: its attempts in flight, those and the waiting
+        ones (its demand), and its estimate of the fleet's limit."""
+        with self.lock:
+            in_use = self.slots.in_use
+            return in_use, in_use + self.waiting(len(PRIORITIES)), self.limit.limit
+
 
 class AdaptiveConcurrency:
     """The stage that holds each attempt to its target's learned concurrency limit (see the
@@ -295,16 +390,31 @@ class AdaptiveConcurrency:
     Args:
         limit: what makes each target's :class:`ConcurrencyLimit` (default
             ``ConcurrencyLimit``, with its defaults).
+        shared: a store shared by the fleet (:class:`~latencykit.RedisStore`): each target's
+            limit is the fleet's, this process using its share (default ``None``: the
+            process's default store, :func:`~latencykit.use_store`, when a target is first
+            used; none: the limit is this process's).
     """
 
     stage = Stage.CONCURRENCY
 
-    def __init__(self, limit: Callable[[], ConcurrencyLimit] = ConcurrencyLimit) -> None:
+    def __init__(
+        self,
+        limit: Callable[[], ConcurrencyLimit] = ConcurrencyLimit,
+        *,
+        shared: SharedStore | None = None,
+    ) -> None:
+        _validation.optional("AdaptiveConcurrency.shared", shared, SharedStore, "a RedisStore")
         self._new_limit = limit
+        self.shared = shared
         self._targets: dict[str, _Target] = {}
 
     def __repr__(self) -> str:
-        return "AdaptiveConcurrency()"
+        return (
+            "AdaptiveConcurrency()"
+            if self.shared is None
+            else f"AdaptiveConcurrency(shared={self.shared!r})"
+        )
 
     def limit_of(self, target: str) -> ConcurrencyLimit | None:
         """``target``'s limit (``None``: no attempt went to it yet)."""
@@ -312,14 +422,20 @@ class AdaptiveConcurrency:
         return None if found is None else found.limit
 
     def stats(self, target: str) -> ConcurrencyStats | None:
-        """``target``'s limit, in flight and waiting now (``None``: no attempt yet)."""
+        """``target``'s limit, in flight and waiting now, and the fleet's view of it with a
+        store (``None``: no attempt yet)."""
         found = self._targets.get(target)
         if found is None:
             return None
         with found.lock:
             in_use = found.slots.in_use
             waiting = found.waiting(len(PRIORITIES))
-            return ConcurrencyStats(found.limit.limit, in_use, waiting)
+            limit = found.limit.limit
+            view = None if found.fleet is None else found.fleet.view()
+            if view is None:
+                return ConcurrencyStats(limit, in_use, waiting)
+            share, fleet_in_flight = int(found.slots.limit), in_use + view.in_flight
+            return ConcurrencyStats(limit, in_use, waiting, share, fleet_in_flight, view.workers)
 
     def with_concurrency(self, table: StatsTable) -> StatsTable:
         """``table`` with each target's concurrency (``TargetStats.concurrency``)."""
@@ -329,19 +445,44 @@ class AdaptiveConcurrency:
         found = self._targets.get(key)
         if found is None:
             limit = self._new_limit()
-            found = self._targets.setdefault(key, _Target(limit, _Lanes(limit.limit), limit.limit))
+            made = _Target(limit, _Lanes(limit.limit), limit.limit)
+            found = self._targets.setdefault(key, made)
+            store = self.shared or current_store()
+            if found is made and store is not None:
+                heard = functools.partial(self._heard, made, key)
+                with made.lock:
+                    made.fleet = store.concurrency(key, made.report, heard)
+                    made.slots.limit = made.cap()  # one slot until the fleet is heard
         return found
+
+    def _heard(self, state: _Target, key: str) -> None:
+        """The fleet's view of ``state`` was refreshed (on the store's thread): a worker
+        joining takes the fleet's limit as its own; the share follows the view."""
+        with state.lock:
+            view = None if state.fleet is None else state.fleet.view()
+            changed = False
+            if not state.joined and view is not None:
+                state.joined = True
+                if view.workers > 1:
+                    changed = state.limit.adopt(view.limit)
+            woken = state.resize()
+        if changed:
+            self._changed(state, key, woken)
+        else:
+            for waiter in woken:
+                waiter.wake()
 
     async def handle(self, call: Call, next: Next) -> Any:
         key = call.target.key
         state = self._target(key)
+        lane = priority_var.get()
         with state.lock:
-            waiter = None if state.slots.take() else self._enqueue(state, key)
-            epoch, in_flight = state.limit.epoch, state.slots.in_use
+            waiter = None if state.slots.take(lane) else self._enqueue(state, key, lane)
+            epoch, in_flight = state.limit.epoch, state.in_flight()
         if waiter is not None:
             await self._wait(state, waiter, key)
             with state.lock:
-                epoch, in_flight = state.limit.epoch, state.slots.in_use
+                epoch, in_flight = state.limit.epoch, state.in_flight()
         queued = queued_total_var.get()
         started = now()
         try:
@@ -367,10 +508,9 @@ class AdaptiveConcurrency:
             self._release(state, started)
         return result
 
-    def _enqueue(self, state: _Target, key: str) -> Waiter:
+    def _enqueue(self, state: _Target, key: str, lane: Priority) -> Waiter:
         """Queue the attempt in its lane, or refuse it at once if its wait cannot end within
         the call's deadline. Under the lock."""
-        lane = priority_var.get()
         left = remaining()
         if left is not None and state.hold is not None:
             ahead = state.waiting(PRIORITIES.index(lane))
