@@ -229,18 +229,23 @@ class ConcurrencyLimit:
             # started there): measure it again now.
             self._slow_start = False
             self._probe_at = self.clock()
-        if self.clock() >= self._probe_at:
-            self._probe_at = self.clock() + (self.probe_interval or math.inf)
-            self._restore = value
-            return self._set(value / 2, force=True)
         gradient = 2.0 if self._slow_start else min(2.0, max(0.5, self.tolerance / ratio))
         if busiest < value / 2:  # the load did not reach the limit: it says nothing of more
             gradient = min(gradient, 1.0)
-        if gradient < 1.0:
-            # Past the knee, what was in flight made the latency (Little's law): the knee is
-            # about busiest / ratio, whether the rest of the limit was used or kept free.
-            value *= min(1.0, max(busiest, 1) / self.limit)
-        return self._set(self._value + self.smoothing * (value * gradient - self._value))
+        base = value
+        if ratio > (1.0 + self.tolerance) / 2 and not self._slow_start:
+            # Past the knee, what was in flight made the latency (Little's law: the knee is
+            # about busiest / ratio), whether the rest of the limit was used or kept free for
+            # the lanes above.
+            base *= min(1.0, max(busiest, 1) / self.limit)
+        value += self.smoothing * (base * gradient - value)
+        if self.clock() >= self._probe_at:
+            # Probe at half the limit; then back to where this round moved it (not above the
+            # limit that made the latency rise).
+            self._probe_at = self.clock() + (self.probe_interval or math.inf)
+            self._restore = value
+            return self._set(value / 2, force=True)
+        return self._set(value)
 
     def _set(self, value: float, *, force: bool = False) -> bool:
         """Set the limit; a new epoch if its whole part changed (or ``force``)."""
