@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import math
 import random
+import statistics
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,7 @@ from latencykit.errors import LimitExceeded, overloaded
 from latencykit.pipeline import Call, compose
 from latencykit.policies.concurrency import AdaptiveConcurrency, ConcurrencyLimit
 from latencykit.policies.deadline import Deadline
+from latencykit.ratelimit import RESERVES
 from latencykit.stats import ConcurrencyStats
 from latencykit.testing import Behavior, FakeProvider, Fault
 
@@ -157,6 +159,24 @@ def test_streams_and_responses_keep_their_own_baselines() -> None:
     assert limit.limit == 500  # neither kind ever looked slow: it grew to max_limit
 
 
+def test_a_reserve_kept_free_does_not_push_the_load_past_the_knee() -> None:
+    # Only the batch lane is busy: it leaves 20 % of the limit free for the lanes above. The
+    # limit learns from what was in flight, so the batch lane settles near the knee (not at
+    # the tolerance past it, with the limit 1 / 0.8 higher still).
+    limit, clock = learned(probe_interval=None)
+    knee = 32
+    seen = []
+    for _ in range(20_000):
+        k = limit.limit - math.ceil(RESERVES[-1] * limit.limit)
+        latency = 0.5 * max(1.0, k / knee)
+        clock.t += latency / k
+        limit.sample(latency, epoch=limit.epoch, in_flight=k)
+        seen.append(k)
+    later = seen[-5000:]
+    assert 0.85 * knee <= min(later) and max(later) <= 1.1 * knee, (min(later), max(later))
+    assert statistics.median(later) <= knee + 1
+
+
 @pytest.mark.parametrize(
     ("options", "error", "field"),
     [
@@ -247,6 +267,39 @@ async def test_no_lane_starves_while_higher_ones_wait() -> None:
     first = served[:34]
     assert 1 <= first.count("batch") <= 4, first
     assert served.count("batch") == 40
+
+
+async def test_batch_leaves_the_reserve_free_for_the_lanes_above() -> None:
+    stage = AdaptiveConcurrency(fixed(10))
+    pipeline = compose(stage)
+    gate = anyio.Event()
+    started: list[Priority] = []
+
+    async def work(lane: Priority) -> None:
+        started.append(lane)
+        await gate.wait()
+
+    async def call(lane: Priority) -> None:
+        token = priority_var.set(lane)
+        try:
+            await pipeline.run(Call(work, (lane,), target=T))
+        finally:
+            priority_var.reset(token)
+
+    def stats() -> ConcurrencyStats:
+        return stage.stats("t") or ConcurrencyStats(0, 0, 0)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(12):
+            tg.start_soon(call, "batch")
+        # 10 slots, 20 % kept for the lanes above: 8 batch calls run, 4 wait.
+        await until(lambda: stats().waiting == 4 and stats().in_flight == 8)
+        for lane in ("interactive", "default"):
+            tg.start_soon(call, lane)
+        await until(lambda: stats().in_flight == 10)  # at once, without a slot freed
+        assert started.count("batch") == 8 and stats().waiting == 4
+        gate.set()
+    assert started.count("batch") == 12  # and the batch lane went on
 
 
 async def test_a_wait_that_cannot_fit_the_deadline_is_refused_at_once() -> None:

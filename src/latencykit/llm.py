@@ -600,7 +600,7 @@ class LLM:
             from .policies.governor import Governor
 
             policies.append(governor := Governor(shared=self.shared))
-            policies.append(concurrency := AdaptiveConcurrency())
+            policies.append(concurrency := AdaptiveConcurrency(shared=self.shared))
             self._governor, self._concurrency = governor, concurrency
         policies += [self._guard, ConnectionSlots(self._recorder)]
         return policies

@@ -513,9 +513,15 @@ class AdaptiveConcurrency:
             self._release(state, started)
         return result
 
-    def _enqueue(self, state: _Target, key: str, lane: Priority) -> Waiter:
+    def _enqueue(self, state: _Target, key: str, lane: Priority) -> Waiter | None:
         """Queue the attempt in its lane, or refuse it at once if its wait cannot end within
-        the call's deadline. Under the lock."""
+        the call's deadline (``None``: a slot after all). Under the lock."""
+        if state.fleet is not None:
+            # The fleet's view may have aged out (or never come) since it last set the share.
+            for waiter in state.resize():
+                waiter.wake()
+            if state.slots.take(lane):
+                return None
         left = remaining()
         if left is not None and state.hold is not None:
             ahead = state.waiting(PRIORITIES.index(lane))
