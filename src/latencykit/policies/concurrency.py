@@ -26,6 +26,11 @@ concurrency stops buying throughput and only makes requests queue at the provide
   Until the latency first rises (or an overload), the gradient is 2 (slow start: with the
   default smoothing, the limit grows by half each round). It does not grow in a round whose
   attempts never used half of it (the load, not the provider, was the limit);
+- past the knee (a round's latency more than halfway to ``tolerance``), the correction starts
+  from the most attempts in flight in the round, not from the limit (Little's law: the
+  provider serves about ``in_flight * baseline / median`` at a time), so slots kept free for
+  the higher lanes do not push the lower lanes past the knee; a probe round goes back to where
+  the round before it moved the limit;
 - an **overload signal** (:func:`~latencykit.errors.overloaded`: a 429, a 503 or a 529)
   multiplies the limit by ``backoff`` at once, once per limit (the other attempts that
   started under the same limit and fail the same way do not cut it again).
@@ -38,7 +43,19 @@ garbage-collected). Beyond the limit, attempts wait in a queue served by lane
 slot goes to the waiting lane whose turn comes first, a lane's turns coming ``1 / weight``
 apart (:data:`LANE_WEIGHTS`: interactive 16, default 4, batch 1), its first one ``1 / weight``
 after it starts waiting. So an interactive call goes ahead of the lower lanes' backlog, and
-while all wait they share the slots 16:4:1: no lane starves.
+while all wait they share the slots 16:4:1: no lane starves. A lane takes a slot only while
+its reserve (:data:`~latencykit.ratelimit.RESERVES`: batch 20 % of the limit, rounded up) stays
+free for the lanes above, and at least one.
+
+With a store (``shared=``), the processes calling a target share its limit: each refresh tells
+the fleet (``concurrency.lua``, :class:`~latencykit.fleet.redis.SharedConcurrency`) this
+process's attempts in flight, its demand and its estimate, and reads back the others' and the
+fleet's limit (the mean of the estimates). The process uses its share, ``max(limit / workers,
+limit * demand / the fleet's demand)``, at most what the others leave free, at least one slot;
+its samples count the fleet's attempts in flight. A process joining adopts the fleet's limit
+and uses one slot until it first hears the fleet; with the store down it keeps the share it
+last knew. No round trip on the hot path: the share follows each view, and is read again when
+an attempt must wait.
 
 An attempt whose wait and its own run cannot end within the call's deadline is refused at once
 with :class:`~latencykit.errors.LimitExceeded` (limit ``"concurrency"``), before anything is
@@ -233,7 +250,7 @@ class ConcurrencyLimit:
         if busiest < value / 2:  # the load did not reach the limit: it says nothing of more
             gradient = min(gradient, 1.0)
         base = value
-        if ratio > (1.0 + self.tolerance) / 2 and not self._slow_start:
+        if ratio > (1.0 + self.tolerance) / 2 and busiest >= value / 2 and not self._slow_start:
             # Past the knee, what was in flight made the latency (Little's law: the knee is
             # about busiest / ratio), whether the rest of the limit was used or kept free for
             # the lanes above.
