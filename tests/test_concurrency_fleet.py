@@ -115,7 +115,7 @@ async def test_a_process_joining_takes_the_fleet_s_limit(
     key = llms[0].targets[0].key
     try:
         await llms[0].acompletion(messages=MESSAGES, max_tokens=2)
-        await until(lambda: (first.stats(key) or pytest.fail()).workers == 1)
+        await until(lambda: getattr(first.stats(key), "workers", None) == 1)
         await llms[1].acompletion(messages=MESSAGES, max_tokens=2)
         # The first the late one hears of the fleet: the mean of the estimates, (20 + 4) / 2.
         limit = late.limit_of(key)
