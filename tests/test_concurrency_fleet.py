@@ -156,3 +156,36 @@ async def test_with_the_store_down_each_keeps_its_share_and_resyncs(
             await llm.aclose()
         for each in stores:
             each.close()
+
+
+async def test_governed_llms_share_the_limit_through_their_store(
+    fake: FakeProvider, redis_server: RedisServer
+) -> None:
+    fake.script("governed", Behavior(ttft=0.1))
+    stores = [store(redis_server) for _ in range(2)]
+    llms = [
+        lk.LLM(
+            "openai/governed",
+            api_base=fake.base_url,
+            api_key=KEY,
+            transport="openai",
+            governor=True,
+            shared=each,
+        )
+        for each in stores
+    ]
+    key = llms[0].targets[0].key
+    try:
+
+        def rows() -> list[Any]:
+            return [llm.stats()[key].concurrency for llm in llms]
+
+        for llm in llms:
+            await llm.acompletion(messages=MESSAGES, max_tokens=2)
+        # Both heard the fleet; idle, each may use half of its limit (8 at first).
+        await until(lambda: [(row.workers, row.share) for row in rows()] == [(2, 4), (2, 4)])
+    finally:
+        for llm in llms:
+            await llm.aclose()
+        for each in stores:
+            each.close()
