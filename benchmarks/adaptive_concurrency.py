@@ -30,6 +30,13 @@ time to their first chunk is measured (after 10 s of warm-up, for ``--seconds``)
 beside a batch flood at ``--load`` times the capacity with ``governor=True``, then with the
 same flood and no limit (every call is sent; the provider's queue serves no lane first).
 
+**Fleet** (``--fleet``): ``--processes`` (3) ``LLM(governor=True)``, each with its own
+``RedisStore`` on one real ``redis-server`` (as separate processes would have), share the
+knee; each gets an open-loop share of ``--load`` times the capacity for ``--seconds``, first
+with the store (the limit shared), then without (each learns its own). Reported: the fleet's
+attempts in flight (the sum of the processes', sampled every 0.5 s) over the second half of
+the run, median and 90th percentile, against the knee; goodput and p99 latency.
+
 **Cost per call** (``--overhead``): a pipeline with the adaptive concurrency stage against the
 same pipeline without it, around a trivial async function (a slot free: no wait), variants
 interleaved per round, batches of 2,000 calls with the garbage collector off; reported: the
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import random
 import statistics
@@ -238,6 +246,93 @@ def report(name: str, result: Result, knee: int) -> float:
     return goodput
 
 
+async def fleet(fake: FakeProvider, knee: int, args: argparse.Namespace) -> None:
+    """The fleet's attempts in flight, with the limit shared and without."""
+    from latencykit.testing import RedisServer
+
+    rate = args.load * knee / args.base
+    print(
+        f"fleet, knee {knee}: {args.processes} processes, arrivals {rate:.0f}/s in all, "
+        f"{args.seconds:g}s per variant",
+        flush=True,
+    )
+    with RedisServer() as server:
+        for shared in (True, False):
+            result, totals = await fleet_run(fake, server.url if shared else None, knee, args)
+            totals.sort()
+            middle, p90 = statistics.median(totals), totals[int(0.9 * (len(totals) - 1))]
+            print(
+                f"  {'shared' if shared else 'each its own':<13} fleet in flight median "
+                f"{middle:5.1f} ({middle / knee:.2f}x the knee), p90 {p90:4d} "
+                f"({p90 / knee:.2f}x); goodput {len(result.latencies) / result.seconds:6.1f}/s, "
+                f"p99 {result.quantile(0.99):6.3f}s, refused {result.shed}, "
+                f"timed out {result.timed_out}, failed {result.failed}",
+                flush=True,
+            )
+
+
+async def fleet_run(
+    fake: FakeProvider, url: str | None, knee: int, args: argparse.Namespace
+) -> tuple[Result, list[int]]:
+    """One variant of ``--fleet`` (``url``: the store's; ``None``: none): the calls' results
+    and the fleet's attempts in flight, sampled over the second half."""
+    model = f"fleet-{knee}-{'own' if url is None else 'shared'}"
+    fake.script(model, Behavior(ttft=args.base, concurrency_knee=knee))
+    stores = [None if url is None else lk.RedisStore(url) for _ in range(args.processes)]
+    llms = [
+        lk.LLM(
+            f"openai/{model}",
+            api_base=fake.base_url,
+            api_key=KEY,
+            transport="openai",
+            deadline=args.deadline,
+            governor=True,
+            shared=store,
+        )
+        for store in stores
+    ]
+    key = llms[0].targets[0].key
+    result, totals = Result(), []
+    for llm in llms:
+        await llm.warm()
+
+    async def call(llm: lk.LLM) -> None:
+        started = time.monotonic()
+        try:
+            await llm.acompletion(messages=MESSAGES, max_tokens=4)
+        except LimitExceeded:
+            result.shed += 1
+        except lk.DeadlineExceeded:
+            result.timed_out += 1
+        except Exception:
+            result.failed += 1
+        else:
+            result.latencies.append(time.monotonic() - started)
+
+    start = time.monotonic()
+    async with anyio.create_task_group() as calls:
+        for n, llm in enumerate(llms):
+            one = functools.partial(call, llm)
+            until = start + args.seconds
+            rng = random.Random(n)
+            calls.start_soon(
+                open_loop, calls, one, args.load * knee / args.base / len(llms), until, rng
+            )
+        while (at := time.monotonic() - start) < args.seconds:
+            await anyio.sleep(0.5)
+            rows = [llm.stats()[key].concurrency for llm in llms]
+            if at >= args.seconds / 2:
+                totals.append(sum(row.in_flight for row in rows if row is not None))
+        result.seconds = time.monotonic() - start
+        calls.cancel_scope.cancel()
+    for llm in llms:
+        await llm.aclose()
+    for store in stores:
+        if store is not None:
+            store.close()
+    return result, totals
+
+
 async def overhead(rounds: int = 30, batch: int = 2000) -> None:
     import gc
 
@@ -278,9 +373,16 @@ async def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--overhead", action="store_true", help="the cost per call only")
     parser.add_argument("--lanes", action="store_true", help="the interactive lane under a flood")
+    parser.add_argument("--fleet", action="store_true", help="the limit shared by processes")
+    parser.add_argument("--processes", type=int, default=3, help="with --fleet")
     args = parser.parse_args()
     if args.overhead:
         await overhead()
+        return
+    if args.fleet:
+        with FakeProvider() as fake:
+            for knee in args.knees:
+                await fleet(fake, knee, args)
         return
     if args.lanes:
         with FakeProvider() as fake:
