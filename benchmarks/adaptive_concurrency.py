@@ -79,6 +79,7 @@ class Result:
     timed_out: int = 0
     failed: int = 0
     limits: list[tuple[float, int]] = field(default_factory=list)  # (seconds, limit)
+    batch: int = 0  # --lanes: batch calls answered (started while measuring)
     seconds: float = 0.0
 
     def quantile(self, q: float) -> float:
@@ -173,7 +174,7 @@ async def lanes(fake: FakeProvider, knee: int, args: argparse.Namespace) -> None
         print(
             f"  {name:<16} interactive first chunk p50 {result.quantile(0.5):6.3f}s "
             f"p99 {result.quantile(0.99):6.3f}s ({len(result.latencies)} streams, "
-            f"{result.failed} failed)",
+            f"{result.failed} failed); batch answered {result.batch / args.seconds:.1f}/s",
             flush=True,
         )
 
@@ -218,7 +219,9 @@ async def lane_run(
 
     async def batch() -> None:
         with contextlib.suppress(Exception):
+            started = time.monotonic()
             await llm.acompletion(messages=MESSAGES, max_tokens=4, priority="batch")
+            result.batch += started >= measure_from
 
     until = measure_from + args.seconds
     async with anyio.create_task_group() as calls:
