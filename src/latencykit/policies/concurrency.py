@@ -542,7 +542,7 @@ class AdaptiveConcurrency:
         left = remaining()
         if left is not None and state.hold is not None:
             ahead = state.waiting(PRIORITIES.index(lane))
-            wait = (ahead + 1) * state.hold / max(1, state.slots.limit)
+            wait = (ahead + 1) * state.hold / state.slots.cap(lane)  # the slots its lane may use
             if wait + state.hold > left:  # its own attempt must fit too
                 if events.listening():
                     events.emit(
