@@ -60,7 +60,8 @@ an attempt must wait.
 An attempt whose wait and its own run cannot end within the call's deadline is refused at once
 with :class:`~latencykit.errors.LimitExceeded` (limit ``"concurrency"``), before anything is
 sent. The wait is estimated as the waiters ahead of it (in its lane and above, itself
-included) times the average time a slot is held, over the limit; its run as that average time.
+included) times the average time a slot is held, over the slots its lane may use (the limit
+less the lane's reserve); its run as that average time.
 """
 
 from __future__ import annotations
@@ -296,10 +297,11 @@ class _Lanes(FairSlots):
         return max(1, limit - math.ceil(RESERVES[_RANK[lane]] * limit))
 
     def take(self, lane: str = "default") -> bool:
-        if self.in_use < self.cap(lane):
-            self.in_use += 1
-            return True
-        return False
+        in_use = self.in_use
+        if in_use >= self.limit or (RESERVES[_RANK[lane]] and in_use >= self.cap(lane)):
+            return False
+        self.in_use = in_use + 1
+        return True
 
     def enqueue(self, key: str, weight: float) -> Waiter:
         queue = self.queues.get(key)
@@ -500,7 +502,8 @@ class AdaptiveConcurrency:
         lane = priority_var.get()
         with state.lock:
             waiter = None if state.slots.take(lane) else self._enqueue(state, key, lane)
-            epoch, in_flight = state.limit.epoch, state.in_flight()
+            in_flight = state.slots.in_use if state.fleet is None else state.in_flight()
+            epoch = state.limit.epoch
         if waiter is not None:
             await self._wait(state, waiter, key)
             with state.lock:
