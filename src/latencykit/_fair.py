@@ -103,16 +103,30 @@ class FairSlots:
             heapq.heappush(self._heap, (queue.pass_, next(self._seq), queue))
         return waiter
 
+    def admits(self, key: str) -> bool:
+        """Whether the slot being freed may go to the queue ``key`` (all may, here; adaptive
+        concurrency's lanes keep a reserve for the lanes above)."""
+        del key
+        return True
+
     def release(self) -> Waiter | None:
-        """Free a slot: hand it to the next waiter (returned, to be woken) or put it back."""
+        """Free a slot: hand it to the next waiter its queue :meth:`admits` (returned, to be
+        woken) or put it back."""
         heap = self._heap
+        skipped: list[tuple[float, int, Queue]] = []
         while heap:
-            pass_, _, queue = heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            pass_, _, queue = entry
+            if queue.waiters and not self.admits(queue.key):
+                skipped.append(entry)  # keeps its turn
+                continue
             queue.queued = False
             if not queue.waiters:  # its waiters gave up
                 if self.queues.get(queue.key) is queue:
                     del self.queues[queue.key]
                 continue
+            for other in skipped:
+                heapq.heappush(heap, other)
             waiter = queue.waiters.popleft()
             waiter.granted = True
             self._vtime = pass_
@@ -123,6 +137,8 @@ class FairSlots:
             else:
                 del self.queues[queue.key]
             return waiter
+        for other in skipped:
+            heapq.heappush(heap, other)
         self.in_use -= 1
         return None
 

@@ -84,7 +84,7 @@ from .._context import (
     queued_total_var,
     remaining,
 )
-from .._fair import FairSlots, Queue, Waiter, wait_granted
+from .._fair import FairSlots, Waiter, wait_granted
 from ..errors import ErrorKind, LimitExceeded, classify, overloaded
 from ..fleet import SharedStore, current_store
 from ..pipeline import Call, Next, Stage
@@ -303,32 +303,8 @@ class _Lanes(FairSlots):
         self.in_use = in_use + 1
         return True
 
-    def enqueue(self, key: str, weight: float) -> Waiter:
-        queue = self.queues.get(key)
-        if queue is None:
-            queue = self.queues[key] = Queue(key, weight, self.first_turn(weight))
-        waiter = Waiter(queue)
-        queue.waiters.append(waiter)
-        return waiter
-
-    def release(self) -> Waiter | None:
-        """Free a slot: hand it to the waiter of the lane whose turn comes first among those
-        whose reserve it leaves free (returned, to be woken), or put it back."""
-        queues = self.queues
-        for key in [key for key, queue in queues.items() if not queue.waiters]:
-            del queues[key]  # their waiters gave up
-        ready = [q for q in queues.values() if self.in_use - 1 < self.cap(q.key)]
-        if not ready:
-            self.in_use -= 1
-            return None
-        queue = min(ready, key=lambda q: q.pass_)
-        waiter = queue.waiters.popleft()
-        waiter.granted = True
-        self._vtime = queue.pass_
-        queue.pass_ += 1.0 / queue.weight
-        if not queue.waiters:
-            del queues[queue.key]
-        return waiter
+    def admits(self, key: str) -> bool:
+        return self.in_use - 1 < self.cap(key)
 
 
 @dataclass(eq=False)
