@@ -195,10 +195,7 @@ def _canonical(value: Any, where: str, *, drop_none: bool = False) -> Any:
     if isinstance(value, Mapping):
         return _canonical_mapping(value, where, drop_none)
     if isinstance(value, (list, tuple)):
-        return [
-            _canonical(item, f"{where}[{index}]", drop_none=drop_none)
-            for index, item in enumerate(value)
-        ]
+        return [_canonical(v, f"{where}[{i}]", drop_none=drop_none) for i, v in enumerate(value)]
     return _canonical_object(value, where)
 
 
@@ -270,27 +267,26 @@ def _entry(
     return msgspec.json.encode(_Entry(_VERSION, kind, target, degraded, reason, value))
 
 
-def _is_response(result: Any) -> bool:
-    if isinstance(result, (Response, Node)):  # the fast lane's
-        return True
-    module = sys.modules.get("litellm")  # a litellm response implies litellm is imported
-    return module is not None and isinstance(result, module.ModelResponse)
+def _answer_kind(result: Any) -> Literal["response", "embeddings"] | None:
+    """What kind of answer ``result`` is, on either lane (``None``: neither)."""
+    module = sys.modules.get("litellm")  # a litellm answer implies litellm is imported
+    for kind, fast_lane, name in _ANSWERS:
+        if isinstance(result, (fast_lane, getattr(module, name, ()))):
+            return kind
+    return None
 
 
-def _is_embeddings(result: Any) -> bool:
-    if isinstance(result, EmbeddingResponse):  # the fast lane's
-        return True
-    module = sys.modules.get("litellm")
-    return module is not None and isinstance(result, module.EmbeddingResponse)
+_ANSWERS: tuple[tuple[Literal["response", "embeddings"], Any, str], ...] = (
+    ("response", (Response, Node), "ModelResponse"),
+    ("embeddings", EmbeddingResponse, "EmbeddingResponse"),
+)
 
 
 def _encode(result: Any, target: str, trace: Trace | None) -> bytes:
     """``result`` (a litellm response or JSON data) as an entry; ``TypeError`` for anything
     that would not come back the same (a tuple, a non-string key, NaN, an object)."""
-    if _is_response(result):
-        return _entry("response", result.model_dump(mode="json"), target, trace)
-    if _is_embeddings(result):
-        return _entry("embeddings", result.model_dump(mode="json"), target, trace)
+    if (kind := _answer_kind(result)) is not None:
+        return _entry(kind, result.model_dump(mode="json"), target, trace)
     try:
         raw = _entry("data", result, target, trace)
         same = msgspec.json.decode(raw, type=_Entry).value == result
@@ -646,25 +642,24 @@ class ResponseCache(PolicyDecorator):
             trace.fallback_reason = entry.fallback_reason
         if entry.kind == "data":
             return entry.value
-        if entry.kind == "embeddings":  # the lane's type, as a miss would answer
-            if call.target.transport == "openai":
-                embeddings: Any = decode_embeddings(msgspec.json.encode(entry.value))
-                embeddings._hidden_params = {"latencykit.attempt": (0, entry.target)}
-                return embeddings
-            embeddings = litellm().EmbeddingResponse(**entry.value)
-            embeddings._hidden_params["latencykit.attempt"] = (0, entry.target)
-            return embeddings
-        if call.stream is None and call.target.transport == "openai":
-            answer = Node(entry.value)  # the fast lane's type (its general form): no litellm
-            answer._hidden_params = {"latencykit.attempt": (0, entry.target)}
+        embeddings = entry.kind == "embeddings"
+        if call.stream is None or embeddings:  # the lane's type, as a miss would answer
+            answer: Any
+            if call.target.transport == "openai":  # the fast lane's (its general form)
+                answer = (
+                    decode_embeddings(msgspec.json.encode(entry.value))
+                    if embeddings
+                    else Node(entry.value)
+                )
+                answer._hidden_params = {}
+            else:
+                made = litellm().EmbeddingResponse if embeddings else litellm().ModelResponse
+                answer = made(**entry.value)
+            # What LLM reads for report(): no attempt answered, this target did.
+            answer._hidden_params["latencykit.attempt"] = (0, entry.target)
             return answer
-        response = litellm().ModelResponse(**entry.value)
-        if call.stream is None:
-            # What LLM.acompletion reads for report(): no attempt answered, this target did.
-            response._hidden_params["latencykit.attempt"] = (0, entry.target)
-            return response
         stream: Stream[Any] = Stream(
-            _replay(response),
+            _replay(litellm().ModelResponse(**entry.value)),
             reader=LITELLM_CHUNKS,
             deadline=deadline_var.get(),
             target=entry.target,
