@@ -86,10 +86,9 @@ class Balanced:
         self.members = tuple(members)
         self.decay = _validation.seconds("Balanced.decay", decay)
         self.error_penalty = _validation.seconds("Balanced.error_penalty", error_penalty)
-        _validation.optional("Balanced.rng", rng, random.Random, "a random.Random")
-        _validation.function("Balanced.clock", clock)
+        rng = _validation.optional("Balanced.rng", rng, random.Random, "a random.Random")
         self._rng = rng or random.Random()
-        self._clock = clock
+        self._clock = _validation.function("Balanced.clock", clock)
         self._state = {member: _Member() for member in self.members}
         self._ticket = itertools.count().__next__
 

@@ -130,7 +130,7 @@ class MemoryStore:
     __slots__ = ("_entries", "max_entries")
 
     def __init__(self, max_entries: int = 1024, *, clock: Callable[[], float] = clock) -> None:
-        self.max_entries = _validation.positive_int("MemoryStore.max_entries", max_entries)
+        self.max_entries = _validation.count("MemoryStore.max_entries", max_entries)
         _validation.function("MemoryStore.clock", clock)
         # Each entry is (ttl, value); it expires ttl seconds after it was stored.
         self._entries: TLRUCache[str, tuple[float, bytes]] = TLRUCache(
@@ -475,15 +475,13 @@ class ResponseCache(PolicyDecorator):
             )
         if store is None:
             bound = 1024 if max_entries is None else max_entries
-            store = MemoryStore(_validation.positive_int("ResponseCache.max_entries", bound))
+            store = MemoryStore(_validation.count("ResponseCache.max_entries", bound))
         what = "a CacheStore (async get and set)"
         self._store = _validation.instance("ResponseCache.store", store, CacheStore, what)
         self.cache_degraded = _flag("cache_degraded", cache_degraded)
         self.cache_truncated = _flag("cache_truncated", cache_truncated)
         self.normalize_whitespace = _flag("normalize_whitespace", normalize_whitespace)
-        if key is not None:
-            _validation.function("ResponseCache.key", key)
-        self._key = key
+        self._key = _validation.function("ResponseCache.key", key)
         self.store_timeout = _validation.seconds("ResponseCache.store_timeout", store_timeout)
         self._hits = self._misses = self._stored = self._errors = 0
 

@@ -237,7 +237,7 @@ class _Gather:
 
 
 def _needed(min_results: object, count: int) -> int:
-    needed = _validation.positive_int("gather.min_results", min_results)
+    needed = _validation.count("gather.min_results", min_results)
     if needed > count:
         raise ValueError(
             f"gather.min_results must be between 1 and the number of awaitables ({count}), "

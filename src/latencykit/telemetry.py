@@ -120,30 +120,38 @@ _LIMIT = {"latencykit.limit.kind": "limit", "latencykit.limit.waited": "waited"}
 _ATTEMPT_COUNTED = (_TARGET, "latencykit.attempt.outcome", "latencykit.attempt.reason", _ERROR_TYPE)
 _BREAKER_STATE = {"closed": 0, "half_open": 1, "open": 2, "forced_open": 3}
 
-# Every instrument but the attempts' and the breakers' state: name -> (unit, description).
-_INSTRUMENTS = {
-    "gen_ai.client.operation.duration": ("s", "GenAI operation duration."),
-    "gen_ai.client.token.usage": ("{token}", "Number of input and output tokens used."),
+# The histograms: name -> (unit, bucket boundaries, description).
+_HISTOGRAMS = {
+    "gen_ai.client.operation.duration": ("s", _SECONDS, "GenAI operation duration."),
+    "gen_ai.client.token.usage": ("{token}", _TOKENS, "Number of input and output tokens used."),
     "gen_ai.client.operation.time_to_first_chunk": (
         "s",
+        _SECONDS,
         "Time from the start of a streaming call to its first content chunk.",
     ),
     "gen_ai.client.operation.time_per_output_chunk": (
         "s",
+        _SECONDS,
         "Time between consecutive content chunks of a stream.",
     ),
     "latencykit.call.duration": (
         "s",
+        _SECONDS,
         "Duration of a call of a decorated function (LLM calls have the GenAI operation duration).",
     ),
     "latencykit.deadline.overshoot": (
         "s",
+        _OVERSHOOT,
         "How late a deadline's expiry was delivered (elapsed - budget).",
     ),
     "latencykit.connection.wait": (
         "s",
+        _SECONDS,
         "Time an attempt that had to wait waited for a connection slot, before its request.",
     ),
+}
+# The counters, but the attempts': name -> (unit, description).
+_COUNTERS = {
     "latencykit.hedges": ("{hedge}", "Hedges fired, won, and skipped (budget or deadline)."),
     "latencykit.hedge.wasted_output_tokens": (
         "{token}",
@@ -165,16 +173,6 @@ _INSTRUMENTS = {
         "{outage}",
         "Times a shared store stopped answering (policies went process-local).",
     ),
-}
-# The histograms among them, with their bucket boundaries (the others are counters).
-_BUCKETS = {
-    "gen_ai.client.operation.duration": _SECONDS,
-    "gen_ai.client.token.usage": _TOKENS,
-    "gen_ai.client.operation.time_to_first_chunk": _SECONDS,
-    "gen_ai.client.operation.time_per_output_chunk": _SECONDS,
-    "latencykit.call.duration": _SECONDS,
-    "latencykit.deadline.overshoot": _OVERSHOOT,
-    "latencykit.connection.wait": _SECONDS,
 }
 
 
@@ -486,18 +484,13 @@ class Instrumentation(Handle):
         meter = metrics.get_meter("latencykit", __version__, meter_provider=meter_provider)
         self._histograms = {
             name: meter.create_histogram(
-                name,
-                unit=unit,
-                description=text,
-                explicit_bucket_boundaries_advisory=_BUCKETS[name],
+                name, unit=unit, description=text, explicit_bucket_boundaries_advisory=buckets
             )
-            for name, (unit, text) in _INSTRUMENTS.items()
-            if name in _BUCKETS
+            for name, (unit, buckets, text) in _HISTOGRAMS.items()
         }
         self._counters = {
             name: meter.create_counter(name, unit=unit, description=text)
-            for name, (unit, text) in _INSTRUMENTS.items()
-            if name not in _BUCKETS
+            for name, (unit, text) in _COUNTERS.items()
         }
         # Every attempt is counted: in a dict on the hot path, reported when metrics are
         # collected (an observable counter), not through a synchronous instrument per attempt.

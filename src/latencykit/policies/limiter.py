@@ -371,9 +371,8 @@ class Limiter(PolicyDecorator):
                 "Limiter needs a limit: concurrency, tenant_quota or quotas (it would do nothing)"
             )
         self.max_wait = None if max_wait is None else _validation.wait("Limiter.max_wait", max_wait)
-        _validation.function("Limiter.tenant_of", tenant_of)
-        _validation.function("Limiter.tokens_of", tokens_of)
-        self.tenant_of, self.tokens_of = tenant_of, tokens_of
+        self.tenant_of = _validation.function("Limiter.tenant_of", tenant_of)
+        self.tokens_of = _validation.function("Limiter.tokens_of", tokens_of)
         _validation.optional("Limiter.shared", shared, _fleet.SharedStore, "a RedisStore")
         self.shared = shared
         self._buckets = _Buckets()
@@ -642,16 +641,12 @@ def _unbilled(charged: float, usage: Summary | None) -> float:
 
 def _concurrency(value: int | Mapping[str, int] | None) -> int | Mapping[str, int] | None:
     """``Limiter.concurrency``, checked (a mapping is copied, read-only)."""
-    if isinstance(value, Mapping):
-        return MappingProxyType(
-            {
-                _validation.text("Limiter.concurrency keys", key): _validation.count(
-                    f"Limiter.concurrency[{key!r}]", limit
-                )
-                for key, limit in value.items()
-            }
-        )
-    return None if value is None else _validation.count("Limiter.concurrency", value)
+    if not isinstance(value, Mapping):
+        return None if value is None else _validation.count("Limiter.concurrency", value)
+    for key, limit in value.items():
+        _validation.text("Limiter.concurrency keys", key)
+        _validation.count(f"Limiter.concurrency[{key!r}]", limit)
+    return MappingProxyType(dict(value))
 
 
 def _quotas(quotas: Mapping[str, Quota] | None) -> dict[str, Quota]:
