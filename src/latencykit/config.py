@@ -303,13 +303,11 @@ def _generic_data(origin: Any, args: tuple[Any, ...]) -> Any:
         return functools.reduce(operator.or_, found) if set(found) - {type(None)} else None
     if origin in _COLLECTIONS and (item := _data(args[0])) is not None:
         return types.GenericAlias(list, (item,))
-    if origin is collections.abc.Mapping:
-        return Arguments if args[1] is Any else _dict_of(_data(args[1]))
+    if origin is collections.abc.Mapping and args[1] is Any:
+        return Arguments
+    if origin is collections.abc.Mapping and (value := _data(args[1])) is not None:
+        return types.GenericAlias(dict, (str, value))
     return None
-
-
-def _dict_of(value: Any) -> Any:
-    return None if value is None else types.GenericAlias(dict, (str, value))
 
 
 def _field(owner: Callable[..., Any], parameter: inspect.Parameter, doc: str | None) -> Any:
@@ -927,13 +925,8 @@ def _located(
             continue
         notes = _notes(loc, item["type"], model, lines, names, prefix)
         message = item["msg"] + (f" ({'; '.join(notes)})" if notes else "")
-        details.append(
-            {
-                "type": PydanticCustomError(item["type"], message),
-                "loc": loc,
-                "input": item["input"],
-            }
-        )
+        error_type = PydanticCustomError(item["type"], message)
+        details.append({"type": error_type, "loc": loc, "input": item["input"]})
     return ValidationError.from_exception_data(title, details)
 
 
@@ -956,11 +949,7 @@ def _notes(
         known = _model_at(model, loc[:-1])
         for close in difflib.get_close_matches(str(loc[-1]), list(known.model_fields), n=1):
             spelled = "__".join([*map(str, loc[:-1]), close]).upper()
-            notes.append(
-                f"did you mean {close!r}?"
-                if variable is None
-                else f"did you mean {prefix}{spelled}?"
-            )
+            notes.append(f"did you mean {repr(close) if variable is None else prefix + spelled}?")
     return notes
 
 

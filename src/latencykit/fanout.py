@@ -377,8 +377,7 @@ async def first(
     with _owning("first", awaitables, within) as limit:
         if not awaitables:
             raise ValueError("first needs at least one awaitable")
-        if accept is not None:
-            _validation.function("first.accept", accept)
+        _validation.function("first.accept", accept)
         delay = 0.0 if stagger is None else _validation.wait("first.stagger", stagger)
         race = _Sources(delay, limit=len(awaitables), accept=accept)
         race.awaitables = awaitables

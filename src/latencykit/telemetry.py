@@ -175,6 +175,28 @@ _COUNTERS = {
     ),
 }
 
+# The observed instruments (read when metrics are collected): name -> (unit, description).
+_OBSERVED = {
+    "latencykit.attempts": ("{attempt}", "Attempts, by target, outcome, reason and error type."),
+    "latencykit.connection.waiting": (
+        "{attempt}",
+        "Attempts waiting for a connection slot now, by lane and host.",
+    ),
+    "latencykit.room.left": (
+        "1",
+        "Room left in a provider's rate limits (requests or tokens), by target and API key hash, "
+        "as the governor sees it now.",
+    ),
+    "latencykit.room.waits": (
+        "{attempt}",
+        "Attempts that waited for room in a provider's rate limits, by lane.",
+    ),
+    "latencykit.room.shed": (
+        "{attempt}",
+        "Attempts refused for want of room (LimitExceeded), by lane.",
+    ),
+}
+
 
 class _Report(NamedTuple):
     """How a policy's decision is exported: a span event on its call's span, and a count."""
@@ -495,43 +517,22 @@ class Instrumentation(Handle):
         # Every attempt is counted: in a dict on the hot path, reported when metrics are
         # collected (an observable counter), not through a synchronous instrument per attempt.
         self._attempt_counts: dict[tuple[str, str, str, str | None], int] = {}
-        meter.create_observable_counter(
-            "latencykit.attempts",
-            callbacks=[self._observe_attempts],
-            unit="{attempt}",
-            description="Attempts, by target, outcome, reason and error type.",
-        )
         self._breaker_state = meter.create_gauge(
             "latencykit.breaker.state",
             unit="1",
             description="Circuit breaker state: 0 closed, 1 half-open, 2 open, 3 forced open.",
         )
-        meter.create_observable_gauge(
-            "latencykit.connection.waiting",
-            callbacks=[_observe_waiting],
-            unit="{attempt}",
-            description="Attempts waiting for a connection slot now, by lane and host.",
-        )
-        # The governor's rooms (``LLM(governor=True)``), read when metrics are collected.
-        meter.create_observable_gauge(
-            "latencykit.room.left",
-            callbacks=[_observe_room_left],
-            unit="1",
-            description="Room left in a provider's rate limits (requests or tokens), by target "
-            "and API key hash, as the governor sees it now.",
-        )
-        meter.create_observable_counter(
-            "latencykit.room.waits",
-            callbacks=[_observe_lanes("waits")],
-            unit="{attempt}",
-            description="Attempts that waited for room in a provider's rate limits, by lane.",
-        )
-        meter.create_observable_counter(
-            "latencykit.room.shed",
-            callbacks=[_observe_lanes("shed")],
-            unit="{attempt}",
-            description="Attempts refused for want of room (LimitExceeded), by lane.",
-        )
+        # The gauges and counters read when metrics are collected (the governor's rooms:
+        # ``LLM(governor=True)``).
+        for create, name, callback in (
+            (meter.create_observable_counter, "latencykit.attempts", self._observe_attempts),
+            (meter.create_observable_gauge, "latencykit.connection.waiting", _observe_waiting),
+            (meter.create_observable_gauge, "latencykit.room.left", _observe_room_left),
+            (meter.create_observable_counter, "latencykit.room.waits", _observe_lanes("waits")),
+            (meter.create_observable_counter, "latencykit.room.shed", _observe_lanes("shed")),
+        ):
+            unit, text = _OBSERVED[name]
+            create(name, callbacks=[callback], unit=unit, description=text)
         self._calls: dict[int, _Call] = {}
         self._handlers: dict[type[events.Event], Callable[[Any], None]] = {
             events.CallStarted: self._call_started,
