@@ -189,14 +189,12 @@ class Balanced:
         state.waiting[ticket] = started
         try:
             result = await next(call)
-        except Exception as exc:
+        except BaseException as exc:
             state.outstanding -= 1
-            if is_transient(exc):
+            if not isinstance(exc, Exception):  # cancelled: at least that long
+                self._censored(member, self._clock() - started)
+            elif is_transient(exc):
                 self.observe(member, max(self._clock() - started, self.error_penalty))
-            raise
-        except BaseException:
-            state.outstanding -= 1
-            self._censored(member, self._clock() - started)
             raise
         finally:
             del state.waiting[ticket]

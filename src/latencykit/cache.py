@@ -621,10 +621,8 @@ class ResponseCache(PolicyDecorator):
         """The entry stored for ``key`` (counted as a hit), or ``None`` (a miss: absent, or
         the store failed, or the entry is unreadable)."""
         entry: _Entry | None = (await self._bounded("get", self._get(key), math.inf))[1]
-        if entry is None:
-            self._misses += 1
-        else:
-            self._hits += 1
+        self._hits += entry is not None
+        self._misses += entry is None
         if events.listening():
             call_id = 0 if trace is None else trace.call_id
             hit, rate = entry is not None, self.hit_rate

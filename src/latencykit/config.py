@@ -949,7 +949,8 @@ def _notes(
         known = _model_at(model, loc[:-1])
         for close in difflib.get_close_matches(str(loc[-1]), list(known.model_fields), n=1):
             spelled = "__".join([*map(str, loc[:-1]), close]).upper()
-            notes.append(f"did you mean {repr(close) if variable is None else prefix + spelled}?")
+            shown = repr(close) if variable is None else f"{prefix}{spelled}"
+            notes.append(f"did you mean {shown}?")
     return notes
 
 

@@ -1272,8 +1272,7 @@ def malformed_answer(what: str, sample: bytes | str, *, target: str) -> Provider
     attempt, or another target, may answer), counted by the breaker. The message shows the
     start of what came back, scrubbed."""
     text = sample.decode(errors="replace") if isinstance(sample, bytes) else sample
-    text = scrub(" ".join(text.split()))
-    shown = _cut(text, 120)
+    shown = _cut(scrub(" ".join(text.split())), 120)
     said = f": {shown!r}" if shown else ""
     return ProviderUnavailable(
         f"the provider's answer {what}{said}", target=target, status_code=200

@@ -622,10 +622,8 @@ class Instrumentation(Handle):
                 **attributes,
                 _STREAM: event.stream,
             }
-            for parameter, value in event.parameters.items():
-                attributes[_REQUEST_PARAMETERS.get(parameter, f"gen_ai.request.{parameter}")] = (
-                    value
-                )
+            for asked, value in event.parameters.items():
+                attributes[_REQUEST_PARAMETERS.get(asked, f"gen_ai.request.{asked}")] = value
             if event.input_messages is not None:
                 attributes[_INPUT_MESSAGES] = _messages(event.input_messages)
             name, kind = f"{event.operation} {endpoint.model}", SpanKind.CLIENT
