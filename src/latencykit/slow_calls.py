@@ -97,12 +97,8 @@ class SlowCallLog(Handle):
             parent = self._parents.pop(event.call_id, None)
             failed = event.outcome == "error" and self.failures
             if (failed or event.duration > self.threshold) and self.logger.isEnabledFor(self.level):
-                self.logger.log(
-                    self.level,
-                    "%s",
-                    _story(event),
-                    extra={"latencykit": _fields(event, parent, self.threshold)},
-                )
+                extra = {"latencykit": _fields(event, parent, self.threshold)}
+                self.logger.log(self.level, "%s", _story(event), extra=extra)
         elif isinstance(event, events.CallStarted) and event.parent_id is not None:
             self._parents[event.call_id] = event.parent_id
 

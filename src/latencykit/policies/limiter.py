@@ -515,11 +515,10 @@ class Limiter(PolicyDecorator):
         """Take a slot of the tenant's cap or of the target's limit, waiting if allowed."""
         who, quota = permit.tenant, permit.quota
         # The tenant's cap queues its calls FIFO; a target's limit serves tenants by weight.
-        key, weight = (
-            (who, 1.0)
-            if kind == "tenant_concurrency"
-            else (permit.call.target.key, 1.0 if quota is None else quota.weight)
-        )
+        if kind == "tenant_concurrency":
+            key, weight = who, 1.0
+        else:
+            key, weight = permit.call.target.key, 1.0 if quota is None else quota.weight
         own_end = math.inf if self.max_wait is None else permit.started + self.max_wait
         with self._lock:
             slots = self._slots(kind, key, quota)
