@@ -303,11 +303,13 @@ def _generic_data(origin: Any, args: tuple[Any, ...]) -> Any:
         return functools.reduce(operator.or_, found) if set(found) - {type(None)} else None
     if origin in _COLLECTIONS and (item := _data(args[0])) is not None:
         return types.GenericAlias(list, (item,))
-    if origin is collections.abc.Mapping and args[1] is Any:
-        return Arguments
-    if origin is collections.abc.Mapping and (value := _data(args[1])) is not None:
-        return types.GenericAlias(dict, (str, value))
+    if origin is collections.abc.Mapping:
+        return Arguments if args[1] is Any else _dict_of(_data(args[1]))
     return None
+
+
+def _dict_of(value: Any) -> Any:
+    return None if value is None else types.GenericAlias(dict, (str, value))
 
 
 def _field(owner: Callable[..., Any], parameter: inspect.Parameter, doc: str | None) -> Any:
