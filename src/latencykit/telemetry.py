@@ -401,10 +401,9 @@ class _Call:
         answering = self.elsewhere.get(target)
         if answering is None:
             return self.attributes
-        operation = self.attributes[_OPERATION]  # the call's, whoever answered
         return {
             **_endpoint_attributes(answering),
-            _OPERATION: operation,
+            _OPERATION: self.attributes[_OPERATION],  # the call's, whoever answered
             _REQUEST_MODEL: self.endpoint.model,
         }
 
