@@ -527,14 +527,12 @@ def _key_env(key: object, env: str | None, where: str) -> str | None:
     """How a config names ``key``: the environment variable it was read from (``env``). A key
     with no such variable raises ``ValueError``: left out, it would be replaced by litellm's own
     lookup in the environment, which may send another provider's key to this host."""
-    if key is None:
-        return None
-    if env is None:
+    if key is not None and env is None:
         raise ValueError(
             f"{where} was given as a string, and a config never holds a secret: build the LLM "
             "from a config with api_key_env for its config to name the key's variable"
         )
-    return env
+    return None if key is None else env
 
 
 def _no_password(url: object, where: str) -> None:

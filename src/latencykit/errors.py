@@ -815,9 +815,7 @@ def body_message(body: object) -> str | None:
     title = re.search(r"<title[^>]*>([^<]*)</title>", texts[0], re.IGNORECASE)
     text = title.group(1) if title else re.sub(r"<[^>]*>", "\n", texts[0])
     line = next((line.strip() for line in text.splitlines() if line.strip()), None)
-    if line is None:
-        return None
-    return _cut(line, _LINE_LIMIT)
+    return None if line is None else _cut(line, _LINE_LIMIT)
 
 
 def _answer_status(links: list[_Link], classes: tuple[str, ...]) -> int | None:
