@@ -24,6 +24,7 @@ from ._context import order_var, remaining, task_var, trace_var
 from ._litellm import litellm
 from ._values import RouteDecision
 from .balance import Balanced as Balanced
+from .balance import check_names
 from .pipeline import Call, Next, Policy, Stage
 
 if TYPE_CHECKING:
@@ -232,10 +233,8 @@ class Router:
 
     def check(self, targets: Sequence[str]) -> None:
         """Raise ``ValueError`` if a rule or the default names none of ``targets``."""
-        for index, name in [*enumerate(r.to for r in self.rules), ("default", self.default)]:
-            if name is not None and name not in targets:
-                where = "Router.default" if index == "default" else f"Router.rules[{index}].to"
-                raise ValueError(f"{where} names {name!r}, which is not one of {list(targets)}")
+        names = {f"Router.rules[{i}].to": rule.to for i, rule in enumerate(self.rules)}
+        check_names({**names, "Router.default": self.default}, targets)
 
     def eligible(self, request: RouteRequest) -> list[Target]:
         """The targets that can serve ``request`` (see the class docs), in failover order."""
