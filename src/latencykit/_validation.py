@@ -18,6 +18,7 @@ __all__ = [
     "count",
     "function",
     "instance",
+    "known_targets",
     "mapping",
     "number",
     "optional",
@@ -146,6 +147,14 @@ def function(name: str, value: T) -> T:
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be a function, got {value!r}")
     return value
+
+
+def known_targets(names: Mapping[str, str | None], targets: Collection[str]) -> None:
+    """``ValueError`` for the first of ``names`` (option -> the target it names; ``None``:
+    unset) that is none of ``targets``."""
+    for name, target in names.items():
+        if target is not None and target not in targets:
+            raise ValueError(f"{name} names {target!r}, which is not one of {list(targets)}")
 
 
 def mapping(name: str, value: object) -> Mapping[str, Any]:

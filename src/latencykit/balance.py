@@ -28,7 +28,7 @@ import itertools
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _validation
@@ -97,7 +97,9 @@ class Balanced:
 
     def check(self, targets: Sequence[str]) -> None:
         """Raise ``ValueError`` if a member is none of ``targets``."""
-        check_names({f"Balanced.members[{i}]": m for i, m in enumerate(self.members)}, targets)
+        _validation.known_targets(
+            {f"Balanced.members[{i}]": m for i, m in enumerate(self.members)}, targets
+        )
 
     # --- the cost ------------------------------------------------------------------------------
 
@@ -215,14 +217,6 @@ class Balanced:
         self._state[member].outstanding -= 1
         if outcome == "error" and error is not None and is_transient(error):
             self.observe(member, self.error_penalty)  # it broke: avoid it like a failure
-
-
-def check_names(names: Mapping[str, str | None], targets: Sequence[str]) -> None:
-    """``ValueError`` for the first of ``names`` (option -> the target it names; ``None``:
-    unset) that is none of ``targets``."""
-    for where, name in names.items():
-        if name is not None and name not in targets:
-            raise ValueError(f"{where} names {name!r}, which is not one of {list(targets)}")
 
 
 class _Member:

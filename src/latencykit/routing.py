@@ -24,7 +24,6 @@ from ._context import order_var, remaining, task_var, trace_var
 from ._litellm import litellm
 from ._values import RouteDecision
 from .balance import Balanced as Balanced
-from .balance import check_names
 from .pipeline import Call, Next, Policy, Stage
 
 if TYPE_CHECKING:
@@ -234,7 +233,7 @@ class Router:
     def check(self, targets: Sequence[str]) -> None:
         """Raise ``ValueError`` if a rule or the default names none of ``targets``."""
         names = {f"Router.rules[{i}].to": rule.to for i, rule in enumerate(self.rules)}
-        check_names({**names, "Router.default": self.default}, targets)
+        _validation.known_targets({**names, "Router.default": self.default}, targets)
 
     def eligible(self, request: RouteRequest) -> list[Target]:
         """The targets that can serve ``request`` (see the class docs), in failover order."""
