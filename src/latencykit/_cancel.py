@@ -28,6 +28,7 @@ import logging
 import math
 import sys
 import time
+import types
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -209,7 +210,7 @@ class Expiry:
 
     def __enter__(self) -> Expiry:
         loop = _asyncio_loop()
-        task = self._task = sys.modules["asyncio"].current_task(loop)
+        task = self._task = _current_task(loop)
         self._cancelling = task.cancelling()
         self._outer = _anyio_scope(task)  # where the scopes entered inside this one end
         self._token = _expiry_var.set(min(self.deadline, _expiry_var.get()))
@@ -465,6 +466,22 @@ def _find_running_loop() -> Any:
 _asyncio_loop: Callable[[], Any] = _find_running_loop
 """The running asyncio loop, or ``None`` (trio, or no loop at all): asyncio runs here iff
 this thread has a running loop. sniffio's lookup costs ~2 us; this one builtin call."""
+
+
+def _find_current_task(loop: Any) -> Any:
+    # Python 3.11's ``asyncio.current_task`` is Python code around a dict's ``get`` (3.12's
+    # is C): that ``get`` takes its place, a builtin call per look-up.
+    global _current_task
+    asyncio = sys.modules["asyncio"]
+    found, tasks = asyncio.current_task, getattr(asyncio.tasks, "_current_tasks", None)
+    if not isinstance(found, types.BuiltinFunctionType) and isinstance(tasks, dict):
+        found = tasks.get
+    _current_task = found
+    return found(loop)
+
+
+_current_task: Callable[[Any], Any] = _find_current_task
+"""The task running on an asyncio ``loop`` (``asyncio.current_task(loop)``)."""
 
 _monotonic = time.monotonic
 _monotonic_loops: set[type] = set()

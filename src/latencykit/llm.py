@@ -1166,7 +1166,7 @@ def _median(window: Any) -> float | None:
 
 
 # What a typo is checked against: the chat parameters and a target's own fields.
-_KNOWN = CHAT_PARAMETERS | {f.name for f in dataclasses.fields(Target)} | {"api_base"}
+_KNOWN = CHAT_PARAMETERS | {f.name for f in dataclasses.fields(Target) if f.init} | {"api_base"}
 
 
 def _import_litellm_if_needed(targets: Sequence[Target | None], router: object) -> None:

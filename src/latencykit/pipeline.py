@@ -277,7 +277,7 @@ class Pipeline(PolicyDecorator):
         if call.target is UNNAMED:
             call = call._replace(target=function_target(call.fn))
         trace = Trace(parent=trace_var.get())
-        if events.listening():
+        if events.subscribers:
             _call_started(trace, call)
         try:
             # run_within's body, inline: one coroutine frame less on every call
@@ -351,7 +351,7 @@ def _call_ended(
     if isinstance(error, LatencykitError) and not error.attempts:
         error.attempts = tuple(trace.attempts)
     ended: Outcome = _ATTEMPT_OUTCOME[outcome]
-    if events.listening():
+    if events.subscribers:
         # only a failed call carries its error (not a stream closed after one)
         _emit_call_ended(trace, call, result, ended, error if ended == "error" else None)
 
@@ -408,7 +408,7 @@ async def run_attempt(call: Call) -> Any:
     target = call.target.key
     reason = reason_var.get()
     queued = queued_var.get()
-    if events.listening():
+    if events.subscribers:
         events.emit(
             events.AttemptStarted(
                 call_id=trace.call_id,
@@ -517,7 +517,7 @@ def _record(
     trace.record(attempt)
     if call.recorder is not None:
         call.recorder.record(attempt, stream=call.stream is not None)
-    if events.listening():
+    if events.subscribers:
         events.emit(
             events.AttemptEnded(
                 call_id=trace.call_id,
