@@ -374,14 +374,17 @@ def _anyio_scope(task: Any) -> Any:
     """The innermost anyio cancel scope ``task`` is in (``None``: none)."""
     global _task_states
     if _task_states is None:  # anyio's asyncio backend loads with the first anyio call
-        _task_states = getattr(sys.modules.get("anyio._backends._asyncio"), "_task_states", None)
-        if _task_states is None:
+        states = getattr(sys.modules.get("anyio._backends._asyncio"), "_task_states", None)
+        if states is None:
             return None
-    state = _task_states.get(task)
+        # A WeakKeyDictionary's get() is Python code around its dict of weak references.
+        _task_states = states.data if isinstance(states, weakref.WeakKeyDictionary) else states
+    state = _task_states.get(_as_key(task))
     return None if state is None else state.cancel_scope
 
 
 _task_states: Any = None  # anyio's (asyncio backend's) state of each task, once it is loaded
+_as_key: Callable[[Any], Any] = weakref.ref  # a task as a key of anyio's task states
 
 
 def _shielded(task: Any, outer: Any) -> bool:
@@ -743,7 +746,7 @@ def call_at(when: float, callback: Callable[[], None]) -> Timer:
     """Run ``callback()`` on the event loop at ``when`` (its clock), in the caller's context."""
     loop = _asyncio_loop()
     if loop is not None:
-        wheel = _wheel_of(loop)
+        wheel = getattr(loop, "_latencykit_wheel", None) or _wheel_of(loop)
         alarm = _Alarm(wheel, callback)
         wheel.add(when, alarm)
         return alarm

@@ -1162,7 +1162,8 @@ def _median(window: Any) -> float | None:
     """A latency window's median once it has enough samples to cap by, else ``None``."""
     if window is None or window.count() < _CAP_MIN_SAMPLES:
         return None
-    return window.quantile(0.5)  # type: ignore[no-any-return]
+    found = window.quantiles(0.5)
+    return found[0] if found else None
 
 
 # What a typo is checked against: the chat parameters and a target's own fields.

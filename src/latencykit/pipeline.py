@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
+import operator
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from types import MappingProxyType
 from typing import (
@@ -487,6 +488,14 @@ _ATTEMPT_OUTCOME: dict[str, Any] = {
 }
 
 
+_new_tuple = tuple.__new__
+_TIMING = ("ttft", "chunks", "gap_p50", "gap_max", "output_tokens")
+"""A stream attempt's fields of an :class:`Attempt` (``Stream.timing()``), in field order."""
+_NO_TIMING = tuple(Attempt._field_defaults[name] for name in _TIMING)
+_timing = operator.itemgetter(*_TIMING)
+assert Attempt._fields[7:12] == _TIMING
+
+
 def _record(
     call: Call,
     trace: Trace,
@@ -502,17 +511,21 @@ def _record(
     ended: Outcome = _ATTEMPT_OUTCOME[outcome]
     if ended != "error":
         error = None
-    attempt = Attempt(
-        number=number,
-        target=call.target.key if stream is None else stream.target,
-        start=started - trace.origin,
-        duration=clock() - started,
-        outcome=ended,
-        error_type=None if error is None else type(error).__name__,
-        error_kind=None if error is None else classify(error),
-        reason=reason,
-        queued=queued,
-        **(_EMPTY if stream is None else stream.timing()),
+    # The tuple built at once, in field order: a named tuple's keyword __new__ is Python code.
+    attempt: Attempt = _new_tuple(
+        Attempt,
+        (
+            number,
+            call.target.key if stream is None else stream.target,
+            started - trace.origin,
+            clock() - started,
+            ended,
+            None if error is None else type(error).__name__,
+            None if error is None else classify(error),
+            *(_NO_TIMING if stream is None else _timing(stream.timing())),
+            reason,
+            queued,
+        ),
     )
     trace.record(attempt)
     if call.recorder is not None:

@@ -531,7 +531,8 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
                 event = self._probe_ended(success, slow)
             else:
                 event = self._count(success is False, slow)
-        self._emit(event)
+        if event is not None:
+            events.emit(event)
 
     def _record_shared(
         self,

@@ -361,7 +361,7 @@ class Hedge(PolicyDecorator):
         delay = self.current_delay(primary.target.key, ttft=ttft) if self.max_attempts > 1 else None
         if delay is not None and started + delay < deadline_var.get():
             race = _Attempts(self, call, next, ttft, delay)
-            await race.run(next(primary))
+            await race.run(next(primary), started)
             return race.outcome()
         # No hedge can fall due (one attempt, warm-up, or a delay the deadline ends first): the
         # primary runs inline, without a cancel scope or a timer. Only a handled failure starts
