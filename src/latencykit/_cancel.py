@@ -212,7 +212,8 @@ class Expiry:
         loop = _asyncio_loop()
         task = self._task = _current_task(loop)
         self._cancelling = task.cancelling()
-        self._outer = _anyio_scope(task)  # where the scopes entered inside this one end
+        state = _task_state(_as_key(task))  # _anyio_scope(task), inline: a call less
+        self._outer = None if state is None else state.cancel_scope  # where scopes inside end
         self._token = _expiry_var.set(min(self.deadline, _expiry_var.get()))
         self._wheel = wheel = getattr(loop, "_latencykit_wheel", None) or _wheel_of(loop)
         if self.deadline != math.inf:
@@ -372,18 +373,30 @@ _foreign_wheels: weakref.WeakKeyDictionary[Any, _Wheel] = weakref.WeakKeyDiction
 
 def _anyio_scope(task: Any) -> Any:
     """The innermost anyio cancel scope ``task`` is in (``None``: none)."""
-    global _task_states
-    if _task_states is None:  # anyio's asyncio backend loads with the first anyio call
-        states = getattr(sys.modules.get("anyio._backends._asyncio"), "_task_states", None)
-        if states is None:
-            return None
-        # A WeakKeyDictionary's get() is Python code around its dict of weak references.
-        _task_states = states.data if isinstance(states, weakref.WeakKeyDictionary) else states
-    state = _task_states.get(_as_key(task))
+    state = _task_state(_as_key(task))
     return None if state is None else state.cancel_scope
 
 
-_task_states: Any = None  # anyio's (asyncio backend's) state of each task, once it is loaded
+def _find_task_state(key: Any) -> Any:
+    # anyio's asyncio backend loads with the first anyio call; until then no task has a state.
+    global _task_state
+    states = getattr(sys.modules.get("anyio._backends._asyncio"), "_task_states", None)
+    if states is None:
+        return None
+    if isinstance(states, weakref.WeakKeyDictionary):
+        # Its get() is Python code around its dict of weak references: that dict's takes its
+        # place (the keys are weakref.ref(task), what _as_key gives).
+        _task_state = states.data.get  # type: ignore[attr-defined]
+    else:
+
+        def _task_state(key: Any) -> Any:
+            return states.get(key())
+
+    return _task_state(key)
+
+
+_task_state: Callable[[Any], Any] = _find_task_state
+"""anyio's (asyncio backend's) state of a task, by :data:`_as_key` (``None``: none)."""
 _as_key: Callable[[Any], Any] = weakref.ref  # a task as a key of anyio's task states
 
 

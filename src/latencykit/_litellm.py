@@ -325,7 +325,7 @@ class LitellmTransport:
         # litellm's one-time set-up, apart: a cancel landing in a real call's set-up (it runs
         # in a thread) leaves litellm's request coroutine unawaited; in the mock's, nothing.
         await self._set_up(target)
-        bridge = sys.modules.get("latencykit._asyncio_bridge")
+        bridge: Any = sys.modules.get("latencykit._asyncio_bridge")
         if bridge is None:  # imported on first use: asyncio stays out of `import latencykit`
             from . import _asyncio_bridge as bridge
         response = await bridge.run_on_asyncio(acompletion(attempt_arguments(target, arguments)))

@@ -177,18 +177,17 @@ class Race(abc.ABC):
             if self.won >= 0:
                 await close((self.winner,))  # the caller will never get it
             raise
-        finally:
-            await self._finish()
+        finally:  # stop the race; cancel and await the contenders still running
+            if not self.stopped:
+                self._stop(None)
+            if self.spawned or self.answered < len(self.starts):  # contenders were cut short
+                await self._cut_short()
 
-    async def _finish(self) -> None:
-        """Stop the race; cancel and await the contenders still running."""
-        if not self.stopped:
-            self._stop(None)
-        if self.spawned or self.answered < len(self.starts):  # contenders were cut short
-            with self.scope(shield=True):
-                while self.spawned:
-                    await self._changed()
-            await settle()
+    async def _cut_short(self) -> None:
+        with self.scope(shield=True):
+            while self.spawned:
+                await self._changed()
+        await settle()
 
     async def _contend(self, index: int, awaitable: Awaitable[Any]) -> None:
         try:
@@ -220,7 +219,8 @@ class Race(abc.ABC):
         finally:
             self.running -= 1
             del self.spawned[index]
-            self._wake()
+            if self.waiter is not None:
+                self.waiter.set()
 
     def _take(self, index: int, result: Any) -> bool:
         """Whether ``result`` wins (or is the winner's own object); otherwise it is closed."""
@@ -262,16 +262,13 @@ class Race(abc.ABC):
         for index, scope in self.spawned.items():
             if index != decided_by:
                 scope.cancel()
-        self._wake()
+        if self.waiter is not None:
+            self.waiter.set()
 
     async def _changed(self) -> None:
         """Wait until a contender ends or the race stops."""
         self.waiter = anyio.Event()
         await self.waiter.wait()
-
-    def _wake(self) -> None:
-        if self.waiter is not None:
-            self.waiter.set()
 
     def _arm(self) -> None:
         if self.timer is not None:

@@ -102,7 +102,9 @@ class RetryBudget:
 
     def deposit(self) -> None:
         """Count one call (earns ``ratio`` of an extra request)."""
-        self._deposit(self._clock())
+        self._window.add(self._slot(), _DEPOSITS)
+        if self.shared is not None or _fleet._current is not None:
+            self._deposit_shared()
 
     def deposit_once(self) -> None:
         """Count the current call, unless another policy already did so for this budget.
@@ -120,15 +122,16 @@ class RetryBudget:
             return None
         paid.add(id(self))
         # Counted at the call's start, on the loop's clock: no reading of its own.
-        self._deposit(trace.started_at if self._clock is loop_clock else self._clock())
-        return None
-
-    def _deposit(self, at: float) -> None:
+        at = trace.started_at if self._clock is loop_clock else self._clock()
         self._window.add(int(at // self._slot_width), _DEPOSITS)
         if self.shared is not None or _fleet._current is not None:
-            shared = self._fleet()
-            if shared is not None:
-                shared.deposit()
+            self._deposit_shared()
+        return None
+
+    def _deposit_shared(self) -> None:
+        shared = self._fleet()
+        if shared is not None:
+            shared.deposit()
 
     def try_withdraw(self) -> bool:
         """Take one extra request from the budget; ``False`` (and nothing taken) if empty."""

@@ -1160,10 +1160,10 @@ async def _close_all(transports: Mapping[str, Transport]) -> None:
 
 def _median(window: Any) -> float | None:
     """A latency window's median once it has enough samples to cap by, else ``None``."""
-    if window is None or window.count() < _CAP_MIN_SAMPLES:
+    if window is None:
         return None
-    found = window.quantiles(0.5)
-    return found[0] if found else None
+    found = window.quantiles(0.5)  # drops the expired samples: len() counts the others
+    return found[0] if found and len(window) >= _CAP_MIN_SAMPLES else None
 
 
 # What a typo is checked against: the chat parameters and a target's own fields.
