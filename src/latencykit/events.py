@@ -669,7 +669,9 @@ class StoreRecovered(Event, frozen=True):
 EventHandler: TypeAlias = Callable[[Event], object]
 """A subscriber: called with every event, synchronously; its return value is ignored."""
 
-_handlers: tuple[EventHandler, ...] = ()
+subscribers: tuple[EventHandler, ...] = ()
+"""The subscribed handlers, in order (read-only: change it with :func:`subscribe`); empty
+(false) while nobody listens. A hot path reads it instead of calling :func:`listening`."""
 
 
 _capture = 0
@@ -677,7 +679,7 @@ _capture = 0
 
 def listening() -> bool:
     """Whether anybody subscribed; policies build events only when this is true."""
-    return bool(_handlers)
+    return bool(subscribers)
 
 
 def capturing_content() -> bool:
@@ -706,7 +708,7 @@ def emit(event: Event) -> None:
     A subscriber that raises does not break the call it observes: the exception is logged on
     the ``latencykit`` logger with its traceback, and delivery goes on.
     """
-    for handler in _handlers:
+    for handler in subscribers:
         try:
             handler(event)
         except Exception:
@@ -739,13 +741,13 @@ def subscribe(handler: EventHandler) -> Subscription:
             await ask("...")
         slow_cases = [e for e in seen if isinstance(e, lk.events.FallbackUsed)]
     """
-    global _handlers
+    global subscribers
     if not callable(handler):
         raise TypeError(f"subscribe(handler): handler must be callable, got {handler!r}")
-    _handlers = (*_handlers, handler)
+    subscribers = (*subscribers, handler)
 
     def stop() -> None:
-        global _handlers
-        _handlers = tuple(h for h in _handlers if h is not handler)
+        global subscribers
+        subscribers = tuple(h for h in subscribers if h is not handler)
 
     return Subscription(stop)

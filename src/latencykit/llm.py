@@ -1160,13 +1160,14 @@ async def _close_all(transports: Mapping[str, Transport]) -> None:
 
 def _median(window: Any) -> float | None:
     """A latency window's median once it has enough samples to cap by, else ``None``."""
-    if window is None or window.count() < _CAP_MIN_SAMPLES:
+    if window is None:
         return None
-    return window.quantile(0.5)  # type: ignore[no-any-return]
+    found = window.quantiles(0.5)  # drops the expired samples: len() counts the others
+    return found[0] if found and len(window) >= _CAP_MIN_SAMPLES else None
 
 
 # What a typo is checked against: the chat parameters and a target's own fields.
-_KNOWN = CHAT_PARAMETERS | {f.name for f in dataclasses.fields(Target)} | {"api_base"}
+_KNOWN = CHAT_PARAMETERS | {f.name for f in dataclasses.fields(Target) if f.init} | {"api_base"}
 
 
 def _import_litellm_if_needed(targets: Sequence[Target | None], router: object) -> None:

@@ -103,7 +103,7 @@ class _Attempts(Race):
     """The attempts of one hedged call as a :class:`~latencykit._race.Race`: where each backup
     goes, whether budget and deadline allow it, what stops the race, what is raised at the end."""
 
-    __slots__ = ("call", "call_id", "next", "policy", "ttft")
+    __slots__ = ("call", "next", "policy", "ttft")
 
     def __init__(
         self, policy: Hedge, call: Call, next: Next, ttft: bool, delay: float | None
@@ -113,7 +113,12 @@ class _Attempts(Race):
         self.call = call
         self.next = next
         self.ttft = ttft
-        self.call_id = current_call_id()
+
+    @property
+    def call_id(self) -> int:
+        """The hedged call's id (read in the events only: every contender's context has the
+        call's trace)."""
+        return current_call_id()
 
     def contender(self, index: int, reason: Reason) -> Awaitable[Any] | None:
         policy = self.policy
@@ -361,7 +366,7 @@ class Hedge(PolicyDecorator):
         delay = self.current_delay(primary.target.key, ttft=ttft) if self.max_attempts > 1 else None
         if delay is not None and started + delay < deadline_var.get():
             race = _Attempts(self, call, next, ttft, delay)
-            await race.run(next(primary))
+            await race.run(next(primary), started)
             return race.outcome()
         # No hedge can fall due (one attempt, warm-up, or a delay the deadline ends first): the
         # primary runs inline, without a cancel scope or a timer. Only a handled failure starts
