@@ -16,6 +16,7 @@ sets); even then the text is kept out of the events' ``repr``.
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AttemptEnded",
     "AttemptStarted",
+    "AutopilotChanged",
     "BreakerRejected",
     "BreakerStateChanged",
     "CacheLookup",
@@ -666,10 +668,37 @@ class StoreRecovered(Event, frozen=True):
     down_for: float
 
 
+class AutopilotChanged(Event, frozen=True):
+    """The SLO autopilot stepped a setting of a target (:mod:`latencykit.autopilot`), or the
+    replay check refused the step (``applied=False``); ``call_id`` is ``0`` (no call).
+
+    Attributes:
+        target: the target's key.
+        setting: ``"hedge_quantile"``, ``"first_token"``, ``"stall"`` or
+            ``"slow_call_duration"``.
+        old: its value before (``None``: off, or no limit).
+        new: the value proposed (``None``: off).
+        reason: why, in words (and why it was refused).
+        applied: whether it was applied.
+        measurements: the figures behind it: the window's p99s, the replay's predictions for
+            the old (``before_*``) and the new (``after_*``) value.
+    """
+
+    target: str
+    setting: str
+    old: float | None
+    new: float | None
+    reason: str
+    applied: bool
+    measurements: dict[str, float]
+
+
 EventHandler: TypeAlias = Callable[[Event], object]
 """A subscriber: called with every event, synchronously; its return value is ignored."""
 
 _handlers: tuple[EventHandler, ...] = ()
+# Set where events must not reach the application: the autopilot's replays (a simulation).
+_muted: ContextVar[bool] = ContextVar("latencykit_muted", default=False)
 
 
 _capture = 0
@@ -706,6 +735,8 @@ def emit(event: Event) -> None:
     A subscriber that raises does not break the call it observes: the exception is logged on
     the ``latencykit`` logger with its traceback, and delivery goes on.
     """
+    if _muted.get():
+        return
     for handler in _handlers:
         try:
             handler(event)
