@@ -245,14 +245,15 @@ def propose(
             )
     bound = slo.ttft_p99 if slo.ttft_p99 is not None else slo.total_p99
     if streaming and measured.ttft_p99 is not None and bound is not None:
-        goal = min(bound, max(_FIRST_TOKEN_FLOOR, _MULTIPLE * measured.ttft_p99))
+        goal = max(_FIRST_TOKEN_FLOOR, min(bound, _MULTIPLE * measured.ttft_p99))
         step = _toward(current.first_token, goal)
         if step is not None:
             steps.append(("first_token", step, f"goal {goal:.3g}s: 3x the p99, within the SLO"))
     if streaming and measured.gap_p99 is not None:
-        goal = max(_STALL_FLOOR, _MULTIPLE * measured.gap_p99)
+        goal = _MULTIPLE * measured.gap_p99
         if slo.total_p99 is not None:
             goal = min(goal, slo.total_p99)
+        goal = max(_STALL_FLOOR, goal)
         step = _toward(current.stall, goal)
         if step is not None:
             steps.append(("stall", step, f"goal {goal:.3g}s: 3x the p99 of the longest gaps"))
@@ -261,7 +262,7 @@ def propose(
         and slo.total_p99 is not None
         and measured.latency_p99 is not None
     ):
-        goal = min(slo.total_p99, max(_SLOW_FLOOR, _MULTIPLE * measured.latency_p99))
+        goal = max(_SLOW_FLOOR, min(slo.total_p99, _MULTIPLE * measured.latency_p99))
         step = _toward(current.slow_call_duration, goal)
         if step is not None:
             steps.append(("slow_call_duration", step, f"goal {goal:.3g}s: within total_p99"))

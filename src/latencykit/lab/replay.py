@@ -37,6 +37,7 @@ import anyio
 from .. import errors
 from ..config import LLMConfig
 from ..llm import LLM
+from ..stats import StatsTable
 from ..target import Target
 from . import virtual
 
@@ -515,11 +516,13 @@ class Outcome:
 @dataclass(frozen=True, slots=True)
 class Run:
     """What :func:`run_requests` did: each call's :class:`Outcome`, in arrival order, the
-    simulated provider (its counts) and the ``LLM`` that made the calls."""
+    simulated provider (its counts), the ``LLM`` that made the calls and its ``stats()`` at
+    the end (read on the run's clock)."""
 
     outcomes: tuple[Outcome, ...]
     provider: _Provider
     llm: LLM
+    stats: StatsTable
 
 
 def run_requests(
@@ -543,6 +546,7 @@ def run_requests(
     if missing:
         raise ValueError(f"the trace has no samples of {missing}: every target must be in it")
     built: list[LLM] = []
+    stats: list[StatsTable] = []
 
     async def main() -> list[Outcome]:
         llm = config.build(kind=_ReplayLLM)
@@ -578,12 +582,13 @@ def run_requests(
                     await anyio.sleep_until(start + at)
                     group.start_soon(one, index, start + at)
         finally:
+            stats.append(llm.stats())
             if llm.autopilot is not None:
                 await llm.autopilot.aclose()
         return outcomes
 
     outcomes = virtual.run(main)
-    return Run(tuple(outcomes), provider, built[0])
+    return Run(tuple(outcomes), provider, built[0], stats[0])
 
 
 def _arrivals(requests: Sequence[TraceRecord], seed: int, rate: float | None) -> list[float]:

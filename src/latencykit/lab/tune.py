@@ -420,6 +420,11 @@ def autopilot_run(
         minutes=tuple(rows),
         history=history,
         forecasts=tuple(autopilot.forecasts),
-        setting=autopilot.setting(target),
+        setting=Setting(
+            hedge_quantile=(row := run.stats[target]).hedge_quantile,
+            first_token=row.first_token_limit,
+            stall=row.stall_limit,
+            slow_call_duration=row.slow_call_duration,
+        ),
         measured_after=_figures(after, stream) if after else {},
     )
