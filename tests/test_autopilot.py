@@ -13,13 +13,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import latencykit as lk
+from helpers import MESSAGES, make_llm, read_all, until
 from latencykit import autopilot, events
 from latencykit.autopilot import SLO, Measured, Setting, propose
 from latencykit.lab.replay import TraceRecord
 from latencykit.lab.tune import autopilot_run
 from latencykit.testing import Behavior, FakeProvider
-
-from helpers import MESSAGES, make_llm, read_all, until
 
 # --- the objective ------------------------------------------------------------------------------
 
@@ -42,7 +41,7 @@ def test_an_invalid_slo_fails_naming_the_field(options: dict[str, Any], field: s
 
 
 def test_an_llm_refuses_an_slo_that_is_not_one() -> None:
-    with pytest.raises(TypeError, match="LLM.slo"):
+    with pytest.raises(TypeError, match=r"LLM\.slo"):
         lk.LLM("openai/m", slo={"ttft_p99": 1.0})  # type: ignore[arg-type]
 
 
@@ -109,7 +108,9 @@ def test_hysteresis_holds_a_setting_inside_the_band() -> None:
 def test_limits_stay_within_the_slo_and_above_their_floors() -> None:
     slow = Measured(samples=500, ttft_p99=5.0, gap_p99=3.0, predicted={"ttft_p99": 1.0})
     setting = Setting(None, 4.0, 10.0)
-    steps = {n: v for n, v, _ in propose(SLO(ttft_p99=2.0, total_p99=6.0), setting, slow, streaming=True)}
+    steps = {
+        n: v for n, v, _ in propose(SLO(ttft_p99=2.0, total_p99=6.0), setting, slow, streaming=True)
+    }
     assert steps == {"first_token": 2.0, "stall": 6.0}  # bounded by ttft_p99 and total_p99
     fast = Measured(samples=500, ttft_p99=0.01, gap_p99=0.01, predicted={"ttft_p99": 1.0})
     steps = {n: v for n, v, _ in propose(SLO2, Setting(None, 1.6, 3.5), fast, streaming=True)}
@@ -208,8 +209,6 @@ def test_stats_and_spans_explain_the_settings() -> None:
     slo = SLO(ttft_p99=2.0, max_extra_load=0.05, every=60.0)
     with lk.telemetry.instrument(tracer_provider=provider):
         run = autopilot_run(heavy_tail(), slo, minutes=4, rate=4.0, seed=1)
-    from latencykit.lab.replay import run_requests  # noqa: F401  (the run's stats are its own)
-
     applied = [c for c in run.history if c.applied]
     assert applied
     found = [s for s in spans.get_finished_spans() if s.name == "latencykit autopilot"]
@@ -223,8 +222,6 @@ def test_stats_and_spans_explain_the_settings() -> None:
 
 
 # --- on a live LLM, both backends ----------------------------------------------------------------
-
-pytestmark_anyio = pytest.mark.anyio
 
 
 @pytest.mark.anyio
@@ -257,7 +254,9 @@ async def test_stats_show_the_settings_and_their_sources(fake: FakeProvider) -> 
 async def test_a_round_on_a_live_llm_replays_its_recent_attempts(fake: FakeProvider) -> None:
     fake.script("quick", Behavior(ttft=0.01, output_tokens=3))
     slo = SLO(ttft_p99=0.001, max_extra_load=0.05)  # unreachable: it must try to tighten
-    llm = make_llm(fake, "quick", transport="openai", slo=slo, stream_guard=lk.StreamGuard(first_token=30))
+    llm = make_llm(
+        fake, "quick", transport="openai", slo=slo, stream_guard=lk.StreamGuard(first_token=30)
+    )
     async with llm:
         for _ in range(autopilot.MIN_SAMPLES):
             await read_all(await llm.acompletion(messages=MESSAGES, stream=True))

@@ -240,9 +240,7 @@ def propose(
         )
         if comfortable:
             looser = [rung for rung in rungs if rung > q + 1e-9]
-            steps.append(
-                ("hedge_quantile", looser[-1] if looser else None, "well under the SLO")
-            )
+            steps.append(("hedge_quantile", looser[-1] if looser else None, "well under the SLO"))
     bound = slo.ttft_p99 if slo.ttft_p99 is not None else slo.total_p99
     if streaming and measured.ttft_p99 is not None and bound is not None:
         goal = max(_FIRST_TOKEN_FLOOR, min(bound, _MULTIPLE * measured.ttft_p99))
@@ -303,9 +301,7 @@ def _records(seen: Sequence[_Seen], seed: int) -> list[TraceRecord]:
         elif a.outcome == "cancelled" or a.error_kind is ErrorKind.TIMEOUT:
             known = a.ttft is not None  # cut after its first chunk: only its end is unknown
             longer = [
-                r
-                for r in done.get(a.target, ())
-                if (r.duration if known else r.ttft) > a.duration
+                r for r in done.get(a.target, ()) if (r.duration if known else r.ttft) > a.duration
             ]
             if longer:
                 pick = rng.choice(longer)
@@ -489,7 +485,7 @@ class Autopilot:
                     stall_limit=setting.stall,
                     hedge_quantile=setting.hedge_quantile,
                     slow_call_duration=setting.slow_call_duration,
-                    sources=self.sources(key),
+                    sources={str(k): v for k, v in self.sources(key).items()},
                 )
             )
         return StatsTable(rows)
@@ -541,6 +537,7 @@ class Autopilot:
             events._muted.set(True)  # the replays' own events are not the application's
             return self._decide(now, seen, settings, measured, round_)
 
+        changes: list[Change]
         if self.blocking:
             changes, forecasts = _run_aside(decide)
         else:

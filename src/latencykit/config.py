@@ -57,10 +57,10 @@ from pydantic_core import PydanticCustomError
 
 from ._docstrings import arguments
 from ._litellm import GC_FREEZE_VARIABLE
+from .autopilot import SLO
 from .cache import ResponseCache
 from .errors import ErrorKind, classify
 from .fleet.redis import RedisStore
-from .autopilot import SLO
 from .llm import LLM, Degrade
 from .policies.breaker import breaker
 from .policies.guard import StreamGuard

@@ -16,8 +16,8 @@ sets); even then the text is kept out of the events' ``repr``.
 from __future__ import annotations
 
 import logging
-from contextvars import ContextVar
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
@@ -372,14 +372,15 @@ class FirstTokenMissed(Event, frozen=True):
         target: the target's key.
         first_token: the limit in seconds.
         source: where the limit came from: ``"configured"`` (``StreamGuard(first_token=...)``),
-            ``"learned"`` (from the target's recent times to first chunk) or ``"timeout"`` (the
-            target's attempt timeout) (default ``"configured"``).
+            ``"learned"`` (from the target's recent times to first chunk), ``"slo"`` (set by the
+            SLO autopilot) or ``"timeout"`` (the target's attempt timeout) (default
+            ``"configured"``).
     """
 
     attempt: int
     target: str
     first_token: float
-    source: Literal["configured", "learned", "timeout"] = "configured"
+    source: Literal["configured", "learned", "timeout", "slo"] = "configured"
 
 
 class StallDetected(Event, frozen=True):
@@ -398,7 +399,7 @@ class StallDetected(Event, frozen=True):
     target: str
     stall: float
     chunks: int
-    source: Literal["configured", "learned", "timeout"] = "configured"
+    source: Literal["configured", "learned", "timeout", "slo"] = "configured"
 
 
 class StreamResumed(Event, frozen=True):

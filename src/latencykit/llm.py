@@ -42,6 +42,7 @@ from ._litellm import LitellmTransport, litellm, to_model_response
 from ._response import CHAT_PARAMETERS
 from ._slots import ConnectionSlots, host_of, per_host, waiting
 from ._sync import LoopThread, SyncStream
+from .autopilot import SLO, Autopilot
 from .errors import (
     ErrorFilter,
     OutputTruncated,
@@ -57,7 +58,6 @@ from .policies.deadline import Deadline
 from .policies.failover import Failover, Route
 from .policies.fallback import Fallback, FallbackReason, Reroute
 from .policies.guard import StreamGuard
-from .autopilot import SLO, Autopilot
 from .policies.hedge import Hedge, Quantile
 from .policies.retry import Retry
 from .routing import RouteDecision, Router, RouterFunction, Routing

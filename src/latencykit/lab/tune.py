@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -248,10 +249,8 @@ class AutopilotRun:
         the last minute misses it)."""
         found = None
         for minute in self.minutes:
-            if self._meets(minute):
-                found = minute.minute if found is None else found
-            else:
-                found = None
+            met = self._meets(minute)
+            found = (found or minute.minute) if met else None
         return found
 
     @property
@@ -265,10 +264,14 @@ class AutopilotRun:
     def monotone(self) -> bool:
         """Whether every setting moved one way only (no oscillation)."""
         for name in ("hedge_quantile", "first_token", "stall", "slow_call_duration"):
-            values = [c.new for c in self.history if c.applied and c.setting == name]
-            values = [v if v is not None else 1.0 for v in values]  # off: above every quantile
-            ups = any(b > a for a, b in zip(values, values[1:], strict=False))
-            downs = any(b < a for a, b in zip(values, values[1:], strict=False))
+            # off (None) is above every quantile
+            values = [
+                1.0 if c.new is None else c.new
+                for c in self.history
+                if c.applied and c.setting == name
+            ]
+            ups = any(b > a for a, b in itertools.pairwise(values))
+            downs = any(b < a for a, b in itertools.pairwise(values))
             if ups and downs:
                 return False
         return True
