@@ -224,6 +224,7 @@ class AutopilotRun:
         setting: the target's setting at the end.
         measured_after: the p99s the calls measured after the last applied step (``ttft_p99``,
             ``total_p99``, ``extra``; empty when nothing was applied).
+        overall: the same figures over every call of the run.
     """
 
     trace: str
@@ -237,6 +238,7 @@ class AutopilotRun:
     forecasts: tuple[tuple[float, str, dict[str, float]], ...]
     setting: Setting
     measured_after: Mapping[str, float]
+    overall: Mapping[str, float]
 
     def _meets(self, minute: Minute) -> bool:
         slo = self.slo
@@ -430,4 +432,5 @@ def autopilot_run(
             slow_call_duration=row.slow_call_duration,
         ),
         measured_after=_figures(after, stream) if after else {},
+        overall=_figures(run.outcomes, stream),
     )
