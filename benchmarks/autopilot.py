@@ -78,7 +78,7 @@ def main() -> None:
         measured = run.measured_after.get("ttft_p99", math.nan)
         setting = f"q={run.setting.hedge_quantile} first_token={_s(run.setting.first_token)}"
         print(
-            f"{seed:>4} {_minute(run.reached):>8} {run.extra:>6.1%} {str(run.monotone):>8} "
+            f"{seed:>4} {_minute(run.reached):>8} {run.extra:>6.1%} {run.monotone!s:>8} "
             f"{_minute(run.settled):>7} {predicted:>9.3f} {measured:>9.3f} "
             f"{predicted / measured:>6.3f} {bad_p99:>8.3f} {bad.extra:>8.1%} {setting:<30} "
             f"{wall:>6.1f}"
