@@ -9,7 +9,8 @@ and stall limits, the hedge's quantile and the breaker's slow-call threshold:
 - **propose** (:func:`propose`, pure): one small step per setting toward what the
   measurements and the SLO ask (a limit moves at most by half or by half again per round, and
   only when it is more than 25 % off; the hedge walks a ladder of quantiles, tightening while
-  the SLO is missed, loosening only once the p99 is under 75 % of it: the hysteresis band);
+  the predicted p99 is over 90 % of the objective, loosening only once it is under 75 %: the
+  hysteresis band);
 - **check**: the recent attempts (at most :data:`MAX_REPLAYED`, the last ``SLO.window``
   seconds) are replayed on virtual time (:mod:`latencykit.lab.replay`, a fixed seed) with the
   current setting and with each step; a step is applied only if the replay predicts it within
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
     from .target import Target
 
 __all__ = [
+    "BAND",
+    "HEADROOM",
     "LADDER",
     "MAX_REPLAYED",
     "MIN_SAMPLES",
@@ -72,6 +75,9 @@ MIN_SAMPLES = 50
 LADDER = (0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.93, 0.92, 0.91, 0.9, 0.85, 0.8, 0.75, 0.7, 0.6)
 """The hedge quantiles the autopilot steps through, one rung per round (above the top rung:
 no hedging); only rungs with ``1 - q <= max_extra_load`` are used."""
+HEADROOM = 0.9
+"""The autopilot tightens while a predicted p99 is over this fraction of its objective: a p99
+measured over a minute of calls scatters around its true value, so it aims a little under."""
 BAND = 0.25
 """Hysteresis: a limit changes only when it is more than this far (relative) from its goal;
 hedging loosens only once every p99 is under ``1 - BAND`` of its objective."""
@@ -202,12 +208,14 @@ def _rungs(max_extra_load: float) -> tuple[float, ...]:
     return tuple(q for q in LADDER if 1.0 - q <= max_extra_load + 1e-9)
 
 
-def _missing(slo: SLO, predicted: Mapping[str, float], streaming: bool) -> dict[str, float]:
-    """The objectives the prediction misses, with their predicted values."""
+def _missing(
+    slo: SLO, predicted: Mapping[str, float], streaming: bool, within: float = 1.0
+) -> dict[str, float]:
+    """The objectives the prediction misses (over ``within`` of them), with their values."""
     return {
         name: predicted[name]
         for name, goal in slo.objectives().items()
-        if (streaming or name != "ttft_p99") and predicted.get(name, 0.0) > goal
+        if (streaming or name != "ttft_p99") and predicted.get(name, 0.0) > within * goal
     }
 
 
@@ -224,13 +232,13 @@ def propose(
     steps: list[tuple[SettingName, float | None, str]] = []
     rungs = _rungs(slo.max_extra_load)
     predicted = measured.predicted
-    missing = _missing(slo, predicted, streaming)
+    missing = _missing(slo, predicted, streaming, HEADROOM)
     q = current.hedge_quantile
     if missing and predicted.get("extra", 0.0) < slo.max_extra_load:
         tighter = [rung for rung in rungs if q is None or rung < q - 1e-9]
         if tighter:
-            said = ", ".join(f"{name} {value:.3g}s" for name, value in missing.items())
-            steps.append(("hedge_quantile", tighter[0], f"predicted {said} over the SLO"))
+            said = ", ".join(f"{name} {_s(value)}" for name, value in missing.items())
+            steps.append(("hedge_quantile", tighter[0], f"predicted {said}: over the SLO"))
     elif not missing and q is not None and predicted:
         objectives = slo.objectives()
         comfortable = all(
@@ -630,12 +638,16 @@ class Autopilot:
             return None
         worse = [name for name in missed if after[name] > before.get(name, math.inf) + 1e-9]
         if not _missing(slo, before, streaming):
-            said = ", ".join(f"{name} {after[name]:.3g}s" for name in missed)
+            said = ", ".join(f"{name} {_s(after[name])}" for name in missed)
             return f"it would miss the SLO ({said})"
         if worse:
-            said = ", ".join(f"{name} {before[name]:.3g}s -> {after[name]:.3g}s" for name in worse)
+            said = ", ".join(f"{name} {_s(before[name])} -> {_s(after[name])}" for name in worse)
             return f"it would move away from the SLO ({said})"
         return None
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:.3g}s" if math.isfinite(seconds) else "never (calls failed)"
 
 
 def _named(figures: Mapping[str, float], prefix: str = "") -> dict[str, float]:
