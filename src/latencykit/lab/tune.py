@@ -38,6 +38,7 @@ from .replay import (
 
 __all__ = [
     "BAD_START",
+    "TRAILING",
     "AutopilotRun",
     "Minute",
     "TuneResult",
@@ -180,6 +181,10 @@ def tune(
 
 # --- the SLO autopilot on a trace ------------------------------------------------------------
 
+TRAILING = 5
+"""Minutes over which :attr:`AutopilotRun.reached` measures a p99 (a minute's p99 of a few
+hundred calls is one of its slowest few: it scatters widely around the true p99)."""
+
 BAD_START: Mapping[str, Any] = {"stream_guard": {"first_token": 30.0}}
 """Where :func:`autopilot_run` starts by default: a 30 s first-token limit and no hedging."""
 
@@ -196,6 +201,9 @@ class Minute:
         p99: the p99 of their durations.
         extra: their extra attempts per call.
         changes: the autopilot's steps decided in it, applied or refused.
+        trailing: ``ttft_p99``, ``total_p99`` and ``extra`` over the calls of the last
+            :data:`TRAILING` minutes, this one included (fewer at the start): the p99 a
+            dashboard over that window shows.
     """
 
     minute: int
@@ -204,6 +212,7 @@ class Minute:
     p99: float
     extra: float
     changes: tuple[Change, ...]
+    trailing: Mapping[str, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,20 +249,32 @@ class AutopilotRun:
     measured_after: Mapping[str, float]
     overall: Mapping[str, float]
 
-    def _meets(self, minute: Minute) -> bool:
-        slo = self.slo
-        ttft_ok = slo.ttft_p99 is None or (minute.ttft_p99 or 0.0) <= slo.ttft_p99
-        return ttft_ok and (slo.total_p99 is None or minute.p99 <= slo.total_p99)
+    def _meets(self, figures: Mapping[str, float]) -> bool:
+        return not any(
+            figures.get(name, 0.0) > goal for name, goal in self.slo.objectives().items()
+        )
 
     @property
     def reached(self) -> int | None:
-        """The first minute from which every minute meets the SLO to the end (``None``:
-        the last minute misses it)."""
+        """The first minute from which the p99s over the trailing :data:`TRAILING` minutes
+        meet the SLO at every minute to the end (``None``: the last one misses it)."""
         found = None
         for minute in self.minutes:
-            met = self._meets(minute)
-            found = (found or minute.minute) if met else None
+            found = (found or minute.minute) if self._meets(minute.trailing) else None
         return found
+
+    @property
+    def minutes_over(self) -> int:
+        """Minutes after :attr:`reached` whose own p99 (of that minute's calls alone) misses
+        the SLO: the scatter of a p99 over a few hundred calls."""
+        reached = self.reached
+        return sum(
+            1
+            for m in self.minutes
+            if reached is not None
+            and m.minute >= reached
+            and not self._meets({"ttft_p99": m.ttft_p99 or 0.0, "total_p99": m.p99})
+        )
 
     @property
     def extra(self) -> float:
@@ -315,17 +336,24 @@ class AutopilotRun:
             f"autopilot on {self.trace}: target {self.target}, {goals}, max extra load "
             f"{self.slo.max_extra_load:.0%}, {self.rate:g} calls/s, seed {self.seed}",
             f"start: {self.start}",
-            f"{'minute':>6} {'calls':>6} {'ttft p99':>9} {'p99':>8} {'extra':>7}  steps",
+            f"{'minute':>6} {'calls':>6} {'ttft p99':>9} {'p99':>8} {'extra':>7} "
+            f"{f'last {TRAILING} min: ttft p99':>21} {'p99':>8}  steps",
         ]
         for m in self.minutes:
             ttft = "-" if m.ttft_p99 is None else f"{m.ttft_p99:.3f}"
-            lines.append(f"{m.minute:>6} {m.requests:>6} {ttft:>9} {m.p99:>8.3f} {m.extra:>6.1%}")
+            trailing = m.trailing.get("ttft_p99")
+            lines.append(
+                f"{m.minute:>6} {m.requests:>6} {ttft:>9} {m.p99:>8.3f} {m.extra:>6.1%} "
+                f"{'-' if trailing is None else f'{trailing:.3f}':>21} "
+                f"{m.trailing['total_p99']:>8.3f}"
+            )
             for c in m.changes:
                 mark = "applied" if c.applied else "refused"
                 lines.append(f"{'':>32}{mark} {c.setting} {_v(c.old)} -> {_v(c.new)}: {c.reason}")
         predicted, measured = self.predicted, self.measured_after
         lines += [
-            f"reached the SLO at minute {self.reached}"
+            f"reached the SLO at minute {self.reached} (p99 over the last {TRAILING} minutes; "
+            f"{self.minutes_over} later minutes over it on their own)"
             if self.reached is not None
             else "the SLO was not reached",
             f"extra load {self.extra:.1%}; settings {'monotone' if self.monotone else 'oscillated'}"
@@ -403,6 +431,7 @@ def autopilot_run(
         these = [o for o in run.outcomes if n * 60 <= o.at < (n + 1) * 60]
         figures = _figures(these, stream)
         steps = tuple(c for c in history if n * 60 <= c.at < (n + 1) * 60)
+        recent = [o for o in run.outcomes if (n + 1 - TRAILING) * 60 <= o.at < (n + 1) * 60]
         rows.append(
             Minute(
                 n + 1,
@@ -411,6 +440,7 @@ def autopilot_run(
                 figures["total_p99"],
                 figures["extra"],
                 steps,
+                _figures(recent, stream),
             )
         )
     applied = [c.at for c in history if c.applied]
