@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -66,14 +67,19 @@ def main() -> None:
     )
     for seed in (int(s) for s in args.seeds.split(",")):
         started = time.perf_counter()
-        options = dict(
-            target=args.target, minutes=args.minutes, rate=args.rate, seed=seed, stream=True
+        drive = functools.partial(
+            autopilot_run,
+            trace,
+            target=args.target,
+            minutes=args.minutes,
+            rate=args.rate,
+            seed=seed,
         )
-        run = autopilot_run(trace, slo, **options)  # type: ignore[arg-type]
+        run = drive(slo)
         wall = time.perf_counter() - started
         # The same calls with the bad setting and an SLO nobody acts on: a round never comes.
         idle = dataclasses.replace(slo, every=10.0 * args.minutes * 60.0)
-        bad = autopilot_run(trace, idle, **options)  # type: ignore[arg-type]
+        bad = drive(idle)
         bad_p99 = bad.overall["ttft_p99"]
         predicted = run.predicted.get("ttft_p99", math.nan)
         measured = run.measured_after.get("ttft_p99", math.nan)

@@ -4,7 +4,9 @@ and span, and its loop's life on both backends."""
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -287,3 +289,33 @@ async def test_the_loop_runs_every_interval_and_stops_on_aclose(fake: FakeProvid
     await anyio.sleep(0.1)
     assert pilot.rounds == rounds  # no loop after aclose
     await llm.aclose()
+
+
+# --- lab tune --slo ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_lab_tune_with_an_slo_prints_the_run_and_the_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from latencykit.__main__ import main
+
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"target": r.target, "ttft": r.ttft, "duration": r.duration}) + "\n"
+            for r in heavy_tail()
+        )
+    )
+    argv = ["lab", "tune", str(trace), "--slo", "ttft_p99=2,every=60", "--minutes", "4"]
+    assert main([*argv, "--rate", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "ttft_p99 2s, max extra load 5%" in out
+    assert "applied hedge_quantile off -> 0.99" in out
+    assert 'recommended: {"stream_guard": {"first_token":' in out
+    assert main(["lab", "tune", str(trace), "--slo", "ttft_p99=2,max_extra=0.1"]) == 2
+    assert "--slo: expected name=value with a name among ttft_p99" in capsys.readouterr().err
+    assert main(["lab", "tune", str(trace), "--slo", "max_extra_load=0.1"]) == 2
+    assert "SLO.ttft_p99 or SLO.total_p99" in capsys.readouterr().err
+    assert main(["lab", "tune", str(trace)]) == 2
+    assert "give --param and --values (a sweep), or --slo" in capsys.readouterr().err
