@@ -130,13 +130,18 @@ def test_the_slow_call_threshold_follows_the_latency_within_total_p99() -> None:
 
 def test_a_refusal_says_why() -> None:
     pilot = make_pilot(SLO2)
-    met, missed = {"ttft_p99": 1.5, "extra": 0.01}, {"ttft_p99": 3.0, "extra": 0.01}
-    assert pilot._refusal(missed, {"ttft_p99": 2.5, "extra": 0.02}, True) is None  # closer
-    assert pilot._refusal(met, {"ttft_p99": 1.8, "extra": 0.0}, True) is None
-    assert "over the budget" in str(pilot._refusal(met, {"ttft_p99": 1.0, "extra": 0.08}, True))
-    assert "miss the SLO" in str(pilot._refusal(met, {"ttft_p99": 2.5, "extra": 0.0}, True))
-    away = pilot._refusal(missed, {"ttft_p99": float("inf"), "extra": 0.0}, True)
-    assert "move away" in str(away)
+    met = {"ttft_p99": 1.5, "extra": 0.01, "failed": 0.0}
+    missed = {"ttft_p99": 3.0, "extra": 0.01, "failed": 0.0}
+
+    def refusal(before: dict[str, float], **after: float) -> str | None:
+        return pilot._refusal(before, {"extra": 0.0, "failed": 0.0, **after}, True)
+
+    assert refusal(missed, ttft_p99=2.5, extra=0.02) is None  # closer
+    assert refusal(met, ttft_p99=1.8) is None
+    assert "over the budget" in str(refusal(met, ttft_p99=1.0, extra=0.08))
+    assert "miss the SLO" in str(refusal(met, ttft_p99=2.5))
+    assert "move away" in str(refusal(missed, ttft_p99=float("inf")))
+    assert "fail more calls" in str(refusal(missed, ttft_p99=2.0, failed=0.02))
 
 
 def make_pilot(slo: SLO) -> autopilot.Autopilot:
@@ -198,7 +203,7 @@ def test_a_step_the_replay_refuses_is_not_applied() -> None:
     applied = [c.new for c in run.history if c.applied and c.setting == "first_token"]
     refused = [c for c in run.history if not c.applied]
     assert applied == [15.0, 7.5]
-    assert refused and all(c.new == 3.75 and "move away" in c.reason for c in refused)
+    assert refused and all(c.new == 3.75 and "refused" in c.reason for c in refused)
     assert run.setting.first_token == 7.5
     assert all(m.requests and m.ttft_p99 is not None and m.ttft_p99 < 6.0 for m in run.minutes[2:])
 

@@ -14,8 +14,8 @@ and stall limits, the hedge's quantile and the breaker's slow-call threshold:
 - **check**: the recent attempts (at most :data:`MAX_REPLAYED`, the last ``SLO.window``
   seconds) are replayed on virtual time (:mod:`latencykit.lab.replay`, a fixed seed) with the
   current setting and with each step; a step is applied only if the replay predicts it within
-  the extra-load budget and either meeting the SLO or no further from it than the current
-  setting (while the SLO is missed);
+  the extra-load budget, failing no more calls, and either meeting the SLO or no further from
+  it than the current setting (while the SLO is missed);
 - **explain**: every step, applied or refused, is an :class:`~latencykit.events.AutopilotChanged`
   event (old and new value, reason, the measurements and predictions behind it), kept in
   :attr:`Autopilot.history`; ``llm.stats()`` shows the current values and who set them.
@@ -83,6 +83,7 @@ BAND = 0.25
 hedging loosens only once every p99 is under ``1 - BAND`` of its objective."""
 _DOWN, _UP = 0.5, 1.5  # a limit's largest step per round: halved, or half again
 _FIRST_TOKEN_FLOOR, _STALL_FLOOR, _SLOW_FLOOR = 1.0, 2.0, 1.0
+_MORE_FAILED = 0.001  # a step may not fail more calls than this (0.1 % of them)
 _MULTIPLE = 3.0  # a limit is this multiple of the measured p99 (as the guard learns it)
 
 SettingName = Literal["hedge_quantile", "first_token", "stall", "slow_call_duration"]
@@ -337,7 +338,7 @@ def _figures(row: ReplayRow) -> dict[str, float]:
     """A replay's call-level figures: the p99 of the time to first chunk (a call that never
     answered counts as infinitely late), of the duration, and the extra load."""
     firsts = sorted(row.ttfts) + [math.inf] * (row.requests - len(row.ttfts))
-    found = {"total_p99": row.p99, "extra": row.extra}
+    found = {"total_p99": row.p99, "extra": row.extra, "failed": row.errors / row.requests}
     if row.ttft_p99 is not None:
         found["ttft_p99"] = firsts[max(0, math.ceil(0.99 * len(firsts)) - 1)]
     return found
@@ -633,6 +634,8 @@ class Autopilot:
         slo = self.slo
         if after["extra"] > slo.max_extra_load + 1e-9 and after["extra"] > before["extra"]:
             return f"extra load {after['extra']:.1%} over the budget {slo.max_extra_load:.1%}"
+        if after["failed"] > before["failed"] + _MORE_FAILED:
+            return f"it would fail more calls ({before['failed']:.1%} -> {after['failed']:.1%})"
         missed = _missing(slo, after, streaming)
         if not missed:
             return None

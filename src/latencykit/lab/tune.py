@@ -383,6 +383,7 @@ def _figures(outcomes: Sequence[Outcome], stream: bool) -> dict[str, float]:
     found = {
         "total_p99": _p99([o.latency for o in outcomes]),
         "extra": sum(o.attempts for o in outcomes) / len(outcomes) - 1 if outcomes else 0.0,
+        "failed": sum(not o.ok for o in outcomes) / len(outcomes) if outcomes else 0.0,
     }
     if stream:
         found["ttft_p99"] = _p99([o.ttft if o.ttft is not None else math.inf for o in outcomes])
