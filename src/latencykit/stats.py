@@ -590,6 +590,8 @@ class Recorder:
         gaps: each target's window of the longest gap between content chunks of its complete
             streams, per stream (:meth:`longest_gap`; the stream guard's learned stall limit
             reads it). Per process.
+        on_record: called with every attempt :meth:`record` counts (default ``None``; the SLO
+            autopilot's record of recent attempts, :mod:`latencykit.autopilot`).
     """
 
     def __init__(

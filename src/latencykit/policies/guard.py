@@ -89,8 +89,9 @@ class StreamGuard(PolicyDecorator):
             break is raised if nothing can continue.
         max_resumes: how many times one stream may be continued (default ``2``).
 
-    A limit you set always wins (capped by the attempt timeout). The total deadline holds on
-    every chunk whatever the guard says.
+    A limit you set always wins (capped by the attempt timeout), except over one the SLO
+    autopilot set: ``tuned`` (default ``None``) maps ``(target key, stall)`` to its limits
+    (see docs/autopilot.md). The total deadline holds on every chunk whatever the guard says.
     """
 
     stage = Stage.ATTEMPT

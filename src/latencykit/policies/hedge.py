@@ -197,6 +197,8 @@ class Hedge(PolicyDecorator):
     one of each target's times to first content chunk (a stream is hedged on its first token).
     The windows are a :class:`~latencykit.stats.Recorder`'s: the hedge's own, which the calls
     it makes report their attempts to, or in ``lk.LLM`` the LLM's (see :meth:`reading`).
+    ``tuned`` (default ``None``) holds the quantile per target key that the SLO autopilot set
+    (:meth:`set_quantile`), which wins over ``delay``.
     """
 
     stage = Stage.HEDGE
