@@ -324,3 +324,20 @@ def test_lab_tune_with_an_slo_prints_the_run_and_the_setting(
     assert "SLO.ttft_p99 or SLO.total_p99" in capsys.readouterr().err
     assert main(["lab", "tune", str(trace)]) == 2
     assert "give --param and --values (a sweep), or --slo" in capsys.readouterr().err
+
+
+def test_replays_never_write_to_the_fleets_windows() -> None:
+    # The autopilot's replays (and the lab's) are simulations: with a process default store,
+    # their samples must not join the fleet's latency windows.
+    class Watched(lk.RedisStore):
+        def latency(self, key: str, *, window: float) -> Any:
+            raise AssertionError(f"a replay asked the store for {key!r}")
+
+    from latencykit.lab.replay import replay
+
+    previous = lk.use_store(Watched("redis://127.0.0.1:1"))
+    try:
+        row = replay(heavy_tail(100), {"model": "m", "hedge": {"delay": {"q": 0.9}}}, rate=2.0)
+    finally:
+        lk.use_store(previous)
+    assert row.requests == 100 and row.errors == 0

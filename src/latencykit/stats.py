@@ -592,6 +592,9 @@ class Recorder:
             reads it). Per process.
         on_record: called with every attempt :meth:`record` counts (default ``None``; the SLO
             autopilot's record of recent attempts, :mod:`latencykit.autopilot`).
+        fleet: whether the windows join the process default store's
+            (:func:`~latencykit.use_store`) when ``shared`` is ``None`` (default ``True``; a
+            simulation, the lab's replay, sets ``False``: its samples are not the fleet's).
     """
 
     def __init__(
@@ -613,6 +616,8 @@ class Recorder:
         self.gaps: dict[str, LatencyWindow] = {}
         # Each target's attempts by outcome, the failed ones by error kind instead.
         self._counts: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        # False: never the process default store's (a simulation's recorder: the lab's replays).
+        self.fleet = True
         # Told every attempt recorded (the SLO autopilot's record of recent attempts).
         self.on_record: Callable[[Attempt], object] | None = None
         # window name -> (store, its pooled window, the queue of the other processes' samples)
@@ -643,7 +648,7 @@ class Recorder:
         self, target: str, ttft: bool
     ) -> tuple[_fleet.SharedStore, _fleet.SharedLatency, deque[float]] | None:
         """The pooled window behind ``target``'s (``ttft``) window, with a shared store."""
-        store = self.shared or _fleet._current
+        store = self.shared or (_fleet._current if self.fleet else None)
         if store is None:
             return None
         name = f"{target}#ttft" if ttft else target

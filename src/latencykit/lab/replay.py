@@ -552,6 +552,7 @@ def run_requests(
         llm = config.build(kind=_ReplayLLM)
         assert isinstance(llm, _ReplayLLM)
         llm._provider = provider
+        llm._recorder.fleet = False  # simulated samples never reach the fleet's windows
         built.append(llm)
         if llm.autopilot is not None:
             llm.autopilot.blocking = True  # no virtual time passes during its rounds
