@@ -268,7 +268,11 @@ async def test_a_round_on_a_live_llm_replays_its_recent_attempts(fake: FakeProvi
         for _ in range(autopilot.MIN_SAMPLES):
             await read_all(await llm.acompletion(messages=MESSAGES, stream=True))
         assert llm.autopilot is not None
-        changes = await llm.autopilot.step()
+        seen: list[events.Event] = []
+        with lk.subscribe(seen.append):
+            changes = await llm.autopilot.step()
+    # The replays made hundreds of calls: none of their events reached the subscriber.
+    assert seen and all(isinstance(e, events.AutopilotChanged) for e in seen)
     key = llm.targets[0].key
     assert [(c.target, c.setting, c.old, c.new) for c in changes][:1] == [
         (key, "hedge_quantile", None, 0.99)
