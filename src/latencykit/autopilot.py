@@ -462,7 +462,10 @@ class Autopilot:
         known = next((t for t in self.targets if t.key == target), None)
         first, stall = (None, None) if known is None else self._guard.limits(known)
         found: dict[SettingName, str] = {
-            "hedge_quantile": "off" if self._quantile(target) is None else "configured",
+            # a hedge you gave with a fixed delay is configured, with no quantile
+            "hedge_quantile": "off"
+            if self._quantile(target) is None and self._owns_hedge
+            else "configured",
             "first_token": "off" if first is None else getattr(first, "source", "configured"),
             "stall": "off" if stall is None else getattr(stall, "source", "configured"),
             "slow_call_duration": "off" if self._breaker_of is None else "configured",
