@@ -57,6 +57,7 @@ from pydantic_core import PydanticCustomError
 
 from ._docstrings import arguments
 from ._litellm import GC_FREEZE_VARIABLE
+from .autopilot import SLO
 from .cache import ResponseCache
 from .errors import ErrorKind, classify
 from .fleet.redis import RedisStore
@@ -80,6 +81,7 @@ __all__ = [
     "QuantileConfig",
     "QuotaConfig",
     "RetryConfig",
+    "SLOConfig",
     "RouterConfig",
     "RuleConfig",
     "StoreConfig",
@@ -371,6 +373,11 @@ def _data_of(model: type[BaseModel], obj: object, where: str) -> dict[str, Any]:
 @_options_of(Quantile)
 class QuantileConfig(_Model):
     """An adaptive hedging delay (:class:`latencykit.quantile`)."""
+
+
+@_options_of(SLO)
+class SLOConfig(_Model):
+    """:class:`latencykit.SLO` (the autopilot's objective)."""
 
 
 @_options_of(Hedge)

@@ -541,6 +541,7 @@ class Instrumentation(Handle):
             events.FirstToken: self._first_token,
             events.StageStarted: self._stage_started,
             events.StageEnded: self._stage_ended,
+            events.AutopilotChanged: self._autopilot_changed,
         }
         self._capture = events.capture_content() if self.capture_content else None
         self._subscription: events.Subscription | None = events.subscribe(self._on_event)
@@ -594,6 +595,23 @@ class Instrumentation(Handle):
             call.span.set_attributes(attributes)
         elif report.name is not None:
             call.span.add_event(report.name, attributes)
+
+    def _autopilot_changed(self, event: events.AutopilotChanged) -> None:
+        """A span of its own (no call made the change), with the step as its span event."""
+        attributes = _present(
+            {
+                _TARGET: event.target,
+                "latencykit.autopilot.setting": event.setting,
+                "latencykit.autopilot.old": event.old,
+                "latencykit.autopilot.new": event.new,
+                "latencykit.autopilot.reason": event.reason,
+                "latencykit.autopilot.applied": event.applied,
+                **{f"latencykit.autopilot.{k}": v for k, v in event.measurements.items()},
+            }
+        )
+        span = self._tracer.start_span("latencykit autopilot", kind=SpanKind.INTERNAL)
+        span.add_event("latencykit.autopilot.changed", attributes)
+        span.end()
 
     def _parent_context(self, parent_id: int | None, attempt: int) -> Context | None:
         """The span context a call or stage inside ``parent_id`` starts in: the parent's

@@ -202,6 +202,8 @@ class Hedge(PolicyDecorator):
     one of each target's times to first content chunk (a stream is hedged on its first token).
     The windows are a :class:`~latencykit.stats.Recorder`'s: the hedge's own, which the calls
     it makes report their attempts to, or in ``lk.LLM`` the LLM's (see :meth:`reading`).
+    ``tuned`` (default ``None``) holds the quantile per target key that the SLO autopilot set
+    (:meth:`set_quantile`), which wins over ``delay``.
     """
 
     stage = Stage.HEDGE
@@ -217,6 +219,7 @@ class Hedge(PolicyDecorator):
         "rewrite",
         "target",
         "ttft_windows",
+        "tuned",
         "windows",
     )
 
@@ -242,6 +245,8 @@ class Hedge(PolicyDecorator):
         self.on = on
         self._handles = error_predicate(on, "hedge.on")
         self.rewrite: Rewrite | None = None  # set by with_rewrite()
+        # The SLO autopilot's quantile per target key (None: no hedge), over ``delay``.
+        self.tuned: dict[str, float | None] | None = None
         spec = self.delay if isinstance(self.delay, Quantile) else Quantile(0.5)
         self._use(Recorder(window=spec.window, max_samples=spec.max_samples), feed=True)
 
@@ -283,13 +288,24 @@ class Hedge(PolicyDecorator):
         return copy
 
     def _copy(self) -> Hedge:
-        return Hedge(
+        copy = Hedge(
             self.delay,
             max_attempts=self.max_attempts,
             budget=self.budget,
             on=self.on,
             target=self.target,
         )
+        copy.tuned = self.tuned
+        return copy
+
+    def set_quantile(self, target: str, q: float | None) -> None:
+        """Hedge ``target``'s calls at its ``q``-quantile from now on, whatever ``delay`` says
+        (``None``: do not hedge them); what the SLO autopilot sets (:mod:`latencykit.autopilot`)."""
+        if self.tuned is None:
+            self.tuned = {}
+        self.tuned[target] = q
+        self._memo.pop((target, False), None)
+        self._memo.pop((target, True), None)
 
     def stats(self) -> StatsTable:
         """A snapshot of the targets this hedge timed: :class:`~latencykit.stats.TargetStats`
@@ -314,17 +330,24 @@ class Hedge(PolicyDecorator):
         censored samples (tens of microseconds with many) is paid once per ~16 calls on a
         full window."""
         spec = self.delay
-        if not isinstance(spec, Quantile):
+        tuned = self.tuned
+        if tuned is not None and target in tuned:  # the SLO autopilot's
+            q = tuned[target]
+            if q is None:
+                return None
+        elif isinstance(spec, Quantile):
+            q = spec.q
+        else:
             return spec
         window = self.window(target, ttft=ttft)
         count = window.count()
-        if count < spec.min_samples:
+        if count < (spec.min_samples if isinstance(spec, Quantile) else 20):
             return None
         key = (target, ttft)
         found = self._memo.get(key)
         if found is not None and window.changes - found[0] < max(1, count >> 5):
             return found[1]
-        delay = self._adaptive(window, spec.q)
+        delay = self._adaptive(window, q)
         self._memo[key] = (window.changes, delay)
         return delay
 
