@@ -220,6 +220,50 @@ def _missing(
     }
 
 
+def _hedge_step(
+    slo: SLO, q: float | None, predicted: Mapping[str, float], streaming: bool
+) -> tuple[SettingName, float | None, str] | None:
+    """One rung of the hedge's ladder: tighter while the prediction misses the SLO (by
+    :data:`HEADROOM`) within the budget, looser once it is comfortably under (the band)."""
+    rungs = _rungs(slo.max_extra_load)
+    missing = _missing(slo, predicted, streaming, HEADROOM)
+    if missing and predicted.get("extra", 0.0) < slo.max_extra_load:
+        tighter = [rung for rung in rungs if q is None or rung < q - 1e-9]
+        if not tighter:
+            return None
+        said = ", ".join(f"{name} {_s(value)}" for name, value in missing.items())
+        return ("hedge_quantile", tighter[0], f"predicted {said}: over the SLO")
+    if missing or q is None or not predicted:
+        return None
+    if _missing(slo, predicted, streaming, 1.0 - BAND):
+        return None  # under the SLO, but not comfortably: hold (hysteresis)
+    looser = [rung for rung in rungs if rung > q + 1e-9]
+    return ("hedge_quantile", looser[-1] if looser else None, "well under the SLO")
+
+
+def _limit_goals(
+    slo: SLO, current: Setting, measured: Measured, streaming: bool
+) -> list[tuple[SettingName, float | None, float, str]]:
+    """Each limit's goal: ``(setting, current value, goal, why)``, for the limits that apply."""
+    goals: list[tuple[SettingName, float | None, float, str]] = []
+    bound = slo.ttft_p99 if slo.ttft_p99 is not None else slo.total_p99
+    if streaming and measured.ttft_p99 is not None and bound is not None:
+        goal = max(_FIRST_TOKEN_FLOOR, min(bound, _MULTIPLE * measured.ttft_p99))
+        goals.append(("first_token", current.first_token, goal, "3x the p99, within the SLO"))
+    if streaming and measured.gap_p99 is not None:
+        goal = min(_MULTIPLE * measured.gap_p99, slo.total_p99 or math.inf)
+        goal = max(_STALL_FLOOR, goal)
+        goals.append(("stall", current.stall, goal, "3x the p99 of the longest gaps"))
+    if (
+        current.slow_call_duration is not None
+        and slo.total_p99 is not None
+        and measured.latency_p99 is not None
+    ):
+        goal = max(_SLOW_FLOOR, min(slo.total_p99, _MULTIPLE * measured.latency_p99))
+        goals.append(("slow_call_duration", current.slow_call_duration, goal, "within total_p99"))
+    return goals
+
+
 def propose(
     slo: SLO, current: Setting, measured: Measured, *, streaming: bool
 ) -> list[tuple[SettingName, float | None, str]]:
@@ -230,49 +274,12 @@ def propose(
     so the first-token and stall limits apply and ``ttft_p99`` is an objective)."""
     if measured.samples < MIN_SAMPLES:
         return []
-    steps: list[tuple[SettingName, float | None, str]] = []
-    rungs = _rungs(slo.max_extra_load)
-    predicted = measured.predicted
-    missing = _missing(slo, predicted, streaming, HEADROOM)
-    q = current.hedge_quantile
-    if missing and predicted.get("extra", 0.0) < slo.max_extra_load:
-        tighter = [rung for rung in rungs if q is None or rung < q - 1e-9]
-        if tighter:
-            said = ", ".join(f"{name} {_s(value)}" for name, value in missing.items())
-            steps.append(("hedge_quantile", tighter[0], f"predicted {said}: over the SLO"))
-    elif not missing and q is not None and predicted:
-        objectives = slo.objectives()
-        comfortable = all(
-            predicted.get(name, 0.0) <= (1.0 - BAND) * goal
-            for name, goal in objectives.items()
-            if streaming or name != "ttft_p99"
-        )
-        if comfortable:
-            looser = [rung for rung in rungs if rung > q + 1e-9]
-            steps.append(("hedge_quantile", looser[-1] if looser else None, "well under the SLO"))
-    bound = slo.ttft_p99 if slo.ttft_p99 is not None else slo.total_p99
-    if streaming and measured.ttft_p99 is not None and bound is not None:
-        goal = max(_FIRST_TOKEN_FLOOR, min(bound, _MULTIPLE * measured.ttft_p99))
-        step = _toward(current.first_token, goal)
+    hedge = _hedge_step(slo, current.hedge_quantile, measured.predicted, streaming)
+    steps = [] if hedge is None else [hedge]
+    for setting, value, goal, why in _limit_goals(slo, current, measured, streaming):
+        step = _toward(value, goal)
         if step is not None:
-            steps.append(("first_token", step, f"goal {goal:.3g}s: 3x the p99, within the SLO"))
-    if streaming and measured.gap_p99 is not None:
-        goal = _MULTIPLE * measured.gap_p99
-        if slo.total_p99 is not None:
-            goal = min(goal, slo.total_p99)
-        goal = max(_STALL_FLOOR, goal)
-        step = _toward(current.stall, goal)
-        if step is not None:
-            steps.append(("stall", step, f"goal {goal:.3g}s: 3x the p99 of the longest gaps"))
-    if (
-        current.slow_call_duration is not None
-        and slo.total_p99 is not None
-        and measured.latency_p99 is not None
-    ):
-        goal = max(_SLOW_FLOOR, min(slo.total_p99, _MULTIPLE * measured.latency_p99))
-        step = _toward(current.slow_call_duration, goal)
-        if step is not None:
-            steps.append(("slow_call_duration", step, f"goal {goal:.3g}s: within total_p99"))
+            steps.append((setting, step, f"goal {goal:.3g}s: {why}"))
     return steps
 
 
