@@ -503,11 +503,7 @@ class LLM:
         self.deadline = _validation.optional_seconds("LLM.deadline", deadline)
         self.degrade = degrade
         self.shared = shared
-        _validation.optional("LLM.slo", slo, SLO, "a latencykit.SLO")
-        hedge_for_slo = slo is not None and hedge is None
-        if hedge_for_slo:
-            assert slo is not None
-            hedge = Hedge(Quantile(0.99), max_extra_load=slo.max_extra_load)
+        hedge, owns_hedge = _hedge_for_slo(slo, hedge)
         # One record of every attempt, per target: the hedge's delays and stats() read it.
         self._recorder = _recorder_for(hedge, shared)
         self.hedge = None if hedge is None else hedge.reading(self._recorder)
@@ -551,16 +547,20 @@ class LLM:
         """The SLO autopilot (``None`` without ``slo``): its ``history`` of changes, ``step()``
         to run a round now; see :mod:`latencykit.autopilot`."""
         if slo is not None:
-            assert self.hedge is not None
-            self.autopilot = Autopilot(
-                slo,
-                targets=self.targets,
-                recorder=self._recorder,
-                hedge=self.hedge,
-                guard=self._guard,
-                breaker_of=None if self._breakers is None else self._breakers.of,
-                owns_hedge=hedge_for_slo,
-            )
+            self.autopilot = self._autopilot(slo, owns_hedge)
+
+    def _autopilot(self, slo: SLO, owns_hedge: bool) -> Autopilot:
+        assert self.hedge is not None  # _hedge_for_slo gave one
+        breakers = self._breakers
+        return Autopilot(
+            slo,
+            targets=self.targets,
+            recorder=self._recorder,
+            hedge=self.hedge,
+            guard=self._guard,
+            breaker_of=None if breakers is None else breakers.of,
+            owns_hedge=owns_hedge,
+        )
 
     def _fallback(self) -> Fallback | None:
         """The degraded path as a fallback, its ``after`` within the deadline."""
@@ -1300,6 +1300,15 @@ def _checked_defaults(
             _check_spelling(spec, f"LLM.failover[{index}]", error=True)
     _check_spelling(found, "LLM.defaults", error=False)
     return found
+
+
+def _hedge_for_slo(slo: SLO | None, hedge: Hedge | None) -> tuple[Hedge | None, bool]:
+    """The LLM's hedge, and whether the SLO autopilot made it: with ``slo`` and no hedge, a
+    quantile hedge within the SLO's extra-load budget, off until the autopilot turns it on."""
+    _validation.optional("LLM.slo", slo, SLO, "a latencykit.SLO")
+    if slo is None or hedge is not None:
+        return hedge, False
+    return Hedge(Quantile(0.99), max_extra_load=slo.max_extra_load), True
 
 
 def _recorder_for(hedge: Hedge | None, shared: SharedStore | None) -> Recorder:
