@@ -310,8 +310,16 @@ class Lease(Protocol):
     def give(self, tokens: float) -> None:
         """Give ``tokens`` back to the lease (negative: a debt)."""
 
+    def find_out(self) -> bool:
+        """Whether this worker may send calls to find out a room the fleet was not told of:
+        it holds the fleet's probe (asked for by this call), or an answer came back that
+        told no limits (there are none to find out)."""
+
     def heard(self, limits: RateLimits) -> None:
         """Tell the fleet what an answer said (merged on the server with the next refresh)."""
+
+    def came_back(self) -> None:
+        """Tell the fleet an answer came back (after :meth:`heard`, if it told limits)."""
 
     def listen(self, wake: Callable[[], None]) -> None:
         """Call ``wake()`` after each refresh (from the store's thread)."""
@@ -326,7 +334,8 @@ class Room:
 
     Until a first answer came back (an error that tells no limits does not count), one call
     at a time is sent (it finds out the room); then nothing is paced until an answer told the
-    limits (:meth:`read`).
+    limits (:meth:`read`). With a lease, that call is the fleet's: only the worker holding the
+    fleet's probe sends it, the others wait for the word its answer brings.
     """
 
     __slots__ = (
@@ -368,15 +377,17 @@ class Room:
         if self.lease is not lease:
             self.lease = lease
             lease.listen(self.wake_first)
+            if self.answered:
+                lease.came_back()
 
     # --- what the provider said ---------------------------------------------------------
 
     def read(self, limits: RateLimits, now: float) -> list[tuple[Limit, int, int | None]]:
         """Take in what an answer said at ``now``; returns the limits learned or changed:
         ``(limit, value, previous value)``."""
-        self.answered = True
         if self.lease is not None:
             self.lease.heard(limits)
+        self.came_back()
         changed: list[tuple[Limit, int, int | None]] = []
         told: tuple[tuple[Limit, _Level, int | None, int | None, float | None], ...] = (
             (
@@ -403,6 +414,14 @@ class Room:
             self.paused_until = max(self.paused_until, now + limits.retry_after)
         return changed
 
+    def came_back(self) -> None:
+        """An answer came back (an error that told no limits does not count): the room is
+        found out, told or not."""
+        if not self.answered:
+            self.answered = True
+            if self.lease is not None:
+                self.lease.came_back()
+
     def read_pending(self, now: float) -> list[tuple[Limit, int, int | None]]:
         """Take in what a transport heard since (see :func:`heard`); see :meth:`read`."""
         pending, self._pending = self._pending, None
@@ -422,6 +441,8 @@ class Room:
         if view is not None:
             self.share = 1.0 / max(1, view.workers)
         if view is None or (view.requests_limit is None and view.tokens_limit is None):
+            if lease is not None and view is not None and not lease.find_out():
+                return PROBE_WAIT, "requests", False  # another worker finds out: its word first
             wait, limit = self._local_wait(tokens, now, RESERVES[rank])
             if wait <= 0:
                 self.requests.reserved += 1.0

@@ -122,9 +122,9 @@ class Governor:
             if isinstance(exc, Exception):
                 self._read_error(room, target.key, exc)
             raise
-        room.answered = True
         room.release(tokens, fleet)
         _learned(target.key, room.read_pending(process_clock()))
+        room.came_back()  # after what it told: the fleet must not take it for a host silent
         settle = functools.partial(self._settle, room, target.key, cap, fleet)
         if isinstance(result, Stream):
             result.on_close(lambda stream, outcome, error: settle(stream.summary()))
