@@ -284,3 +284,117 @@ async def test_a_skewed_reset_keeps_the_per_minute_pace_on_the_servers_clock(
         assert room["r_rate"] <= max(6 / 60, told) + 1e-9
     finally:
         store.close()
+
+
+# --- a room nobody has heard of: one probe for the fleet ------------------------------------
+
+
+def _attached(redis_server: RedisServer, workers: int) -> tuple[list[lk.RedisStore], list[Room]]:
+    """``workers`` workers (a store and a room each), attached to one fleet room."""
+    stores = [
+        lk.RedisStore(redis_server.url, interval=FAST, timeout=0.5, stale_after=5.0)
+        for _ in range(workers)
+    ]
+    rooms = [Room() for _ in stores]
+    for room, store in zip(rooms, stores, strict=True):
+        room.attach(store.room("openai/m", ratelimit.key_hash(KEY)))
+    return stores, rooms
+
+
+async def _sent_over(rooms: list[Room], seconds: float) -> list[int]:
+    """How many calls each worker's room let go while every worker keeps trying (many
+    refreshes), none coming back."""
+    sent = [0] * len(rooms)
+    with anyio.move_on_after(seconds):
+        while True:
+            for index, room in enumerate(rooms):
+                wait, _, fleet = room.take(10, process_clock())
+                if wait <= 0:
+                    assert not fleet  # nothing is leased before the fleet is told
+                    sent[index] += 1
+            await anyio.sleep(FAST / 2)
+    return sent
+
+
+async def test_one_worker_finds_out_a_room_nobody_has_heard_of(redis_server: RedisServer) -> None:
+    stores, rooms = _attached(redis_server, 3)
+    try:
+        await until(lambda: all(room.lease and room.lease.view() for room in rooms))
+        # One probe for the fleet, one call at a time: without it, one per worker.
+        sent = await _sent_over(rooms, 1.0)
+        assert sorted(sent) == [0, 0, 1]
+        prober = rooms[sent.index(1)]
+        assert all(r.requests.limit is None for r in rooms)
+        prober.release(10, False)
+        prober.read(RateLimits(6, 5, 10.0, 600, 590, 1.0), process_clock())  # its answer
+
+        def told() -> bool:
+            views = [room.lease.view() if room.lease else None for room in rooms]
+            return all(view is not None and view.requests_limit == 6 for view in views)
+
+        await until(told)
+        # Every worker now spends from the fleet's room: 5 left, no more.
+        taken = 0
+        with anyio.move_on_after(1.0):
+            while True:
+                for room in rooms:
+                    wait, _, fleet = room.take(10, process_clock())
+                    if wait <= 0:
+                        assert fleet
+                        taken += 1
+                await anyio.sleep(FAST / 2)
+        assert 3 <= taken <= 5  # the room refills 0.1 a second; a lease holds it whole
+        assert fleet_room(redis_server, "openai/m", KEY)["r_limit"] == 6
+    finally:
+        for store in stores:
+            store.close()
+
+
+async def test_an_answer_that_tells_no_limits_frees_the_fleet(redis_server: RedisServer) -> None:
+    stores, rooms = _attached(redis_server, 2)
+    try:
+        await until(lambda: all(room.lease and room.lease.view() for room in rooms))
+        sent = await _sent_over(rooms, 0.5)
+        assert sorted(sent) == [0, 1]
+        prober = rooms[sent.index(1)]
+        prober.release(10, False)
+        prober.came_back()  # a host that tells no limits: nothing to find out, nothing paced
+        await until(lambda: fleet_room(redis_server, "openai/m", KEY).get("answered") == 1)
+        # Each worker alone: one call finds out (as without a store), then none is held back.
+        other = rooms[1 - sent.index(1)]
+        assert (await _sent_over([other], 0.5)) == [1]
+        other.release(10, False)
+        other.came_back()
+        assert (await _sent_over(rooms, 0.2))[0] > 1
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.mark.slow  # subprocesses: fresh interpreters import latencykit
+def test_four_processes_send_one_probe_to_a_room_nobody_has_heard_of(
+    redis_server: RedisServer, ample: FakeProvider
+) -> None:
+    from test_fleet_processes import CTX, STARTUP, Workers
+
+    import fleet_worker
+    from latencykit.testing import Behavior
+
+    ample.script("m", Behavior(ttft=0.5))  # the probe's answer takes its time
+    workers, go, calls = Workers(), CTX.Event(), 4
+    try:
+        for _ in range(4):
+            workers.start(
+                fleet_worker.probe_a_room, redis_server.url, ample.base_url, KEY, go, calls
+            )
+        workers.expect("ready", STARTUP)
+        go.set()
+        done = workers.expect("done", 60.0)
+    finally:
+        workers.close()
+    assert sum(done.values()) == 4 * calls
+    attempts = sorted(ample.attempts, key=lambda a: a.arrived_at)
+    first_answer = min(a.ended_at for a in attempts if a.ended_at is not None)
+    # Until the first answer came back, one request: the fleet's probe, not one per process.
+    assert [a.arrived_at < first_answer for a in attempts].count(True) == 1
+    assert {a.status for a in attempts} == {200}
