@@ -265,7 +265,7 @@ def fleet(args: argparse.Namespace) -> None:
     # The phases of a run: (name, from, to) seconds; Redis up throughout unless killed.
     cuts = [0.0, args.kill_redis_at, args.restart_redis_at, args.seconds]
     cuts = [c for c in cuts if c is not None and c <= args.seconds]
-    phases = list(zip(("up", "down", "back"), cuts, cuts[1:]))
+    phases = list(zip(("up", "down", "back"), cuts, cuts[1:], strict=False))  # 1 to 3
     with RedisServer() as redis_server, FakeProvider(quota=quota) as fake:
         outage: list[tuple[float, Any]] = []
         if args.kill_redis_at is not None:

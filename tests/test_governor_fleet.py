@@ -375,10 +375,9 @@ async def test_an_answer_that_tells_no_limits_frees_the_fleet(redis_server: Redi
 def test_four_processes_send_one_probe_to_a_room_nobody_has_heard_of(
     redis_server: RedisServer, ample: FakeProvider
 ) -> None:
-    from test_fleet_processes import CTX, STARTUP, Workers
-
     import fleet_worker
     from latencykit.testing import Behavior
+    from test_fleet_processes import CTX, STARTUP, Workers
 
     ample.script("m", Behavior(ttft=0.5))  # the probe's answer takes its time
     workers, go, calls = Workers(), CTX.Event(), 4
@@ -398,3 +397,28 @@ def test_four_processes_send_one_probe_to_a_room_nobody_has_heard_of(
     # Until the first answer came back, one request: the fleet's probe, not one per process.
     assert [a.arrived_at < first_answer for a in attempts].count(True) == 1
     assert {a.status for a in attempts} == {200}
+
+
+async def test_a_worker_alone_goes_on_from_the_fleets_last_word(redis_server: RedisServer) -> None:
+    stores, rooms = _attached(redis_server, 2)
+    idle, busy = rooms
+    try:
+        # 600 requests a minute, none left: 10 a second refill, for the fleet.
+        idle.read(RateLimits(600, 0, 60.0, 600_000, 600_000, 0.0), process_clock())
+        await until(
+            lambda: all((v := r.lease and r.lease.view()) and v.requests_limit for r in rooms)
+        )
+        assert idle.take(10, process_clock())[0] > 0  # it spends from the fleet's room
+        with anyio.move_on_after(1.5):  # the other worker spends all that refills meanwhile
+            while True:
+                busy.take(10, process_clock())
+                await anyio.sleep(FAST / 4)
+        redis_server.kill()
+        await until(lambda: idle.lease is not None and idle.lease.view() is None)
+        # Its own word is 1.5 s old (15 requests of refill, its share 7.5): all spent by the
+        # other; it goes on from the fleet's last word, refilling from now, at its share.
+        wait, _, fleet = idle.take(10, process_clock())
+        assert wait > 0.05 and not fleet
+    finally:
+        for store in stores:
+            store.close()

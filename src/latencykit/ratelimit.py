@@ -313,7 +313,9 @@ class Lease(Protocol):
     def find_out(self) -> bool:
         """Whether this worker may send calls to find out a room the fleet was not told of:
         it holds the fleet's probe (asked for by this call), or an answer came back that
-        told no limits (there are none to find out)."""
+        told no limits (there are none to find out); never while limits it heard are on
+        their way to the fleet (then its calls are spent from the fleet's room, as every
+        worker's)."""
 
     def heard(self, limits: RateLimits) -> None:
         """Tell the fleet what an answer said (merged on the server with the next refresh)."""
@@ -339,6 +341,7 @@ class Room:
     """
 
     __slots__ = (
+        "_fleet",
         "_line",
         "_pending",
         "_turn",
@@ -371,6 +374,7 @@ class Room:
         self._turn = 0
         self.head_wait = 0.0  # the wait the call first in line was told last
         self.answered = False  # whether an answer came back (until then, one at a time)
+        self._fleet: FleetView | None = None  # the fleet's room last spent from, if in use
 
     def attach(self, lease: Lease) -> None:
         """Spend from ``lease`` while its store answers."""
@@ -440,6 +444,8 @@ class Room:
             return PROBE_WAIT, "requests", False  # the fleet's word first: woken when it comes
         if view is not None:
             self.share = 1.0 / max(1, view.workers)
+        elif self._fleet is not None:
+            self._alone(self._fleet, now)
         if view is None or (view.requests_limit is None and view.tokens_limit is None):
             if lease is not None and view is not None and not lease.find_out():
                 return PROBE_WAIT, "requests", False  # another worker finds out: its word first
@@ -449,6 +455,7 @@ class Room:
                 self.tokens.reserved += tokens
             return wait, limit, False
         assert lease is not None
+        self._fleet = view
         reserve = RESERVES[rank]
         by_requests = _fleet_wait(
             1.0, reserve, view.requests_left, lease.held_requests, view.requests_limit,
@@ -467,6 +474,24 @@ class Room:
         if lease.take(requests, 0.0 if view.tokens_limit is None else tokens, rank, wait <= 0):
             return 0.0, limit, True
         return max(wait, view.renew), limit, False
+
+    def _alone(self, last: FleetView, now: float) -> None:
+        """The store stopped answering: this worker's room goes on from the fleet's last word
+        (the room not leased out, and its own lease), refilling from now. Its own levels may
+        be old (a worker that got no lease for a while heard no answer): their refill since
+        was the fleet's, spent by others."""
+        self._fleet = None
+        assert self.lease is not None
+        told = (
+            (self.requests, last.requests_limit, last.requests_left, last.requests_rate,
+             self.lease.held_requests),
+            (self.tokens, last.tokens_limit, last.tokens_left, last.tokens_rate,
+             self.lease.held_tokens),
+        )  # fmt: skip
+        for level, limit, left, rate, held in told:
+            if limit is not None:
+                level.limit, level.rate, level.at = limit, rate, now
+                level.level = min(limit, max(0.0, left + held))
 
     def _local_wait(self, tokens: float, now: float, reserve: float) -> tuple[float, Limit]:
         if not self.answered and self.requests.reserved >= 1.0:

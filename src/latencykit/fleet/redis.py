@@ -399,8 +399,8 @@ class SharedRoom:
         making, and not once the store failed."""
         store = self._store
         return (
-            self._view is None
-            and store._down_since is None
+            store._down_since is None
+            and self.view() is None  # not self._view: set before the refresh makes it fresh
             and process_clock() - self._made_at < store.stale_after
         )
 
@@ -428,9 +428,15 @@ class SharedRoom:
     def find_out(self) -> bool:
         """See :class:`~latencykit.ratelimit.Lease`: asks the server for the probe (held while
         calls of this worker ask, and ``_PROBE_FOR`` seconds more)."""
-        if process_clock() >= self._probing_until and not self._probe:
+        now = process_clock()
+        if now >= self._probing_until and not self._probe:
             self._store._wake_soon()  # the probe within a round trip, not an interval
-        self._probing_until = process_clock() + _PROBE_FOR
+        self._probing_until = now + _PROBE_FOR
+        last = self._last
+        if last is not None and (
+            last[0].requests_remaining is not None or last[0].tokens_remaining is not None
+        ):
+            return False  # the limits it heard are on their way: spent from the fleet's room
         return self._probe
 
     def heard(self, limits: RateLimits) -> None:
