@@ -176,8 +176,10 @@ async def _fleet_process(options: dict[str, Any], start: Any) -> dict[str, int]:
                 await llm.acompletion(messages=FLEET_PROMPT, max_tokens=MAX_TOKENS)
             except lk.LimitExceeded:
                 counts["shed"] += 1
-            except lk.LatencykitError:
+            except lk.LatencykitError as exc:
                 counts["failed"] += 1
+                kind = f"failed: {type(exc).__name__}"
+                counts[kind] = counts.get(kind, 0) + 1
             else:
                 counts["answered"] += 1
 
@@ -323,7 +325,10 @@ def fleet(args: argparse.Namespace) -> None:
                         ),
                         "requests %": 100 * statuses.count(200) / (rpm * args.seconds / 60),
                         "tokens %": 100 * served / (args.fleet_tpm * args.seconds / 60),
-                        **{name: sum(c[name] for c in counts) for name in counts[0]},
+                        **{
+                            name: sum(c.get(name, 0) for c in counts)
+                            for name in sorted({name for c in counts for name in c})
+                        },
                         **{
                             f"{phase} {column}": value
                             for phase, since, until in phases
@@ -353,6 +358,13 @@ def fleet(args: argparse.Namespace) -> None:
                 f"{run['answered']:>8.0f} "
                 f"{run['shed']:>7.0f} {run['failed']:>7.0f}"
             )
+    for name, runs in rows.items():
+        kinds = [
+            ", ".join(f"{k[8:]} {v:.0f}" for k, v in run.items() if k.startswith("failed: "))
+            for run in runs
+        ]
+        if any(kinds):
+            print(f"{name} failed, by type, per round: " + " / ".join(k or "-" for k in kinds))
     if len(phases) > 1:
         print(
             "by phase (Redis " + ", ".join(f"{p} {a:g}-{b:g} s" for p, a, b in phases) + "): "

@@ -25,8 +25,9 @@ spent only from room to spare (leaving the batch lane's reserve, whatever the ca
 near the end of a quota the first attempts of calls go first. A retry waits for that room as a
 batch call does (shed with ``LimitExceeded`` when the wait would pass the deadline); a hedge's
 backup never waits: without room to spare it is not sent and the primary answers alone. With no
-numbers configured, one attempt at a time finds out the room, and nothing is paced until an
-answer told the limits.
+numbers configured, one attempt at a time finds out the room (with a store, one for the whole
+fleet: the worker holding the room's probe sends it, the others wait for its answer's word),
+and nothing is paced until an answer told the limits.
 """
 
 from __future__ import annotations
