@@ -302,10 +302,12 @@ def _attached(redis_server: RedisServer, workers: int) -> tuple[list[lk.RedisSto
 
 
 async def _sent_over(rooms: list[Room], seconds: float) -> list[int]:
-    """How many calls each worker's room let go while every worker keeps trying (many
-    refreshes), none coming back."""
+    """How many calls each worker's room let go while every worker keeps trying, none coming
+    back: until one went (within 10 s: a loaded machine's refreshes may be late), then for
+    ``seconds`` more (many refreshes)."""
     sent = [0] * len(rooms)
-    with anyio.move_on_after(seconds):
+
+    async def trying() -> None:
         while True:
             for index, room in enumerate(rooms):
                 wait, _, fleet = room.take(10, process_clock())
@@ -313,6 +315,12 @@ async def _sent_over(rooms: list[Room], seconds: float) -> list[int]:
                     assert not fleet  # nothing is leased before the fleet is told
                     sent[index] += 1
             await anyio.sleep(FAST / 2)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(trying)
+        await until(lambda: sum(sent) > 0)
+        await anyio.sleep(seconds)
+        group.cancel_scope.cancel()
     return sent
 
 
@@ -335,7 +343,7 @@ async def test_one_worker_finds_out_a_room_nobody_has_heard_of(redis_server: Red
         await until(told)
         # Every worker now spends from the fleet's room: 5 left, no more.
         taken = 0
-        with anyio.move_on_after(1.0):
+        with anyio.move_on_after(2.0):
             while True:
                 for room in rooms:
                     wait, _, fleet = room.take(10, process_clock())
@@ -409,16 +417,23 @@ async def test_a_worker_alone_goes_on_from_the_fleets_last_word(redis_server: Re
             lambda: all((v := r.lease and r.lease.view()) and v.requests_limit for r in rooms)
         )
         assert idle.take(10, process_clock())[0] > 0  # it spends from the fleet's room
-        with anyio.move_on_after(1.5):  # the other worker spends all that refills meanwhile
+        with anyio.move_on_after(2.0):  # the other worker spends all that refills meanwhile
             while True:
                 busy.take(10, process_clock())
                 await anyio.sleep(FAST / 4)
         redis_server.kill()
         await until(lambda: idle.lease is not None and idle.lease.view() is None)
-        # Its own word is 1.5 s old (15 requests of refill, its share 7.5): all spent by the
-        # other; it goes on from the fleet's last word, refilling from now, at its share.
-        wait, _, fleet = idle.take(10, process_clock())
-        assert wait > 0.05 and not fleet
+        # Its own word is 2 s old (20 requests of refill, its share 10), all spent by the
+        # other: it goes on from the fleet's last word (what the other did not lease, about
+        # 1, and its own lease, at most 1), refilling from now, at its share (1/2).
+        went = 0
+        for _ in range(20):
+            wait, _, fleet = idle.take(10, process_clock())
+            if wait > 0:
+                break
+            assert not fleet
+            went += 1
+        assert went <= 2
     finally:
         for store in stores:
             store.close()
