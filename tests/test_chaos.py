@@ -1,0 +1,421 @@
+"""The same bytes, the same truth, from servers this project did not write (issue 22/24-27
+seams): raw sockets (tests/wire.py) send what real servers send, byte for byte, and what hostile
+ones do, through both lanes (litellm, and the fast lane ``transport="openai"``); each lane must
+give the same answer, or the same typed error with the same kind and reason. Then the waits
+that never end (a server that never answers, or stalls after its headers), a key a server
+echoes back, and a soak of mixed chaos that must leak nothing."""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import os
+import time
+import traceback
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from email.utils import formatdate
+from typing import Any
+
+import anyio
+import pytest
+
+import latencykit as lk
+from latencykit.errors import ErrorKind
+from wire import RESET, Answer, chunk, http, raw_server, sse
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+KEY = "sk-chaos-5f2d8e1a9b7c3d4e6f0a"
+LANES = ("litellm", "openai")
+SSE = "text/event-stream"
+DONE = b"data: [DONE]"
+K = ErrorKind
+
+
+def completion(content: str | None = "fine", finish: str = "stop", **message: Any) -> bytes:
+    """A chat-completion answer's body."""
+    return json.dumps(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content, **message},
+                    "finish_reason": finish,
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    ).encode()
+
+
+def event(choices: list[dict[str, Any]], **fields: Any) -> bytes:
+    """One ``data:`` event of a chunk with these ``choices`` (and top-level ``fields``)."""
+    payload = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    return b"data: " + json.dumps({**payload, "choices": choices, **fields}).encode()
+
+
+def delta(finish: str | None = None, **fields: Any) -> dict[str, Any]:
+    return {"index": 0, "delta": fields, "finish_reason": finish}
+
+
+def stream_of(*events: bytes) -> Answer:
+    return http(200, sse(*events), content_type=SSE)
+
+
+def head(status: int = 200, *lines: str) -> bytes:
+    return "\r\n".join((f"HTTP/1.1 {status} X", *lines)).encode() + b"\r\n\r\n"
+
+
+GOOD = completion()
+GOOD_STREAM = (chunk("Hel"), chunk("lo"), chunk(None, "stop"), DONE)
+
+
+# --- what a lane made of an answer ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A lane's answer: its text and the provider's finish reason."""
+
+    text: str | None
+    finish: str | None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A lane's error: its type, kind and (a stream's break) reason."""
+
+    error: type[Exception]
+    kind: ErrorKind
+    reason: str | None = None
+
+
+Outcome = Answered | Failed
+
+
+def failed(error: lk.ProviderError) -> Failed:
+    assert lk.errors.classify(error) is error.kind
+    assert error.attempts, "no attempt history"  # the history travels with every error
+    return Failed(type(error), error.kind, getattr(error, "reason", None))
+
+
+def llm(base: str, transport: str, **options: Any) -> lk.LLM:
+    return lk.LLM("openai/m", api_base=base, api_key=KEY, transport=transport, **options)
+
+
+async def complete(base: str, transport: str) -> Outcome:
+    try:
+        response = await llm(base, transport).acompletion(messages=MESSAGES)
+    except lk.ProviderError as error:
+        return failed(error)
+    choice = response.choices[0]
+    return Answered(choice.message.content, choice.finish_reason)
+
+
+async def streamed(base: str, transport: str) -> Outcome:
+    try:
+        stream = await llm(base, transport).acompletion(messages=MESSAGES, stream=True)
+        async with stream:
+            async for _ in stream:
+                pass
+    except lk.ProviderError as error:
+        return failed(error)
+    return Answered(stream.partial_text, stream.finish_reason)
+
+
+async def on_both_lanes(
+    answer: Callable[[bytes], Answer] | Answer, call: Callable[[str, str], Any]
+) -> dict[str, Any]:
+    seen = {}
+    for transport in LANES:
+        async with raw_server(answer) as base:
+            with anyio.fail_after(30):
+                seen[transport] = await call(base, transport)
+    return seen
+
+
+# --- answers that are not streamed -------------------------------------------------------------
+
+
+def http_date_in(seconds: int) -> Callable[[bytes], Answer]:
+    """A 429 whose Retry-After is an HTTP-date ``seconds`` from when it is sent."""
+
+    def answer(_request: bytes) -> Answer:
+        date = formatdate(time.time() + seconds, usegmt=True)
+        return http(429, b'{"error": {"message": "slow down"}}', headers=[("retry-after", date)])
+
+    return answer
+
+
+COMPLETE: dict[str, tuple[Any, Outcome]] = {
+    "gzip": (
+        http(200, gzip.compress(GOOD), headers=[("content-encoding", "gzip")]),
+        Answered("fine", "stop"),
+    ),
+    "deflate": (
+        http(200, zlib.compress(GOOD), headers=[("content-encoding", "deflate")]),
+        Answered("fine", "stop"),
+    ),
+    "x-request-id": (http(200, GOOD, headers=[("x-request-id", "req_1")]), Answered("fine", "stop")),
+    "cut at the output cap": (http(200, completion("parti", "length")), Answered("parti", "length")),
+    "content filter finish": (
+        http(200, completion(None, "content_filter")),
+        Answered(None, "content_filter"),
+    ),
+    "tool call, content null": (
+        http(
+            200,
+            completion(
+                None,
+                "tool_calls",
+                tool_calls=[
+                    {"id": "t1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            ),
+        ),
+        Answered(None, "tool_calls"),
+    ),
+    "chunked, cut between chunks": (
+        http(200, [GOOD[:40], GOOD[40:80]], chunked=True, cut=True),
+        Failed(lk.ProviderConnectionError, K.CONNECTION),
+    ),
+    "chunked, cut inside a chunk": (
+        http(200, [GOOD[:40], GOOD[40:]], chunked=True, cut_inside=True),
+        Failed(lk.ProviderConnectionError, K.CONNECTION),
+    ),
+    "content-length longer than the body": (
+        [head(200, "content-type: application/json", f"content-length: {len(GOOD) + 40}"), GOOD],
+        Failed(lk.ProviderConnectionError, K.CONNECTION),
+    ),
+    "reset before headers": ([RESET], Failed(lk.ProviderConnectionError, K.CONNECTION)),
+    "closed before headers": ([], Failed(lk.ProviderConnectionError, K.CONNECTION)),
+    "reset after headers": (
+        [head(200, "content-type: application/json", "content-length: 500"), GOOD[:30], RESET],
+        Failed(lk.ProviderConnectionError, K.CONNECTION),
+    ),
+    "200, empty body": (http(200, b""), Failed(lk.ProviderUnavailable, K.SERVER_ERROR)),
+    "200, {}": (http(200, b"{}"), Failed(lk.ProviderUnavailable, K.SERVER_ERROR)),
+    "200, null": (http(200, b"null"), Failed(lk.ProviderUnavailable, K.SERVER_ERROR)),
+    "200, HTML": (
+        http(200, b"<html><body>Welcome to nginx!</body></html>", content_type="text/html"),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "200, choices []": (
+        http(200, b'{"id": "x", "object": "chat.completion", "choices": []}'),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "200, error object": (
+        http(200, b'{"error": {"message": "upstream failed", "type": "server_error"}}'),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "200, error object with code 429": (
+        http(200, b'{"error": {"message": "slow down", "code": 429}}'),
+        Failed(lk.RateLimited, K.RATE_LIMITED),
+    ),
+    "200, error object with code 503": (
+        http(200, b'{"error": {"message": "busy", "code": 503}}'),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "408": (http(408, b'{"error": {"message": "timed out"}}'), Failed(lk.AttemptTimeout, K.TIMEOUT)),
+    "413": (
+        http(413, b"<html><title>413 Request Entity Too Large</title></html>", content_type="text/html"),
+        Failed(lk.BadRequest, K.BAD_REQUEST),
+    ),
+    "422 (FastAPI)": (
+        http(422, b'{"detail": [{"loc": ["body", "messages"], "msg": "field required"}]}'),
+        Failed(lk.BadRequest, K.BAD_REQUEST),
+    ),
+    "500 with x-request-id": (
+        http(500, b'{"error": {"message": "boom"}}', headers=[("x-request-id", "req_2")]),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "502 HTML": (
+        http(502, b"<html><body><h1>502 Bad Gateway</h1></body></html>", content_type="text/html"),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "504 HTML": (
+        http(504, b"<html><body>504 Gateway Time-out</body></html>", content_type="text/html"),
+        Failed(lk.AttemptTimeout, K.TIMEOUT),
+    ),
+    "529": (
+        http(529, b'{"type": "error", "error": {"type": "overloaded_error", "message": "x"}}'),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "429, Retry-After an HTTP-date": (http_date_in(30), Failed(lk.RateLimited, K.RATE_LIMITED)),
+    "429, retry-after-ms": (
+        http(429, b'{"error": {"message": "slow"}}', headers=[("retry-after-ms", "1500")]),
+        Failed(lk.RateLimited, K.RATE_LIMITED),
+    ),
+}
+RETRY_AFTER = {"429, Retry-After an HTTP-date": (20.0, 31.0), "429, retry-after-ms": (1.5, 1.5)}
+
+
+@pytest.mark.parametrize("case", COMPLETE)
+async def test_an_answer_is_read_the_same_on_both_lanes(case: str) -> None:
+    answer, expected = COMPLETE[case]
+    seen = await on_both_lanes(answer, complete)
+    assert seen == {"litellm": expected, "openai": expected}
+
+
+@pytest.mark.parametrize("case", RETRY_AFTER)
+async def test_the_wait_a_429_asks_for_is_read_the_same_on_both_lanes(case: str) -> None:
+    low, high = RETRY_AFTER[case]
+
+    async def wait(base: str, transport: str) -> float | None:
+        with pytest.raises(lk.RateLimited) as caught:
+            await llm(base, transport).acompletion(messages=MESSAGES)
+        return caught.value.retry_after
+
+    for transport, seconds in (await on_both_lanes(COMPLETE[case][0], wait)).items():
+        assert seconds is not None and low <= seconds <= high, transport
+
+
+# --- streams ------------------------------------------------------------------------------------
+
+
+def split_inside(data: bytes, char: str) -> list[bytes | tuple[bytes, float]]:
+    """``data`` in three TCP writes, the second ending inside ``char``'s UTF-8 bytes."""
+    at = data.index(char.encode()) + 1
+    return [(data[:9], 0.01), (data[9:at], 0.01), data[at:]]
+
+
+TOOL_CALL = {"index": 0, "id": "t1", "type": "function", "function": {"name": "f", "arguments": ""}}
+USAGE = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+
+STREAM: dict[str, tuple[Any, Outcome]] = {
+    "CRLF line ends": (
+        [head(200, f"content-type: {SSE}"), *(e + b"\r\n\r\n" for e in GOOD_STREAM)],
+        Answered("Hello", "stop"),
+    ),
+    "CR line ends": (
+        [head(200, f"content-type: {SSE}"), *(e + b"\r\r" for e in GOOD_STREAM)],
+        Answered("Hello", "stop"),
+    ),
+    "keep-alive comments and event/id/retry fields": (
+        http(
+            200,
+            [
+                b": keep-alive\n\n",
+                b"event: message\nid: 1\nretry: 3000\n" + GOOD_STREAM[0] + b"\n\n",
+                b": ping 2026-11-26\n\n",
+                b"id: 2\n" + GOOD_STREAM[1] + b"\n\n",
+                *(e + b"\n\n" for e in GOOD_STREAM[2:]),
+            ],
+            content_type=SSE,
+        ),
+        Answered("Hello", "stop"),
+    ),
+    "an event split inside a UTF-8 character": (
+        http(
+            200,
+            [*split_inside(chunk("héllo wörld €") + b"\n\n", "€"), *sse(*GOOD_STREAM[2:])],
+            content_type=SSE,
+        ),
+        Answered("héllo wörld €", "stop"),
+    ),
+    "multi-line data": (
+        stream_of(
+            b'data: {"id": "c1", "object": "chat.completion.chunk", "created": 1,\n'
+            b'data: "model": "m", "choices": [{"index": 0, "delta": {"content": "Hi"}}]}',
+            *GOOD_STREAM[2:],
+        ),
+        Answered("Hi", "stop"),
+    ),
+    "a finish, then close (no [DONE])": (
+        stream_of(*GOOD_STREAM[:3]),
+        Answered("Hello", "stop"),
+    ),
+    "[DONE] without a finish": (
+        stream_of(*GOOD_STREAM[:2], DONE),
+        Failed(lk.StreamBroken, K.STREAM_BROKEN, "cut"),
+    ),
+    "empty choices, delta {}, a usage-only last chunk": (
+        stream_of(
+            event([], prompt_filter_results=[{"prompt_index": 0}]),
+            event([delta(role="assistant")]),
+            chunk("Hi"),
+            event([delta("stop")]),
+            event([], usage=USAGE),
+            DONE,
+        ),
+        Answered("Hi", "stop"),
+    ),
+    "tool-call deltas, content null": (
+        stream_of(
+            event([delta(role="assistant", content=None, tool_calls=[TOOL_CALL])]),
+            event([delta(content=None, tool_calls=[{"index": 0, "function": {"arguments": "{}"}}])]),
+            event([delta("tool_calls")]),
+            DONE,
+        ),
+        Answered("", "tool_calls"),
+    ),
+    "reasoning deltas": (
+        stream_of(
+            event([delta(reasoning_content="hmm")]),
+            event([delta(reasoning="so")]),
+            chunk("Hi"),
+            *GOOD_STREAM[2:],
+        ),
+        Answered("Hi", "stop"),
+    ),
+    "cut at the output cap": (
+        stream_of(chunk("Hi"), chunk(None, "length"), DONE),
+        Answered("Hi", "length"),
+    ),
+    "content filter finish": (
+        stream_of(chunk("Hi"), chunk(None, "content_filter"), DONE),
+        Answered("Hi", "content_filter"),
+    ),
+    "chunked, cut inside a chunk": (
+        http(200, sse(*GOOD_STREAM), content_type=SSE, chunked=True, cut_inside=True),
+        Failed(lk.StreamBroken, K.STREAM_BROKEN, "cut"),
+    ),
+    "reset mid-stream": (
+        [*http(200, sse(*GOOD_STREAM[:2]), content_type=SSE), RESET],
+        Failed(lk.StreamBroken, K.STREAM_BROKEN, "cut"),
+    ),
+    "200, empty body": (
+        http(200, b"", content_type=SSE),
+        Failed(lk.StreamBroken, K.STREAM_BROKEN, "cut"),
+    ),
+    "200, a JSON answer": (http(200, GOOD), Failed(lk.ProviderUnavailable, K.SERVER_ERROR)),
+    "200, HTML": (
+        http(200, b"<html>captive portal</html>", content_type="text/html"),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "reset before headers": ([RESET], Failed(lk.ProviderConnectionError, K.CONNECTION)),
+    "408": (http(408, b'{"error": {"message": "x"}}'), Failed(lk.AttemptTimeout, K.TIMEOUT)),
+    "413": (http(413, b'{"error": {"message": "x"}}'), Failed(lk.BadRequest, K.BAD_REQUEST)),
+    "429, retry-after-ms": (
+        http(429, b'{"error": {"message": "slow"}}', headers=[("retry-after-ms", "1500")]),
+        Failed(lk.RateLimited, K.RATE_LIMITED),
+    ),
+    "502 HTML": (
+        http(502, b"<html><body>502 Bad Gateway</body></html>", content_type="text/html"),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "504 HTML": (
+        http(504, b"<html><body>504 Gateway Time-out</body></html>", content_type="text/html"),
+        Failed(lk.AttemptTimeout, K.TIMEOUT),
+    ),
+    "529": (
+        http(529, b'{"type": "error", "error": {"type": "overloaded_error", "message": "x"}}'),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", STREAM)
+async def test_a_stream_is_read_the_same_on_both_lanes(case: str) -> None:
+    answer, expected = STREAM[case]
+    seen = await on_both_lanes(answer, streamed)
+    assert seen == {"litellm": expected, "openai": expected}
