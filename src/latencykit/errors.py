@@ -748,7 +748,8 @@ def _stated_status(body: object) -> int | None:
     """The HTTP status an error body states of itself (vLLM's and others' ``{"error": {"code":
     500, ...}}``), if any."""
     error = body.get("error", body) if isinstance(body, Mapping) else None
-    code = _int(error.get("code")) if isinstance(error, Mapping) else None
+    code = error.get("code") if isinstance(error, Mapping) else None
+    code = int(code) if isinstance(code, str) and code.isdigit() else _int(code)
     return code if code is not None and 400 <= code <= 599 else None
 
 
@@ -790,6 +791,10 @@ def _body_of(link: BaseException) -> object:
     body = getattr(link, "body", None)
     if body is not None:
         return body
+    # litellm's stand-in for an error object in a 200 keeps only its code (422 if it had none).
+    code = vars(link).get("status_code", 422) if type(link) is Exception else 422
+    if code != 422:
+        return {"code": code}
     try:
         content = getattr(link, "response", None).content  # type: ignore[union-attr]
     except Exception:  # no response, or a stream's that was not read
@@ -837,11 +842,8 @@ def _evidence(links: list[_Link], classes: tuple[str, ...]) -> _Evidence:
     texts: list[str] = []
     for link in links:
         _read_body(link.body, codes, texts, [])
-        own = vars(link.exc)
-        if link.in_answer and isinstance(own.get("status_code"), str):
-            codes.add(own["status_code"].lower())  # litellm put the error's code there
-        elif not link.litellm:  # litellm sets its own code/type ("throttling_error")
-            codes.update(code.lower() for code in _strings(own, "code", "type"))
+        if not link.litellm:  # litellm sets its own code/type ("throttling_error")
+            codes.update(code.lower() for code in _strings(vars(link.exc), "code", "type"))
         message = getattr(link.exc, "message", None)
         texts.append((message if isinstance(message, str) else str(link.exc))[:_TEXT_LIMIT])
     text = "\n".join(texts).lower()
