@@ -165,8 +165,14 @@ COMPLETE: dict[str, tuple[Any, Outcome]] = {
         http(200, zlib.compress(GOOD), headers=[("content-encoding", "deflate")]),
         Answered("fine", "stop"),
     ),
-    "x-request-id": (http(200, GOOD, headers=[("x-request-id", "req_1")]), Answered("fine", "stop")),
-    "cut at the output cap": (http(200, completion("parti", "length")), Answered("parti", "length")),
+    "x-request-id": (
+        http(200, GOOD, headers=[("x-request-id", "req_1")]),
+        Answered("fine", "stop"),
+    ),
+    "cut at the output cap": (
+        http(200, completion("parti", "length")),
+        Answered("parti", "length"),
+    ),
     "content filter finish": (
         http(200, completion(None, "content_filter")),
         Answered(None, "content_filter"),
@@ -225,9 +231,16 @@ COMPLETE: dict[str, tuple[Any, Outcome]] = {
         http(200, b'{"error": {"message": "busy", "code": 503}}'),
         Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
     ),
-    "408": (http(408, b'{"error": {"message": "timed out"}}'), Failed(lk.AttemptTimeout, K.TIMEOUT)),
+    "408": (
+        http(408, b'{"error": {"message": "timed out"}}'),
+        Failed(lk.AttemptTimeout, K.TIMEOUT),
+    ),
     "413": (
-        http(413, b"<html><title>413 Request Entity Too Large</title></html>", content_type="text/html"),
+        http(
+            413,
+            b"<html><title>413 Request Entity Too Large</title></html>",
+            content_type="text/html",
+        ),
         Failed(lk.BadRequest, K.BAD_REQUEST),
     ),
     "422 (FastAPI)": (
@@ -306,10 +319,29 @@ STREAM: dict[str, tuple[Any, Outcome]] = {
             [
                 b": keep-alive\n\n",
                 b"event: message\nid: 1\nretry: 3000\n" + GOOD_STREAM[0] + b"\n\n",
-                b": ping 2026-11-26\n\n",
                 b"id: 2\n" + GOOD_STREAM[1] + b"\n\n",
                 *(e + b"\n\n" for e in GOOD_STREAM[2:]),
             ],
+            content_type=SSE,
+        ),
+        Answered("Hello", "stop"),
+    ),
+    "an id field, then a keep-alive comment": (
+        http(
+            200,
+            [b"id: 1\n" + GOOD_STREAM[0] + b"\n\n", b": ping\n\n", *sse(*GOOD_STREAM[1:])],
+            content_type=SSE,
+        ),
+        Answered("Hello", "stop"),
+    ),
+    "a retry field alone": (
+        http(200, [b"retry: 3000\n\n", *sse(*GOOD_STREAM)], content_type=SSE),
+        Answered("Hello", "stop"),
+    ),
+    "a byte-order mark": (
+        http(
+            200,
+            [b"\xef\xbb\xbf" + GOOD_STREAM[0] + b"\n\n", *sse(*GOOD_STREAM[1:])],
             content_type=SSE,
         ),
         Answered("Hello", "stop"),
@@ -352,7 +384,9 @@ STREAM: dict[str, tuple[Any, Outcome]] = {
     "tool-call deltas, content null": (
         stream_of(
             event([delta(role="assistant", content=None, tool_calls=[TOOL_CALL])]),
-            event([delta(content=None, tool_calls=[{"index": 0, "function": {"arguments": "{}"}}])]),
+            event(
+                [delta(content=None, tool_calls=[{"index": 0, "function": {"arguments": "{}"}}])]
+            ),
             event([delta("tool_calls")]),
             DONE,
         ),
@@ -414,8 +448,33 @@ STREAM: dict[str, tuple[Any, Outcome]] = {
 }
 
 
-@pytest.mark.parametrize("case", STREAM)
-async def test_a_stream_is_read_the_same_on_both_lanes(case: str) -> None:
+# The litellm lane reads events with the OpenAI SDK's decoder, which departs from the SSE spec
+# here: an event without data is dispatched (after an ``id:`` field, whose value it keeps, every
+# blank line dispatches one) and fails to parse as JSON, which breaks the stream; a leading
+# byte-order mark becomes part of the first field's name, and the first event is lost. Nothing
+# under litellm can read past it; the fast lane reads these streams as the spec says.
+OPENAI_SDK_DECODER = {
+    "an id field, then a keep-alive comment": "the SDK dispatches an event without data",
+    "a retry field alone": "the SDK dispatches an event without data",
+    "a byte-order mark": "the SDK reads the BOM into the first field's name",
+}
+
+
+def per_lane(cases: Mapping[str, object]) -> list[Any]:
+    """Each case on each lane; the litellm lane's known breakages marked as expected to fail
+    (strictly: an SDK that reads them right shows up)."""
+    return [
+        pytest.param(case, transport, marks=marks, id=f"{case}-{transport}")
+        for case in cases
+        for transport in LANES
+        for known in [OPENAI_SDK_DECODER.get(case) if transport == "litellm" else None]
+        for marks in [[pytest.mark.xfail(reason=known, strict=True)] if known else []]
+    ]
+
+
+@pytest.mark.parametrize(("case", "transport"), per_lane(STREAM))
+async def test_a_stream_is_read_the_same_on_both_lanes(case: str, transport: str) -> None:
     answer, expected = STREAM[case]
-    seen = await on_both_lanes(answer, streamed)
-    assert seen == {"litellm": expected, "openai": expected}
+    async with raw_server(answer) as base:
+        with anyio.fail_after(30):
+            assert await streamed(base, transport) == expected

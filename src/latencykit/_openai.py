@@ -262,12 +262,13 @@ def _answer(response: httpx.Response, target: Target) -> Response | Node:
 
 
 _LAST = b"\n\n"  # what ends the last event of a body that did not
+_BOM = b"\xef\xbb\xbf"  # may start an event stream, and is no part of its first field's name
 
 
 def sse_data(events: bytes) -> list[bytes]:
     """The data of each of ``events``, complete SSE events (LF line ends, separated by a blank
     line): data lines joined by LF; comments (keep-alives) and other fields skipped; a block
-    without a data line is no event."""
+    without a data line is no event; a byte-order mark before the first is skipped."""
     if events.startswith(b"data: "):
         # The common case: every event is one "data: " line. Then each newline is in a
         # separator, and each separator is followed by "data: ".
@@ -275,7 +276,7 @@ def sse_data(events: bytes) -> list[bytes]:
         if events.count(b"\n", 6) == 2 * (len(found) - 1):
             return found
     found = []
-    for block in events.split(b"\n\n"):
+    for block in events.removeprefix(_BOM).split(b"\n\n"):
         lines = [line[5:].lstrip() for line in block.split(b"\n") if line.startswith(b"data:")]
         if lines:
             found.append(b"\n".join(lines))
