@@ -7,6 +7,7 @@ echoes back, and a soak of mixed chaos that must leak nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import gzip
 import json
@@ -14,8 +15,7 @@ import os
 import time
 import traceback
 import zlib
-from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any
@@ -130,6 +130,17 @@ async def streamed(base: str, transport: str) -> Outcome:
     except lk.ProviderError as error:
         return failed(error)
     return Answered(stream.partial_text, stream.finish_reason)
+
+
+async def call(front: lk.LLM, stream: bool) -> Any:
+    """One call: the response, or the stream read to its end (and closed)."""
+    if not stream:
+        return await front.acompletion(messages=MESSAGES)
+    answer = await front.acompletion(messages=MESSAGES, stream=True)
+    async with answer:
+        async for _ in answer:
+            pass
+    return answer
 
 
 async def on_both_lanes(
@@ -478,3 +489,191 @@ async def test_a_stream_is_read_the_same_on_both_lanes(case: str, transport: str
     async with raw_server(answer) as base:
         with anyio.fail_after(30):
             assert await streamed(base, transport) == expected
+
+
+# --- embeddings ---------------------------------------------------------------------------------
+
+
+def embeddings(*vectors: list[float]) -> bytes:
+    data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
+    usage = {"prompt_tokens": 1, "total_tokens": 1}
+    return json.dumps({"object": "list", "data": data, "model": "m", "usage": usage}).encode()
+
+
+EMBED: dict[str, tuple[Any, list[list[float]] | Failed]] = {
+    "an answer": (http(200, embeddings([0.5, 0.25])), [[0.5, 0.25]]),
+    "gzip": (
+        http(200, gzip.compress(embeddings([1.0])), headers=[("content-encoding", "gzip")]),
+        [[1.0]],
+    ),
+    "200, {}": (http(200, b"{}"), Failed(lk.ProviderUnavailable, K.SERVER_ERROR)),
+    "200, HTML": (
+        http(200, b"<html>hi</html>", content_type="text/html"),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "200, error object": (
+        http(200, b'{"error": {"message": "busy", "type": "server_error"}}'),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "429": (
+        http(429, b'{"error": {"message": "slow"}}', headers=[("retry-after", "2")]),
+        Failed(lk.RateLimited, K.RATE_LIMITED),
+    ),
+    "502 HTML": (
+        http(502, b"<html>502 Bad Gateway</html>", content_type="text/html"),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "cut": (
+        http(200, [embeddings([1.0])[:20], b"x"], chunked=True, cut_inside=True),
+        Failed(lk.ProviderConnectionError, K.CONNECTION),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", EMBED)
+async def test_an_embedding_answer_is_read_the_same_on_both_lanes(case: str) -> None:
+    answer, expected = EMBED[case]
+
+    async def embed(base: str, transport: str) -> list[list[float]] | Failed:
+        try:
+            response = await llm(base, transport).aembedding(input=["a"])
+        except lk.ProviderError as error:
+            return failed(error)
+        return [list(item["embedding"]) for item in response.data]
+
+    seen = await on_both_lanes(answer, embed)
+    assert seen == {"litellm": expected, "openai": expected}
+
+
+# --- servers that never finish ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a process holds that a finished call must have given back."""
+
+    fds: int
+    tasks: int
+    timers: int
+
+    @staticmethod
+    def now() -> Resources:
+        import sniffio
+
+        fds = len(os.listdir("/proc/self/fd"))
+        if sniffio.current_async_library() == "asyncio":
+            import asyncio
+
+            loop = asyncio.get_running_loop()
+            scheduled = loop._scheduled  # type: ignore[attr-defined]
+            timers = sum(1 for timer in scheduled if not timer.cancelled())
+            return Resources(fds, len(asyncio.all_tasks()), timers)
+        import trio
+
+        statistics = trio.lowlevel.current_statistics()
+        return Resources(fds, statistics.tasks_living, statistics.seconds_to_next_deadline < 1e6)
+
+    def not_above(self, before: Resources) -> bool:
+        return (
+            self.fds <= before.fds and self.tasks <= before.tasks and self.timers <= before.timers
+        )
+
+
+async def settled(before: Resources) -> None:
+    """Wait (up to 10 s) until the process holds no more than ``before``: a closed socket's
+    descriptor may be released a moment after the call returned (litellm's loop on trio)."""
+    for _ in range(200):
+        gc.collect()
+        if Resources.now().not_above(before):
+            return
+        await anyio.sleep(0.05)
+    assert Resources.now() == before
+
+
+SILENT = {
+    "accepts, never sends a byte": [(b"", 60.0)],
+    "sends its headers, then nothing": [(head(200, f"content-type: {SSE}"), 60.0)],
+    "sends a first chunk, then nothing": [
+        head(200, f"content-type: {SSE}"),
+        (chunk("Hel") + b"\n\n", 60.0),
+    ],
+}
+
+
+@pytest.mark.parametrize("transport", LANES)
+@pytest.mark.parametrize("stream", [False, True], ids=["complete", "stream"])
+@pytest.mark.parametrize("case", SILENT)
+async def test_a_server_that_stops_sending_is_left_at_the_deadline(
+    case: str, stream: bool, transport: str
+) -> None:
+    """The deadline ends the call (DeadlineExceeded, with its history) and closes the
+    connection: no descriptor, task or timer is left behind."""
+    async with raw_server(http(200, GOOD) if not stream else stream_of(*GOOD_STREAM)) as base:
+        # The lane's set-up (litellm's first call, the fast lane's client) is not a leak.
+        await (streamed if stream else complete)(base, transport)
+    before = Resources.now()
+    async with raw_server(SILENT[case]) as base:
+        front = llm(base, transport, deadline=1.0)
+        started = time.monotonic()
+        with anyio.fail_after(30), pytest.raises(lk.DeadlineExceeded) as caught:
+            await call(front, stream)
+        assert 0.9 <= time.monotonic() - started < 10
+        assert caught.value.attempts
+    await settled(before)
+
+
+# --- keys servers echo back ---------------------------------------------------------------------
+
+
+def everything_shown(error: BaseException) -> str:
+    """Everything a user may see of ``error``: its printed traceback, and the str and repr of
+    every exception in it (causes, contexts, the attempts' errors) and of their attributes
+    (an httpx request or response, a body, headers)."""
+    shown = ["".join(traceback.format_exception(error))]
+    seen: set[int] = set()
+    pending: list[BaseException] = [error]
+    while pending:
+        exc = pending.pop()
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        shown += [str(exc), repr(exc)]
+        for value in vars(exc).values():
+            shown.append(repr(value))
+            for part in ("headers", "request", "url", "text"):
+                with contextlib.suppress(Exception):  # a stream's body that was never read
+                    shown.append(repr(getattr(value, part, None)))
+        pending += [e for e in (exc.__cause__, exc.__context__) if e is not None]
+        pending += [e for e in getattr(exc, "exceptions", ()) if isinstance(e, BaseException)]
+    return "\n".join(shown)
+
+
+ECHOED = json.dumps(
+    {
+        "error": {
+            "message": f"Incorrect API key provided: {KEY}. You can find your API key at "
+            "https://example.invalid/keys.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+            "key": KEY,
+        }
+    }
+).encode()
+
+
+@pytest.mark.parametrize("transport", LANES)
+@pytest.mark.parametrize("stream", [False, True], ids=["complete", "stream"])
+@pytest.mark.parametrize("status", [401, 403])
+async def test_a_key_the_server_echoes_is_shown_nowhere(
+    status: int, stream: bool, transport: str
+) -> None:
+    answer = http(
+        status, ECHOED, headers=[("www-authenticate", f'Bearer error="invalid_token" key="{KEY}"')]
+    )
+    async with raw_server(answer) as base:
+        with pytest.raises(lk.AuthenticationFailed) as caught:
+            await call(llm(base, transport), stream)
+    shown = everything_shown(caught.value)
+    assert "Incorrect API key provided" in shown  # the provider's message is kept, but
+    assert KEY not in shown and KEY[4:20] not in shown  # not the key in it

@@ -1155,10 +1155,28 @@ def _scrub_chain(exc: BaseException, scrub: Callable[[str], str]) -> None:
     """
     for link in _printed(exc):
         link.args = tuple(_scrub_value(a, scrub) for a in link.args)
+        for name, value in list(vars(link).items()):
+            if type(value).__module__.startswith("httpx"):  # a response, or its headers
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(link, name, _scrub_http(value, scrub))
         for attr in ("message", "body", "__notes__"):
             if attr in vars(link):
                 with contextlib.suppress(AttributeError, TypeError):  # read-only: left as is
                     setattr(link, attr, _scrub_value(getattr(link, attr), scrub))
+
+
+def _scrub_http(value: Any, scrub: Callable[[str], str]) -> Any:
+    """An httpx response (its headers, and its body once read) or headers, scrubbed: a
+    provider may echo the key it refused (``exc.response.text`` is often logged)."""
+    headers = getattr(value, "headers", value)
+    clean = type(headers)([(k, scrub(v)) for k, v in headers.items()])
+    if headers is value:
+        return clean
+    value.headers = clean
+    if hasattr(value, "_content"):
+        value._content = scrub(value._content.decode(errors="replace")).encode()
+        vars(value).pop("_text", None)  # the body's text, decoded before
+    return value
 
 
 def _printed(exc: BaseException) -> Iterator[BaseException]:
