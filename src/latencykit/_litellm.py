@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from . import ratelimit
 from ._cancel import now, on_asyncio, run_soon
 from .chunks import delta_content
-from .errors import StreamBroken, malformed_answer, stream_error
+from .errors import StreamBroken, _chain, malformed_answer, stream_error
 from .propagation import provider_headers
 from .stream import ChunkSource
 
@@ -332,10 +332,18 @@ class LitellmTransport:
         return response
 
     async def embed(self, target: Target, arguments: Mapping[str, Any]) -> Any:
-        """One embedding attempt: litellm's ``EmbeddingResponse``."""
+        """One embedding attempt: litellm's ``EmbeddingResponse``. A 200 whose body is not
+        JSON is a malformed answer, as on the fast lane (the OpenAI SDK hands litellm such a
+        body as text, and litellm fails to read it: an ``AttributeError`` on a ``str``)."""
         from ._asyncio_bridge import run_on_asyncio
 
-        response = await run_on_asyncio(aembedding(attempt_arguments(target, arguments)))
+        try:
+            response = await run_on_asyncio(aembedding(attempt_arguments(target, arguments)))
+        except Exception as exc:
+            body = next((e.obj for e in _chain(exc) if isinstance(e, AttributeError)), None)
+            if isinstance(body, str):
+                raise malformed_answer("is not JSON", body, target=target.key) from None
+            raise
         ratelimit.heard(target.key, target.api_key, headers_of(response))
         return response
 
