@@ -15,7 +15,8 @@ import os
 import time
 import traceback
 import zlib
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any
@@ -358,11 +359,11 @@ STREAM: dict[str, tuple[Any, Outcome]] = {
         Answered("Hello", "stop"),
     ),
     "an event split inside a UTF-8 character": (
-        http(
-            200,
-            [*split_inside(chunk("héllo wörld €") + b"\n\n", "€"), *sse(*GOOD_STREAM[2:])],
-            content_type=SSE,
-        ),
+        [
+            head(200, f"content-type: {SSE}"),
+            *split_inside(chunk("héllo wörld €") + b"\n\n", "€"),
+            *sse(*GOOD_STREAM[2:]),
+        ],
         Answered("héllo wörld €", "stop"),
     ),
     "multi-line data": (
@@ -590,7 +591,7 @@ async def settled(before: Resources) -> None:
     assert Resources.now() == before
 
 
-SILENT = {
+SILENT: dict[str, Answer] = {
     "accepts, never sends a byte": [(b"", 60.0)],
     "sends its headers, then nothing": [(head(200, f"content-type: {SSE}"), 60.0)],
     "sends a first chunk, then nothing": [
@@ -608,7 +609,9 @@ async def test_a_server_that_stops_sending_is_left_at_the_deadline(
 ) -> None:
     """The deadline ends the call (DeadlineExceeded, with its history) and closes the
     connection: no descriptor, task or timer is left behind."""
-    answers = iter([stream_of(*GOOD_STREAM) if stream else http(200, GOOD), SILENT[case]])
+    answers: Iterator[Answer] = iter(
+        [stream_of(*GOOD_STREAM) if stream else http(200, GOOD), SILENT[case]]
+    )
     async with raw_server(lambda _request: next(answers)) as base:
         front = llm(base, transport, deadline=1.0)
         # The lane's set-up (litellm's first call and its client for this host, with its
@@ -678,3 +681,101 @@ async def test_a_key_the_server_echoes_is_shown_nowhere(
     shown = everything_shown(caught.value)
     assert "Incorrect API key provided" in shown  # the provider's message is kept, but
     assert KEY not in shown and KEY[4:20] not in shown  # not the key in it
+
+
+# --- a soak of mixed chaos ----------------------------------------------------------------------
+
+ROLE_ONLY = chunk(role="assistant", content="")
+# name: (answer to a completion, to a stream, the kind of error each is on that attempt)
+CHAOS: dict[str, tuple[Answer, Answer, ErrorKind | None, ErrorKind | None]] = {
+    "fine": (http(200, GOOD), stream_of(*GOOD_STREAM), None, None),
+    "500": (http(500, b'{"error": {"message": "boom"}}'),) * 2 + (K.SERVER_ERROR,) * 2,
+    "429": (http(429, b"{}", headers=[("retry-after", "0")]),) * 2 + (K.RATE_LIMITED,) * 2,
+    "reset": ([RESET], [RESET], K.CONNECTION, K.CONNECTION),
+    "502 HTML": (http(502, b"<html>bad</html>", content_type="text/html"),) * 2
+    + (K.SERVER_ERROR,) * 2,
+    "not an answer": (http(200, b"{}"), http(200, GOOD), K.SERVER_ERROR, K.SERVER_ERROR),
+    "cut before content": (
+        http(200, [GOOD[:50], GOOD[50:]], chunked=True, cut_inside=True),
+        stream_of(ROLE_ONLY),
+        K.CONNECTION,
+        K.STREAM_BROKEN,
+    ),
+    "error object": (
+        http(200, b'{"error": {"message": "busy", "type": "server_error"}}'),
+        stream_of(ROLE_ONLY, VLLM_ERROR := b'data: {"error": {"message": "x", "code": 500}}'),
+        K.SERVER_ERROR,
+        K.STREAM_BROKEN,
+    ),
+    "stalls after its headers": (
+        [(head(200, "content-type: application/json", "content-length: 500"), 4.0)],
+        [(head(200, f"content-type: {SSE}"), 4.0)],
+        K.TIMEOUT,
+        K.TIMEOUT,
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", LANES)
+async def test_a_soak_of_mixed_chaos_fails_over_every_call_and_leaks_nothing(
+    transport: str,
+) -> None:
+    """500 calls, streamed and not, 10 at a time, to a primary that answers each of CHAOS in
+    turn, failing over to a healthy target: every call is answered, each failed attempt is the
+    error its fault is, and no descriptor, task or timer outlives the calls (a stalled
+    server's own socket closes when its 4 s are up)."""
+    names = list(CHAOS)
+    sent: list[ErrorKind | None] = []
+
+    def chaos(request: bytes) -> Answer:
+        name = names[len(sent) % len(names)]
+        complete_answer, stream_answer, complete_kind, stream_kind = CHAOS[name]
+        stream = b'"stream":true' in request.replace(b" ", b"")
+        sent.append(stream_kind if stream else complete_kind)
+        return stream_answer if stream else complete_answer
+
+    healthy = lambda request: (  # noqa: E731
+        stream_of(*GOOD_STREAM)
+        if b'"stream":true' in request.replace(b" ", b"")
+        else http(200, GOOD)
+    )
+    async with raw_server(chaos) as bad, raw_server(healthy) as good:
+        front = lk.LLM(
+            "openai/bad",
+            api_base=bad,
+            api_key=KEY,
+            transport=transport,
+            failover=[
+                {"model": "openai/good", "api_base": good, "api_key": KEY, "transport": transport}
+            ],
+            deadline=20.0,
+            timeout=1.5,  # each attempt's, and a stream's first-token limit
+        )
+        for stream in (False, True):  # set-up (litellm's clients, pools) is not a leak
+            await call(front, stream)
+        sent.clear()
+        before = Resources.now()
+        seen: list[ErrorKind | None] = []
+        texts: Counter[str] = Counter()
+        limit = anyio.Semaphore(10)
+
+        async def one(number: int) -> None:
+            async with limit:
+                answer = await call(front, stream=number % 2 == 1)
+            if isinstance(answer, lk.Stream):
+                texts[answer.partial_text] += 1
+            else:
+                texts[answer.choices[0].message.content] += 1
+            attempts = lk.report(answer).attempts
+            assert attempts[-1].outcome == "ok"
+            seen.extend(a.error_kind for a in attempts if a.target == "openai/bad")
+
+        with anyio.fail_after(300):
+            async with anyio.create_task_group() as group:
+                for number in range(500):
+                    group.start_soon(one, number)
+        assert texts == {"fine": 250, "Hello": 250}
+        assert len(sent) == 500
+        assert Counter(map(str, seen)) == Counter(map(str, sent))
+        await settled(before)
