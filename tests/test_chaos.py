@@ -231,6 +231,20 @@ COMPLETE: dict[str, tuple[Any, Outcome]] = {
         http(200, b'{"id": "x", "object": "chat.completion", "choices": []}'),
         Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
     ),
+    "200, a choice without a message": (
+        http(200, b'{"id": "x", "object": "chat.completion", "choices": [{"index": 0}]}'),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "200, a null message": (
+        http(
+            200, b'{"id": "x", "choices": [{"index": 0, "message": null, "finish_reason": "stop"}]}'
+        ),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "200, an event stream": (
+        http(200, sse(*GOOD_STREAM), content_type=SSE),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
     "200, error object": (
         http(200, b'{"error": {"message": "upstream failed", "type": "server_error"}}'),
         Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
@@ -258,6 +272,22 @@ COMPLETE: dict[str, tuple[Any, Outcome]] = {
     "422 (FastAPI)": (
         http(422, b'{"detail": [{"loc": ["body", "messages"], "msg": "field required"}]}'),
         Failed(lk.BadRequest, K.BAD_REQUEST),
+    ),
+    "401, text": (
+        http(401, b"Unauthorized", content_type="text/plain"),
+        Failed(lk.AuthenticationFailed, K.AUTHENTICATION),
+    ),
+    "404 HTML": (
+        http(404, b"<html><title>404 Not Found</title></html>", content_type="text/html"),
+        Failed(lk.ModelNotFound, K.NOT_FOUND),
+    ),
+    "400, TGI's error string": (
+        http(
+            400,
+            b'{"error": "Input validation error: `inputs` tokens + `max_new_tokens` must be '
+            b'<= 4096", "error_type": "validation"}',
+        ),
+        Failed(lk.ContextLengthExceeded, K.CONTEXT_LENGTH),
     ),
     "500 with x-request-id": (
         http(500, b'{"error": {"message": "boom"}}', headers=[("x-request-id", "req_2")]),
@@ -421,6 +451,28 @@ STREAM: dict[str, tuple[Any, Outcome]] = {
         stream_of(chunk("Hi"), chunk(None, "content_filter"), DONE),
         Answered("Hi", "content_filter"),
     ),
+    "data: without a space, [DONE] too": (
+        stream_of(*(e.replace(b"data: ", b"data:") for e in GOOD_STREAM)),
+        Answered("Hello", "stop"),
+    ),
+    "finish_reason an empty string until the last": (
+        stream_of(chunk("Hel", ""), chunk("lo", ""), *GOOD_STREAM[2:]),
+        Answered("Hello", "stop"),
+    ),
+    "an error event with event: error": (
+        stream_of(
+            chunk("Hi"),
+            b'event: error\ndata: {"error": {"message": "x", "type": "overloaded_error"}}',
+        ),
+        Failed(lk.StreamBroken, K.STREAM_BROKEN, "error"),
+    ),
+    "a rate-limit error event before content": (
+        stream_of(
+            chunk(role="assistant", content=""),
+            b'data: {"error": {"message": "Rate limit reached", "code": 429}}',
+        ),
+        Failed(lk.StreamBroken, K.STREAM_BROKEN, "error"),
+    ),
     "chunked, cut inside a chunk": (
         http(200, sse(*GOOD_STREAM), content_type=SSE, chunked=True, cut_inside=True),
         Failed(lk.StreamBroken, K.STREAM_BROKEN, "cut"),
@@ -439,6 +491,18 @@ STREAM: dict[str, tuple[Any, Outcome]] = {
         Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
     ),
     "reset before headers": ([RESET], Failed(lk.ProviderConnectionError, K.CONNECTION)),
+    "401, text": (
+        http(401, b"Unauthorized", content_type="text/plain"),
+        Failed(lk.AuthenticationFailed, K.AUTHENTICATION),
+    ),
+    "400, context length (vLLM)": (
+        http(
+            400,
+            b'{"object": "error", "message": "This model\'s maximum context length is 10 '
+            b'tokens", "type": "BadRequestError", "code": 400}',
+        ),
+        Failed(lk.ContextLengthExceeded, K.CONTEXT_LENGTH),
+    ),
     "408": (http(408, b'{"error": {"message": "x"}}'), Failed(lk.AttemptTimeout, K.TIMEOUT)),
     "413": (http(413, b'{"error": {"message": "x"}}'), Failed(lk.BadRequest, K.BAD_REQUEST)),
     "429, retry-after-ms": (

@@ -327,23 +327,25 @@ class LitellmTransport:
         from ._asyncio_bridge import run_on_asyncio  # here: asyncio stays out of import
 
         await self._set_up(target)
-        response = await run_on_asyncio(acompletion(attempt_arguments(target, arguments)))
+        try:
+            response = await run_on_asyncio(acompletion(attempt_arguments(target, arguments)))
+        except Exception as exc:
+            if (malformed := _unreadable(exc, target)) is None:
+                raise
+            raise malformed from None
         ratelimit.heard(target.key, target.api_key, headers_of(response))
         return response
 
     async def embed(self, target: Target, arguments: Mapping[str, Any]) -> Any:
-        """One embedding attempt: litellm's ``EmbeddingResponse``. A 200 whose body is not
-        JSON is a malformed answer, as on the fast lane (the OpenAI SDK hands litellm such a
-        body as text, and litellm fails to read it: an ``AttributeError`` on a ``str``)."""
+        """One embedding attempt: litellm's ``EmbeddingResponse``."""
         from ._asyncio_bridge import run_on_asyncio
 
         try:
             response = await run_on_asyncio(aembedding(attempt_arguments(target, arguments)))
         except Exception as exc:
-            body = next((e.obj for e in _chain(exc) if isinstance(e, AttributeError)), None)
-            if isinstance(body, str):
-                raise malformed_answer("is not JSON", body, target=target.key) from None
-            raise
+            if (malformed := _unreadable(exc, target)) is None:
+                raise
+            raise malformed from None
         ratelimit.heard(target.key, target.api_key, headers_of(response))
         return response
 
@@ -388,6 +390,20 @@ class LitellmTransport:
 
     async def aclose(self) -> None:
         """Nothing to close: litellm's clients are litellm's."""
+
+
+def _unreadable(exc: Exception, target: Target) -> Exception | None:
+    """The malformed answer (as the fast lane tells it) that ``exc`` is when litellm failed to
+    read a 200 answer, else ``None``: the OpenAI SDK hands litellm a body that is not JSON as
+    text (then litellm's reading fails with an ``AttributeError`` on a ``str``), and litellm
+    wraps its own failure to convert an answer ("Invalid response object", over a
+    ``KeyError``) as if it were the caller's bug."""
+    for link in _chain(exc):
+        if isinstance(link, AttributeError) and isinstance(link.obj, str):
+            return malformed_answer("is not JSON", link.obj, target=target.key)
+        if type(link) is Exception and str(link).startswith("Invalid response object"):
+            return malformed_answer("is not one litellm can read", "", target=target.key)
+    return None
 
 
 def attempt_arguments(target: Target, call: Mapping[str, Any]) -> dict[str, Any]:

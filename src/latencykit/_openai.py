@@ -238,8 +238,8 @@ def _error_of(response: httpx.Response, raw: bytes, secret: str | None) -> HTTPE
 def _answer(response: httpx.Response, target: Target) -> Response | Node:
     """A 200 answer's body as a :class:`~latencykit.chunks.Response` (a :class:`Node` if it has
     fields the schema does not name), if it is one: an error object in its place raises as that
-    error; anything else (not JSON, not an object, no choices) is a malformed answer, never a
-    made-up success."""
+    error; anything else (not JSON, not an object, no choices, a choice without a message) is
+    a malformed answer, never a made-up success."""
     raw = response.content
     try:
         answer: Any = decode_response(raw)
@@ -257,6 +257,8 @@ def _answer(response: httpx.Response, target: Target) -> Response | Node:
     choices = answer.choices
     if not isinstance(choices, list) or not choices:
         raise malformed_answer("has no choices", raw, target=target.key)
+    if getattr(choices[0], "message", None) is None:
+        raise malformed_answer("has a choice without a message", raw, target=target.key)
     answer._hidden_params = {}  # what report() reads, where litellm's ModelResponse keeps it
     return answer  # type: ignore[no-any-return]
 
