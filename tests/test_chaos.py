@@ -843,3 +843,64 @@ async def test_a_soak_of_mixed_chaos_fails_over_every_call_and_leaks_nothing(
         assert len(sent) == 500
         assert Counter(map(str, seen)) == Counter(map(str, sent))
         await settled(before)
+
+
+# --- the Responses API (through litellm: it has no fast lane) ------------------------------------
+
+RESPONSE = json.dumps(
+    {
+        "id": "r1",
+        "object": "response",
+        "created_at": 1,
+        "model": "m",
+        "status": "completed",
+        "output": [
+            {
+                "type": "message",
+                "id": "m1",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "fine", "annotations": []}],
+            }
+        ],
+        "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2},
+    }
+).encode()
+
+RESPONSES: dict[str, tuple[Any, str | Failed]] = {
+    "an answer": (http(200, RESPONSE), "fine"),
+    "200, {}": (http(200, b"{}"), Failed(lk.ProviderUnavailable, K.SERVER_ERROR)),
+    "200, HTML": (
+        http(200, b"<html>hi</html>", content_type="text/html"),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "200, error object": (
+        http(200, b'{"error": {"message": "busy", "code": 503}}'),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+    "429": (
+        http(429, b'{"error": {"message": "slow"}}', headers=[("retry-after", "3")]),
+        Failed(lk.RateLimited, K.RATE_LIMITED),
+    ),
+    "504 HTML": (
+        http(504, b"<html>504 Gateway Time-out</html>", content_type="text/html"),
+        Failed(lk.AttemptTimeout, K.TIMEOUT),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", RESPONSES)
+async def test_a_responses_answer_that_is_not_one_is_a_transient_error(case: str) -> None:
+    """A 200 litellm cannot read as a response (it raises its own 200) is a malformed answer,
+    worth another attempt, as it is for a chat completion; not a client-side UNKNOWN."""
+    answer, expected = RESPONSES[case]
+
+    async def respond(base: str) -> str | Failed:
+        try:
+            response = await llm(base, "litellm").aresponses(input="hi")
+        except lk.ProviderError as error:
+            return failed(error)
+        return str(response.output_text)
+
+    async with raw_server(answer) as base:
+        assert await respond(base) == expected

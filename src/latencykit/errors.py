@@ -722,8 +722,10 @@ def _links(exc: BaseException) -> list[_Link]:
             status = _int(getattr(getattr(link, "response", None), "status_code", None))
         # litellm's stand-in for an error object in a 200 answer: a bare ``Exception`` with a
         # ``status_code`` of its own making; the fast lane's: an HTTPError without a status.
-        in_answer = (type(link) is Exception and "status_code" in vars(link)) or (
-            isinstance(link, HTTPError) and link.status_code is None
+        in_answer = (
+            (type(link) is Exception and "status_code" in vars(link))
+            or (isinstance(link, HTTPError) and link.status_code is None)
+            or (status is not None and 200 <= status < 300)  # a 200 litellm could not read
         )
         litellm = type(link).__module__.startswith("litellm")
         links.append(_Link(link, type(link).__name__, status, litellm, in_answer, _body_of(link)))
@@ -830,7 +832,7 @@ def _answer_status(links: list[_Link], classes: tuple[str, ...]) -> int | None:
     class the table does not know, its own; else the one its body states of itself (an error
     event inside a stream reads as that status would, on every lane)."""
     status = _http_status(links)
-    if status is None and _RULE_NAMES.isdisjoint(classes):
+    if status is None and _RULE_NAMES.isdisjoint(classes) and not links[0].in_answer:
         status = links[0].status
     if status is None:
         status = next(filter(None, (_stated_status(link.body) for link in links)), None)
