@@ -177,6 +177,14 @@ COMPLETE: dict[str, tuple[Any, Outcome]] = {
         http(200, zlib.compress(GOOD), headers=[("content-encoding", "deflate")]),
         Answered("fine", "stop"),
     ),
+    "a byte-order mark before the JSON": (
+        http(200, b"\xef\xbb\xbf" + GOOD, content_type="application/json; charset=utf-8"),
+        Answered("fine", "stop"),
+    ),
+    "100 Continue first": (
+        [b"HTTP/1.1 100 Continue\r\n\r\n", *http(200, GOOD)],
+        Answered("fine", "stop"),
+    ),
     "x-request-id": (
         http(200, GOOD, headers=[("x-request-id", "req_1")]),
         Answered("fine", "stop"),
@@ -311,7 +319,27 @@ COMPLETE: dict[str, tuple[Any, Outcome]] = {
         Failed(lk.RateLimited, K.RATE_LIMITED),
     ),
 }
-RETRY_AFTER = {"429, Retry-After an HTTP-date": (20.0, 31.0), "429, retry-after-ms": (1.5, 1.5)}
+COMPLETE |= {
+    "429, Retry-After in the past": (
+        http(429, b"{}", headers=[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")]),
+        Failed(lk.RateLimited, K.RATE_LIMITED),
+    ),
+    "429, Retry-After not a number": (
+        http(429, b"{}", headers=[("retry-after", "soon")]),
+        Failed(lk.RateLimited, K.RATE_LIMITED),
+    ),
+    "503, Retry-After": (
+        http(503, b'{"error": {"message": "busy"}}', headers=[("retry-after", "2")]),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    ),
+}
+RETRY_AFTER: dict[str, tuple[float | None, float | None]] = {
+    "429, Retry-After an HTTP-date": (20.0, 31.0),
+    "429, retry-after-ms": (1.5, 1.5),
+    "429, Retry-After in the past": (0.0, 0.0),
+    "429, Retry-After not a number": (None, None),
+    "503, Retry-After": (2.0, 2.0),
+}
 
 
 @pytest.mark.parametrize("case", COMPLETE)
@@ -326,12 +354,15 @@ async def test_the_wait_a_429_asks_for_is_read_the_same_on_both_lanes(case: str)
     low, high = RETRY_AFTER[case]
 
     async def wait(base: str, transport: str) -> float | None:
-        with pytest.raises(lk.RateLimited) as caught:
+        with pytest.raises(lk.TransientError) as caught:
             await llm(base, transport).acompletion(messages=MESSAGES)
         return caught.value.retry_after
 
     for transport, seconds in (await on_both_lanes(COMPLETE[case][0], wait)).items():
-        assert seconds is not None and low <= seconds <= high, transport
+        if low is None:
+            assert seconds is None, transport
+        else:
+            assert seconds is not None and low <= seconds <= high, transport
 
 
 # --- streams ------------------------------------------------------------------------------------
@@ -472,6 +503,23 @@ STREAM: dict[str, tuple[Any, Outcome]] = {
             b'data: {"error": {"message": "Rate limit reached", "code": 429}}',
         ),
         Failed(lk.StreamBroken, K.STREAM_BROKEN, "error"),
+    ),
+    "gzip": (
+        http(
+            200,
+            gzip.compress(b"".join(sse(*GOOD_STREAM))),
+            content_type=SSE,
+            headers=[("content-encoding", "gzip")],
+        ),
+        Answered("Hello", "stop"),
+    ),
+    "a 300 kB event": (
+        stream_of(chunk("x" * 300_000), *GOOD_STREAM[2:]),
+        Answered("x" * 300_000, "stop"),
+    ),
+    "200, a JSON error object": (
+        http(200, b'{"error": {"message": "rate limited", "code": 429}}'),
+        Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
     ),
     "chunked, cut inside a chunk": (
         http(200, sse(*GOOD_STREAM), content_type=SSE, chunked=True, cut_inside=True),

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["HTTPError", "OpenAIChunks", "OpenAITransport", "Request"]
 
 DEFAULT_BASE = "https://api.openai.com/v1"
+_BOM = b"\xef\xbb\xbf"  # may start a body (JSON or an event stream), and is no part of it
 # litellm arguments that are not part of the request body.
 _NOT_SENT = frozenset(
     {
@@ -124,7 +125,7 @@ class OpenAITransport:
         ratelimit.heard(target.key, target.api_key, response.headers)
         if response.status_code >= 400:
             raise _error_of(response, response.content, target.api_key)
-        raw = response.content
+        raw = response.content.removeprefix(_BOM)  # a BOM is no part of JSON text
         try:
             answer = decode_embeddings(raw)
         except msgspec.ValidationError:  # an error object in its place, or another shape
@@ -240,7 +241,7 @@ def _answer(response: httpx.Response, target: Target) -> Response | Node:
     fields the schema does not name), if it is one: an error object in its place raises as that
     error; anything else (not JSON, not an object, no choices, a choice without a message) is
     a malformed answer, never a made-up success."""
-    raw = response.content
+    raw = response.content.removeprefix(_BOM)  # a BOM is no part of JSON text
     try:
         answer: Any = decode_response(raw)
     except msgspec.ValidationError:
@@ -264,7 +265,6 @@ def _answer(response: httpx.Response, target: Target) -> Response | Node:
 
 
 _LAST = b"\n\n"  # what ends the last event of a body that did not
-_BOM = b"\xef\xbb\xbf"  # may start an event stream, and is no part of its first field's name
 
 
 def sse_data(events: bytes) -> list[bytes]:
