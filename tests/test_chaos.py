@@ -349,6 +349,19 @@ async def test_an_answer_is_read_the_same_on_both_lanes(case: str) -> None:
     assert seen == {"litellm": expected, "openai": expected}
 
 
+async def test_a_body_longer_than_its_content_length_is_transient_on_both_lanes() -> None:
+    """The one divergence left in kind, the HTTP clients': litellm's (aiohttp) refuses the
+    bytes past ``Content-Length`` (a broken connection), the fast lane's (httpx) reads the
+    declared 20 bytes, which are no JSON (a malformed answer). Either is transient: retried,
+    failed over, counted by the breaker."""
+    answer = [head(200, "content-type: application/json", "content-length: 20") + GOOD]
+    seen = await on_both_lanes(answer, complete)
+    assert seen == {
+        "litellm": Failed(lk.ProviderConnectionError, K.CONNECTION),
+        "openai": Failed(lk.ProviderUnavailable, K.SERVER_ERROR),
+    }
+
+
 @pytest.mark.parametrize("case", RETRY_AFTER)
 async def test_the_wait_a_429_asks_for_is_read_the_same_on_both_lanes(case: str) -> None:
     low, high = RETRY_AFTER[case]
