@@ -1158,7 +1158,7 @@ def _scrub_chain(exc: BaseException, scrub: Callable[[str], str]) -> None:
     for link in _printed(exc):
         link.args = tuple(_scrub_value(a, scrub) for a in link.args)
         for name, value in list(vars(link).items()):
-            if type(value).__module__.startswith("httpx"):  # a response, or its headers
+            if type(value).__name__ in _HTTPX_HELD and type(value).__module__.startswith("httpx"):
                 with contextlib.suppress(AttributeError, TypeError):
                     setattr(link, name, _scrub_http(value, scrub))
         for attr in ("message", "body", "__notes__"):
@@ -1167,11 +1167,14 @@ def _scrub_chain(exc: BaseException, scrub: Callable[[str], str]) -> None:
                     setattr(link, attr, _scrub_value(getattr(link, attr), scrub))
 
 
+_HTTPX_HELD = frozenset({"Response", "Headers"})  # what of httpx's an answer's error holds
+
+
 def _scrub_http(value: Any, scrub: Callable[[str], str]) -> Any:
     """An httpx response (its headers, and its body once read) or headers, scrubbed: a
     provider may echo the key it refused (``exc.response.text`` is often logged)."""
     headers = getattr(value, "headers", value)
-    clean = type(headers)([(k, scrub(v)) for k, v in headers.items()])
+    clean = type(headers)([(k, scrub(v)) for k, v in headers.multi_items()])
     if headers is value:
         return clean
     value.headers = clean
