@@ -828,7 +828,7 @@ CHAOS: dict[str, tuple[Answer, Answer, ErrorKind | None, ErrorKind | None]] = {
     ),
     "error object": (
         http(200, b'{"error": {"message": "busy", "type": "server_error"}}'),
-        stream_of(ROLE_ONLY, VLLM_ERROR := b'data: {"error": {"message": "x", "code": 500}}'),
+        stream_of(ROLE_ONLY, b'data: {"error": {"message": "x", "code": 500}}'),
         K.SERVER_ERROR,
         K.STREAM_BROKEN,
     ),
