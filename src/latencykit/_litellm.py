@@ -395,11 +395,11 @@ class LitellmTransport:
 def _unreadable(exc: Exception, target: Target) -> Exception | None:
     """The malformed answer (as the fast lane tells it) that ``exc`` is when litellm failed to
     read a 200 answer, else ``None``: the OpenAI SDK hands litellm a body that is not JSON as
-    text (then litellm's reading fails with an ``AttributeError`` on a ``str``), and litellm
+    text (then litellm's ``response.model_dump()`` fails on a ``str``), and litellm
     wraps its own failure to convert an answer ("Invalid response object", over a
     ``KeyError``) as if it were the caller's bug."""
     for link in _chain(exc):
-        if isinstance(link, AttributeError) and isinstance(link.obj, str):
+        if isinstance(link, AttributeError) and link.name == "model_dump" and type(link.obj) is str:
             return malformed_answer("is not JSON", link.obj, target=target.key)
         if type(link) is Exception and str(link).startswith("Invalid response object"):
             return malformed_answer("is not one litellm can read", "", target=target.key)
