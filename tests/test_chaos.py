@@ -362,6 +362,24 @@ async def test_a_body_longer_than_its_content_length_is_transient_on_both_lanes(
     }
 
 
+async def test_a_keep_alive_connection_the_server_closed_while_idle_is_not_reused() -> None:
+    """A server that keeps a connection open after its answer (no ``connection: close``), then
+    closes it when idle (uvicorn does after 5 s): the next call opens a new one, on both lanes,
+    and is answered."""
+    kept = [head(200, "content-type: application/json", f"content-length: {len(GOOD)}") + GOOD]
+
+    async def three_calls(base: str, transport: str) -> list[Answered]:
+        front, seen = llm(base, transport), []
+        for _ in range(3):
+            response = await front.acompletion(messages=MESSAGES)
+            seen.append(Answered(response.choices[0].message.content, "stop"))
+            await anyio.sleep(0.3)  # the server closed the connection after 1 ms
+        return seen
+
+    seen = await on_both_lanes(kept, three_calls)
+    assert seen == {lane: [Answered("fine", "stop")] * 3 for lane in LANES}
+
+
 @pytest.mark.parametrize("case", RETRY_AFTER)
 async def test_the_wait_a_429_asks_for_is_read_the_same_on_both_lanes(case: str) -> None:
     low, high = RETRY_AFTER[case]
