@@ -890,10 +890,16 @@ async def test_a_soak_of_mixed_chaos_fails_over_every_call_and_leaks_nothing(
             api_key=KEY,
             transport=transport,
             failover=[
-                {"model": "openai/good", "api_base": good, "api_key": KEY, "transport": transport}
+                {
+                    "model": "openai/good",
+                    "api_base": good,
+                    "api_key": KEY,
+                    "transport": transport,
+                    "timeout": 30,  # a loaded machine's slow answer is no failure here
+                }
             ],
             deadline=20.0,
-            timeout=1.5,  # each attempt's, and a stream's first-token limit
+            timeout=1.5,  # the primary's attempts', and its streams' first-token limit
         )
         for stream in (False, True):  # set-up (litellm's clients, pools) is not a leak
             await call(front, stream)
