@@ -470,6 +470,18 @@ STREAM: dict[str, tuple[Any, Outcome]] = {
         stream_of(*GOOD_STREAM[:3]),
         Answered("Hello", "stop"),
     ),
+    "the last text with the finish": (
+        stream_of(chunk("Hel"), chunk("lo", "stop"), DONE),
+        Answered("Hello", "stop"),
+    ),
+    "events after [DONE]": (
+        stream_of(*GOOD_STREAM, chunk("X"), DONE),
+        Answered("Hello", "stop"),
+    ),
+    "usage only, no finish": (
+        stream_of(event([], usage=USAGE), DONE),
+        Failed(lk.StreamBroken, K.STREAM_BROKEN, "cut"),
+    ),
     "[DONE] without a finish": (
         stream_of(*GOOD_STREAM[:2], DONE),
         Failed(lk.StreamBroken, K.STREAM_BROKEN, "cut"),
