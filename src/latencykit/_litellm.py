@@ -324,11 +324,14 @@ class LitellmTransport:
         """One non-streaming attempt: litellm's ``ModelResponse``."""
         # litellm's one-time set-up, apart: a cancel landing in a real call's set-up (it runs
         # in a thread) leaves litellm's request coroutine unawaited; in the mock's, nothing.
-        from ._asyncio_bridge import run_on_asyncio  # here: asyncio stays out of import
-
         await self._set_up(target)
+        bridge: Any = sys.modules.get("latencykit._asyncio_bridge")
+        if bridge is None:  # imported on first use: asyncio stays out of `import latencykit`
+            from . import _asyncio_bridge as bridge
         try:
-            response = await run_on_asyncio(acompletion(attempt_arguments(target, arguments)))
+            response = await bridge.run_on_asyncio(
+                acompletion(attempt_arguments(target, arguments))
+            )
         except Exception as exc:
             if (malformed := _unreadable(exc, target)) is None:
                 raise

@@ -822,9 +822,7 @@ def body_message(body: object) -> str | None:
     title = re.search(r"<title[^>]*>([^<]*)</title>", texts[0], re.IGNORECASE)
     text = title.group(1) if title else re.sub(r"<[^>]*>", "\n", texts[0])
     line = next((line.strip() for line in text.splitlines() if line.strip()), None)
-    if line is None:
-        return None
-    return _cut(line, _LINE_LIMIT)
+    return None if line is None else _cut(line, _LINE_LIMIT)
 
 
 def _answer_status(links: list[_Link], classes: tuple[str, ...]) -> int | None:
@@ -1297,8 +1295,7 @@ def malformed_answer(what: str, sample: bytes | str, *, target: str) -> Provider
     attempt, or another target, may answer), counted by the breaker. The message shows the
     start of what came back, scrubbed."""
     text = sample.decode(errors="replace") if isinstance(sample, bytes) else sample
-    text = scrub(" ".join(text.split()))
-    shown = _cut(text, 120)
+    shown = _cut(scrub(" ".join(text.split())), 120)
     said = f": {shown!r}" if shown else ""
     return ProviderUnavailable(
         f"the provider's answer {what}{said}", target=target, status_code=200

@@ -198,17 +198,9 @@ class SharedBreaker:
             raise _Garbage("breaker script returned an unknown state or a non-integer")
         epoch, remaining, free, calls, failures, slow, _ = numbers
         self._until = process_clock() + remaining / 1000
-        view = BreakerView(
-            state=state,
-            epoch=epoch,
-            opens_in=remaining / 1000 if state == "open" else 0.0,
-            free_probes=free,
-            calls=calls,
-            failures=failures,
-            slow=slow,
-        )
-        self._view = view
-        return view
+        opens_in = remaining / 1000 if state == "open" else 0.0
+        self._view = BreakerView(state, epoch, opens_in, free, calls, failures, slow)
+        return self._view
 
 
 class SharedBudget:
