@@ -38,7 +38,9 @@ Reported per round, from the provider's records: the requests it saw, the share 
 429 (and the 429s after the first 2 s: the start, when nobody has told the fleet the room yet,
 aside), the requests and tokens it served as a share of the quota's refill over the run; and
 the calls answered, shed (``LimitExceeded``: their wait would have passed the deadline) and
-failed.
+failed. ``--kill-redis-at S`` kills the redis-server ``S`` seconds into each run (every
+variant, as a crash would: SIGKILL), ``--restart-redis-at S`` starts a fresh, empty one later;
+each phase (Redis up, down, back) is then reported apart: requests, 429s and tokens served.
 
 **3. Lanes** (``--lanes``): one process with ``governor=True`` on the same quota, drained;
 interactive calls (``priority="interactive"``, 2 a second) alone (``quiet``), under 16 workers
@@ -174,8 +176,10 @@ async def _fleet_process(options: dict[str, Any], start: Any) -> dict[str, int]:
                 await llm.acompletion(messages=FLEET_PROMPT, max_tokens=MAX_TOKENS)
             except lk.LimitExceeded:
                 counts["shed"] += 1
-            except lk.LatencykitError:
+            except lk.LatencykitError as exc:
                 counts["failed"] += 1
+                kind = f"failed: {type(exc).__name__}"
+                counts[kind] = counts.get(kind, 0) + 1
             else:
                 counts["answered"] += 1
 
@@ -260,7 +264,16 @@ def fleet(args: argparse.Namespace) -> None:
     quota = ProviderQuota(requests_per_minute=args.fleet_rpm, tokens_per_minute=args.fleet_tpm)
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in args.variants}
     rpm = args.fleet_rpm
+    # The phases of a run: (name, from, to) seconds; Redis up throughout unless killed.
+    cuts = [0.0, args.kill_redis_at, args.restart_redis_at, args.seconds]
+    cuts = [c for c in cuts if c is not None and c <= args.seconds]
+    phases = list(zip(("up", "down", "back"), cuts, cuts[1:], strict=False))  # 1 to 3
     with RedisServer() as redis_server, FakeProvider(quota=quota) as fake:
+        outage: list[tuple[float, Any]] = []
+        if args.kill_redis_at is not None:
+            outage.append((args.kill_redis_at, redis_server.kill))
+        if args.restart_redis_at is not None:
+            outage.append((args.restart_redis_at, redis_server.start))
         for index in range(args.rounds):
             order = args.variants if index % 2 == 0 else args.variants[::-1]
             for variant in order:
@@ -289,7 +302,12 @@ def fleet(args: argparse.Namespace) -> None:
                 drain(fake, key)  # the run starts on an empty quota
                 start.wait()
                 began = time.monotonic()
+                for at, change in outage:  # Redis killed (and restarted, empty) mid-run
+                    time.sleep(max(0.0, began + at - time.monotonic()))
+                    change()
                 counts = [results.get(timeout=args.seconds + 120) for _ in processes]
+                if not redis_server.running:
+                    redis_server.start()  # the next variant starts with Redis up
                 for process in processes:
                     process.join(30.0)
                     if process.is_alive():  # reported, but stuck at exit: not ours to wait for
@@ -307,7 +325,17 @@ def fleet(args: argparse.Namespace) -> None:
                         ),
                         "requests %": 100 * statuses.count(200) / (rpm * args.seconds / 60),
                         "tokens %": 100 * served / (args.fleet_tpm * args.seconds / 60),
-                        **{name: sum(c[name] for c in counts) for name in counts[0]},
+                        **{
+                            name: sum(c.get(name, 0) for c in counts)
+                            for name in sorted({name for c in counts for name in c})
+                        },
+                        **{
+                            f"{phase} {column}": value
+                            for phase, since, until in phases
+                            for column, value in _phase(
+                                mine, began + since, began + until, args.fleet_tpm
+                            ).items()
+                        },
                     }
                 )
     for child in multiprocessing.active_children():  # whatever a library left running
@@ -330,6 +358,40 @@ def fleet(args: argparse.Namespace) -> None:
                 f"{run['answered']:>8.0f} "
                 f"{run['shed']:>7.0f} {run['failed']:>7.0f}"
             )
+    for name, runs in rows.items():
+        kinds = [
+            ", ".join(f"{k[8:]} {v:.0f}" for k, v in run.items() if k.startswith("failed: "))
+            for run in runs
+        ]
+        if any(kinds):
+            print(f"{name} failed, by type, per round: " + " / ".join(k or "-" for k in kinds))
+    if len(phases) > 1:
+        print(
+            "by phase (Redis " + ", ".join(f"{p} {a:g}-{b:g} s" for p, a, b in phases) + "): "
+            "requests sent, 429s, tokens served % of the quota's refill over the phase"
+        )
+        for name, runs in rows.items():
+            for run in runs:
+                print(
+                    f"{name:<9} "
+                    + "   ".join(
+                        f"{p}: {run[p + ' sent']:>5.0f} sent {run[p + ' 429']:>4.0f} 429s "
+                        f"{run[p + ' tokens %']:>6.1f} %"
+                        for p, _, _ in phases
+                    )
+                )
+
+
+def _phase(attempts: list[Any], since: float, until: float, tpm: int) -> dict[str, float]:
+    """The provider's records of one phase of a run: requests sent, 429s, tokens served as a
+    share of the quota's refill over the phase."""
+    found = [a for a in attempts if since <= a.arrived_at < until]
+    served = sum(a.prompt_tokens + a.tokens_sent for a in found if a.status == 200)
+    return {
+        "sent": len(found),
+        "429": sum(a.status == 429 for a in found),
+        "tokens %": 100 * served / (tpm * (until - since) / 60),
+    }
 
 
 # --- lanes ---------------------------------------------------------------------------------------
@@ -491,6 +553,12 @@ def main() -> None:
     parser.add_argument("--fleet-rpm", type=int, default=600)
     parser.add_argument("--fleet-tpm", type=int, default=60_000)
     parser.add_argument("--variants", nargs="+", default=["retry", "governor"])
+    parser.add_argument(
+        "--kill-redis-at", type=float, metavar="S", help="fleet: kill redis-server S s into a run"
+    )
+    parser.add_argument(
+        "--restart-redis-at", type=float, metavar="S", help="fleet: a fresh one S s into a run"
+    )
     parser.add_argument("--lanes", action="store_true", help="interactive under a batch flood")
     args = parser.parse_args()
     if args.overhead:
@@ -499,6 +567,10 @@ def main() -> None:
     if args.lanes:
         lanes(args)
         return
+    if args.restart_redis_at is not None and not (
+        args.kill_redis_at is not None and args.restart_redis_at > args.kill_redis_at
+    ):
+        parser.error("--restart-redis-at needs an earlier --kill-redis-at")
     if args.fleet:
         if args.quick:
             args.rounds, args.seconds = 1, 5.0

@@ -1,4 +1,5 @@
-"""What each worker process of ``tests/test_fleet_processes.py`` runs.
+"""What each worker process of ``tests/test_fleet_processes.py`` (and of the fleet test of
+``tests/test_governor_fleet.py``) runs.
 
 Every entry point takes its index, the queue it reports on and the events the parent sets to
 move it from one phase to the next. A worker reports ``(index, kind, payload)`` tuples: one
@@ -321,4 +322,52 @@ async def llm_outage(
         report.put((index, "done", {"after": seen_after, "outcomes": outcomes, "slowest": slowest}))
     finally:
         lk.use_store(None)
+        store.close()
+
+
+# --- d. a room nobody has heard of: one probe for the fleet -------------------------------
+
+
+async def probe_a_room(
+    index: int,
+    report: Queue[tuple[int, str, Any]],
+    url: str,
+    base_url: str,
+    api_key: str,
+    go: ProcessEvent,
+    calls: int,
+) -> None:
+    """Send ``calls`` calls at once through ``LLM(governor=True)`` on the fleet's store, to a
+    room no worker has heard of yet; report how many were answered."""
+    from latencykit import ratelimit
+
+    store = lk.RedisStore(url, interval=INTERVAL, timeout=1.0, stale_after=5.0)
+    try:
+        llm = lk.LLM(
+            "openai/m",
+            api_base=base_url,
+            api_key=api_key,
+            transport="openai",
+            governor=True,
+            shared=store,
+            deadline=WAIT - 5,
+        )
+        room = store.room("openai/m", ratelimit.key_hash(api_key))  # as a worker long up
+        await until(lambda: room.view() is not None)
+        report.put((index, "ready", None))
+
+        await wait_for(go)
+        answered = 0
+
+        async def one() -> None:
+            nonlocal answered
+            await llm.acompletion(messages=MESSAGES, max_tokens=16)
+            answered += 1
+
+        async with anyio.create_task_group() as group:
+            for _ in range(calls):
+                group.start_soon(one)
+        report.put((index, "done", answered))
+        await llm.aclose()
+    finally:
         store.close()

@@ -26,6 +26,7 @@ TOP_LEVEL = {
     "LLM",
     "Target",
     "Degrade",
+    "SLO",
     "Stream",
     "report",
     # policies: a class that is also the decorator, and its lowercase name

@@ -284,3 +284,156 @@ async def test_a_skewed_reset_keeps_the_per_minute_pace_on_the_servers_clock(
         assert room["r_rate"] <= max(6 / 60, told) + 1e-9
     finally:
         store.close()
+
+
+# --- a room nobody has heard of: one probe for the fleet ------------------------------------
+
+
+def _attached(redis_server: RedisServer, workers: int) -> tuple[list[lk.RedisStore], list[Room]]:
+    """``workers`` workers (a store and a room each), attached to one fleet room."""
+    stores = [
+        lk.RedisStore(redis_server.url, interval=FAST, timeout=0.5, stale_after=5.0)
+        for _ in range(workers)
+    ]
+    rooms = [Room() for _ in stores]
+    for room, store in zip(rooms, stores, strict=True):
+        room.attach(store.room("openai/m", ratelimit.key_hash(KEY)))
+    return stores, rooms
+
+
+async def _sent_over(rooms: list[Room], seconds: float) -> list[int]:
+    """How many calls each worker's room let go while every worker keeps trying, none coming
+    back: until one went (within 10 s: a loaded machine's refreshes may be late), then for
+    ``seconds`` more (many refreshes)."""
+    sent = [0] * len(rooms)
+
+    async def trying() -> None:
+        while True:
+            for index, room in enumerate(rooms):
+                wait, _, fleet = room.take(10, process_clock())
+                if wait <= 0:
+                    assert not fleet  # nothing is leased before the fleet is told
+                    sent[index] += 1
+            await anyio.sleep(FAST / 2)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(trying)
+        await until(lambda: sum(sent) > 0)
+        await anyio.sleep(seconds)
+        group.cancel_scope.cancel()
+    return sent
+
+
+async def test_one_worker_finds_out_a_room_nobody_has_heard_of(redis_server: RedisServer) -> None:
+    stores, rooms = _attached(redis_server, 3)
+    try:
+        await until(lambda: all(room.lease and room.lease.view() for room in rooms))
+        # One probe for the fleet, one call at a time: without it, one per worker.
+        sent = await _sent_over(rooms, 1.0)
+        assert sorted(sent) == [0, 0, 1]
+        prober = rooms[sent.index(1)]
+        assert all(r.requests.limit is None for r in rooms)
+        prober.release(10, False)
+        prober.read(RateLimits(6, 5, 10.0, 600, 590, 1.0), process_clock())  # its answer
+
+        def told() -> bool:
+            views = [room.lease.view() if room.lease else None for room in rooms]
+            return all(view is not None and view.requests_limit == 6 for view in views)
+
+        await until(told)
+        # Every worker now spends from the fleet's room: 5 left, no more.
+        taken = 0
+        with anyio.move_on_after(2.0):
+            while True:
+                for room in rooms:
+                    wait, _, fleet = room.take(10, process_clock())
+                    if wait <= 0:
+                        assert fleet
+                        taken += 1
+                await anyio.sleep(FAST / 2)
+        assert 3 <= taken <= 5  # the room refills 0.1 a second; a lease holds it whole
+        assert fleet_room(redis_server, "openai/m", KEY)["r_limit"] == 6
+    finally:
+        for store in stores:
+            store.close()
+
+
+async def test_an_answer_that_tells_no_limits_frees_the_fleet(redis_server: RedisServer) -> None:
+    stores, rooms = _attached(redis_server, 2)
+    try:
+        await until(lambda: all(room.lease and room.lease.view() for room in rooms))
+        sent = await _sent_over(rooms, 0.5)
+        assert sorted(sent) == [0, 1]
+        prober = rooms[sent.index(1)]
+        prober.release(10, False)
+        prober.came_back()  # a host that tells no limits: nothing to find out, nothing paced
+        await until(lambda: fleet_room(redis_server, "openai/m", KEY).get("answered") == 1)
+        # Each worker alone: one call finds out (as without a store), then none is held back.
+        other = rooms[1 - sent.index(1)]
+        assert (await _sent_over([other], 0.5)) == [1]
+        other.release(10, False)
+        other.came_back()
+        assert (await _sent_over(rooms, 0.2))[0] > 1
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.mark.slow  # subprocesses: fresh interpreters import latencykit
+def test_four_processes_send_one_probe_to_a_room_nobody_has_heard_of(
+    redis_server: RedisServer, ample: FakeProvider
+) -> None:
+    import fleet_worker
+    from latencykit.testing import Behavior
+    from test_fleet_processes import CTX, STARTUP, Workers
+
+    ample.script("m", Behavior(ttft=0.5))  # the probe's answer takes its time
+    workers, go, calls = Workers(), CTX.Event(), 4
+    try:
+        for _ in range(4):
+            workers.start(
+                fleet_worker.probe_a_room, redis_server.url, ample.base_url, KEY, go, calls
+            )
+        workers.expect("ready", STARTUP)
+        go.set()
+        done = workers.expect("done", 60.0)
+    finally:
+        workers.close()
+    assert sum(done.values()) == 4 * calls
+    attempts = sorted(ample.attempts, key=lambda a: a.arrived_at)
+    first_answer = min(a.ended_at for a in attempts if a.ended_at is not None)
+    # Until the first answer came back, one request: the fleet's probe, not one per process.
+    assert [a.arrived_at < first_answer for a in attempts].count(True) == 1
+    assert {a.status for a in attempts} == {200}
+
+
+async def test_a_worker_alone_goes_on_from_the_fleets_last_word(redis_server: RedisServer) -> None:
+    stores, rooms = _attached(redis_server, 2)
+    idle, busy = rooms
+    try:
+        # 600 requests a minute, none left: 10 a second refill, for the fleet.
+        idle.read(RateLimits(600, 0, 60.0, 600_000, 600_000, 0.0), process_clock())
+        await until(
+            lambda: all((v := r.lease and r.lease.view()) and v.requests_limit for r in rooms)
+        )
+        assert idle.take(10, process_clock())[0] > 0  # it spends from the fleet's room
+        with anyio.move_on_after(2.0):  # the other worker spends all that refills meanwhile
+            while True:
+                busy.take(10, process_clock())
+                await anyio.sleep(FAST / 4)
+        redis_server.kill()
+        await until(lambda: idle.lease is not None and idle.lease.view() is None)
+        # Its own word is 2 s old (20 requests of refill, its share 10), all spent by the
+        # other: it goes on from the fleet's last word (what the other did not lease, about
+        # 1, and its own lease, at most 1), refilling from now, at its share (1/2).
+        went = 0
+        for _ in range(20):
+            wait, _, fleet = idle.take(10, process_clock())
+            if wait > 0:
+                break
+            assert not fleet
+            went += 1
+        assert went <= 2
+    finally:
+        for store in stores:
+            store.close()

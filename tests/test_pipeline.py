@@ -198,3 +198,29 @@ async def test_concurrent_calls_keep_separate_traces() -> None:
         for delay in (0.02, 0.01, 0.0):
             tg.start_soon(work, delay)
     assert await work(0) == 1
+
+
+def test_a_targets_key_is_its_name_set_at_construction_not_an_argument() -> None:
+    from latencykit.policies.failover import Route
+    from latencykit.target import as_target
+
+    target = lk.Target("openai/a")
+    assert target.key == "openai/a"
+    assert "key" not in repr(target)
+    assert target.replace(name="b").key == "b"
+    assert target.replace(model="openai/c").key == "openai/c"  # named after its model
+    assert target == lk.Target("openai/a", name="openai/a")
+    with pytest.raises(TypeError):
+        lk.Target("openai/a", key="x")  # type: ignore[call-arg]
+    # In a dict of litellm arguments, "key" stays a litellm argument, as before.
+    assert dict(as_target({"model": "openai/a", "key": "v"}).arguments) == {"key": "v"}
+    assert Route(target.replace(name="b")).name == "b"
+
+
+def test_subscribers_follow_subscribe_and_close() -> None:
+    before = lk.events.subscribers
+    seen: list[lk.events.Event] = []
+    with lk.subscribe(seen.append):
+        assert lk.events.subscribers == (*before, seen.append)
+        assert lk.events.listening()
+    assert lk.events.subscribers == before

@@ -256,3 +256,27 @@ def test_censored_samples_expire_and_are_evicted_like_the_others() -> None:
     assert window.count() == 3 and window.censored() == 1
     clock.now += 20
     assert window.count() == 0 and window.longest() is None
+
+
+def test_budget_counts_each_call_once_at_its_start() -> None:
+    import time
+
+    from latencykit._context import Trace, trace_var
+
+    def deposit_twice_in(trace: Trace, budget: lk.RetryBudget) -> None:
+        token = trace_var.set(trace)
+        try:  # a hedge and a retry sharing the budget: the call counts once
+            budget.deposit_once()
+            budget.deposit_once()
+        finally:
+            trace_var.reset(token)
+
+    budget = lk.RetryBudget(1.0, ttl=10.0)  # the loop's clock: time.monotonic() outside one
+    deposit_twice_in(Trace(started_at=time.monotonic() - 11), budget)
+    assert budget.balance == 0.0  # counted when the call started: out of the window by now
+    deposit_twice_in(Trace(started_at=time.monotonic()), budget)
+    assert budget.balance == pytest.approx(1.0)
+    # A budget on a clock of its own reads it: a call's start is on the loop's clock.
+    own = lk.RetryBudget(1.0, ttl=10.0, clock=Clock())
+    deposit_twice_in(Trace(started_at=time.monotonic() - 11), own)
+    assert own.balance == pytest.approx(1.0)

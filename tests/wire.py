@@ -4,12 +4,15 @@ on the wire (a provider's quirks, a proxy's HTML page, a cut in the middle of a 
 ``async with raw_server(answer) as api_base:`` serves every request (on 127.0.0.1) with the
 bytes ``answer`` returns, written in order, then closes the connection. :func:`http` builds an
 answer: a status, headers and body pieces, the body close-delimited or chunked (optionally cut
-before the chunked body's end).
+before the chunked body's end, or inside its last chunk). A :data:`RESET` piece resets the
+connection (a TCP RST, not a clean close).
 """
 
 from __future__ import annotations
 
 import contextlib
+import socket
+import struct
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import anyio
@@ -17,6 +20,9 @@ import anyio.abc
 
 Answer = Sequence["bytes | tuple[bytes, float]"]
 """The pieces written in order: bytes (then a 1 ms pause), or ``(bytes, pause after)``."""
+
+RESET = b"<reset>"
+"""A piece that resets the connection (``SO_LINGER`` 0, then close: the peer reads a RST)."""
 
 
 def http(
@@ -27,10 +33,12 @@ def http(
     headers: Sequence[tuple[str, str]] = (),
     chunked: bool = False,
     cut: bool = False,
+    cut_inside: bool = False,
 ) -> Answer:
     """An HTTP/1.1 answer as the pieces written: with ``chunked``, each body piece is one HTTP
-    chunk and ``cut`` leaves out the last (zero-length) chunk; otherwise the body ends when the
-    connection closes (as many SSE servers do)."""
+    chunk and ``cut`` leaves out the last (zero-length) chunk, ``cut_inside`` the second half
+    of the last piece's chunk too; otherwise the body ends when the connection closes (as many
+    SSE servers do)."""
     pieces: list[bytes | tuple[bytes, float]] = [body] if isinstance(body, bytes) else [*body]
     head = [f"HTTP/1.1 {status} X", f"content-type: {content_type}", "connection: close"]
     head += [f"{name}: {value}" for name, value in headers]
@@ -40,7 +48,9 @@ def http(
     if not chunked:
         return [*out, *pieces]
     out += [b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces if piece]
-    if not cut:
+    if cut_inside:
+        out[-1] = out[-1][: len(out[-1]) // 2]
+    if not (cut or cut_inside):
         out.append(b"0\r\n\r\n")
     return out
 
@@ -64,7 +74,7 @@ def chunk(content: str | None = None, finish: str | None = None, **delta: str) -
         "model": "m",
         "choices": [{"index": 0, "delta": fields, "finish_reason": finish}],
     }
-    return b"data: " + json.dumps(payload).encode()
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode()
 
 
 @contextlib.asynccontextmanager
@@ -92,6 +102,10 @@ async def raw_server(answer: Callable[[bytes], Answer] | Answer) -> AsyncIterato
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                 for piece in pieces:
                     data, pause = piece if isinstance(piece, tuple) else (piece, 0.001)
+                    if data is RESET:
+                        raw = client.extra(anyio.abc.SocketAttribute.raw_socket)
+                        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        break
                     await client.send(data)
                     await anyio.sleep(pause)
 

@@ -29,6 +29,7 @@ from . import turn as turn
 from ._context import Attempt as Attempt
 from ._context import remaining as remaining
 from ._version import __version__ as __version__
+from .autopilot import SLO as SLO
 from .budget import RetryBudget as RetryBudget
 from .errors import AttemptTimeout as AttemptTimeout
 from .errors import AuthenticationFailed as AuthenticationFailed
@@ -117,6 +118,7 @@ __all__ = [
     "RedisStore",
     "Retry",
     "RetryBudget",
+    "SLO",
     "Stream",
     "StreamBroken",
     "StreamGuard",

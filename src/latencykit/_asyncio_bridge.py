@@ -79,8 +79,7 @@ async def _from_trio(coro: Coroutine[Any, Any, T]) -> T:
     tasks: list[asyncio.Task[T]] = []
 
     def wake(_: object = None) -> None:
-        with contextlib.suppress(trio.RunFinishedError):  # the trio run ended meanwhile
-            token.run_sync_soon(done.set)
+        _call_trio(token, done.set)
 
     def start() -> None:  # on the asyncio thread
         task = loop.create_task(coro)
@@ -106,6 +105,14 @@ async def _from_trio(coro: Coroutine[Any, Any, T]) -> T:
             await done.wait()
         raise
     return tasks[0].result()
+
+
+def _call_trio(token: Any, fn: Callable[[], object]) -> None:
+    """Run ``fn`` in the trio run of ``token`` (from the asyncio thread)."""
+    import trio
+
+    with contextlib.suppress(trio.RunFinishedError):  # the trio run ended meanwhile
+        token.run_sync_soon(fn)
 
 
 _END = object()  # the pump's last item: the source ended
@@ -206,18 +213,12 @@ class BridgedStream(ChunkSource):
         wakeup = self._wakeup
         if wakeup is not None and wakeup is not self._woken:
             self._woken = wakeup  # once per wait: a burst of chunks costs one thread hop
-            self._call_trio(wakeup)
+            _call_trio(self._token, wakeup)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() and not self._items:
             self._items.append(_END)
-        self._call_trio(self._pumped.set)
-
-    def _call_trio(self, fn: Callable[[], object]) -> None:
-        import trio
-
-        with contextlib.suppress(trio.RunFinishedError):  # the trio run ended meanwhile
-            self._token.run_sync_soon(fn)
+        _call_trio(self._token, self._pumped.set)
 
     def _cancel(self) -> None:  # on the asyncio thread
         if self._task is not None:
@@ -281,9 +282,7 @@ class BridgedStream(ChunkSource):
         on a busy one (litellm parsing other streams' chunks) the caller, whose deadline may be
         what closes the stream, must not wait for the loop's backlog. The pump closes the
         source (and its HTTP response) on its own as soon as the loop gets to it."""
-        if not self._closed:
-            self._closed = True
-            self._loop.call_soon_threadsafe(self._cancel)
+        self.close_nowait()
         with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_WAIT):
             await self._pumped.wait()
 

@@ -28,6 +28,7 @@ import logging
 import math
 import sys
 import time
+import types
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -209,9 +210,10 @@ class Expiry:
 
     def __enter__(self) -> Expiry:
         loop = _asyncio_loop()
-        task = self._task = sys.modules["asyncio"].current_task(loop)
+        task = self._task = _current_task(loop)
         self._cancelling = task.cancelling()
-        self._outer = _anyio_scope(task)  # where the scopes entered inside this one end
+        state = _task_state(_as_key(task))  # _anyio_scope(task), inline: a call less
+        self._outer = None if state is None else state.cancel_scope  # where scopes inside end
         self._token = _expiry_var.set(min(self.deadline, _expiry_var.get()))
         self._wheel = wheel = getattr(loop, "_latencykit_wheel", None) or _wheel_of(loop)
         if self.deadline != math.inf:
@@ -371,16 +373,31 @@ _foreign_wheels: weakref.WeakKeyDictionary[Any, _Wheel] = weakref.WeakKeyDiction
 
 def _anyio_scope(task: Any) -> Any:
     """The innermost anyio cancel scope ``task`` is in (``None``: none)."""
-    global _task_states
-    if _task_states is None:  # anyio's asyncio backend loads with the first anyio call
-        _task_states = getattr(sys.modules.get("anyio._backends._asyncio"), "_task_states", None)
-        if _task_states is None:
-            return None
-    state = _task_states.get(task)
+    state = _task_state(_as_key(task))
     return None if state is None else state.cancel_scope
 
 
-_task_states: Any = None  # anyio's (asyncio backend's) state of each task, once it is loaded
+def _find_task_state(key: Any) -> Any:
+    # anyio's asyncio backend loads with the first anyio call; until then no task has a state.
+    global _task_state
+    states = getattr(sys.modules.get("anyio._backends._asyncio"), "_task_states", None)
+    if states is None:
+        return None
+    if isinstance(states, weakref.WeakKeyDictionary):
+        # Its get() is Python code around its dict of weak references: that dict's takes its
+        # place (the keys are weakref.ref(task), what _as_key gives).
+        _task_state = states.data.get  # type: ignore[attr-defined]
+    else:
+
+        def _task_state(key: Any) -> Any:
+            return states.get(key())
+
+    return _task_state(key)
+
+
+_task_state: Callable[[Any], Any] = _find_task_state
+"""anyio's (asyncio backend's) state of a task, by :data:`_as_key` (``None``: none)."""
+_as_key: Callable[[Any], Any] = weakref.ref  # a task as a key of anyio's task states
 
 
 def _shielded(task: Any, outer: Any) -> bool:
@@ -465,6 +482,22 @@ def _find_running_loop() -> Any:
 _asyncio_loop: Callable[[], Any] = _find_running_loop
 """The running asyncio loop, or ``None`` (trio, or no loop at all): asyncio runs here iff
 this thread has a running loop. sniffio's lookup costs ~2 us; this one builtin call."""
+
+
+def _find_current_task(loop: Any) -> Any:
+    # Python 3.11's ``asyncio.current_task`` is Python code around a dict's ``get`` (3.12's
+    # is C): that ``get`` takes its place, a builtin call per look-up.
+    global _current_task
+    asyncio = sys.modules["asyncio"]
+    found, tasks = asyncio.current_task, getattr(asyncio.tasks, "_current_tasks", None)
+    if not isinstance(found, types.BuiltinFunctionType) and isinstance(tasks, dict):
+        found = tasks.get
+    _current_task = found
+    return found(loop)
+
+
+_current_task: Callable[[Any], Any] = _find_current_task
+"""The task running on an asyncio ``loop`` (``asyncio.current_task(loop)``)."""
 
 _monotonic = time.monotonic
 _monotonic_loops: set[type] = set()
@@ -726,7 +759,7 @@ def call_at(when: float, callback: Callable[[], None]) -> Timer:
     """Run ``callback()`` on the event loop at ``when`` (its clock), in the caller's context."""
     loop = _asyncio_loop()
     if loop is not None:
-        wheel = _wheel_of(loop)
+        wheel = getattr(loop, "_latencykit_wheel", None) or _wheel_of(loop)
         alarm = _Alarm(wheel, callback)
         wheel.add(when, alarm)
         return alarm

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from . import ratelimit
 from ._cancel import now, on_asyncio, run_soon
 from .chunks import delta_content
-from .errors import StreamBroken, malformed_answer, stream_error
+from .errors import StreamBroken, _chain, malformed_answer, stream_error
 from .propagation import provider_headers
 from .stream import ChunkSource
 
@@ -324,10 +324,18 @@ class LitellmTransport:
         """One non-streaming attempt: litellm's ``ModelResponse``."""
         # litellm's one-time set-up, apart: a cancel landing in a real call's set-up (it runs
         # in a thread) leaves litellm's request coroutine unawaited; in the mock's, nothing.
-        from ._asyncio_bridge import run_on_asyncio  # here: asyncio stays out of import
-
         await self._set_up(target)
-        response = await run_on_asyncio(acompletion(attempt_arguments(target, arguments)))
+        bridge: Any = sys.modules.get("latencykit._asyncio_bridge")
+        if bridge is None:  # imported on first use: asyncio stays out of `import latencykit`
+            from . import _asyncio_bridge as bridge
+        try:
+            response = await bridge.run_on_asyncio(
+                acompletion(attempt_arguments(target, arguments))
+            )
+        except Exception as exc:
+            if (malformed := _unreadable(exc, target)) is None:
+                raise
+            raise malformed from None
         ratelimit.heard(target.key, target.api_key, headers_of(response))
         return response
 
@@ -335,7 +343,12 @@ class LitellmTransport:
         """One embedding attempt: litellm's ``EmbeddingResponse``."""
         from ._asyncio_bridge import run_on_asyncio
 
-        response = await run_on_asyncio(aembedding(attempt_arguments(target, arguments)))
+        try:
+            response = await run_on_asyncio(aembedding(attempt_arguments(target, arguments)))
+        except Exception as exc:
+            if (malformed := _unreadable(exc, target)) is None:
+                raise
+            raise malformed from None
         ratelimit.heard(target.key, target.api_key, headers_of(response))
         return response
 
@@ -380,6 +393,20 @@ class LitellmTransport:
 
     async def aclose(self) -> None:
         """Nothing to close: litellm's clients are litellm's."""
+
+
+def _unreadable(exc: Exception, target: Target) -> Exception | None:
+    """The malformed answer (as the fast lane tells it) that ``exc`` is when litellm failed to
+    read a 200 answer, else ``None``: the OpenAI SDK hands litellm a body that is not JSON as
+    text (then litellm's ``response.model_dump()`` fails on a ``str``), and litellm
+    wraps its own failure to convert an answer ("Invalid response object", over a
+    ``KeyError``) as if it were the caller's bug."""
+    for link in _chain(exc):
+        if isinstance(link, AttributeError) and link.name == "model_dump" and type(link.obj) is str:
+            return malformed_answer("is not JSON", link.obj, target=target.key)
+        if type(link) is Exception and str(link).startswith("Invalid response object"):
+            return malformed_answer("is not one litellm can read", "", target=target.key)
+    return None
 
 
 def attempt_arguments(target: Target, call: Mapping[str, Any]) -> dict[str, Any]:

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["HTTPError", "OpenAIChunks", "OpenAITransport", "Request"]
 
 DEFAULT_BASE = "https://api.openai.com/v1"
+_BOM = b"\xef\xbb\xbf"  # may start a body (JSON or an event stream), and is no part of it
 # litellm arguments that are not part of the request body.
 _NOT_SENT = frozenset(
     {
@@ -124,7 +125,7 @@ class OpenAITransport:
         ratelimit.heard(target.key, target.api_key, response.headers)
         if response.status_code >= 400:
             raise _error_of(response, response.content, target.api_key)
-        raw = response.content
+        raw = response.content.removeprefix(_BOM)  # a BOM is no part of JSON text
         try:
             answer = decode_embeddings(raw)
         except msgspec.ValidationError:  # an error object in its place, or another shape
@@ -238,9 +239,9 @@ def _error_of(response: httpx.Response, raw: bytes, secret: str | None) -> HTTPE
 def _answer(response: httpx.Response, target: Target) -> Response | Node:
     """A 200 answer's body as a :class:`~latencykit.chunks.Response` (a :class:`Node` if it has
     fields the schema does not name), if it is one: an error object in its place raises as that
-    error; anything else (not JSON, not an object, no choices) is a malformed answer, never a
-    made-up success."""
-    raw = response.content
+    error; anything else (not JSON, not an object, no choices, a choice without a message) is
+    a malformed answer, never a made-up success."""
+    raw = response.content.removeprefix(_BOM)  # a BOM is no part of JSON text
     try:
         answer: Any = decode_response(raw)
     except msgspec.ValidationError:
@@ -257,6 +258,8 @@ def _answer(response: httpx.Response, target: Target) -> Response | Node:
     choices = answer.choices
     if not isinstance(choices, list) or not choices:
         raise malformed_answer("has no choices", raw, target=target.key)
+    if getattr(choices[0], "message", None) is None:
+        raise malformed_answer("has a choice without a message", raw, target=target.key)
     answer._hidden_params = {}  # what report() reads, where litellm's ModelResponse keeps it
     return answer  # type: ignore[no-any-return]
 
@@ -267,7 +270,7 @@ _LAST = b"\n\n"  # what ends the last event of a body that did not
 def sse_data(events: bytes) -> list[bytes]:
     """The data of each of ``events``, complete SSE events (LF line ends, separated by a blank
     line): data lines joined by LF; comments (keep-alives) and other fields skipped; a block
-    without a data line is no event."""
+    without a data line is no event; a byte-order mark before the first is skipped."""
     if events.startswith(b"data: "):
         # The common case: every event is one "data: " line. Then each newline is in a
         # separator, and each separator is followed by "data: ".
@@ -275,7 +278,7 @@ def sse_data(events: bytes) -> list[bytes]:
         if events.count(b"\n", 6) == 2 * (len(found) - 1):
             return found
     found = []
-    for block in events.split(b"\n\n"):
+    for block in events.removeprefix(_BOM).split(b"\n\n"):
         lines = [line[5:].lstrip() for line in block.split(b"\n") if line.startswith(b"data:")]
         if lines:
             found.append(b"\n".join(lines))

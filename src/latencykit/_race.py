@@ -149,18 +149,24 @@ class Race(abc.ABC):
         self.answered = 1
         self._lose(0, error)
 
-    async def run(self, first: Awaitable[Any] | None) -> None:
+    async def run(self, first: Awaitable[Any] | None, started: float | None = None) -> None:
         """Run ``first`` (contender 0) here and the race around it, until it is decided or
-        every contender ended; then cancel, await and close the losers."""
+        every contender ended; then cancel, await and close the losers. ``started``: when
+        ``first`` started, if the caller read the clock already (default: now)."""
         try:
             if first is not None:  # contender 0, here (inline: a coroutine frame less)
-                self.starts.append(self.now())
+                self.starts.append(self.now() if started is None else started)
                 self.running = 1
                 while self.delay == 0 and self._launch("delay"):
                     pass  # all at once
                 self._arm()
                 with self.expiry(self.deadline) as self.host:  # no shield: the lightest scope
-                    await self._contend(0, first)
+                    try:  # _contend's body, inline: no frame of its own
+                        result, error = await first, None
+                    except Exception as exc:
+                        result, error = None, exc
+                    if self._ended(0, result, error):
+                        await close((result,))
                 self.host = None
                 self.running -= 1
             while self.running and not self.stopped:
@@ -171,32 +177,36 @@ class Race(abc.ABC):
             if self.won >= 0:
                 await close((self.winner,))  # the caller will never get it
             raise
-        finally:
-            await self._finish()
+        finally:  # stop the race; cancel and await the contenders still running
+            if not self.stopped:
+                self._stop(None)
+            if self.spawned or self.answered < len(self.starts):  # contenders were cut short
+                await self._cut_short()
 
-    async def _finish(self) -> None:
-        """Stop the race; cancel and await the contenders still running."""
-        if not self.stopped:
-            self._stop(None)
-        if self.spawned or self.answered < len(self.starts):  # contenders were cut short
-            with self.scope(shield=True):
-                while self.spawned:
-                    await self._changed()
-            await settle()
+    async def _cut_short(self) -> None:
+        with self.scope(shield=True):
+            while self.spawned:
+                await self._changed()
+        await settle()
 
     async def _contend(self, index: int, awaitable: Awaitable[Any]) -> None:
-        error: Exception | None = None
         try:
-            result = await awaitable
+            result, error = await awaitable, None
         except Exception as exc:
             result, error = None, exc
+        if self._ended(index, result, error):
+            await close((result,))
+
+    def _ended(self, index: int, result: Any, error: Exception | None) -> bool:
+        """Contender ``index`` returned ``result`` or raised ``error``; whether ``result``
+        must be closed (it does not win)."""
         self.answered += 1
         if index == 0:
             self.host = None  # contender 0 is over: nothing left to cancel in the caller's task
         if error is not None:
             self._lose(index, error)
-        elif not self._take(index, result):
-            await close((result,))
+            return False
+        return not self._take(index, result)
 
     async def _in_task(self, index: int, awaitable: Awaitable[Any], scope: Any) -> None:
         try:
@@ -209,7 +219,8 @@ class Race(abc.ABC):
         finally:
             self.running -= 1
             del self.spawned[index]
-            self._wake()
+            if self.waiter is not None:
+                self.waiter.set()
 
     def _take(self, index: int, result: Any) -> bool:
         """Whether ``result`` wins (or is the winner's own object); otherwise it is closed."""
@@ -251,16 +262,13 @@ class Race(abc.ABC):
         for index, scope in self.spawned.items():
             if index != decided_by:
                 scope.cancel()
-        self._wake()
+        if self.waiter is not None:
+            self.waiter.set()
 
     async def _changed(self) -> None:
         """Wait until a contender ends or the race stops."""
         self.waiter = anyio.Event()
         await self.waiter.wait()
-
-    def _wake(self) -> None:
-        if self.waiter is not None:
-            self.waiter.set()
 
     def _arm(self) -> None:
         if self.timer is not None:

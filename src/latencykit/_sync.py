@@ -152,13 +152,11 @@ def _call(portal: BlockingPortal, function: Callable[[], Awaitable[T]]) -> T:
 
 
 def _refuse_in_event_loop(what: str) -> None:
-    library = running_library()
-    if library is None:
-        return
-    raise RuntimeError(
-        f"LLM.{what}() was called from a running {library} event loop, which it would block: "
-        f"use `await llm.a{what}(...)` there"
-    )
+    if (library := running_library()) is not None:
+        raise RuntimeError(
+            f"LLM.{what}() was called from a running {library} event loop, which it would "
+            f"block: use `await llm.a{what}(...)` there"
+        )
 
 
 class SyncStream(Generic[T]):

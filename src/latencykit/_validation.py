@@ -18,13 +18,11 @@ __all__ = [
     "count",
     "function",
     "instance",
+    "known_targets",
     "mapping",
-    "non_empty",
-    "non_negative_int",
     "number",
     "optional",
     "optional_seconds",
-    "positive_int",
     "seconds",
     "tags",
     "text",
@@ -80,15 +78,6 @@ def count(name: str, value: object, *, minimum: int = 1) -> int:
     return value
 
 
-positive_int = count
-"""An int ``>= 1``: :func:`count` with its default."""
-
-
-def non_negative_int(name: str, value: object) -> int:
-    """An int ``>= 0``: :func:`count` from ``0``."""
-    return count(name, value, minimum=0)
-
-
 def number(
     name: str,
     value: object,
@@ -137,10 +126,6 @@ def text(name: str, value: object, what: str = "string") -> str:
     return value
 
 
-non_empty = text
-"""A non-empty string: :func:`text`."""
-
-
 def instance(name: str, value: object, kind: type[T] | tuple[type, ...], what: str = "") -> T:
     """``value`` if it is a ``kind``, else ``TypeError`` naming ``what`` (default:
     ``"a latencykit.<kind>"``)."""
@@ -157,10 +142,19 @@ def optional(
     return None if value is None else instance(name, value, kind, what)
 
 
-def function(name: str, value: object) -> None:
-    """``TypeError`` unless ``value`` is ``None`` or callable."""
+def function(name: str, value: T) -> T:
+    """``value`` if it is ``None`` or callable, else ``TypeError``."""
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be a function, got {value!r}")
+    return value
+
+
+def known_targets(names: Mapping[str, str | None], targets: Collection[str]) -> None:
+    """``ValueError`` for the first of ``names`` (option -> the target it names; ``None``:
+    unset) that is none of ``targets``."""
+    for name, target in names.items():
+        if target is not None and target not in targets:
+            raise ValueError(f"{name} names {target!r}, which is not one of {list(targets)}")
 
 
 def mapping(name: str, value: object) -> Mapping[str, Any]:

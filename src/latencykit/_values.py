@@ -170,8 +170,7 @@ class Ledger:
 
     def __str__(self) -> str:
         budget = "none" if self.budget is None else f"{self.budget:.3f}s"
-        lines = [f"turn budget {budget}"]
-        lines += [f"  {record}" for record in self._records]
+        lines = [f"turn budget {budget}", *(f"  {record}" for record in self._records)]
         if self._open:
             lines.append(f"  running: {', '.join(self._open)}")
         return "\n".join(lines)

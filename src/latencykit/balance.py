@@ -86,10 +86,9 @@ class Balanced:
         self.members = tuple(members)
         self.decay = _validation.seconds("Balanced.decay", decay)
         self.error_penalty = _validation.seconds("Balanced.error_penalty", error_penalty)
-        _validation.optional("Balanced.rng", rng, random.Random, "a random.Random")
-        _validation.function("Balanced.clock", clock)
+        rng = _validation.optional("Balanced.rng", rng, random.Random, "a random.Random")
         self._rng = rng or random.Random()
-        self._clock = clock
+        self._clock = _validation.function("Balanced.clock", clock)
         self._state = {member: _Member() for member in self.members}
         self._ticket = itertools.count().__next__
 
@@ -98,12 +97,9 @@ class Balanced:
 
     def check(self, targets: Sequence[str]) -> None:
         """Raise ``ValueError`` if a member is none of ``targets``."""
-        for index, member in enumerate(self.members):
-            if member not in targets:
-                raise ValueError(
-                    f"Balanced.members[{index}] names {member!r}, which is not one of "
-                    f"{list(targets)}"
-                )
+        _validation.known_targets(
+            {f"Balanced.members[{i}]": m for i, m in enumerate(self.members)}, targets
+        )
 
     # --- the cost ------------------------------------------------------------------------------
 
@@ -190,14 +186,12 @@ class Balanced:
         state.waiting[ticket] = started
         try:
             result = await next(call)
-        except Exception as exc:
+        except BaseException as exc:
             state.outstanding -= 1
-            if is_transient(exc):
+            if not isinstance(exc, Exception):  # cancelled: at least that long
+                self._censored(member, self._clock() - started)
+            elif is_transient(exc):
                 self.observe(member, max(self._clock() - started, self.error_penalty))
-            raise
-        except BaseException:
-            state.outstanding -= 1
-            self._censored(member, self._clock() - started)
             raise
         finally:
             del state.waiting[ticket]

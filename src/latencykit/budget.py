@@ -103,9 +103,8 @@ class RetryBudget:
     def deposit(self) -> None:
         """Count one call (earns ``ratio`` of an extra request)."""
         self._window.add(self._slot(), _DEPOSITS)
-        shared = self._fleet()
-        if shared is not None:
-            shared.deposit()
+        if self.shared is not None or _fleet._current is not None:
+            self._deposit_shared()
 
     def deposit_once(self) -> None:
         """Count the current call, unless another policy already did so for this budget.
@@ -114,14 +113,25 @@ class RetryBudget:
         call's trace remembers which budgets it paid into). Outside a call: :meth:`deposit`.
         """
         trace = trace_var.get()
-        if trace is not None:
-            paid = trace.paid_budgets
-            if paid is None:
-                paid = trace.paid_budgets = set()
-            elif id(self) in paid:
-                return
-            paid.add(id(self))
-        self.deposit()
+        if trace is None:
+            return self.deposit()
+        paid = trace.paid_budgets
+        if paid is None:
+            paid = trace.paid_budgets = set()
+        elif id(self) in paid:
+            return None
+        paid.add(id(self))
+        # Counted at the call's start, on the loop's clock: no reading of its own.
+        at = trace.started_at if self._clock is loop_clock else self._clock()
+        self._window.add(int(at // self._slot_width), _DEPOSITS)
+        if self.shared is not None or _fleet._current is not None:
+            self._deposit_shared()
+        return None
+
+    def _deposit_shared(self) -> None:
+        shared = self._fleet()
+        if shared is not None:
+            shared.deposit()
 
     def try_withdraw(self) -> bool:
         """Take one extra request from the budget; ``False`` (and nothing taken) if empty."""

@@ -130,7 +130,7 @@ class MemoryStore:
     __slots__ = ("_entries", "max_entries")
 
     def __init__(self, max_entries: int = 1024, *, clock: Callable[[], float] = clock) -> None:
-        self.max_entries = _validation.positive_int("MemoryStore.max_entries", max_entries)
+        self.max_entries = _validation.count("MemoryStore.max_entries", max_entries)
         _validation.function("MemoryStore.clock", clock)
         # Each entry is (ttl, value); it expires ttl seconds after it was stored.
         self._entries: TLRUCache[str, tuple[float, bytes]] = TLRUCache(
@@ -195,10 +195,7 @@ def _canonical(value: Any, where: str, *, drop_none: bool = False) -> Any:
     if isinstance(value, Mapping):
         return _canonical_mapping(value, where, drop_none)
     if isinstance(value, (list, tuple)):
-        return [
-            _canonical(item, f"{where}[{index}]", drop_none=drop_none)
-            for index, item in enumerate(value)
-        ]
+        return [_canonical(v, f"{where}[{i}]", drop_none=drop_none) for i, v in enumerate(value)]
     return _canonical_object(value, where)
 
 
@@ -270,27 +267,26 @@ def _entry(
     return msgspec.json.encode(_Entry(_VERSION, kind, target, degraded, reason, value))
 
 
-def _is_response(result: Any) -> bool:
-    if isinstance(result, (Response, Node)):  # the fast lane's
-        return True
-    module = sys.modules.get("litellm")  # a litellm response implies litellm is imported
-    return module is not None and isinstance(result, module.ModelResponse)
+def _answer_kind(result: Any) -> Literal["response", "embeddings"] | None:
+    """What kind of answer ``result`` is, on either lane (``None``: neither)."""
+    module = sys.modules.get("litellm")  # a litellm answer implies litellm is imported
+    for kind, fast_lane, name in _ANSWERS:
+        if isinstance(result, (fast_lane, getattr(module, name, ()))):
+            return kind
+    return None
 
 
-def _is_embeddings(result: Any) -> bool:
-    if isinstance(result, EmbeddingResponse):  # the fast lane's
-        return True
-    module = sys.modules.get("litellm")
-    return module is not None and isinstance(result, module.EmbeddingResponse)
+_ANSWERS: tuple[tuple[Literal["response", "embeddings"], Any, str], ...] = (
+    ("response", (Response, Node), "ModelResponse"),
+    ("embeddings", EmbeddingResponse, "EmbeddingResponse"),
+)
 
 
 def _encode(result: Any, target: str, trace: Trace | None) -> bytes:
     """``result`` (a litellm response or JSON data) as an entry; ``TypeError`` for anything
     that would not come back the same (a tuple, a non-string key, NaN, an object)."""
-    if _is_response(result):
-        return _entry("response", result.model_dump(mode="json"), target, trace)
-    if _is_embeddings(result):
-        return _entry("embeddings", result.model_dump(mode="json"), target, trace)
+    if (kind := _answer_kind(result)) is not None:
+        return _entry(kind, result.model_dump(mode="json"), target, trace)
     try:
         raw = _entry("data", result, target, trace)
         same = msgspec.json.decode(raw, type=_Entry).value == result
@@ -479,15 +475,13 @@ class ResponseCache(PolicyDecorator):
             )
         if store is None:
             bound = 1024 if max_entries is None else max_entries
-            store = MemoryStore(_validation.positive_int("ResponseCache.max_entries", bound))
+            store = MemoryStore(_validation.count("ResponseCache.max_entries", bound))
         what = "a CacheStore (async get and set)"
         self._store = _validation.instance("ResponseCache.store", store, CacheStore, what)
         self.cache_degraded = _flag("cache_degraded", cache_degraded)
         self.cache_truncated = _flag("cache_truncated", cache_truncated)
         self.normalize_whitespace = _flag("normalize_whitespace", normalize_whitespace)
-        if key is not None:
-            _validation.function("ResponseCache.key", key)
-        self._key = key
+        self._key = _validation.function("ResponseCache.key", key)
         self.store_timeout = _validation.seconds("ResponseCache.store_timeout", store_timeout)
         self._hits = self._misses = self._stored = self._errors = 0
 
@@ -627,10 +621,8 @@ class ResponseCache(PolicyDecorator):
         """The entry stored for ``key`` (counted as a hit), or ``None`` (a miss: absent, or
         the store failed, or the entry is unreadable)."""
         entry: _Entry | None = (await self._bounded("get", self._get(key), math.inf))[1]
-        if entry is None:
-            self._misses += 1
-        else:
-            self._hits += 1
+        self._hits += entry is not None
+        self._misses += entry is None
         if events.listening():
             call_id = 0 if trace is None else trace.call_id
             hit, rate = entry is not None, self.hit_rate
@@ -646,25 +638,24 @@ class ResponseCache(PolicyDecorator):
             trace.fallback_reason = entry.fallback_reason
         if entry.kind == "data":
             return entry.value
-        if entry.kind == "embeddings":  # the lane's type, as a miss would answer
-            if call.target.transport == "openai":
-                embeddings: Any = decode_embeddings(msgspec.json.encode(entry.value))
-                embeddings._hidden_params = {"latencykit.attempt": (0, entry.target)}
-                return embeddings
-            embeddings = litellm().EmbeddingResponse(**entry.value)
-            embeddings._hidden_params["latencykit.attempt"] = (0, entry.target)
-            return embeddings
-        if call.stream is None and call.target.transport == "openai":
-            answer = Node(entry.value)  # the fast lane's type (its general form): no litellm
-            answer._hidden_params = {"latencykit.attempt": (0, entry.target)}
+        embeddings = entry.kind == "embeddings"
+        if call.stream is None or embeddings:  # the lane's type, as a miss would answer
+            answer: Any
+            if call.target.transport == "openai":  # the fast lane's (its general form)
+                answer = (
+                    decode_embeddings(msgspec.json.encode(entry.value))
+                    if embeddings
+                    else Node(entry.value)
+                )
+                answer._hidden_params = {}
+            else:
+                made = litellm().EmbeddingResponse if embeddings else litellm().ModelResponse
+                answer = made(**entry.value)
+            # What LLM reads for report(): no attempt answered, this target did.
+            answer._hidden_params["latencykit.attempt"] = (0, entry.target)
             return answer
-        response = litellm().ModelResponse(**entry.value)
-        if call.stream is None:
-            # What LLM.acompletion reads for report(): no attempt answered, this target did.
-            response._hidden_params["latencykit.attempt"] = (0, entry.target)
-            return response
         stream: Stream[Any] = Stream(
-            _replay(response),
+            _replay(litellm().ModelResponse(**entry.value)),
             reader=LITELLM_CHUNKS,
             deadline=deadline_var.get(),
             target=entry.target,

@@ -386,13 +386,24 @@ chunk, an empty delta, a finish chunk and a usage chunk are not."""
 def delta_content(delta: Any, text: Any, field: Any = getattr) -> str | None:
     """The content of a delta whose text is ``text``: the text, ``""`` for content without
     text (:data:`CONTENT_FIELDS`), ``None`` when the delta is not content. ``field(delta,
-    name, None)`` reads a field (default ``getattr``)."""
+    name, None)`` reads a field (default ``getattr``). Content sent as a list of parts
+    (Mistral's ``[{"type": "text", "text": ...}, {"type": "thinking", ...}]``) is content, its
+    text the text parts' joined."""
     if text:
-        return text  # type: ignore[no-any-return]
+        if type(text) is str:
+            return text
+        parts = text if isinstance(text, list) else ()
+        return "".join(p["text"] for p in parts if _is_text_part(p))
     for name in CONTENT_FIELDS:
         if field(delta, name, None):
             return ""
     return None
+
+
+def _is_text_part(part: Any) -> bool:
+    return (
+        isinstance(part, Mapping) and part.get("type") == "text" and type(part.get("text")) is str
+    )
 
 
 class _OpenAIChunkReader:

@@ -57,6 +57,7 @@ from pydantic_core import PydanticCustomError
 
 from ._docstrings import arguments
 from ._litellm import GC_FREEZE_VARIABLE
+from .autopilot import SLO
 from .cache import ResponseCache
 from .errors import ErrorKind, classify
 from .fleet.redis import RedisStore
@@ -80,6 +81,7 @@ __all__ = [
     "QuantileConfig",
     "QuotaConfig",
     "RetryConfig",
+    "SLOConfig",
     "RouterConfig",
     "RuleConfig",
     "StoreConfig",
@@ -373,6 +375,11 @@ class QuantileConfig(_Model):
     """An adaptive hedging delay (:class:`latencykit.quantile`)."""
 
 
+@_options_of(SLO)
+class SLOConfig(_Model):
+    """:class:`latencykit.SLO` (the autopilot's objective)."""
+
+
 @_options_of(Hedge)
 class HedgeConfig(_Model):
     """:class:`latencykit.hedge`; ``delay`` is seconds or ``{"q": 0.9, ...}`` (adaptive)."""
@@ -527,14 +534,12 @@ def _key_env(key: object, env: str | None, where: str) -> str | None:
     """How a config names ``key``: the environment variable it was read from (``env``). A key
     with no such variable raises ``ValueError``: left out, it would be replaced by litellm's own
     lookup in the environment, which may send another provider's key to this host."""
-    if key is None:
-        return None
-    if env is None:
+    if key is not None and env is None:
         raise ValueError(
             f"{where} was given as a string, and a config never holds a secret: build the LLM "
             "from a config with api_key_env for its config to name the key's variable"
         )
-    return env
+    return None if key is None else env
 
 
 def _no_password(url: object, where: str) -> None:
@@ -927,13 +932,8 @@ def _located(
             continue
         notes = _notes(loc, item["type"], model, lines, names, prefix)
         message = item["msg"] + (f" ({'; '.join(notes)})" if notes else "")
-        details.append(
-            {
-                "type": PydanticCustomError(item["type"], message),
-                "loc": loc,
-                "input": item["input"],
-            }
-        )
+        error_type = PydanticCustomError(item["type"], message)
+        details.append({"type": error_type, "loc": loc, "input": item["input"]})
     return ValidationError.from_exception_data(title, details)
 
 
@@ -956,11 +956,8 @@ def _notes(
         known = _model_at(model, loc[:-1])
         for close in difflib.get_close_matches(str(loc[-1]), list(known.model_fields), n=1):
             spelled = "__".join([*map(str, loc[:-1]), close]).upper()
-            notes.append(
-                f"did you mean {close!r}?"
-                if variable is None
-                else f"did you mean {prefix}{spelled}?"
-            )
+            shown = repr(close) if variable is None else f"{prefix}{spelled}"
+            notes.append(f"did you mean {shown}?")
     return notes
 
 

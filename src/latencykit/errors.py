@@ -722,8 +722,10 @@ def _links(exc: BaseException) -> list[_Link]:
             status = _int(getattr(getattr(link, "response", None), "status_code", None))
         # litellm's stand-in for an error object in a 200 answer: a bare ``Exception`` with a
         # ``status_code`` of its own making; the fast lane's: an HTTPError without a status.
-        in_answer = (type(link) is Exception and "status_code" in vars(link)) or (
-            isinstance(link, HTTPError) and link.status_code is None
+        in_answer = (
+            (type(link) is Exception and "status_code" in vars(link))
+            or (isinstance(link, HTTPError) and link.status_code is None)
+            or (status is not None and 200 <= status < 300)  # a 200 litellm could not read
         )
         litellm = type(link).__module__.startswith("litellm")
         links.append(_Link(link, type(link).__name__, status, litellm, in_answer, _body_of(link)))
@@ -748,7 +750,8 @@ def _stated_status(body: object) -> int | None:
     """The HTTP status an error body states of itself (vLLM's and others' ``{"error": {"code":
     500, ...}}``), if any."""
     error = body.get("error", body) if isinstance(body, Mapping) else None
-    code = _int(error.get("code")) if isinstance(error, Mapping) else None
+    code = error.get("code") if isinstance(error, Mapping) else None
+    code = int(code) if isinstance(code, str) and code.isdigit() else _int(code)
     return code if code is not None and 400 <= code <= 599 else None
 
 
@@ -790,6 +793,10 @@ def _body_of(link: BaseException) -> object:
     body = getattr(link, "body", None)
     if body is not None:
         return body
+    # litellm's stand-in for an error object in a 200 keeps only its code (422 if it had none).
+    code = vars(link).get("status_code", 422) if type(link) is Exception else 422
+    if code != 422:
+        return {"code": code}
     try:
         content = getattr(link, "response", None).content  # type: ignore[union-attr]
     except Exception:  # no response, or a stream's that was not read
@@ -815,9 +822,7 @@ def body_message(body: object) -> str | None:
     title = re.search(r"<title[^>]*>([^<]*)</title>", texts[0], re.IGNORECASE)
     text = title.group(1) if title else re.sub(r"<[^>]*>", "\n", texts[0])
     line = next((line.strip() for line in text.splitlines() if line.strip()), None)
-    if line is None:
-        return None
-    return _cut(line, _LINE_LIMIT)
+    return None if line is None else _cut(line, _LINE_LIMIT)
 
 
 def _answer_status(links: list[_Link], classes: tuple[str, ...]) -> int | None:
@@ -825,7 +830,7 @@ def _answer_status(links: list[_Link], classes: tuple[str, ...]) -> int | None:
     class the table does not know, its own; else the one its body states of itself (an error
     event inside a stream reads as that status would, on every lane)."""
     status = _http_status(links)
-    if status is None and _RULE_NAMES.isdisjoint(classes):
+    if status is None and _RULE_NAMES.isdisjoint(classes) and not links[0].in_answer:
         status = links[0].status
     if status is None:
         status = next(filter(None, (_stated_status(link.body) for link in links)), None)
@@ -837,11 +842,8 @@ def _evidence(links: list[_Link], classes: tuple[str, ...]) -> _Evidence:
     texts: list[str] = []
     for link in links:
         _read_body(link.body, codes, texts, [])
-        own = vars(link.exc)
-        if link.in_answer and isinstance(own.get("status_code"), str):
-            codes.add(own["status_code"].lower())  # litellm put the error's code there
-        elif not link.litellm:  # litellm sets its own code/type ("throttling_error")
-            codes.update(code.lower() for code in _strings(own, "code", "type"))
+        if not link.litellm:  # litellm sets its own code/type ("throttling_error")
+            codes.update(code.lower() for code in _strings(vars(link.exc), "code", "type"))
         message = getattr(link.exc, "message", None)
         texts.append((message if isinstance(message, str) else str(link.exc))[:_TEXT_LIMIT])
     text = "\n".join(texts).lower()
@@ -1153,10 +1155,31 @@ def _scrub_chain(exc: BaseException, scrub: Callable[[str], str]) -> None:
     """
     for link in _printed(exc):
         link.args = tuple(_scrub_value(a, scrub) for a in link.args)
+        for name, value in list(vars(link).items()):
+            if type(value).__name__ in _HTTPX_HELD and type(value).__module__.startswith("httpx"):
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(link, name, _scrub_http(value, scrub))
         for attr in ("message", "body", "__notes__"):
             if attr in vars(link):
                 with contextlib.suppress(AttributeError, TypeError):  # read-only: left as is
                     setattr(link, attr, _scrub_value(getattr(link, attr), scrub))
+
+
+_HTTPX_HELD = frozenset({"Response", "Headers"})  # what of httpx's an answer's error holds
+
+
+def _scrub_http(value: Any, scrub: Callable[[str], str]) -> Any:
+    """An httpx response (its headers, and its body once read) or headers, scrubbed: a
+    provider may echo the key it refused (``exc.response.text`` is often logged)."""
+    headers = getattr(value, "headers", value)
+    clean = type(headers)([(k, scrub(v)) for k, v in headers.multi_items()])
+    if headers is value:
+        return clean
+    value.headers = clean
+    if hasattr(value, "_content"):
+        value._content = scrub(value._content.decode(errors="replace")).encode()
+        vars(value).pop("_text", None)  # the body's text, decoded before
+    return value
 
 
 def _printed(exc: BaseException) -> Iterator[BaseException]:
@@ -1272,8 +1295,7 @@ def malformed_answer(what: str, sample: bytes | str, *, target: str) -> Provider
     attempt, or another target, may answer), counted by the breaker. The message shows the
     start of what came back, scrubbed."""
     text = sample.decode(errors="replace") if isinstance(sample, bytes) else sample
-    text = scrub(" ".join(text.split()))
-    shown = _cut(text, 120)
+    shown = _cut(scrub(" ".join(text.split())), 120)
     said = f": {shown!r}" if shown else ""
     return ProviderUnavailable(
         f"the provider's answer {what}{said}", target=target, status_code=200

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AttemptEnded",
     "AttemptStarted",
+    "AutopilotChanged",
     "BreakerRejected",
     "BreakerStateChanged",
     "CacheLookup",
@@ -370,14 +372,15 @@ class FirstTokenMissed(Event, frozen=True):
         target: the target's key.
         first_token: the limit in seconds.
         source: where the limit came from: ``"configured"`` (``StreamGuard(first_token=...)``),
-            ``"learned"`` (from the target's recent times to first chunk) or ``"timeout"`` (the
-            target's attempt timeout) (default ``"configured"``).
+            ``"learned"`` (from the target's recent times to first chunk), ``"slo"`` (set by the
+            SLO autopilot) or ``"timeout"`` (the target's attempt timeout) (default
+            ``"configured"``).
     """
 
     attempt: int
     target: str
     first_token: float
-    source: Literal["configured", "learned", "timeout"] = "configured"
+    source: Literal["configured", "learned", "timeout", "slo"] = "configured"
 
 
 class StallDetected(Event, frozen=True):
@@ -396,7 +399,7 @@ class StallDetected(Event, frozen=True):
     target: str
     stall: float
     chunks: int
-    source: Literal["configured", "learned", "timeout"] = "configured"
+    source: Literal["configured", "learned", "timeout", "slo"] = "configured"
 
 
 class StreamResumed(Event, frozen=True):
@@ -666,10 +669,39 @@ class StoreRecovered(Event, frozen=True):
     down_for: float
 
 
+class AutopilotChanged(Event, frozen=True):
+    """The SLO autopilot stepped a setting of a target (:mod:`latencykit.autopilot`), or the
+    replay check refused the step (``applied=False``); ``call_id`` is ``0`` (no call).
+
+    Attributes:
+        target: the target's key.
+        setting: ``"hedge_quantile"``, ``"first_token"``, ``"stall"`` or
+            ``"slow_call_duration"``.
+        old: its value before (``None``: off, or no limit).
+        new: the value proposed (``None``: off).
+        reason: why, in words (and why it was refused).
+        applied: whether it was applied.
+        measurements: the figures behind it: the window's p99s, the replay's predictions for
+            the old (``before_*``) and the new (``after_*``) value.
+    """
+
+    target: str
+    setting: str
+    old: float | None
+    new: float | None
+    reason: str
+    applied: bool
+    measurements: dict[str, float]
+
+
 EventHandler: TypeAlias = Callable[[Event], object]
 """A subscriber: called with every event, synchronously; its return value is ignored."""
 
-_handlers: tuple[EventHandler, ...] = ()
+subscribers: tuple[EventHandler, ...] = ()
+"""The subscribed handlers, in order (read-only: change it with :func:`subscribe`); empty
+(false) while nobody listens. A hot path reads it instead of calling :func:`listening`."""
+# Set where events must not reach the application: the autopilot's replays (a simulation).
+_muted: ContextVar[bool] = ContextVar("latencykit_muted", default=False)
 
 
 _capture = 0
@@ -677,7 +709,7 @@ _capture = 0
 
 def listening() -> bool:
     """Whether anybody subscribed; policies build events only when this is true."""
-    return bool(_handlers)
+    return bool(subscribers)
 
 
 def capturing_content() -> bool:
@@ -706,7 +738,9 @@ def emit(event: Event) -> None:
     A subscriber that raises does not break the call it observes: the exception is logged on
     the ``latencykit`` logger with its traceback, and delivery goes on.
     """
-    for handler in _handlers:
+    if _muted.get():
+        return
+    for handler in subscribers:
         try:
             handler(event)
         except Exception:
@@ -739,13 +773,13 @@ def subscribe(handler: EventHandler) -> Subscription:
             await ask("...")
         slow_cases = [e for e in seen if isinstance(e, lk.events.FallbackUsed)]
     """
-    global _handlers
+    global subscribers
     if not callable(handler):
         raise TypeError(f"subscribe(handler): handler must be callable, got {handler!r}")
-    _handlers = (*_handlers, handler)
+    subscribers = (*subscribers, handler)
 
     def stop() -> None:
-        global _handlers
-        _handlers = tuple(h for h in _handlers if h is not handler)
+        global subscribers
+        subscribers = tuple(h for h in subscribers if h is not handler)
 
     return Subscription(stop)

@@ -237,7 +237,7 @@ class _Gather:
 
 
 def _needed(min_results: object, count: int) -> int:
-    needed = _validation.positive_int("gather.min_results", min_results)
+    needed = _validation.count("gather.min_results", min_results)
     if needed > count:
         raise ValueError(
             f"gather.min_results must be between 1 and the number of awaitables ({count}), "
@@ -377,8 +377,7 @@ async def first(
     with _owning("first", awaitables, within) as limit:
         if not awaitables:
             raise ValueError("first needs at least one awaitable")
-        if accept is not None:
-            _validation.function("first.accept", accept)
+        _validation.function("first.accept", accept)
         delay = 0.0 if stagger is None else _validation.wait("first.stagger", stagger)
         race = _Sources(delay, limit=len(awaitables), accept=accept)
         race.awaitables = awaitables

@@ -42,6 +42,7 @@ from ._litellm import LitellmTransport, litellm, to_model_response
 from ._response import CHAT_PARAMETERS
 from ._slots import ConnectionSlots, host_of, per_host, waiting
 from ._sync import LoopThread, SyncStream
+from .autopilot import SLO, Autopilot
 from .errors import (
     ErrorFilter,
     OutputTruncated,
@@ -443,6 +444,12 @@ class LLM:
             One room per target and API key for the fleet with ``shared`` (or
             :func:`~latencykit.use_store`), else per process; calls of a lower ``priority``
             yield to higher ones. The concurrency limit is learned per process.
+        slo: a service-level objective, :class:`~latencykit.SLO` (default ``None``: none).
+            With one, the autopilot (:attr:`autopilot`) sets each target's first-token and
+            stall limits, hedge quantile and breaker slow-call threshold from its recent
+            measurements, in small steps checked by replaying the recent attempts, every
+            ``SLO.every`` seconds (see docs/autopilot.md); without ``hedge``, it makes one
+            (budget ``SLO.max_extra_load``) that hedges nothing until it says so.
 
     The pipeline, outermost first: deadline, cache, router, degrade, hedge, failover, then per
     target breaker, limiter, retry and the attempt (with the stream guard, then its connection
@@ -484,6 +491,7 @@ class LLM:
         on_truncated: Literal["raise", "accept"] = "raise",
         shared: SharedStore | None = None,
         governor: bool = False,
+        slo: SLO | None = None,
     ) -> None:
         # The arguments as given, first thing: what to_config() describes.
         self._arguments: dict[str, Any] = {k: v for k, v in locals().items() if k != "self"}
@@ -495,9 +503,12 @@ class LLM:
         self.deadline = _validation.optional_seconds("LLM.deadline", deadline)
         self.degrade = degrade
         self.shared = shared
+        hedge, owns_hedge = _hedge_for_slo(slo, hedge)
         # One record of every attempt, per target: the hedge's delays and stats() read it.
         self._recorder = _recorder_for(hedge, shared)
         self.hedge = None if hedge is None else hedge.reading(self._recorder)
+        if slo is not None and self.hedge is not None:
+            self.hedge.tuned = {}  # the autopilot's quantiles, shared by the hedge's copies
         self._breakers: _TargetBreakers | None = None
         self.stream_guard = stream_guard or StreamGuard()
         primary = Target(
@@ -531,6 +542,24 @@ class LLM:
         # Per target (breaker, retry, attempt): what continues a broken stream on a target.
         self._per_target = Pipeline(
             p for p in self._pipeline.policies if int(p.stage) >= Stage.BREAKER
+        )
+        self.autopilot: Autopilot | None = None
+        """The SLO autopilot (``None`` without ``slo``): its ``history`` of changes, ``step()``
+        to run a round now; see :mod:`latencykit.autopilot`."""
+        if slo is not None:
+            self.autopilot = self._autopilot(slo, owns_hedge)
+
+    def _autopilot(self, slo: SLO, owns_hedge: bool) -> Autopilot:
+        assert self.hedge is not None  # _hedge_for_slo gave one
+        breakers = self._breakers
+        return Autopilot(
+            slo,
+            targets=self.targets,
+            recorder=self._recorder,
+            hedge=self.hedge,
+            guard=self._guard,
+            breaker_of=None if breakers is None else breakers.of,
+            owns_hedge=owns_hedge,
         )
 
     def _fallback(self) -> Fallback | None:
@@ -655,6 +684,8 @@ class LLM:
 
         ``async with lk.LLM(...) as llm:`` closes them at the end of the block. The sync
         calls' event loop thread, if started, is closed too (see :meth:`close`)."""
+        if self.autopilot is not None:
+            await self.autopilot.aclose()
         await _close_all(self._transports)
         if "_sync_loop" in self.__dict__:
             import anyio
@@ -720,6 +751,8 @@ class LLM:
             waiting=lambda key: queued.get(key, 0),
         )
         table = self._guard.with_learned(table)
+        if self.autopilot is not None:
+            table = self.autopilot.with_settings(table)
         if self._governor is None or self._concurrency is None:
             return table
         table = self._governor.with_rooms(table, (*self.targets, self._degraded))
@@ -1160,13 +1193,14 @@ async def _close_all(transports: Mapping[str, Transport]) -> None:
 
 def _median(window: Any) -> float | None:
     """A latency window's median once it has enough samples to cap by, else ``None``."""
-    if window is None or window.count() < _CAP_MIN_SAMPLES:
+    if window is None:
         return None
-    return window.quantile(0.5)  # type: ignore[no-any-return]
+    found = window.quantiles(0.5)  # drops the expired samples: len() counts the others
+    return found[0] if found and len(window) >= _CAP_MIN_SAMPLES else None
 
 
 # What a typo is checked against: the chat parameters and a target's own fields.
-_KNOWN = CHAT_PARAMETERS | {f.name for f in dataclasses.fields(Target)} | {"api_base"}
+_KNOWN = CHAT_PARAMETERS | {f.name for f in dataclasses.fields(Target) if f.init} | {"api_base"}
 
 
 def _import_litellm_if_needed(targets: Sequence[Target | None], router: object) -> None:
@@ -1266,6 +1300,15 @@ def _checked_defaults(
             _check_spelling(spec, f"LLM.failover[{index}]", error=True)
     _check_spelling(found, "LLM.defaults", error=False)
     return found
+
+
+def _hedge_for_slo(slo: SLO | None, hedge: Hedge | None) -> tuple[Hedge | None, bool]:
+    """The LLM's hedge, and whether the SLO autopilot made it: with ``slo`` and no hedge, a
+    quantile hedge within the SLO's extra-load budget, off until the autopilot turns it on."""
+    _validation.optional("LLM.slo", slo, SLO, "a latencykit.SLO")
+    if slo is None or hedge is not None:
+        return hedge, False
+    return Hedge(Quantile(0.99), max_extra_load=slo.max_extra_load), True
 
 
 def _recorder_for(hedge: Hedge | None, shared: SharedStore | None) -> Recorder:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
+import operator
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from types import MappingProxyType
 from typing import (
@@ -277,7 +278,7 @@ class Pipeline(PolicyDecorator):
         if call.target is UNNAMED:
             call = call._replace(target=function_target(call.fn))
         trace = Trace(parent=trace_var.get())
-        if events.listening():
+        if events.subscribers:
             _call_started(trace, call)
         try:
             # run_within's body, inline: one coroutine frame less on every call
@@ -351,7 +352,7 @@ def _call_ended(
     if isinstance(error, LatencykitError) and not error.attempts:
         error.attempts = tuple(trace.attempts)
     ended: Outcome = _ATTEMPT_OUTCOME[outcome]
-    if events.listening():
+    if events.subscribers:
         # only a failed call carries its error (not a stream closed after one)
         _emit_call_ended(trace, call, result, ended, error if ended == "error" else None)
 
@@ -408,7 +409,7 @@ async def run_attempt(call: Call) -> Any:
     target = call.target.key
     reason = reason_var.get()
     queued = queued_var.get()
-    if events.listening():
+    if events.subscribers:
         events.emit(
             events.AttemptStarted(
                 call_id=trace.call_id,
@@ -487,6 +488,14 @@ _ATTEMPT_OUTCOME: dict[str, Any] = {
 }
 
 
+_new_tuple = tuple.__new__
+_TIMING = ("ttft", "chunks", "gap_p50", "gap_max", "output_tokens")
+"""A stream attempt's fields of an :class:`Attempt` (``Stream.timing()``), in field order."""
+_NO_TIMING = tuple(Attempt._field_defaults[name] for name in _TIMING)
+_timing = operator.itemgetter(*_TIMING)
+assert Attempt._fields[7:12] == _TIMING
+
+
 def _record(
     call: Call,
     trace: Trace,
@@ -502,22 +511,26 @@ def _record(
     ended: Outcome = _ATTEMPT_OUTCOME[outcome]
     if ended != "error":
         error = None
-    attempt = Attempt(
-        number=number,
-        target=call.target.key if stream is None else stream.target,
-        start=started - trace.origin,
-        duration=clock() - started,
-        outcome=ended,
-        error_type=None if error is None else type(error).__name__,
-        error_kind=None if error is None else classify(error),
-        reason=reason,
-        queued=queued,
-        **(_EMPTY if stream is None else stream.timing()),
+    # The tuple built at once, in field order: a named tuple's keyword __new__ is Python code.
+    attempt: Attempt = _new_tuple(
+        Attempt,
+        (
+            number,
+            call.target.key if stream is None else stream.target,
+            started - trace.origin,
+            clock() - started,
+            ended,
+            None if error is None else type(error).__name__,
+            None if error is None else classify(error),
+            *(_NO_TIMING if stream is None else _timing(stream.timing())),
+            reason,
+            queued,
+        ),
     )
     trace.record(attempt)
     if call.recorder is not None:
         call.recorder.record(attempt, stream=call.stream is not None)
-    if events.listening():
+    if events.subscribers:
         events.emit(
             events.AttemptEnded(
                 call_id=trace.call_id,

@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
+from . import _validation
 from ._cancel import now
 from ._context import deadline_var
 from ._context import remaining as _remaining
@@ -130,10 +131,8 @@ def send_to_providers(enabled: bool) -> None:
     Raises:
         TypeError: ``enabled`` is not a bool.
     """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"send_to_providers.enabled must be a bool, got {enabled!r}")
     global _to_providers
-    _to_providers = enabled
+    _to_providers = _validation.instance("send_to_providers.enabled", enabled, bool, "a bool")
 
 
 def _format_millis(seconds: float) -> str:

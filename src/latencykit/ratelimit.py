@@ -310,8 +310,18 @@ class Lease(Protocol):
     def give(self, tokens: float) -> None:
         """Give ``tokens`` back to the lease (negative: a debt)."""
 
+    def find_out(self) -> bool:
+        """Whether this worker may send calls to find out a room the fleet was not told of:
+        it holds the fleet's probe (asked for by this call), or an answer came back that
+        told no limits (there are none to find out); never while limits it heard are on
+        their way to the fleet (then its calls are spent from the fleet's room, as every
+        worker's)."""
+
     def heard(self, limits: RateLimits) -> None:
         """Tell the fleet what an answer said (merged on the server with the next refresh)."""
+
+    def came_back(self) -> None:
+        """Tell the fleet an answer came back (after :meth:`heard`, if it told limits)."""
 
     def listen(self, wake: Callable[[], None]) -> None:
         """Call ``wake()`` after each refresh (from the store's thread)."""
@@ -326,10 +336,12 @@ class Room:
 
     Until a first answer came back (an error that tells no limits does not count), one call
     at a time is sent (it finds out the room); then nothing is paced until an answer told the
-    limits (:meth:`read`).
+    limits (:meth:`read`). With a lease, that call is the fleet's: only the worker holding the
+    fleet's probe sends it, the others wait for the word its answer brings.
     """
 
     __slots__ = (
+        "_fleet",
         "_line",
         "_pending",
         "_turn",
@@ -362,21 +374,24 @@ class Room:
         self._turn = 0
         self.head_wait = 0.0  # the wait the call first in line was told last
         self.answered = False  # whether an answer came back (until then, one at a time)
+        self._fleet: FleetView | None = None  # the fleet's room last spent from, if in use
 
     def attach(self, lease: Lease) -> None:
         """Spend from ``lease`` while its store answers."""
         if self.lease is not lease:
             self.lease = lease
             lease.listen(self.wake_first)
+            if self.answered:
+                lease.came_back()
 
     # --- what the provider said ---------------------------------------------------------
 
     def read(self, limits: RateLimits, now: float) -> list[tuple[Limit, int, int | None]]:
         """Take in what an answer said at ``now``; returns the limits learned or changed:
         ``(limit, value, previous value)``."""
-        self.answered = True
         if self.lease is not None:
             self.lease.heard(limits)
+        self.came_back()
         changed: list[tuple[Limit, int, int | None]] = []
         told: tuple[tuple[Limit, _Level, int | None, int | None, float | None], ...] = (
             (
@@ -403,6 +418,14 @@ class Room:
             self.paused_until = max(self.paused_until, now + limits.retry_after)
         return changed
 
+    def came_back(self) -> None:
+        """An answer came back (an error that told no limits does not count): the room is
+        found out, told or not."""
+        if not self.answered:
+            self.answered = True
+            if self.lease is not None:
+                self.lease.came_back()
+
     def read_pending(self, now: float) -> list[tuple[Limit, int, int | None]]:
         """Take in what a transport heard since (see :func:`heard`); see :meth:`read`."""
         pending, self._pending = self._pending, None
@@ -421,13 +444,18 @@ class Room:
             return PROBE_WAIT, "requests", False  # the fleet's word first: woken when it comes
         if view is not None:
             self.share = 1.0 / max(1, view.workers)
+        elif self._fleet is not None:
+            self._alone(self._fleet, now)
         if view is None or (view.requests_limit is None and view.tokens_limit is None):
+            if lease is not None and view is not None and not lease.find_out():
+                return PROBE_WAIT, "requests", False  # another worker finds out: its word first
             wait, limit = self._local_wait(tokens, now, RESERVES[rank])
             if wait <= 0:
                 self.requests.reserved += 1.0
                 self.tokens.reserved += tokens
             return wait, limit, False
         assert lease is not None
+        self._fleet = view
         reserve = RESERVES[rank]
         by_requests = _fleet_wait(
             1.0, reserve, view.requests_left, lease.held_requests, view.requests_limit,
@@ -446,6 +474,24 @@ class Room:
         if lease.take(requests, 0.0 if view.tokens_limit is None else tokens, rank, wait <= 0):
             return 0.0, limit, True
         return max(wait, view.renew), limit, False
+
+    def _alone(self, last: FleetView, now: float) -> None:
+        """The store stopped answering: this worker's room goes on from the fleet's last word
+        (the room not leased out, and its own lease), refilling from now. Its own levels may
+        be old (a worker that got no lease for a while heard no answer): their refill since
+        was the fleet's, spent by others."""
+        self._fleet = None
+        assert self.lease is not None
+        told = (
+            (self.requests, last.requests_limit, last.requests_left, last.requests_rate,
+             self.lease.held_requests),
+            (self.tokens, last.tokens_limit, last.tokens_left, last.tokens_rate,
+             self.lease.held_tokens),
+        )  # fmt: skip
+        for level, limit, left, rate, held in told:
+            if limit is not None:
+                level.limit, level.rate, level.at = limit, rate, now
+                level.level = min(limit, max(0.0, left + held))
 
     def _local_wait(self, tokens: float, now: float, reserve: float) -> tuple[float, Limit]:
         if not self.answered and self.requests.reserved >= 1.0:

@@ -154,13 +154,13 @@ class Rule:
     needs: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
-        _validation.non_empty("Rule.to", self.to, "target name")
+        _validation.text("Rule.to", self.to, "target name")
         if self.task is not None:
             tasks = {self.task} if isinstance(self.task, str) else self.task
             object.__setattr__(self, "task", frozenset(tasks))
         for name in ("min_prompt_tokens", "max_prompt_tokens"):
             if getattr(self, name) is not None:
-                _validation.non_negative_int(f"Rule.{name}", getattr(self, name))
+                _validation.count(f"Rule.{name}", getattr(self, name), minimum=0)
         object.__setattr__(self, "needs", _validation.tags("Rule.needs", self.needs))
 
     def matches(self, request: RouteRequest) -> bool:
@@ -220,22 +220,20 @@ class Router:
         for index, rule in enumerate(rules):
             _validation.instance(f"Router.rules[{index}]", rule, Rule, "a latencykit.routing.Rule")
         if default is not None:
-            _validation.non_empty("Router.default", default, "target name")
+            _validation.text("Router.default", default, "target name")
         self.rules = rules
         self.default = default
         self.fit_budget = bool(fit_budget)
         self.quantile = _validation.number("Router.quantile", quantile, low=0, high=1, open=True)
-        self.min_samples = _validation.positive_int("Router.min_samples", min_samples)
+        self.min_samples = _validation.count("Router.min_samples", min_samples)
 
     def __repr__(self) -> str:
         return f"Router({len(self.rules)} rules, default={self.default!r})"
 
     def check(self, targets: Sequence[str]) -> None:
         """Raise ``ValueError`` if a rule or the default names none of ``targets``."""
-        for index, name in [*enumerate(r.to for r in self.rules), ("default", self.default)]:
-            if name is not None and name not in targets:
-                where = "Router.default" if index == "default" else f"Router.rules[{index}].to"
-                raise ValueError(f"{where} names {name!r}, which is not one of {list(targets)}")
+        names = {f"Router.rules[{i}].to": rule.to for i, rule in enumerate(self.rules)}
+        _validation.known_targets({**names, "Router.default": self.default}, targets)
 
     def eligible(self, request: RouteRequest) -> list[Target]:
         """The targets that can serve ``request`` (see the class docs), in failover order."""
@@ -301,8 +299,7 @@ class Routing:
         recorder: Recorder | None,
         is_open: Callable[[str], bool] | None = None,
     ) -> None:
-        _validation.function("LLM.router", router)
-        self.router = router
+        self.router = _validation.function("LLM.router", router)
         self._targets = tuple(targets)
         self._by_key = {t.key: t for t in targets}
         self._rewrite = rewrite

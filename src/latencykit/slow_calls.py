@@ -97,12 +97,8 @@ class SlowCallLog(Handle):
             parent = self._parents.pop(event.call_id, None)
             failed = event.outcome == "error" and self.failures
             if (failed or event.duration > self.threshold) and self.logger.isEnabledFor(self.level):
-                self.logger.log(
-                    self.level,
-                    "%s",
-                    _story(event),
-                    extra={"latencykit": _fields(event, parent, self.threshold)},
-                )
+                extra = {"latencykit": _fields(event, parent, self.threshold)}
+                self.logger.log(self.level, "%s", _story(event), extra=extra)
         elif isinstance(event, events.CallStarted) and event.parent_id is not None:
             self._parents[event.call_id] = event.parent_id
 
@@ -133,23 +129,20 @@ def _story(event: events.CallEnded) -> str:
 def _fields(event: events.CallEnded, parent_id: int | None, threshold: float) -> dict[str, Any]:
     # The story as JSON-ready data (strings, numbers, booleans, None, lists, dicts).
     return {
-        "call_id": event.call_id,
+        **{name: getattr(event, name) for name in _COPIED},
         "parent_id": parent_id,
-        "outcome": event.outcome,
-        "duration": event.duration,
         "threshold": threshold,
         "slow": event.duration > threshold,
-        "target": event.target,
-        "degraded": event.degraded,
-        "stream": event.stream,
-        "ttft": event.ttft,
-        "error_type": event.error_type,
         "error_kind": _value(event.error_kind),
         "attempts": [
             {**attempt._asdict(), "error_kind": _value(attempt.error_kind)}
             for attempt in _attempts(event)
         ],
     }
+
+
+# What the record's data copies from the event as it is.
+_COPIED = ("call_id", "outcome", "duration", "target", "degraded", "stream", "ttft", "error_type")
 
 
 def _value(kind: ErrorKind | None) -> str | None:

@@ -376,6 +376,14 @@ class TargetStats:
         concurrency: the adaptive concurrency limit learned, the attempts in flight and
             waiting, with ``LLM(governor=True)`` (default ``None``: no governor, or no attempt
             yet).
+
+        hedge_quantile: with ``LLM(slo=...)``, the quantile the target's calls are hedged at
+            (default ``None``: not hedged, or no SLO).
+        slow_call_duration: with ``LLM(slo=...)`` and a breaker, its slow-call threshold in
+            seconds (default ``None``).
+        sources: with ``LLM(slo=...)``, where each of those values comes from, by setting
+            (``"slo"``: the autopilot set it; ``"learned"``, ``"configured"``, ``"timeout"``,
+            ``"off"``) (default empty). See docs/autopilot.md.
     """
 
     target: str
@@ -396,6 +404,9 @@ class TargetStats:
     first_token_limit: float | None = None
     stall_limit: float | None = None
     concurrency: ConcurrencyStats | None = None
+    hedge_quantile: float | None = None
+    slow_call_duration: float | None = None
+    sources: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def attempts(self) -> int:
@@ -422,6 +433,9 @@ class TargetStats:
         if self.first_token_limit is not None or self.stall_limit is not None:
             learned = (_seconds(self.first_token_limit), _seconds(self.stall_limit))
             parts.append("learned limits: first token {}, stall {}".format(*learned))
+        if self.sources:
+            said = ", ".join(f"{name} {source}" for name, source in self.sources.items())
+            parts.append(f"set by: {said}")
         return "; ".join(parts)
 
 
@@ -529,9 +543,19 @@ _COLUMNS = (
     _Column("shed", 5, lambda s: s.room and s.room.shed, optional=True),
     _Column("ft limit", 8, lambda s: _ms(s.first_token_limit), optional=True),
     _Column("stall lim", 9, lambda s: _ms(s.stall_limit), optional=True),
+    _Column("hedge q", 7, lambda s: s.hedge_quantile, optional=True),
+    _Column("slow call", 9, lambda s: _ms(s.slow_call_duration), optional=True),
+    _Column("slo set", 7, lambda s: _slo_set(s.sources), optional=True),
     _Column("limit", 5, lambda s: s.concurrency and s.concurrency.limit, optional=True),
     _Column("inflight", 8, lambda s: s.concurrency and s.concurrency.in_flight, optional=True),
 )
+
+
+def _slo_set(sources: Mapping[str, str]) -> str | None:
+    """The settings the SLO autopilot set, abbreviated (``"hq,ft"``)."""
+    short = {"hedge_quantile": "hq", "first_token": "ft", "stall": "st", "slow_call_duration": "sc"}
+    found = [short[name] for name, source in sources.items() if source == "slo"]
+    return ",".join(found) or None
 
 
 def _whole(value: float | None) -> int | None:
@@ -575,6 +599,11 @@ class Recorder:
         gaps: each target's window of the longest gap between content chunks of its complete
             streams, per stream (:meth:`longest_gap`; the stream guard's learned stall limit
             reads it). Per process.
+        on_record: called with every attempt :meth:`record` counts (default ``None``; the SLO
+            autopilot's record of recent attempts, :mod:`latencykit.autopilot`).
+        fleet: whether the windows join the process default store's
+            (:func:`~latencykit.use_store`) when ``shared`` is ``None`` (default ``True``; a
+            simulation, the lab's replay, sets ``False``: its samples are not the fleet's).
     """
 
     def __init__(
@@ -596,6 +625,10 @@ class Recorder:
         self.gaps: dict[str, LatencyWindow] = {}
         # Each target's attempts by outcome, the failed ones by error kind instead.
         self._counts: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        # False: never the process default store's (a simulation's recorder: the lab's replays).
+        self.fleet = True
+        # Told every attempt recorded (the SLO autopilot's record of recent attempts).
+        self.on_record: Callable[[Attempt], object] | None = None
         # window name -> (store, its pooled window, the queue of the other processes' samples)
         self._links: dict[str, tuple[_fleet.SharedStore, _fleet.SharedLatency, deque[float]]] = {}
 
@@ -624,7 +657,7 @@ class Recorder:
         self, target: str, ttft: bool
     ) -> tuple[_fleet.SharedStore, _fleet.SharedLatency, deque[float]] | None:
         """The pooled window behind ``target``'s (``ttft``) window, with a shared store."""
-        store = self.shared or _fleet._current
+        store = self.shared or (_fleet._current if self.fleet else None)
         if store is None:
             return None
         name = f"{target}#ttft" if ttft else target
@@ -659,6 +692,8 @@ class Recorder:
         whose first chunk :meth:`first_chunk` already reported)."""
         target = attempt.target
         outcome = attempt.outcome
+        if self.on_record is not None:
+            self.on_record(attempt)
         self._counts[target][
             outcome if outcome != "error" else attempt.error_kind or ErrorKind.UNKNOWN
         ] += 1

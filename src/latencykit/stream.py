@@ -72,8 +72,9 @@ consumer closed it before the end), ``"cancelled"`` (the consumer was cancelled)
 
 _CLOSE_GRACE = 5.0  # seconds a close may take to release the HTTP response before we move on
 
-LimitSource = Literal["configured", "learned", "timeout"]
+LimitSource = Literal["configured", "learned", "timeout", "slo"]
 """Where a stream's first-token or stall limit came from: set by the user (``"configured"``),
+by the SLO autopilot (``"slo"``, see :mod:`latencykit.autopilot`),
 learned from the target's recent streams (``"learned"``, see
 :class:`~latencykit.StreamGuard`), or the target's attempt ``timeout`` (``"timeout"``)."""
 

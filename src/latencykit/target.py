@@ -79,6 +79,9 @@ class Target:
     arguments: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     transport: str = "litellm"
     dimensions: int | None = None
+    key: str = field(init=False, repr=False, compare=False)
+    """The target's identity: its :attr:`name` (an attribute, read by every policy on every
+    call)."""
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -91,6 +94,7 @@ class Target:
             if not self.model:
                 raise ValueError("a target needs a model or a name")
             object.__setattr__(self, "name", self.model)
+        object.__setattr__(self, "key", self.name)
         if self.api_base is not None:
             _validation.text("target.api_base", self.api_base, "URL")
         if self.api_key is not None and not isinstance(self.api_key, str):
@@ -113,11 +117,6 @@ class Target:
         if self.api_base is not None:
             shown["api_base"] = scrub(self.api_base)
         return "Target(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
-
-    @property
-    def key(self) -> str:
-        """The target's identity: its :attr:`name`."""
-        return self.name
 
     @property
     def endpoint(self) -> Endpoint:
@@ -156,7 +155,7 @@ class Target:
 
 
 # A target's own fields, which its ``arguments`` (other litellm arguments) cannot set.
-_OWN_KEYS = tuple(f.name for f in dataclasses.fields(Target) if f.name != "arguments")
+_OWN_KEYS = tuple(f.name for f in dataclasses.fields(Target) if f.init and f.name != "arguments")
 
 
 def _own_arguments(name: str, arguments: object) -> Mapping[str, Any]:

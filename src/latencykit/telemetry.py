@@ -120,30 +120,38 @@ _LIMIT = {"latencykit.limit.kind": "limit", "latencykit.limit.waited": "waited"}
 _ATTEMPT_COUNTED = (_TARGET, "latencykit.attempt.outcome", "latencykit.attempt.reason", _ERROR_TYPE)
 _BREAKER_STATE = {"closed": 0, "half_open": 1, "open": 2, "forced_open": 3}
 
-# Every instrument but the attempts' and the breakers' state: name -> (unit, description).
-_INSTRUMENTS = {
-    "gen_ai.client.operation.duration": ("s", "GenAI operation duration."),
-    "gen_ai.client.token.usage": ("{token}", "Number of input and output tokens used."),
+# The histograms: name -> (unit, bucket boundaries, description).
+_HISTOGRAMS = {
+    "gen_ai.client.operation.duration": ("s", _SECONDS, "GenAI operation duration."),
+    "gen_ai.client.token.usage": ("{token}", _TOKENS, "Number of input and output tokens used."),
     "gen_ai.client.operation.time_to_first_chunk": (
         "s",
+        _SECONDS,
         "Time from the start of a streaming call to its first content chunk.",
     ),
     "gen_ai.client.operation.time_per_output_chunk": (
         "s",
+        _SECONDS,
         "Time between consecutive content chunks of a stream.",
     ),
     "latencykit.call.duration": (
         "s",
+        _SECONDS,
         "Duration of a call of a decorated function (LLM calls have the GenAI operation duration).",
     ),
     "latencykit.deadline.overshoot": (
         "s",
+        _OVERSHOOT,
         "How late a deadline's expiry was delivered (elapsed - budget).",
     ),
     "latencykit.connection.wait": (
         "s",
+        _SECONDS,
         "Time an attempt that had to wait waited for a connection slot, before its request.",
     ),
+}
+# The counters, but the attempts': name -> (unit, description).
+_COUNTERS = {
     "latencykit.hedges": ("{hedge}", "Hedges fired, won, and skipped (budget or deadline)."),
     "latencykit.hedge.wasted_output_tokens": (
         "{token}",
@@ -166,15 +174,27 @@ _INSTRUMENTS = {
         "Times a shared store stopped answering (policies went process-local).",
     ),
 }
-# The histograms among them, with their bucket boundaries (the others are counters).
-_BUCKETS = {
-    "gen_ai.client.operation.duration": _SECONDS,
-    "gen_ai.client.token.usage": _TOKENS,
-    "gen_ai.client.operation.time_to_first_chunk": _SECONDS,
-    "gen_ai.client.operation.time_per_output_chunk": _SECONDS,
-    "latencykit.call.duration": _SECONDS,
-    "latencykit.deadline.overshoot": _OVERSHOOT,
-    "latencykit.connection.wait": _SECONDS,
+
+# The observed instruments (read when metrics are collected): name -> (unit, description).
+_OBSERVED = {
+    "latencykit.attempts": ("{attempt}", "Attempts, by target, outcome, reason and error type."),
+    "latencykit.connection.waiting": (
+        "{attempt}",
+        "Attempts waiting for a connection slot now, by lane and host.",
+    ),
+    "latencykit.room.left": (
+        "1",
+        "Room left in a provider's rate limits (requests or tokens), by target and API key hash, "
+        "as the governor sees it now.",
+    ),
+    "latencykit.room.waits": (
+        "{attempt}",
+        "Attempts that waited for room in a provider's rate limits, by lane.",
+    ),
+    "latencykit.room.shed": (
+        "{attempt}",
+        "Attempts refused for want of room (LimitExceeded), by lane.",
+    ),
 }
 
 
@@ -381,10 +401,9 @@ class _Call:
         answering = self.elsewhere.get(target)
         if answering is None:
             return self.attributes
-        operation = self.attributes[_OPERATION]  # the call's, whoever answered
         return {
             **_endpoint_attributes(answering),
-            _OPERATION: operation,
+            _OPERATION: self.attributes[_OPERATION],  # the call's, whoever answered
             _REQUEST_MODEL: self.endpoint.model,
         }
 
@@ -486,59 +505,33 @@ class Instrumentation(Handle):
         meter = metrics.get_meter("latencykit", __version__, meter_provider=meter_provider)
         self._histograms = {
             name: meter.create_histogram(
-                name,
-                unit=unit,
-                description=text,
-                explicit_bucket_boundaries_advisory=_BUCKETS[name],
+                name, unit=unit, description=text, explicit_bucket_boundaries_advisory=buckets
             )
-            for name, (unit, text) in _INSTRUMENTS.items()
-            if name in _BUCKETS
+            for name, (unit, buckets, text) in _HISTOGRAMS.items()
         }
         self._counters = {
             name: meter.create_counter(name, unit=unit, description=text)
-            for name, (unit, text) in _INSTRUMENTS.items()
-            if name not in _BUCKETS
+            for name, (unit, text) in _COUNTERS.items()
         }
         # Every attempt is counted: in a dict on the hot path, reported when metrics are
         # collected (an observable counter), not through a synchronous instrument per attempt.
         self._attempt_counts: dict[tuple[str, str, str, str | None], int] = {}
-        meter.create_observable_counter(
-            "latencykit.attempts",
-            callbacks=[self._observe_attempts],
-            unit="{attempt}",
-            description="Attempts, by target, outcome, reason and error type.",
-        )
         self._breaker_state = meter.create_gauge(
             "latencykit.breaker.state",
             unit="1",
             description="Circuit breaker state: 0 closed, 1 half-open, 2 open, 3 forced open.",
         )
-        meter.create_observable_gauge(
-            "latencykit.connection.waiting",
-            callbacks=[_observe_waiting],
-            unit="{attempt}",
-            description="Attempts waiting for a connection slot now, by lane and host.",
-        )
-        # The governor's rooms (``LLM(governor=True)``), read when metrics are collected.
-        meter.create_observable_gauge(
-            "latencykit.room.left",
-            callbacks=[_observe_room_left],
-            unit="1",
-            description="Room left in a provider's rate limits (requests or tokens), by target "
-            "and API key hash, as the governor sees it now.",
-        )
-        meter.create_observable_counter(
-            "latencykit.room.waits",
-            callbacks=[_observe_lanes("waits")],
-            unit="{attempt}",
-            description="Attempts that waited for room in a provider's rate limits, by lane.",
-        )
-        meter.create_observable_counter(
-            "latencykit.room.shed",
-            callbacks=[_observe_lanes("shed")],
-            unit="{attempt}",
-            description="Attempts refused for want of room (LimitExceeded), by lane.",
-        )
+        # The gauges and counters read when metrics are collected (the governor's rooms:
+        # ``LLM(governor=True)``).
+        for create, name, callback in (
+            (meter.create_observable_counter, "latencykit.attempts", self._observe_attempts),
+            (meter.create_observable_gauge, "latencykit.connection.waiting", _observe_waiting),
+            (meter.create_observable_gauge, "latencykit.room.left", _observe_room_left),
+            (meter.create_observable_counter, "latencykit.room.waits", _observe_lanes("waits")),
+            (meter.create_observable_counter, "latencykit.room.shed", _observe_lanes("shed")),
+        ):
+            unit, text = _OBSERVED[name]
+            create(name, callbacks=[callback], unit=unit, description=text)
         self._calls: dict[int, _Call] = {}
         self._handlers: dict[type[events.Event], Callable[[Any], None]] = {
             events.CallStarted: self._call_started,
@@ -548,6 +541,7 @@ class Instrumentation(Handle):
             events.FirstToken: self._first_token,
             events.StageStarted: self._stage_started,
             events.StageEnded: self._stage_ended,
+            events.AutopilotChanged: self._autopilot_changed,
         }
         self._capture = events.capture_content() if self.capture_content else None
         self._subscription: events.Subscription | None = events.subscribe(self._on_event)
@@ -602,6 +596,23 @@ class Instrumentation(Handle):
         elif report.name is not None:
             call.span.add_event(report.name, attributes)
 
+    def _autopilot_changed(self, event: events.AutopilotChanged) -> None:
+        """A span of its own (no call made the change), with the step as its span event."""
+        attributes = _present(
+            {
+                _TARGET: event.target,
+                "latencykit.autopilot.setting": event.setting,
+                "latencykit.autopilot.old": event.old,
+                "latencykit.autopilot.new": event.new,
+                "latencykit.autopilot.reason": event.reason,
+                "latencykit.autopilot.applied": event.applied,
+                **{f"latencykit.autopilot.{k}": v for k, v in event.measurements.items()},
+            }
+        )
+        span = self._tracer.start_span("latencykit autopilot", kind=SpanKind.INTERNAL)
+        span.add_event("latencykit.autopilot.changed", attributes)
+        span.end()
+
     def _parent_context(self, parent_id: int | None, attempt: int) -> Context | None:
         """The span context a call or stage inside ``parent_id`` starts in: the parent's
         attempt it runs in, else the parent itself (a stage), else the ambient context."""
@@ -628,10 +639,8 @@ class Instrumentation(Handle):
                 **attributes,
                 _STREAM: event.stream,
             }
-            for parameter, value in event.parameters.items():
-                attributes[_REQUEST_PARAMETERS.get(parameter, f"gen_ai.request.{parameter}")] = (
-                    value
-                )
+            for asked, value in event.parameters.items():
+                attributes[_REQUEST_PARAMETERS.get(asked, f"gen_ai.request.{asked}")] = value
             if event.input_messages is not None:
                 attributes[_INPUT_MESSAGES] = _messages(event.input_messages)
             name, kind = f"{event.operation} {endpoint.model}", SpanKind.CLIENT

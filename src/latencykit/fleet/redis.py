@@ -58,6 +58,7 @@ _NO_LIMIT = "1e300"  # a quota adjustment's max wait: always taken
 _LEASE_SHARE = 0.1  # most of a room's limit the workers' leases hold together
 _SEEN_FOR = 10.0  # seconds a worker counts in a room's workers after its last refresh
 _ROOM_TTL = 3 * 60_000  # ms a room outlives its last refresh (three windows)
+_PROBE_FOR = 5.0  # seconds a room's probe stays with a worker after its calls last asked
 
 H = TypeVar("H", bound="_Owner")
 T = TypeVar("T")
@@ -205,17 +206,9 @@ class SharedBreaker:
             raise _Garbage("breaker script returned an unknown state or a non-integer")
         epoch, remaining, free, calls, failures, slow, _ = numbers
         self._until = process_clock() + remaining / 1000
-        view = BreakerView(
-            state=state,
-            epoch=epoch,
-            opens_in=remaining / 1000 if state == "open" else 0.0,
-            free_probes=free,
-            calls=calls,
-            failures=failures,
-            slow=slow,
-        )
-        self._view = view
-        return view
+        opens_in = remaining / 1000 if state == "open" else 0.0
+        self._view = BreakerView(state, epoch, opens_in, free, calls, failures, slow)
+        return self._view
 
 
 class SharedBudget:
@@ -371,13 +364,14 @@ class SharedRoom:
     spends its lease with no round trip; each refresh gives back what it does not need and
     leases twice what the process asked for in the last interval (at least one attempt's
     worth, at most its share of ``_LEASE_SHARE`` of the limit), down to the reserve of the
-    highest lane that asked.
+    highest lane that asked. While nobody has told the fleet the room, one worker holds its
+    probe (taken on the server, ``SET NX PX``) and finds it out, and the others wait.
     """
 
     def __init__(self, store: RedisStore, key: str) -> None:
         self._store = store
         base = f"{store.namespace}:room:{{{key}}}"  # {key}: both keys in one cluster slot
-        self._keys = (base, f"{base}:workers", f"{base}:leases")
+        self._keys = (base, f"{base}:workers", f"{base}:leases", f"{base}:probe")
         self._lock = threading.Lock()
         self.held_requests = 0.0
         self.held_tokens = 0.0
@@ -389,6 +383,9 @@ class SharedRoom:
         self._sending: tuple[RateLimits, float] | None = None
         self._last: tuple[RateLimits, float] | None = None  # resent to a server without it
         self._view: FleetView | None = None
+        self._probe = False  # whether this worker may find out the room (the server says)
+        self._probing_until = 0.0  # process_clock() until which it asks for the probe
+        self._answered = False  # whether an answer came back to this worker
         self._wakes: list[Callable[[], None]] = []
         self._drained_at = self._made_at = process_clock()
 
@@ -401,8 +398,8 @@ class SharedRoom:
         making, and not once the store failed."""
         store = self._store
         return (
-            self._view is None
-            and store._down_since is None
+            store._down_since is None
+            and self.view() is None  # not self._view: set before the refresh makes it fresh
             and process_clock() - self._made_at < store.stale_after
         )
 
@@ -427,9 +424,32 @@ class SharedRoom:
         with self._lock:
             self.held_tokens += tokens
 
+    def find_out(self) -> bool:
+        """See :class:`~latencykit.ratelimit.Lease`: asks the server for the probe (held while
+        calls of this worker ask, and ``_PROBE_FOR`` seconds more)."""
+        now = process_clock()
+        if now >= self._probing_until and not self._probe:
+            self._store._wake_soon()  # the probe within a round trip, not an interval
+        self._probing_until = now + _PROBE_FOR
+        last = self._last
+        if last is not None and (
+            last[0].requests_remaining is not None or last[0].tokens_remaining is not None
+        ):
+            return False  # the limits it heard are on their way: spent from the fleet's room
+        return self._probe
+
     def heard(self, limits: RateLimits) -> None:
         """See :class:`~latencykit.ratelimit.Lease`."""
         self._told = self._last = (limits, process_clock())
+        view = self._view
+        if view is None or (view.requests_limit is None and view.tokens_limit is None):
+            self._store._wake_soon()  # the fleet waits for this word: send it now
+
+    def came_back(self) -> None:
+        """See :class:`~latencykit.ratelimit.Lease`."""
+        if not self._answered:
+            self._answered = True
+            self._store._wake_soon()
 
     def listen(self, wake: Callable[[], None]) -> None:
         """See :class:`~latencykit.ratelimit.Lease`."""
@@ -438,6 +458,7 @@ class SharedRoom:
 
     def _drain(self) -> list[tuple[str, tuple[Any, ...]]]:
         view = self._view
+        answered = self._answered  # before what it told: an answer tells, then came back
         told, self._told = self._told, None
         if told is None and (view is None or view.requests_limit is None):
             told = self._last  # a server that lost the room (restarted) learns it again
@@ -476,9 +497,11 @@ class SharedRoom:
                 *("" if x is None else x for x in dataclasses.astuple(limits)),
                 max(0.0, process_clock() - at),
             )
+        probing = "1" if process_clock() < self._probing_until else "0"
         args = (
-            3, *self._keys, self._store._id, *said, *wanted, *giving, RESERVES[rank],
-            _ROOM_TTL, _SEEN_FOR, *holding,
+            4, *self._keys, self._store._id, *said, *wanted, *giving, RESERVES[rank],
+            _ROOM_TTL, _SEEN_FOR, *holding, probing, "1" if answered else "0",
+            _ms(_PROBE_FOR), self._store._channel,
         )  # fmt: skip
         return [("room", args)]
 
@@ -491,7 +514,7 @@ class SharedRoom:
             self._told = self._sending
 
     def _update(self, reply: object) -> None:
-        if not isinstance(reply, list) or len(reply) != 10 or type(reply[9]) is not int:
+        if not isinstance(reply, list) or len(reply) != 11 or type(reply[9]) is not int:
             raise _Garbage(f"room script returned {type(reply).__name__}")
         try:
             numbers = [float(x) for x in reply[:9]]
@@ -507,6 +530,7 @@ class SharedRoom:
             t_left, None if t_limit < 0 else t_limit, t_rate,
             now + paused, reply[9], self._store.interval,
         )  # fmt: skip
+        self._probe = reply[10] == 1
         for wake in self._wakes:
             wake()
 

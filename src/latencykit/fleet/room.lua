@@ -7,18 +7,24 @@
 --          (r_: requests, t_: tokens; levels are the room not leased out; at, paused: server s).
 -- KEYS[2]: a sorted set of the workers seen (score: server seconds of their last exchange).
 -- KEYS[3]: a hash, field = worker id, value = "requests tokens" it holds in leases, unspent.
+-- KEYS[4]: the probe: the id of the one worker that may find out a room nobody was told of
+--          yet (SET NX PX: it lapses unless its holder renews it).
 -- ARGV: worker id; what an answer told ("" where not told): requests limit, remaining, reset
 --       (s), tokens limit, remaining, reset (s), retry-after (s), its age (s); requests and
 --       tokens wanted, requests and tokens given back (negative: a debt), the floor (a
 --       fraction of the limit no lease may take: the reserve of the lanes above the asking
---       one), ttl ms, seconds a worker counts as seen, requests and tokens it still holds.
+--       one), ttl ms, seconds a worker counts as seen, requests and tokens it still holds;
+--       "1" if the worker has calls waiting to find out the room, "1" if an answer came back
+--       to it (told limits or not), the probe's ttl ms, the channel a room newly told (or
+--       found to tell nothing) is announced on (every worker's store refreshes at once).
 -- Returns {requests granted, tokens granted, requests left, limit, rate, tokens left, limit,
---          rate, seconds paused, workers seen} (strings; a limit of -1: not told yet).
+--          rate, seconds paused, workers seen, 1 if the worker may find out the room} (strings
+--          but the last two; a limit of -1: not told yet).
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local names = {'r_limit', 'r_level', 'r_at', 'r_rate', 't_limit', 't_level', 't_at', 't_rate',
-               'paused'}
+               'paused', 'answered'}
 local stored = redis.call('HMGET', KEYS[1], unpack(names))
 local s = {}
 for i, name in ipairs(names) do s[name] = tonumber(stored[i]) end
@@ -65,8 +71,11 @@ local function read(p, limit, left, reset)
   if known then told = math.min(told, s[p .. '_level']) end
   s[p .. '_limit'], s[p .. '_level'], s[p .. '_at'], s[p .. '_rate'] = limit, told, now, rate
 end
+local unknown = not s.r_limit and not s.t_limit and not s.answered
 read('r', arg(2), arg(3), arg(4))
 read('t', arg(5), arg(6), arg(7))
+-- An answer that told no limits: there is nothing to find out (the host tells none).
+if ARGV[20] == '1' and not s.r_limit and not s.t_limit then s.answered = 1 end
 local retry = arg(8)
 if retry then s.paused = math.max(s.paused or 0, now + retry - age) end
 
@@ -100,8 +109,26 @@ redis.call('PEXPIRE', KEYS[2], arg(15))
 redis.call('PEXPIRE', KEYS[3], arg(15))
 local workers = redis.call('ZCARD', KEYS[2])
 
+-- The probe: while nobody has heard the room, one worker at a time finds it out (the others
+-- wait for its answer's word, announced as soon as it is merged).
+local probe = 1
+if s.r_limit or s.t_limit or s.answered then
+  if unknown then
+    redis.call('DEL', KEYS[4])
+    redis.call('PUBLISH', ARGV[22], KEYS[1])
+  end
+else
+  local holder = redis.call('GET', KEYS[4])
+  if ARGV[19] == '1' and (not holder or holder == ARGV[1]) then
+    redis.call('SET', KEYS[4], ARGV[1], 'PX', arg(21))
+  elseif holder == ARGV[1] then
+    redis.call('DEL', KEYS[4]) -- no call of its own wants it any more
+  end
+  probe = redis.call('GET', KEYS[4]) == ARGV[1] and 1 or 0
+end
+
 local function told(name) return tostring(s[name] or -1) end
 return {tostring(granted_r), tostring(granted_t),
         told('r_level'), told('r_limit'), told('r_rate'),
         told('t_level'), told('t_limit'), told('t_rate'),
-        tostring(math.max(0, (s.paused or 0) - now)), workers}
+        tostring(math.max(0, (s.paused or 0) - now)), workers, probe}

@@ -21,6 +21,8 @@ from .streaming import format_streaming
 from .turn import format_turns
 
 if TYPE_CHECKING:
+    from ..autopilot import SLO
+    from ..config import LLMConfig
     from .replay import ReplayResult
 
 SCENARIOS = ("streaming", "turn", "fast-lane", "outage")
@@ -215,10 +217,18 @@ def _add_trace_commands(parser: argparse.ArgumentParser) -> None:
         "--plot", type=Path, default=None, help="write the latency CDFs as a PNG to this path"
     )
     tune.add_argument(
-        "--param", required=True, help="the dotted config path to sweep, e.g. hedge.delay.q"
+        "--param", help="the dotted config path to sweep, e.g. hedge.delay.q (or --slo)"
+    )
+    tune.add_argument("--values", help="comma-separated values, e.g. 0.5,0.75,0.9,0.95")
+    tune.add_argument(
+        "--slo",
+        default=None,
+        help="instead of a sweep: run the SLO autopilot on the trace from a bad setting (or "
+        "--policy) and print what it did minute by minute and the whole setting it reached; "
+        "e.g. ttft_p99=2,total_p99=20,max_extra_load=0.05,every=60 (see docs/autopilot.md)",
     )
     tune.add_argument(
-        "--values", required=True, help="comma-separated values, e.g. 0.5,0.75,0.9,0.95"
+        "--minutes", type=int, default=20, help="with --slo: minutes of calls (default 20)"
     )
     tune.add_argument(
         "--p99", type=float, default=None, help="the p99 target in seconds, to recommend"
@@ -257,6 +267,10 @@ def run_trace_command(args: argparse.Namespace) -> int:
                 for title, series in panels:
                     print(format_text_cdf(title, series, ascii_only=ascii_only))
             return 0
+        if args.slo is not None:
+            return _run_autopilot(args, policy)
+        if args.param is None or args.values is None:
+            raise ValueError("give --param and --values (a sweep), or --slo")
         values = [_yaml(value) for value in args.values.split(",") if value.strip()]
         found = tune(
             args.trace,
@@ -274,6 +288,47 @@ def run_trace_command(args: argparse.Namespace) -> int:
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"latencykit lab {args.action}: {exc}", file=sys.stderr)
         return 2
+
+
+def parse_slo(text: str) -> SLO:
+    """An :class:`~latencykit.SLO` from ``name=value`` pairs separated by commas
+    (``"ttft_p99=2,max_extra_load=0.05"``); ``ValueError`` naming what is wrong."""
+    from ..autopilot import SLO
+
+    fields: dict[str, float] = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        name, equals, value = pair.partition("=")
+        if not equals or name.strip() not in SLO.__dataclass_fields__:
+            raise ValueError(
+                f"--slo: expected name=value with a name among "
+                f"{', '.join(SLO.__dataclass_fields__)}, got {pair!r}"
+            )
+        try:
+            fields[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--slo: {name.strip()} must be a number, got {value!r}") from None
+    return SLO(**fields)
+
+
+def _run_autopilot(args: argparse.Namespace, policy: LLMConfig | None) -> int:
+    from .tune import BAD_START, autopilot_run
+
+    slo = parse_slo(args.slo)
+    start = BAD_START if policy is None else policy.model_dump(exclude_unset=True)
+    start = {k: v for k, v in start.items() if k not in ("model", "slo")}
+    target = args.target or (policy.model if policy is not None else None)
+    found = autopilot_run(
+        args.trace,
+        slo,
+        target=target,
+        start=start,
+        minutes=args.minutes,
+        rate=args.rate or 5.0,
+        seed=args.seed,
+        stream=args.stream or slo.ttft_p99 is not None,
+    )
+    print(found.report(), end="")
+    return 0
 
 
 def replay_panels(result: ReplayResult) -> list[tuple[str, Sequence[Series]]]:

@@ -37,18 +37,22 @@ import anyio
 from .. import errors
 from ..config import LLMConfig
 from ..llm import LLM
+from ..stats import StatsTable
 from ..target import Target
 from . import virtual
 
 __all__ = [
+    "Outcome",
     "ReplayResult",
     "ReplayRow",
+    "Run",
     "TraceRecord",
     "default_policy",
     "describe",
     "load_trace",
     "replay",
     "replay_rows",
+    "run_requests",
 ]
 
 MESSAGES = [{"role": "user", "content": "replayed"}]
@@ -210,6 +214,7 @@ class _Request:
     record: TraceRecord
     rng: random.Random
     first: bool = True  # its own record not used yet
+    attempts: int = 0
 
 
 _request: contextvars.ContextVar[_Request] = contextvars.ContextVar("latencykit_replay_request")
@@ -238,6 +243,7 @@ class _Provider:
 
     def _record_for(self, target: Target) -> TraceRecord:
         request = _request.get()
+        request.attempts += 1
         self.counts.attempts += 1
         if request.first and target.key == request.record.target:
             request.first = False
@@ -457,53 +463,16 @@ def replay(
             time to first token, so hedging on the first chunk and the stream guard's
             ``first_token`` limit act as in production.
     """
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
     config = policy if isinstance(policy, LLMConfig) else LLMConfig.model_validate(policy)
     target = config.model
-    provider = _Provider(records)
     requests = [r for r in records if r.target == target]
     if not requests:
         raise ValueError(
-            f"the trace has no request on {target!r} (it has {sorted(provider.by_target)})"
+            f"the trace has no request on {target!r} (it has {sorted({r.target for r in records})})"
         )
-    used = {target, *(t if isinstance(t, str) else t.name or t.model for t in config.failover)}
-    if config.degrade is not None and config.degrade.model is not None:
-        used.add(config.degrade.model)
-    missing = sorted(used - provider.by_target.keys())
-    if missing:
-        raise ValueError(f"the trace has no samples of {missing}: every target must be in it")
-    arrivals = _arrivals(requests, seed, rate)
-
-    async def main() -> list[tuple[float, bool, float | None]]:
-        llm = config.build(kind=_ReplayLLM)
-        assert isinstance(llm, _ReplayLLM)
-        llm._provider = provider
-        outcomes: list[tuple[float, bool, float | None]] = [(0.0, False, None)] * len(requests)
-
-        async def one(index: int, arrived: float) -> None:
-            _request.set(_Request(requests[index], random.Random(f"{seed}:{index}")))
-            first = None
-            try:
-                if stream:
-                    async with await llm.acompletion(messages=MESSAGES, stream=True) as chunks:
-                        first = anyio.current_time() - arrived
-                        async for _ in chunks:
-                            pass
-                else:
-                    await llm.acompletion(messages=MESSAGES)
-                ok = True
-            except errors.LatencykitError:
-                ok = False
-            outcomes[index] = (anyio.current_time() - arrived, ok, first)
-
-        start = anyio.current_time()
-        async with anyio.create_task_group() as group:
-            for index, at in enumerate(arrivals):
-                await anyio.sleep_until(start + at)
-                group.start_soon(one, index, start + at)
-        return outcomes
-
-    outcomes = virtual.run(main)
+    run = run_requests(records, requests, _arrivals(requests, seed, rate), config, seed, stream)
+    outcomes = [(o.latency, o.ok, o.ttft) for o in run.outcomes]
+    provider = run.provider
     latencies = [latency for latency, _, _ in outcomes]
     firsts = [first for _, _, first in outcomes if first is not None]
     counts = provider.counts
@@ -523,6 +492,104 @@ def replay(
         latencies=tuple(latencies),
         ttfts=tuple(firsts),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One replayed call: when it arrived, how long it took, whether it answered.
+
+    Attributes:
+        at: seconds from the start at which it arrived.
+        latency: seconds from its arrival to its answer (or error).
+        ok: whether it answered.
+        ttft: streams: seconds from its arrival to its first chunk (``None``: none came).
+        attempts: attempts it made (hedges, retries, failovers included).
+    """
+
+    at: float
+    latency: float
+    ok: bool
+    ttft: float | None
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What :func:`run_requests` did: each call's :class:`Outcome`, in arrival order, the
+    simulated provider (its counts), the ``LLM`` that made the calls and its ``stats()`` at
+    the end (read on the run's clock)."""
+
+    outcomes: tuple[Outcome, ...]
+    provider: _Provider
+    llm: LLM
+    stats: StatsTable
+
+
+def run_requests(
+    records: Sequence[TraceRecord],
+    requests: Sequence[TraceRecord],
+    arrivals: Sequence[float],
+    config: LLMConfig,
+    seed: int,
+    stream: bool,
+) -> Run:
+    """Send ``requests`` (each served first by its own record; every other attempt by a draw
+    from ``records`` of its target) at ``arrivals`` through the ``LLM`` ``config`` builds, on
+    virtual time (what :func:`replay` does, with the outcomes of every call)."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+    target = config.model
+    provider = _Provider(records)
+    used = {target, *(t if isinstance(t, str) else t.name or t.model for t in config.failover)}
+    if config.degrade is not None and config.degrade.model is not None:
+        used.add(config.degrade.model)
+    missing = sorted(used - provider.by_target.keys())
+    if missing:
+        raise ValueError(f"the trace has no samples of {missing}: every target must be in it")
+    built: list[LLM] = []
+    stats: list[StatsTable] = []
+
+    async def main() -> list[Outcome]:
+        llm = config.build(kind=_ReplayLLM)
+        assert isinstance(llm, _ReplayLLM)
+        llm._provider = provider
+        llm._recorder.fleet = False  # simulated samples never reach the fleet's windows
+        built.append(llm)
+        if llm.autopilot is not None:
+            llm.autopilot.blocking = True  # no virtual time passes during its rounds
+        outcomes: list[Outcome] = [Outcome(0.0, 0.0, False, None, 0)] * len(requests)
+
+        async def one(index: int, arrived: float) -> None:
+            request = _Request(requests[index], random.Random(f"{seed}:{index}"))
+            _request.set(request)
+            first = None
+            try:
+                if stream:
+                    async with await llm.acompletion(messages=MESSAGES, stream=True) as chunks:
+                        first = anyio.current_time() - arrived
+                        async for _ in chunks:
+                            pass
+                else:
+                    await llm.acompletion(messages=MESSAGES)
+                ok = True
+            except errors.LatencykitError:
+                ok = False
+            latency = anyio.current_time() - arrived
+            outcomes[index] = Outcome(arrived - start, latency, ok, first, request.attempts)
+
+        start = anyio.current_time()
+        try:
+            async with anyio.create_task_group() as group:
+                for index, at in enumerate(arrivals):
+                    await anyio.sleep_until(start + at)
+                    group.start_soon(one, index, start + at)
+        finally:
+            stats.append(llm.stats())
+            if llm.autopilot is not None:
+                await llm.autopilot.aclose()
+        return outcomes
+
+    outcomes = virtual.run(main)
+    return Run(tuple(outcomes), provider, built[0], stats[0])
 
 
 def _arrivals(requests: Sequence[TraceRecord], seed: int, rate: float | None) -> list[float]:

@@ -529,9 +529,14 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
                 return  # stale: admitted in an earlier state spell
             if permit.probe:
                 event = self._probe_ended(success, slow)
-            else:
-                event = self._count(success is False, slow)
-        self._emit(event)
+            else:  # a closed call: counted; open if the window's rates reach a threshold
+                self._tally(success is False, slow)
+                calls, failures, slow_calls = self._window.totals
+                event = None
+                if calls >= self.minimum_calls and self._trips(calls, failures, slow_calls):
+                    event = self._move(_OPEN, self.clock())
+        if event is not None:
+            events.emit(event)
 
     def _record_shared(
         self,
@@ -566,14 +571,6 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
             return self._move(_OPEN, self.clock())
         if self._probe_calls >= self.half_open_calls:
             return self._move(_CLOSED, self.clock())
-        return None
-
-    def _count(self, failed: bool, slow: bool) -> BreakerStateChanged | None:
-        """Count a closed call; open if the window's rates reach a threshold."""
-        self._tally(failed, slow)
-        calls, failures, slow_calls = self._window.totals
-        if calls >= self.minimum_calls and self._trips(calls, failures, slow_calls):
-            return self._move(_OPEN, self.clock())
         return None
 
     def _tally(self, failed: bool, slow: bool) -> None:
@@ -618,7 +615,9 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
     async def handle(self, call: Call, next: Next) -> Any:
         """Run ``call`` if the breaker admits it (else raise :class:`CircuitOpen`), and record
         its outcome: success, a failure if ``counts(error)``, nothing if cancelled."""
-        permit = self._admit()
+        # no fleet (the usual case): straight to the local state
+        no_fleet = self.shared is None and _fleet._current is None
+        permit = self._admit_local() if no_fleet else self._admit()
         if type(permit) is not BreakerPermit:  # rare: the exact type test is the cheap one
             permit = await self._permit(permit)
         clock = self.clock

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .. import events
@@ -56,11 +56,11 @@ class Route:
 
     target: Target
     rewrite: Callable[[Call], Call] | None = None
+    name: str = field(init=False, repr=False, compare=False)
+    """The route's name: its target's key."""
 
-    @property
-    def name(self) -> str:
-        """The route's name: its target's key."""
-        return self.target.key
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.target.key)
 
     def call(self, call: Call) -> Call:
         """The call for this route."""
@@ -202,7 +202,10 @@ class Failover(PolicyDecorator):
             return None
         is_open = self.is_open
         later = routes[index + 1 :]
-        left = 1 + (len(later) if is_open is None else sum(not is_open(r.name) for r in later))
+        left = 1 + len(later)
+        if is_open is not None:
+            for route in later:  # a loop, not sum() of a generator: no frame per call
+                left -= is_open(route.name)
         if left == 1:
             return None
         started = now()

@@ -25,8 +25,9 @@ spent only from room to spare (leaving the batch lane's reserve, whatever the ca
 near the end of a quota the first attempts of calls go first. A retry waits for that room as a
 batch call does (shed with ``LimitExceeded`` when the wait would pass the deadline); a hedge's
 backup never waits: without room to spare it is not sent and the primary answers alone. With no
-numbers configured, one attempt at a time finds out the room, and nothing is paced until an
-answer told the limits.
+numbers configured, one attempt at a time finds out the room (with a store, one for the whole
+fleet: the worker holding the room's probe sends it, the others wait for its answer's word),
+and nothing is paced until an answer told the limits.
 """
 
 from __future__ import annotations
@@ -122,9 +123,9 @@ class Governor:
             if isinstance(exc, Exception):
                 self._read_error(room, target.key, exc)
             raise
-        room.answered = True
         room.release(tokens, fleet)
         _learned(target.key, room.read_pending(process_clock()))
+        room.came_back()  # after what it told: the fleet must not take it for a host silent
         settle = functools.partial(self._settle, room, target.key, cap, fleet)
         if isinstance(result, Stream):
             result.on_close(lambda stream, outcome, error: settle(stream.summary()))

@@ -89,8 +89,9 @@ class StreamGuard(PolicyDecorator):
             break is raised if nothing can continue.
         max_resumes: how many times one stream may be continued (default ``2``).
 
-    A limit you set always wins (capped by the attempt timeout). The total deadline holds on
-    every chunk whatever the guard says.
+    A limit you set always wins (capped by the attempt timeout), except over one the SLO
+    autopilot set: ``tuned`` (default ``None``) maps ``(target key, stall)`` to its limits
+    (see docs/autopilot.md). The total deadline holds on every chunk whatever the guard says.
     """
 
     stage = Stage.ATTEMPT
@@ -104,6 +105,7 @@ class StreamGuard(PolicyDecorator):
         "on_break",
         "raise_truncated",
         "stall",
+        "tuned",
     )
 
     def __init__(
@@ -125,6 +127,8 @@ class StreamGuard(PolicyDecorator):
         self._attempt_on: Callable[[Target], Callable[..., Any]] | None = None
         self._run: Callable[[Call, Trace], Awaitable[Any]] | None = None
         self._learner: _Learner | None = None
+        # The SLO autopilot's limits by (target key, stall), over the others.
+        self.tuned: dict[tuple[str, bool], float] | None = None
 
     def bound(
         self,
@@ -238,7 +242,10 @@ class StreamGuard(PolicyDecorator):
         timeout = target.timeout
         source: LimitSource = "configured"
         seconds = configured
-        if seconds is None and self._learner is not None:
+        tuned = self.tuned
+        if tuned is not None and (found := tuned.get((target.key, stall))) is not None:
+            seconds, source = found, "slo"
+        elif seconds is None and self._learner is not None:
             seconds = self._learner.limit(target.key, at, stall=stall, input_size=input_size)
             source = "learned"
         if timeout is not None and (seconds is None or timeout < seconds):

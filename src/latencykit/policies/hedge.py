@@ -103,7 +103,7 @@ class _Attempts(Race):
     """The attempts of one hedged call as a :class:`~latencykit._race.Race`: where each backup
     goes, whether budget and deadline allow it, what stops the race, what is raised at the end."""
 
-    __slots__ = ("call", "call_id", "next", "policy", "ttft")
+    __slots__ = ("call", "next", "policy", "ttft")
 
     def __init__(
         self, policy: Hedge, call: Call, next: Next, ttft: bool, delay: float | None
@@ -113,7 +113,12 @@ class _Attempts(Race):
         self.call = call
         self.next = next
         self.ttft = ttft
-        self.call_id = current_call_id()
+
+    @property
+    def call_id(self) -> int:
+        """The hedged call's id (read in the events only: every contender's context has the
+        call's trace)."""
+        return current_call_id()
 
     def contender(self, index: int, reason: Reason) -> Awaitable[Any] | None:
         policy = self.policy
@@ -197,6 +202,8 @@ class Hedge(PolicyDecorator):
     one of each target's times to first content chunk (a stream is hedged on its first token).
     The windows are a :class:`~latencykit.stats.Recorder`'s: the hedge's own, which the calls
     it makes report their attempts to, or in ``lk.LLM`` the LLM's (see :meth:`reading`).
+    ``tuned`` (default ``None``) holds the quantile per target key that the SLO autopilot set
+    (:meth:`set_quantile`), which wins over ``delay``.
     """
 
     stage = Stage.HEDGE
@@ -212,6 +219,7 @@ class Hedge(PolicyDecorator):
         "rewrite",
         "target",
         "ttft_windows",
+        "tuned",
         "windows",
     )
 
@@ -237,6 +245,8 @@ class Hedge(PolicyDecorator):
         self.on = on
         self._handles = error_predicate(on, "hedge.on")
         self.rewrite: Rewrite | None = None  # set by with_rewrite()
+        # The SLO autopilot's quantile per target key (None: no hedge), over ``delay``.
+        self.tuned: dict[str, float | None] | None = None
         spec = self.delay if isinstance(self.delay, Quantile) else Quantile(0.5)
         self._use(Recorder(window=spec.window, max_samples=spec.max_samples), feed=True)
 
@@ -278,13 +288,24 @@ class Hedge(PolicyDecorator):
         return copy
 
     def _copy(self) -> Hedge:
-        return Hedge(
+        copy = Hedge(
             self.delay,
             max_attempts=self.max_attempts,
             budget=self.budget,
             on=self.on,
             target=self.target,
         )
+        copy.tuned = self.tuned
+        return copy
+
+    def set_quantile(self, target: str, q: float | None) -> None:
+        """Hedge ``target``'s calls at its ``q``-quantile from now on, whatever ``delay`` says
+        (``None``: do not hedge them); what the SLO autopilot sets (:mod:`latencykit.autopilot`)."""
+        if self.tuned is None:
+            self.tuned = {}
+        self.tuned[target] = q
+        self._memo.pop((target, False), None)
+        self._memo.pop((target, True), None)
 
     def stats(self) -> StatsTable:
         """A snapshot of the targets this hedge timed: :class:`~latencykit.stats.TargetStats`
@@ -309,17 +330,24 @@ class Hedge(PolicyDecorator):
         censored samples (tens of microseconds with many) is paid once per ~16 calls on a
         full window."""
         spec = self.delay
-        if not isinstance(spec, Quantile):
+        tuned = self.tuned
+        if tuned is not None and target in tuned:  # the SLO autopilot's
+            q = tuned[target]
+            if q is None:
+                return None
+        elif isinstance(spec, Quantile):
+            q = spec.q
+        else:
             return spec
         window = self.window(target, ttft=ttft)
         count = window.count()
-        if count < spec.min_samples:
+        if count < (spec.min_samples if isinstance(spec, Quantile) else 20):
             return None
         key = (target, ttft)
         found = self._memo.get(key)
         if found is not None and window.changes - found[0] < max(1, count >> 5):
             return found[1]
-        delay = self._adaptive(window, spec.q)
+        delay = self._adaptive(window, q)
         self._memo[key] = (window.changes, delay)
         return delay
 
@@ -361,7 +389,7 @@ class Hedge(PolicyDecorator):
         delay = self.current_delay(primary.target.key, ttft=ttft) if self.max_attempts > 1 else None
         if delay is not None and started + delay < deadline_var.get():
             race = _Attempts(self, call, next, ttft, delay)
-            await race.run(next(primary))
+            await race.run(next(primary), started)
             return race.outcome()
         # No hedge can fall due (one attempt, warm-up, or a delay the deadline ends first): the
         # primary runs inline, without a cancel scope or a timer. Only a handled failure starts

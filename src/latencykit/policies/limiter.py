@@ -371,9 +371,8 @@ class Limiter(PolicyDecorator):
                 "Limiter needs a limit: concurrency, tenant_quota or quotas (it would do nothing)"
             )
         self.max_wait = None if max_wait is None else _validation.wait("Limiter.max_wait", max_wait)
-        _validation.function("Limiter.tenant_of", tenant_of)
-        _validation.function("Limiter.tokens_of", tokens_of)
-        self.tenant_of, self.tokens_of = tenant_of, tokens_of
+        self.tenant_of = _validation.function("Limiter.tenant_of", tenant_of)
+        self.tokens_of = _validation.function("Limiter.tokens_of", tokens_of)
         _validation.optional("Limiter.shared", shared, _fleet.SharedStore, "a RedisStore")
         self.shared = shared
         self._buckets = _Buckets()
@@ -516,11 +515,10 @@ class Limiter(PolicyDecorator):
         """Take a slot of the tenant's cap or of the target's limit, waiting if allowed."""
         who, quota = permit.tenant, permit.quota
         # The tenant's cap queues its calls FIFO; a target's limit serves tenants by weight.
-        key, weight = (
-            (who, 1.0)
-            if kind == "tenant_concurrency"
-            else (permit.call.target.key, 1.0 if quota is None else quota.weight)
-        )
+        if kind == "tenant_concurrency":
+            key, weight = who, 1.0
+        else:
+            key, weight = permit.call.target.key, 1.0 if quota is None else quota.weight
         own_end = math.inf if self.max_wait is None else permit.started + self.max_wait
         with self._lock:
             slots = self._slots(kind, key, quota)
@@ -642,16 +640,12 @@ def _unbilled(charged: float, usage: Summary | None) -> float:
 
 def _concurrency(value: int | Mapping[str, int] | None) -> int | Mapping[str, int] | None:
     """``Limiter.concurrency``, checked (a mapping is copied, read-only)."""
-    if isinstance(value, Mapping):
-        return MappingProxyType(
-            {
-                _validation.text("Limiter.concurrency keys", key): _validation.count(
-                    f"Limiter.concurrency[{key!r}]", limit
-                )
-                for key, limit in value.items()
-            }
-        )
-    return None if value is None else _validation.count("Limiter.concurrency", value)
+    if not isinstance(value, Mapping):
+        return None if value is None else _validation.count("Limiter.concurrency", value)
+    for key, limit in value.items():
+        _validation.text("Limiter.concurrency keys", key)
+        _validation.count(f"Limiter.concurrency[{key!r}]", limit)
+    return MappingProxyType(dict(value))
 
 
 def _quotas(quotas: Mapping[str, Quota] | None) -> dict[str, Quota]:
