@@ -30,12 +30,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # a build, a venv, a 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "latencykit"
 # The package data named in the docs: the fleet's Lua scripts, the lab's shipped trace, PEP 561.
+SCRIPTS = sorted(path.stem for path in (PACKAGE / "fleet").glob("*.lua"))
 DATA = [
     "latencykit/py.typed",
-    "latencykit/fleet/breaker.lua",
-    "latencykit/fleet/budget.lua",
-    "latencykit/fleet/latency.lua",
-    "latencykit/fleet/quota.lua",
+    *(f"latencykit/fleet/{name}.lua" for name in SCRIPTS),
     "latencykit/testing/data/llmperf_per_request.csv",
     "latencykit/testing/data/ATTRIBUTION.md",
 ]
@@ -168,7 +166,7 @@ def test_the_installed_package_reads_its_data(venv: Path) -> None:
     read = (
         "from importlib.resources import files\n"
         "import latencykit.fleet, latencykit.testing\n"
-        "for name in ('breaker', 'budget', 'latency', 'quota'):\n"
+        f"for name in {SCRIPTS!r}:\n"
         "    assert 'redis.call' in files(latencykit.fleet).joinpath(name + '.lua').read_text()\n"
         "from latencykit.testing import LlmperfProfile\n"
         "print(len(LlmperfProfile.runs()))\n"
