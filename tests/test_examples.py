@@ -85,7 +85,17 @@ def check_fast_lane(lines: list[str]) -> None:
 
 
 # What each example must print: a new example gets its check here (test_every_example_is_checked).
+def check_deadlines(lines: list[str]) -> None:
+    assert lines == [
+        "gateway: HTTP 504, control back within 0.2 s of its deadline: True",
+        "provider was told the time left: True",
+        "provider saw the request closed within 0.2 s of the deadline: True",
+        "provider answered: False",
+    ]
+
+
 CHECKS: dict[str, Callable[[list[str]], None]] = {
+    "deadlines.py": check_deadlines,
     "quickstart.py": check_quickstart,
     "streaming.py": check_streaming,
     "turn_budget.py": check_turn_budget,
