@@ -144,6 +144,31 @@ def test_a_refusal_says_why() -> None:
     assert "fail more calls" in str(refusal(missed, ttft_p99=2.0, failed=0.02))
 
 
+def test_a_slow_call_threshold_that_would_open_a_healthy_targets_breaker_is_refused() -> None:
+    # Recent attempts: 60 % take 1 s, 40 % take 2.5 s, none fails. The breaker opens when half
+    # of 10+ calls in its 20-call window are slow: a threshold of 2 s leaves it closed (40 %
+    # slow), one of 0.8 s would open it on a healthy target.
+    llm = lk.LLM(
+        "openai/breaker-check",
+        slo=SLO(total_p99=10.0),
+        breaker={"window_size": 20, "minimum_calls": 10, "slow_call_rate": 0.5},
+    )
+    pilot = llm.autopilot
+    assert pilot is not None
+    seen = [
+        autopilot._Seen(float(i), lk.Attempt(1, "openai/breaker-check", 0.0, d, "ok"))
+        for i, d in enumerate([1.0, 1.0, 2.5, 1.0, 2.5] * 10)
+    ]
+    assert pilot._breaker_refusal("openai/breaker-check", seen, 60.0, 2.0) is None
+    refused = pilot._breaker_refusal("openai/breaker-check", seen, 60.0, 0.8)
+    assert refused is not None and "breaker would open" in refused
+    # A threshold that opens it already is no reason to refuse one that opens it too.
+    assert pilot._breaker_refusal("openai/breaker-check", seen, 0.9, 0.8) is None
+    # Calls cut short (a hedge's losers) are not the breaker's: all slow, still closed.
+    cut = [s._replace(attempt=s.attempt._replace(outcome="cancelled")) for s in seen]
+    assert pilot._breaker_refusal("openai/breaker-check", cut, 60.0, 0.8) is None
+
+
 def make_pilot(slo: SLO) -> autopilot.Autopilot:
     llm = lk.LLM("openai/m", slo=slo)
     assert llm.autopilot is not None

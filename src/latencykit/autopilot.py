@@ -15,7 +15,9 @@ and stall limits, the hedge's quantile and the breaker's slow-call threshold:
   seconds) are replayed on virtual time (:mod:`latencykit.lab.replay`, a fixed seed) with the
   current setting and with each step; a step is applied only if the replay predicts it within
   the extra-load budget, failing no more calls, and either meeting the SLO or no further from
-  it than the current setting (while the SLO is missed);
+  it than the current setting (while the SLO is missed); a slow-call threshold step is
+  replayed through the breaker's own window and rule instead, and refused when the same
+  attempts would open the breaker where the old threshold would not;
 - **explain**: every step, applied or refused, is an :class:`~latencykit.events.AutopilotChanged`
   event (old and new value, reason, the measurements and predictions behind it), kept in
   :attr:`Autopilot.history`; ``llm.stats()`` shows the current values and who set them.
@@ -628,8 +630,14 @@ class Autopilot:
             for name, new, reason in propose(self.slo, base, found, streaming=streaming):
                 old = getattr(base, name)
                 figures = {**_named(window), **_named(before, "before_")}
-                if name == "slow_call_duration":  # the replay has no breaker: nothing to check
-                    changes.append(Change(now, target.key, name, old, new, reason, True, figures))
+                if name == "slow_call_duration":  # the breaker's own rule, on the same attempts
+                    refusal = self._breaker_refusal(target.key, seen, old, new)
+                    if refusal is not None:
+                        reason = f"{reason}; refused: {refusal}"
+                    applied = refusal is None
+                    changes.append(
+                        Change(now, target.key, name, old, new, reason, applied, figures)
+                    )
                     continue
                 candidate = base._replace(**{name: new})
                 after = replay(candidate)
@@ -644,6 +652,19 @@ class Autopilot:
                 )
             forecasts.append((now, target.key, before))
         return changes, forecasts
+
+    def _breaker_refusal(
+        self, target: str, seen: Sequence[_Seen], old: float | None, new: float | None
+    ) -> str | None:
+        """Why the target's breaker refuses a slow-call threshold of ``new`` (``None``: it may
+        go): replayed through the breaker's window and rule, the recent attempts would open
+        it where ``old`` would not (a healthy target cut off by its own tail)."""
+        assert self._breaker_of is not None and new is not None
+        breaker = self._breaker_of(target)
+        mine = [(s.at, s.attempt) for s in seen if s.attempt.target == target]
+        if not _opens(breaker, mine, new) or (old is not None and _opens(breaker, mine, old)):
+            return None
+        return f"its breaker would open on the recent attempts (slow calls >= {new:.3g}s)"
 
     def _refusal(
         self, before: Mapping[str, float], after: Mapping[str, float], streaming: bool
@@ -665,6 +686,34 @@ class Autopilot:
             said = ", ".join(f"{name} {_s(before[name])} -> {_s(after[name])}" for name in worse)
             return f"it would move away from the SLO ({said})"
         return None
+
+
+def _opens(breaker: Breaker, attempts: Sequence[tuple[float, Attempt]], slow: float) -> bool:
+    """Whether ``breaker``'s rule (its window, minimum calls and rates) opens on ``attempts``
+    (``(when, attempt)`` in order) when calls of ``slow`` seconds or more count as slow. The
+    attempts cut short (a hedge's loser) are left out, as the breaker leaves them."""
+    window: deque[tuple[float, bool, bool]] = deque()  # (when, failed, slow)
+    failed = slowed = 0
+    by_count = breaker.window_type == "count"
+    for at, attempt in attempts:
+        if attempt.outcome == "cancelled":
+            continue
+        entry = (at, attempt.outcome == "error", attempt.duration >= slow)
+        window.append(entry)
+        failed, slowed = failed + entry[1], slowed + entry[2]
+        while (
+            len(window) > breaker.window_size
+            if by_count
+            else at - window[0][0] > breaker.window_size
+        ):
+            _, gone_failed, gone_slow = window.popleft()
+            failed, slowed = failed - gone_failed, slowed - gone_slow
+        calls = len(window)
+        if calls >= breaker.minimum_calls and (
+            failed / calls >= breaker.failure_rate or slowed / calls >= breaker.slow_call_rate
+        ):
+            return True
+    return False
 
 
 def _s(seconds: float) -> str:
