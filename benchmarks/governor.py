@@ -180,12 +180,19 @@ async def _fleet_process(options: dict[str, Any], start: Any) -> dict[str, int]:
                 counts["failed"] += 1
                 kind = f"failed: {type(exc).__name__}"
                 counts[kind] = counts.get(kind, 0) + 1
+                if counts["failed"] <= 3:  # what failed, when, and why: printed by the parent
+                    print(
+                        f"  {options['variant']} pid {os.getpid()} failed at "
+                        f"{time.monotonic() - began:.1f} s: {type(exc).__name__}: {exc}"[:1500],
+                        flush=True,
+                    )
             else:
                 counts["answered"] += 1
 
     await anyio.to_thread.run_sync(start.wait)  # every process ready: the parent drains
     await anyio.to_thread.run_sync(start.wait)  # the quota is empty: go together
-    end = time.monotonic() + options["seconds"]
+    began = time.monotonic()
+    end = began + options["seconds"]
     async with anyio.create_task_group() as group:
         while time.monotonic() < end:
             for _ in range(options["burst"]):

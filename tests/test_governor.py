@@ -143,12 +143,14 @@ async def test_fails_fast_when_the_wait_would_pass_the_deadline(
 
 
 @pytest.mark.parametrize("headers", ["missing", "full"])
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
 async def test_without_honest_headers_a_429s_retry_after_pauses_the_target(
-    quota: FakeProvider, headers: str
+    quota: FakeProvider, headers: str, lane: str
 ) -> None:
     drain(quota, 6)
     llm = governed(
         quota,
+        lane,
         deadline=2.0,
         defaults={"extra_headers": {"x-fake-behavior": json.dumps({"limit_headers": headers})}},
     )
@@ -192,12 +194,57 @@ async def test_a_burst_past_the_room_waits_instead_of_a_429(governor: bool) -> N
         assert failures and 429 in statuses
 
 
-async def test_a_rotated_key_starts_a_room_of_its_own(quota: FakeProvider) -> None:
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
+async def test_a_rotated_key_starts_a_room_of_its_own(quota: FakeProvider, lane: str) -> None:
     drain(quota, 5)
-    await answer(governed(quota, deadline=2.0))  # KEY: no request left
-    rotated = governed(quota, api_key=OTHER_KEY, deadline=2.0)
-    await answer(rotated)  # not held back by the old key's room
+    old = governed(quota, lane, deadline=2.0)
+    await answer(old)  # KEY: no request left, the next one 10 s away
+    rotated = governed(quota, lane, api_key=OTHER_KEY, deadline=2.0)
+    with anyio.fail_after(1.5):
+        await answer(rotated)  # not held back by the old key's room
     assert ratelimit.room_for("openai/m", OTHER_KEY).requests.level == 5
+    assert ratelimit.room_for("openai/m", KEY).requests.level == 0  # nor the old one by it
+    with pytest.raises(lk.LimitExceeded):
+        await answer(old)
+
+
+def behaving(**behaviour: Any) -> dict[str, Any]:
+    """A call's arguments asking the fake provider for ``behaviour``."""
+    return {"extra_headers": {"x-fake-behavior": json.dumps(behaviour)}}
+
+
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
+async def test_azures_remaining_and_retry_after_ms_pause_the_target(
+    fake: FakeProvider, lane: str
+) -> None:
+    llm = governed(fake, lane, deadline=2.0)
+    azure = {  # Azure OpenAI's form: what is left, no limit, no reset; the wait in ms
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-remaining-tokens": "900",
+        "retry-after-ms": "5000",
+    }
+    with pytest.raises(lk.RateLimited):
+        await answer(llm, **behaving(fault="http_error", status=429, headers=azure))
+    room = ratelimit.room_for("openai/m", KEY)
+    assert (room.requests.level, room.tokens.limit) == (0, 900)
+    sent = len(fake.attempts)
+    with pytest.raises(lk.LimitExceeded) as info:
+        await answer(llm)  # 5 s paused: past the deadline, nothing sent
+    assert info.value.wait == pytest.approx(5.0, abs=1.0)
+    assert len(fake.attempts) == sent
+
+
+async def test_geminis_retry_info_in_a_429_body_pauses_the_target(fake: FakeProvider) -> None:
+    llm = lk.LLM(
+        "gemini/m", api_base=fake.gemini_base_url, api_key=KEY, governor=True, deadline=2.0
+    )
+    with pytest.raises(lk.RateLimited):  # no header: the wait is the body's retryDelay
+        await answer(llm, **behaving(fault="http_429", retry_after=5))
+    sent = len(fake.attempts)
+    with pytest.raises(lk.LimitExceeded) as info:
+        await answer(llm)
+    assert info.value.wait == pytest.approx(5.0, abs=1.0)
+    assert len(fake.attempts) == sent
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["response", "stream"])
