@@ -18,9 +18,10 @@ import pytest
 
 import latencykit as lk
 from latencykit import events, ratelimit
+from latencykit._cancel import process_clock
 from latencykit.pipeline import Call
 from latencykit.policies.governor import Governor
-from latencykit.testing import FakeProvider, ProviderQuota
+from latencykit.testing import Behavior, Fault, FakeProvider, ProviderQuota
 
 pytestmark = pytest.mark.anyio
 
@@ -219,14 +220,15 @@ async def test_azures_remaining_and_retry_after_ms_pause_the_target(
 ) -> None:
     llm = governed(fake, lane, deadline=2.0)
     azure = {  # Azure OpenAI's form: what is left, no limit, no reset; the wait in ms
-        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-remaining-requests": "3",
         "x-ratelimit-remaining-tokens": "900",
         "retry-after-ms": "5000",
     }
     with pytest.raises(lk.RateLimited):
         await answer(llm, **behaving(fault="http_error", status=429, headers=azure))
     room = ratelimit.room_for("openai/m", KEY)
-    assert (room.requests.level, room.tokens.limit) == (0, 900)
+    # No limit told: the most room seen.
+    assert (room.requests.limit, room.requests.level, room.tokens.limit) == (3, 3, 900)
     sent = len(fake.attempts)
     with pytest.raises(lk.LimitExceeded) as info:
         await answer(llm)  # 5 s paused: past the deadline, nothing sent
@@ -263,6 +265,19 @@ async def test_unused_output_is_given_back_and_its_size_learned(
     call = Call(print, kwargs={"messages": MESSAGES}, target=llm.targets[0])
     # No cap: the output learned, 16 tokens.
     assert governor.estimate(call) == (governor.estimate(call.with_kwargs(max_tokens=16))[0], None)
+
+
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
+async def test_a_429_after_a_wait_for_room_is_retried(fake: FakeProvider, lane: str) -> None:
+    # The wait in line is no time of the attempt's: retry's estimate of the next attempt is
+    # the 429's few ms, not the 2 s waited (2 + 2 s would pass the deadline: no retry).
+    fake.script("m", [Behavior(fault=Fault.HTTP_429, retry_after=0.05), Behavior()])
+    llm = governed(fake, lane, deadline=3.0, retry=lk.Retry(max_attempts=3, initial=0.1))
+    room = ratelimit.room_for("openai/m", KEY)
+    room.came_back()
+    room.paused_until = process_clock() + 2.0  # a retry-after heard before
+    await answer(llm)
+    assert [a.status for a in fake.attempts] == [429, 200]
 
 
 class _Refused(Exception):
