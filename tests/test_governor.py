@@ -21,7 +21,7 @@ from latencykit import events, ratelimit
 from latencykit._cancel import process_clock
 from latencykit.pipeline import Call
 from latencykit.policies.governor import Governor
-from latencykit.testing import Behavior, Fault, FakeProvider, ProviderQuota
+from latencykit.testing import Behavior, FakeProvider, Fault, ProviderQuota
 
 pytestmark = pytest.mark.anyio
 
