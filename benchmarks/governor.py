@@ -38,7 +38,8 @@ Reported per round, from the provider's records: the requests it saw, the share 
 429 (and the 429s after the first 2 s: the start, when nobody has told the fleet the room yet,
 aside), the requests and tokens it served as a share of the quota's refill over the run; and
 the calls answered, shed (``LimitExceeded``: their wait would have passed the deadline) and
-failed. ``--kill-redis-at S`` kills the redis-server ``S`` seconds into each run (every
+failed (by type; each process prints its first 3 failures as they happen: when, the error and
+its attempts). ``--kill-redis-at S`` kills the redis-server ``S`` seconds into each run (every
 variant, as a crash would: SIGKILL), ``--restart-redis-at S`` starts a fresh, empty one later;
 each phase (Redis up, down, back) is then reported apart: requests, 429s and tokens served.
 
