@@ -38,7 +38,8 @@ Reported per round, from the provider's records: the requests it saw, the share 
 429 (and the 429s after the first 2 s: the start, when nobody has told the fleet the room yet,
 aside), the requests and tokens it served as a share of the quota's refill over the run; and
 the calls answered, shed (``LimitExceeded``: their wait would have passed the deadline) and
-failed. ``--kill-redis-at S`` kills the redis-server ``S`` seconds into each run (every
+failed (by type; each process prints its first 3 failures as they happen: when, the error and
+its attempts). ``--kill-redis-at S`` kills the redis-server ``S`` seconds into each run (every
 variant, as a crash would: SIGKILL), ``--restart-redis-at S`` starts a fresh, empty one later;
 each phase (Redis up, down, back) is then reported apart: requests, 429s and tokens served.
 
@@ -180,12 +181,19 @@ async def _fleet_process(options: dict[str, Any], start: Any) -> dict[str, int]:
                 counts["failed"] += 1
                 kind = f"failed: {type(exc).__name__}"
                 counts[kind] = counts.get(kind, 0) + 1
+                if counts["failed"] <= 3:  # what failed, when, and why: printed by the parent
+                    print(
+                        f"  {options['variant']} pid {os.getpid()} failed at "
+                        f"{time.monotonic() - began:.1f} s: {type(exc).__name__}: {exc}"[:1500],
+                        flush=True,
+                    )
             else:
                 counts["answered"] += 1
 
     await anyio.to_thread.run_sync(start.wait)  # every process ready: the parent drains
     await anyio.to_thread.run_sync(start.wait)  # the quota is empty: go together
-    end = time.monotonic() + options["seconds"]
+    began = time.monotonic()
+    end = began + options["seconds"]
     async with anyio.create_task_group() as group:
         while time.monotonic() < end:
             for _ in range(options["burst"]):

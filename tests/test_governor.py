@@ -18,9 +18,10 @@ import pytest
 
 import latencykit as lk
 from latencykit import events, ratelimit
+from latencykit._cancel import process_clock
 from latencykit.pipeline import Call
 from latencykit.policies.governor import Governor
-from latencykit.testing import FakeProvider, ProviderQuota
+from latencykit.testing import Behavior, FakeProvider, Fault, ProviderQuota
 
 pytestmark = pytest.mark.anyio
 
@@ -143,12 +144,14 @@ async def test_fails_fast_when_the_wait_would_pass_the_deadline(
 
 
 @pytest.mark.parametrize("headers", ["missing", "full"])
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
 async def test_without_honest_headers_a_429s_retry_after_pauses_the_target(
-    quota: FakeProvider, headers: str
+    quota: FakeProvider, headers: str, lane: str
 ) -> None:
     drain(quota, 6)
     llm = governed(
         quota,
+        lane,
         deadline=2.0,
         defaults={"extra_headers": {"x-fake-behavior": json.dumps({"limit_headers": headers})}},
     )
@@ -192,12 +195,58 @@ async def test_a_burst_past_the_room_waits_instead_of_a_429(governor: bool) -> N
         assert failures and 429 in statuses
 
 
-async def test_a_rotated_key_starts_a_room_of_its_own(quota: FakeProvider) -> None:
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
+async def test_a_rotated_key_starts_a_room_of_its_own(quota: FakeProvider, lane: str) -> None:
     drain(quota, 5)
-    await answer(governed(quota, deadline=2.0))  # KEY: no request left
-    rotated = governed(quota, api_key=OTHER_KEY, deadline=2.0)
-    await answer(rotated)  # not held back by the old key's room
+    old = governed(quota, lane, deadline=2.0)
+    await answer(old)  # KEY: no request left, the next one 10 s away
+    rotated = governed(quota, lane, api_key=OTHER_KEY, deadline=2.0)
+    with anyio.fail_after(1.5):
+        await answer(rotated)  # not held back by the old key's room
     assert ratelimit.room_for("openai/m", OTHER_KEY).requests.level == 5
+    assert ratelimit.room_for("openai/m", KEY).requests.level == 0  # nor the old one by it
+    with pytest.raises(lk.LimitExceeded):
+        await answer(old)
+
+
+def behaving(**behaviour: Any) -> dict[str, Any]:
+    """A call's arguments asking the fake provider for ``behaviour``."""
+    return {"extra_headers": {"x-fake-behavior": json.dumps(behaviour)}}
+
+
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
+async def test_azures_remaining_and_retry_after_ms_pause_the_target(
+    fake: FakeProvider, lane: str
+) -> None:
+    llm = governed(fake, lane, deadline=2.0)
+    azure = {  # Azure OpenAI's form: what is left, no limit, no reset; the wait in ms
+        "x-ratelimit-remaining-requests": "3",
+        "x-ratelimit-remaining-tokens": "900",
+        "retry-after-ms": "5000",
+    }
+    with pytest.raises(lk.RateLimited):
+        await answer(llm, **behaving(fault="http_error", status=429, headers=azure))
+    room = ratelimit.room_for("openai/m", KEY)
+    # No limit told: the most room seen.
+    assert (room.requests.limit, room.requests.level, room.tokens.limit) == (3, 3, 900)
+    sent = len(fake.attempts)
+    with pytest.raises(lk.LimitExceeded) as info:
+        await answer(llm)  # 5 s paused: past the deadline, nothing sent
+    assert info.value.wait == pytest.approx(5.0, abs=1.0)
+    assert len(fake.attempts) == sent
+
+
+async def test_geminis_retry_info_in_a_429_body_pauses_the_target(fake: FakeProvider) -> None:
+    llm = lk.LLM(
+        "gemini/m", api_base=fake.gemini_base_url, api_key=KEY, governor=True, deadline=2.0
+    )
+    with pytest.raises(lk.RateLimited):  # no header: the wait is the body's retryDelay
+        await answer(llm, **behaving(fault="http_429", retry_after=5))
+    sent = len(fake.attempts)
+    with pytest.raises(lk.LimitExceeded) as info:
+        await answer(llm)
+    assert info.value.wait == pytest.approx(5.0, abs=1.0)
+    assert len(fake.attempts) == sent
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["response", "stream"])
@@ -216,6 +265,19 @@ async def test_unused_output_is_given_back_and_its_size_learned(
     call = Call(print, kwargs={"messages": MESSAGES}, target=llm.targets[0])
     # No cap: the output learned, 16 tokens.
     assert governor.estimate(call) == (governor.estimate(call.with_kwargs(max_tokens=16))[0], None)
+
+
+@pytest.mark.parametrize("lane", ["openai", "litellm"])
+async def test_a_429_after_a_wait_for_room_is_retried(fake: FakeProvider, lane: str) -> None:
+    # The wait in line is no time of the attempt's: retry's estimate of the next attempt is
+    # the 429's few ms, not the 2 s waited (2 + 2 s would pass the deadline: no retry).
+    fake.script("m", [Behavior(fault=Fault.HTTP_429, retry_after=0.05), Behavior()])
+    llm = governed(fake, lane, deadline=3.0, retry=lk.Retry(max_attempts=3, initial=0.1))
+    room = ratelimit.room_for("openai/m", KEY)
+    room.came_back()
+    room.paused_until = process_clock() + 2.0  # a retry-after heard before
+    await answer(llm)
+    assert [a.status for a in fake.attempts] == [429, 200]
 
 
 class _Refused(Exception):

@@ -437,3 +437,29 @@ async def test_a_worker_alone_goes_on_from_the_fleets_last_word(redis_server: Re
     finally:
         for store in stores:
             store.close()
+
+
+async def test_a_restarted_server_learns_the_room_without_the_refill_spent_alone(
+    redis_server: RedisServer,
+) -> None:
+    stores, rooms = _attached(redis_server, 1)
+    room = rooms[0]
+    try:
+        room.read(RateLimits(600, 600, 0.0, 60_000, 60_000, 0.0), process_clock())
+        await until(lambda: "r_limit" in fleet_room(redis_server, "openai/m", KEY))
+        redis_server.kill()
+        await until(lambda: room.lease is not None and room.lease.view() is None)
+        # Alone, it hears the quota spent (10 requests and 1,000 tokens refill a second), and
+        # spends its share of the refill while the server is away.
+        room.read(RateLimits(600, 0, 60.0, 60_000, 0, 60.0), process_clock())
+        await anyio.sleep(1.0)
+        redis_server.start()  # empty
+        await until(lambda: "r_limit" in fleet_room(redis_server, "openai/m", KEY))
+        told = fleet_room(redis_server, "openai/m", KEY)
+        # The word it tells again is over a second old: its refill since was the fleet's,
+        # spent alone (the other workers' answers, merged next, only lower the room), so the
+        # room starts from what it said, not from 10 requests and 1,000 tokens more.
+        assert told["r_level"] < 2 and told["t_level"] < 200, told
+    finally:
+        for store in stores:
+            store.close()

@@ -139,11 +139,12 @@ def test_a_reset_in_a_skewed_clocks_future_keeps_a_per_minute_pace() -> None:
     assert wait_of(room, 0, now=0.0)[0] == pytest.approx(10.0)
 
 
-def test_reset_times_count_from_the_providers_clock() -> None:
-    # The provider's clock is an hour ahead of ours: its Date says so, and its reset time is
-    # read as 30 s from its now, not an hour and 30 s from ours.
-    ahead = time.time() + 3600
-    stamp = datetime.datetime.fromtimestamp(ahead, datetime.timezone.utc)
+@pytest.mark.parametrize("skew", [3600.0, -3600.0], ids=["ahead", "behind"])
+def test_reset_times_count_from_the_providers_clock(skew: float) -> None:
+    # The provider's clock is an hour ahead of ours (or behind): its Date says so, and its
+    # reset time is read as 30 s from its now, not an hour and 30 s from ours (nor 0 s: a
+    # reset in our past would refill the room at once).
+    stamp = datetime.datetime.fromtimestamp(time.time() + skew, datetime.timezone.utc)
     headers = {
         "date": email.utils.format_datetime(stamp, usegmt=True),
         "anthropic-ratelimit-requests-reset": (stamp + datetime.timedelta(seconds=30))

@@ -58,8 +58,9 @@ queued_var: ContextVar[float] = ContextVar("latencykit.queued", default=0.0)
 """Seconds the attempt starting in this task waited for its connection slot (``0.0``: none);
 set around it by the ``LLM``'s connection slots (:mod:`latencykit._slots`)."""
 queued_total_var: ContextVar[float] = ContextVar("latencykit.queued_total", default=0.0)
-"""Seconds this task's attempts waited for connection slots, all together (it only grows): a
-breaker leaves the waits inside it out of the time it judges the provider by."""
+"""Seconds this task's attempts waited for connection slots or a rate limit's room, all
+together (it only grows): a breaker leaves the waits inside it out of the time it judges the
+provider by, and retry out of its estimate of an attempt's duration."""
 
 
 class Attempt(NamedTuple):

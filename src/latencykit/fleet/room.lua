@@ -67,7 +67,10 @@ local function read(p, limit, left, reset)
   left = math.min(left, limit)
   local rate = limit / 60
   if reset and reset > 0 and limit > left then rate = math.max(rate, (limit - left) / reset) end
-  local told = math.min(limit, left + rate * age) - math.max(0, held[p])
+  -- Aged: refilled since, unless the server had no room (restarted, or new): then its
+  -- workers went on alone and spent that refill (the first word of a new room is fresh).
+  local refilled = known and rate * age or 0
+  local told = math.min(limit, left + refilled) - math.max(0, held[p])
   if known then told = math.min(told, s[p .. '_level']) end
   s[p .. '_limit'], s[p .. '_level'], s[p .. '_at'], s[p .. '_rate'] = limit, told, now, rate
 end

@@ -43,7 +43,14 @@ import anyio
 
 from .. import _response, _validation, events, ratelimit
 from .._cancel import now, process_clock, threadsafe_caller
-from .._context import PRIORITIES, priority_var, reason_var, remaining, trace_var
+from .._context import (
+    PRIORITIES,
+    priority_var,
+    queued_total_var,
+    reason_var,
+    remaining,
+    trace_var,
+)
 from ..errors import ErrorKind, LimitExceeded, _headers_of, _links, classify, retry_after
 from ..fleet import SharedStore, current_store
 from ..pipeline import Call, Next, Stage
@@ -225,6 +232,9 @@ async def _take_room(room: ratelimit.Room, target: str, tokens: int) -> bool:
     waited = now() - started
     room.waits[rank] += 1
     room.waited += waited
+    # A wait in line is no time of the attempt's: retry (its next attempt's estimate) and the
+    # breaker leave it out, as a wait for a connection slot.
+    queued_total_var.set(queued_total_var.get() + waited)
     if events.listening():
         events.emit(events.LimitWaited(_call_id(), target, _TENANT, limit, waited))
     return fleet

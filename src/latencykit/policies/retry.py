@@ -40,7 +40,7 @@ import anyio
 
 from .. import _validation, events
 from .._cancel import now
-from .._context import current_call_id, deadline_var, probe_var, reason_var
+from .._context import current_call_id, deadline_var, probe_var, queued_total_var, reason_var
 from ..budget import RetryBudget
 from ..errors import ErrorFilter, ErrorKind, attach_others, classify, error_predicate, retry_after
 from ..events import GiveUpReason, RetryGaveUp, RetryScheduled
@@ -224,11 +224,11 @@ class Retry(PolicyDecorator):
         # call that succeeds (nearly all of them) costs a clock reading instead of ~30 us for
         # building and driving an AsyncRetrying. After a failure tenacity takes over, replaying
         # that failure as its first attempt, and makes every decision from there.
-        started = now()
+        started = now() - queued_total_var.get()  # waits in a queue are no attempt's time
         try:
             return await next(call)
         except Exception as exc:
-            run = _Run(self, call, next, exc, now() - started)
+            run = _Run(self, call, next, exc, now() - started - queued_total_var.get())
         return await self._retry(run)
 
     async def _retry(self, run: _Run) -> Any:
@@ -293,7 +293,7 @@ class _Run:
         if self.replay is not None:  # tenacity's first attempt: the one made before it started
             error, self.replay = self.replay, None
             raise error
-        started = now()
+        started = now() - queued_total_var.get()
         reason = reason_var.set("retry")
         try:
             return await self.next(self.call)
@@ -301,7 +301,7 @@ class _Run:
             self.errors.append(exc)
             raise
         finally:
-            self.last_duration = now() - started
+            self.last_duration = now() - started - queued_total_var.get()
             reason_var.reset(reason)
 
     # --- tenacity strategies --------------------------------------------------------------
