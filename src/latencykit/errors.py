@@ -355,8 +355,9 @@ class ProviderError(LatencykitError):
             characters.
         request_id: the request id the provider's answer carried (its ``x-request-id`` header,
             or another of :data:`REQUEST_ID_HEADERS`: see :func:`request_id`), what its support
-            asks for; shown by ``str()``. For an error that ended a stream, the stream's
-            answer's. ``None`` (default): no answer came, or it carried none.
+            asks for; ``str()`` shows it on a line of its own. For an error that ended a
+            stream, the stream's answer's. ``None`` (default): no answer came, or it carried
+            none.
         partial_text: for an error that ended a stream after its first content chunk, the text
             delivered before it (default ``None``).
     """
@@ -391,7 +392,7 @@ class ProviderError(LatencykitError):
     def _headline(self) -> str:
         # Read when shown: a stream's error learns its request id as the stream ends.
         text = super()._headline()
-        return text if self.request_id is None else f"{text} (request id {self.request_id})"
+        return text if self.request_id is None else f"{text}\nrequest id: {self.request_id}"
 
 
 _ERROR_TYPES[ErrorKind.UNKNOWN] = ProviderError
