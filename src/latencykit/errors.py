@@ -47,6 +47,7 @@ __all__ = [
     "ProviderConnectionError",
     "ProviderError",
     "ProviderUnavailable",
+    "REQUEST_ID_HEADERS",
     "RateLimited",
     "StreamBroken",
     "StreamStalled",
