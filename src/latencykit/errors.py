@@ -1080,13 +1080,16 @@ def request_id(headers: Mapping[str, Any] | None) -> str | None:
     same id on either lane."""
     if not headers:
         return None
-    raw = getattr(headers, "raw", None)
-    if raw is not None:  # httpx's: read once (its get() scans them all, per name)
-        headers = {
-            name.lower().decode(): value.decode(errors="replace")
-            for name, value in raw
-            if name.lower() in _RAW_REQUEST_ID_NAMES
-        }
+    # httpx's Headers keep (name, lowercase name, value) bytes: one pass over them, without a
+    # copy, is ~5x cheaper than its get() (which scans them all, per name). Read on the hot
+    # path (each answer's attempt record); any other mapping (or an httpx without it) is
+    # asked by name below.
+    items = getattr(headers, "_list", None)
+    if items is not None:
+        found = [(name, value) for _, name, value in items if name in _RAW_REQUEST_ID_NAMES]
+        if not found:
+            return None
+        headers = {name.decode(): value.decode(errors="replace") for name, value in found}
     get = headers.get
     for name, copy in _REQUEST_ID_NAMES:
         value = get(name) or get(copy)
