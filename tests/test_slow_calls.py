@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -93,7 +94,11 @@ async def test_a_failover_tells_each_attempt(
     [record] = logged(caplog)
     message = record.getMessage()
     assert ": ok from openai/backup; 2 attempts: #1 openai/down at +" in message
-    assert "ProviderUnavailable [server_error]; #2 (failover) openai/backup at +" in message
+    assert re.search(
+        r"ProviderUnavailable \[server_error\] \(request id req_fake_\d+\); "
+        r"#2 \(failover\) openai/backup at \+",
+        message,
+    )
     data = story(record)
     assert [
         (a["target"], a["reason"], a["outcome"], a["error_kind"]) for a in data["attempts"]

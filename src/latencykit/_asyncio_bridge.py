@@ -230,6 +230,11 @@ class BridgedStream(ChunkSource):
         """The source's (asked once the stream ended: the pump is done with the source)."""
         return self._source.end_error()
 
+    @property
+    def request_id(self) -> str | None:
+        """The source's (its answer's headers, set once, read from this thread)."""
+        return self._source.request_id
+
     def buffered(self) -> Any:
         """The next buffered item, read: ``(item, text, finish_reason)``; or
         :data:`~latencykit.stream.NOTHING` when none is waiting.

@@ -93,6 +93,10 @@ class Attempt(NamedTuple):
         queued: seconds the attempt waited for a connection slot before its request (default
             ``0.0``: none): latencykit's queue, not the provider's latency, so it is not in
             ``duration`` (the attempt starts once it has its slot).
+        request_id: the request id of the provider's answer to the attempt, success or
+            failure (its ``x-request-id`` header, or another of
+            :data:`~latencykit.errors.REQUEST_ID_HEADERS`): what the provider's support asks
+            for (default ``None``: no answer came, or it carried none).
 
     A stream's attempt is recorded when the stream ends (finished, broken or closed), so its
     ``duration`` runs to the last chunk.
@@ -112,6 +116,7 @@ class Attempt(NamedTuple):
     output_tokens: int | None = None
     reason: AttemptReason = "primary"
     queued: float = 0.0
+    request_id: str | None = None
 
     @property
     def time_per_output_token(self) -> float | None:
@@ -132,6 +137,8 @@ class Attempt(NamedTuple):
         why = "" if self.reason == "primary" else f" ({self.reason})"
         if self.queued:
             why += f" after {self.queued:.3f}s waiting for a connection"
+        if self.request_id is not None:
+            what += f" (request id {self.request_id})"
         return (
             f"#{self.number}{why} {self.target} at +{self.start:.3f}s for {self.duration:.3f}s: "
             f"{what}"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from . import ratelimit
 from ._cancel import now, on_asyncio, run_soon
 from .chunks import delta_content
-from .errors import StreamBroken, _chain, malformed_answer, stream_error
+from .errors import StreamBroken, _chain, headers_of, malformed_answer, request_id, stream_error
 from .propagation import provider_headers
 from .stream import ChunkSource
 
@@ -303,12 +303,6 @@ def _first(*values: Any) -> Any:
     return next((value for value in values if value), None)
 
 
-def headers_of(answer: Any) -> Any:
-    """The provider's headers on litellm's response or stream (``None``: none kept)."""
-    hidden = getattr(answer, "_hidden_params", None)
-    return hidden.get("additional_headers") if isinstance(hidden, dict) else None
-
-
 class LitellmTransport:
     """The litellm lane (``Target(transport="litellm")``): attempts through
     ``litellm.acompletion``, on asyncio (on trio, in the asyncio bridge). litellm's HTTP clients
@@ -568,6 +562,12 @@ class LitellmChunks(ChunkSource):
         if isinstance(wrapped, StreamBroken) and _ENDED_EARLY in str(error):
             wrapped.reason = "cut"
         return wrapped
+
+    @property
+    def request_id(self) -> str | None:
+        """The provider's request id of the stream's answer, once it opened (kept past the
+        close)."""
+        return request_id(headers_of(self._answer))
 
     def finished(self) -> bool:
         """Whether the provider itself finished the stream (sent its finish reason): litellm

@@ -44,6 +44,7 @@ from .errors import (
     body_message,
     malformed_answer,
     not_json_event,
+    request_id,
     scrub,
     stream_error,
 )
@@ -137,7 +138,8 @@ class OpenAITransport:
             raise malformed_answer("is not an embedding list", raw, target=target.key) from None
         except msgspec.DecodeError:
             raise malformed_answer("is not JSON", raw, target=target.key) from None
-        answer._hidden_params = {}  # type: ignore[attr-defined]  # what report() reads
+        # what report() reads; the headers where litellm keeps them (errors.headers_of)
+        answer._hidden_params = {"additional_headers": response.headers}  # type: ignore[attr-defined]
         return answer
 
     def open(self, target: Target, arguments: Mapping[str, Any]) -> OpenAIChunks:
@@ -260,7 +262,9 @@ def _answer(response: httpx.Response, target: Target) -> Response | Node:
         raise malformed_answer("has no choices", raw, target=target.key)
     if getattr(choices[0], "message", None) is None:
         raise malformed_answer("has a choice without a message", raw, target=target.key)
-    answer._hidden_params = {}  # what report() reads, where litellm's ModelResponse keeps it
+    # What report() reads, where litellm's ModelResponse keeps it; the headers as litellm
+    # keeps them (errors.headers_of: the attempt's request id).
+    answer._hidden_params = {"additional_headers": response.headers}
     return answer  # type: ignore[no-any-return]
 
 
@@ -304,6 +308,7 @@ class OpenAIChunks(ChunkSource):
         "_closed",
         "_done",
         "_events",
+        "_headers",
         "_pending",
         "_request",
         "_response",
@@ -327,6 +332,7 @@ class OpenAIChunks(ChunkSource):
         self._target = target
         self._secrets = secrets
         self._response: httpx.Response | None = None
+        self._headers: httpx.Headers | None = None  # the answer's, kept past the close
         self._body: AsyncIterator[bytes] | None = None  # the body's bytes, once open
         self._events: deque[bytes] = deque()  # the data of events received, not yet decoded
         self._pending = b""  # the start of an event whose end has not arrived
@@ -439,6 +445,7 @@ class OpenAIChunks(ChunkSource):
             raise StopAsyncIteration
         self._run_soon = run_soon()
         response = self._response = await self._request.send(stream=True)
+        self._headers = response.headers
         ratelimit.heard(self._target.key, self._target.api_key, response.headers)
         if response.status_code >= 400:
             try:
@@ -448,6 +455,12 @@ class OpenAIChunks(ChunkSource):
             raise _error_of(response, raw, self._target.api_key)
         body = self._body = response.aiter_bytes()
         return body
+
+    @property
+    def request_id(self) -> str | None:
+        """The provider's request id of the stream's answer, once it opened (kept past the
+        close)."""
+        return request_id(self._headers)
 
     def wrap_error(self, error: Exception) -> Exception:
         """What ``error``, raised by :meth:`pull`, means to latencykit (keys scrubbed). Once the

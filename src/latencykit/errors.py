@@ -47,6 +47,7 @@ __all__ = [
     "ProviderConnectionError",
     "ProviderError",
     "ProviderUnavailable",
+    "REQUEST_ID_HEADERS",
     "RateLimited",
     "StreamBroken",
     "StreamStalled",
@@ -56,6 +57,7 @@ __all__ = [
     "error_predicate",
     "is_transient",
     "overloaded",
+    "request_id",
     "retry_after",
 ]
 
@@ -76,8 +78,12 @@ class LatencykitError(Exception):
     others: tuple[BaseException, ...] = ()
     """Errors of the other attempts, when several failed (hedging): see :func:`attach_others`."""
 
+    def _headline(self) -> str:
+        """The first part of ``str()``: the message (before the attempts)."""
+        return super().__str__()
+
     def __str__(self) -> str:
-        text = super().__str__()
+        text = self._headline()
         if self.attempts:
             text += "\nattempts:\n" + "\n".join(f"  {a}" for a in self.attempts)
         return text
@@ -348,12 +354,18 @@ class ProviderError(LatencykitError):
         retry_after: seconds the provider asked us to wait (429/503 ``Retry-After``), if any.
         provider_message: the provider's own explanation, with secrets scrubbed and cut to 500
             characters.
+        request_id: the request id the provider's answer carried (its ``x-request-id`` header,
+            or another of :data:`REQUEST_ID_HEADERS`: see :func:`request_id`), what its support
+            asks for; ``str()`` shows it on a line of its own. For an error that ended a
+            stream, the stream's answer's. ``None`` (default): no answer came, or it carried
+            none.
         partial_text: for an error that ended a stream after its first content chunk, the text
             delivered before it (default ``None``).
     """
 
     kind: ErrorKind = ErrorKind.UNKNOWN
     partial_text: str | None = None
+    request_id: str | None = None
 
     def __init_subclass__(cls, **options: Any) -> None:
         # The type provider_error() raises for a kind: the first of this module's of that kind.
@@ -368,6 +380,7 @@ class ProviderError(LatencykitError):
         target: str,
         status_code: int | None = None,
         retry_after: float | None = None,
+        request_id: str | None = None,
     ) -> None:
         status = f" (HTTP {status_code})" if status_code is not None else ""
         super().__init__(f"{target}: {self.kind.value}{status}: {provider_message}")
@@ -375,6 +388,12 @@ class ProviderError(LatencykitError):
         self.status_code = status_code
         self.retry_after = retry_after
         self.provider_message = provider_message
+        self.request_id = request_id
+
+    def _headline(self) -> str:
+        # Read when shown: a stream's error learns its request id as the stream ends.
+        text = super()._headline()
+        return text if self.request_id is None else f"{text}\nrequest id: {self.request_id}"
 
 
 _ERROR_TYPES[ErrorKind.UNKNOWN] = ProviderError
@@ -441,7 +460,7 @@ class StreamBroken(TransientError):
     chunks = 0
 
     def __init__(self, provider_message: str, *, reason: StreamBreak = "error", **how: Any) -> None:
-        super().__init__(provider_message, **how)  # target=, status_code=, retry_after=
+        super().__init__(provider_message, **how)  # target=, status_code=, retry_after=, ...
         self.reason: StreamBreak = reason
 
 
@@ -1035,6 +1054,77 @@ def _headers_of(exc: BaseException) -> Iterator[Mapping[str, Any]]:
             yield headers
 
 
+REQUEST_ID_HEADERS = (
+    "x-request-id",
+    "request-id",
+    "apim-request-id",
+    "x-ms-request-id",
+    "x-amzn-requestid",
+    "x-goog-request-id",
+)
+"""The response headers a provider names its request id in, first found wins: OpenAI and
+most compatible hosts (Azure OpenAI too) ``x-request-id``, Anthropic ``request-id``, Azure's
+API Management ``apim-request-id`` and other Azure services ``x-ms-request-id``, AWS
+``x-amzn-requestid``, Google ``x-goog-request-id``."""
+_LITELLM_COPY = "llm_provider-"  # litellm keeps the provider's headers under this prefix
+_REQUEST_ID_NAMES = tuple((name, _LITELLM_COPY + name) for name in REQUEST_ID_HEADERS)
+_RAW_REQUEST_ID_NAMES = frozenset(name.encode() for name in REQUEST_ID_HEADERS)
+_REQUEST_ID_LIMIT = 200  # characters kept of a request id (a header may be anything)
+
+
+def request_id(headers: Mapping[str, Any] | None) -> str | None:
+    """The provider's request id in an answer's ``headers`` (an ``httpx.Headers``, or a dict
+    of lowercase names such as litellm's ``_hidden_params["additional_headers"]``, where its
+    ``llm_provider-`` copies count as the provider's own), or ``None``: the first of
+    :data:`REQUEST_ID_HEADERS` that is set, cut to 200 characters. The same headers give the
+    same id on either lane."""
+    if not headers:
+        return None
+    # httpx's Headers keep (name, lowercase name, value) bytes: one pass over them, without a
+    # copy, is ~5x cheaper than its get() (which scans them all, per name). Read on the hot
+    # path (each answer's attempt record); any other mapping (or an httpx without it) is
+    # asked by name below.
+    items = getattr(headers, "_list", None)
+    if items is not None:
+        found = [(name, value) for _, name, value in items if name in _RAW_REQUEST_ID_NAMES]
+        if not found:
+            return None
+        headers = {name.decode(): value.decode(errors="replace") for name, value in found}
+    get = headers.get
+    for name, copy in _REQUEST_ID_NAMES:
+        value = get(name) or get(copy)
+        if value and isinstance(value, str):
+            return value.strip()[:_REQUEST_ID_LIMIT] or None
+    return None
+
+
+def headers_of(answer: Any) -> Any:
+    """The provider's headers kept on an answer (a response or a stream): its
+    ``_hidden_params["additional_headers"]``, where litellm keeps them and the fast lane too
+    (``None``: none kept)."""
+    hidden = getattr(answer, "_hidden_params", None)
+    return hidden.get("additional_headers") if isinstance(hidden, dict) else None
+
+
+def request_id_of(outcome: object) -> str | None:
+    """The provider's request id an attempt's outcome carries: an exception's ``request_id``
+    (a :class:`ProviderError`'s; the OpenAI SDK's errors have one too), else an answer's
+    (:func:`headers_of`, read by :func:`request_id`); ``None`` if none."""
+    if isinstance(outcome, BaseException):
+        found = getattr(outcome, "request_id", None)
+        return found if isinstance(found, str) else None
+    return request_id(headers_of(outcome))
+
+
+def _request_id_in(links: list[_Link]) -> str | None:
+    """The request id of the first answer along the cause chain that carries one."""
+    for link in links:
+        for headers in _headers_of(link.exc):
+            if (found := request_id(headers)) is not None:
+                return found
+    return None
+
+
 def _asked_wait(link: _Link) -> float | None:
     """The wait one link of the chain asks for: a latencykit error's, ``retry-after-ms``
     (Azure, OpenAI) or ``retry-after``, Google's ``retryDelay``."""
@@ -1237,6 +1327,7 @@ def provider_error(
         # stream or a bad argument, 408 for a timeout) are made up.
         status_code=_http_status(links),
         retry_after=_wait_of(links),
+        request_id=_request_id_in(links),  # after scrubbing: from the scrubbed headers
     )
 
 
@@ -1273,8 +1364,14 @@ def stream_error(
             f"the connection was lost mid-stream: {error.provider_message}",
             target=target,
             reason="cut",
+            request_id=error.request_id,
         )
-    return StreamBroken(error.provider_message, target=target, retry_after=error.retry_after)
+    return StreamBroken(
+        error.provider_message,
+        target=target,
+        retry_after=error.retry_after,
+        request_id=error.request_id,
+    )
 
 
 def _breaks_stream(error: ProviderError, exc: BaseException) -> bool:

@@ -57,7 +57,7 @@ from ._context import (
     reason_var,
     trace_var,
 )
-from .errors import LatencykitError, classify
+from .errors import LatencykitError, classify, request_id_of
 from .stream import ChunkSource, LazyStream, Resume, Stream
 from .target import Target
 
@@ -438,7 +438,7 @@ async def run_attempt(call: Call) -> Any:
         attempt_var.reset(token)
     trace.answered = (number, target)
     if call.stream is None:
-        _record(call, trace, number, reason, queued, started, None, "ok", None)
+        _record(call, trace, number, reason, queued, started, None, "ok", None, result)
     else:
         if call.recorder is not None and result.ttft is not None:
             call.recorder.first_chunk(target, result.ttft)
@@ -506,11 +506,17 @@ def _record(
     stream: Stream[Any] | None,
     outcome: str,
     error: BaseException | None,
+    answer: object = None,
 ) -> None:
-    """Record the attempt that ended (a stream's: called back when it ends)."""
+    """Record the attempt that ended (a stream's: called back when it ends) with its
+    provider's request id: the stream's, the error's, or the ``answer``'s."""
     ended: Outcome = _ATTEMPT_OUTCOME[outcome]
     if ended != "error":
         error = None
+    if stream is not None:
+        request_id = stream.request_id
+    else:
+        request_id = request_id_of(answer if error is None else error)
     # The tuple built at once, in field order: a named tuple's keyword __new__ is Python code.
     attempt: Attempt = _new_tuple(
         Attempt,
@@ -525,6 +531,7 @@ def _record(
             *(_NO_TIMING if stream is None else _timing(stream.timing())),
             reason,
             queued,
+            request_id,
         ),
     )
     trace.record(attempt)

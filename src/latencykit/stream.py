@@ -41,6 +41,7 @@ from .errors import (
     DeadlineExceeded,
     FirstTokenTimeout,
     OutputTruncated,
+    ProviderError,
     StreamBroken,
     StreamStalled,
     is_transient,
@@ -194,6 +195,12 @@ class ChunkSource(abc.ABC):
 
     def __aiter__(self) -> ChunkSource:
         return self
+
+    @property
+    def request_id(self) -> str | None:
+        """The provider's request id of the answer it reads, once the answer's headers arrived
+        (default ``None``: none known)."""
+        return None
 
     async def __anext__(self) -> Any:
         try:
@@ -515,6 +522,12 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
             output_tokens=self.output_tokens,
         )
 
+    @property
+    def request_id(self) -> str | None:
+        """The provider's request id of the answering attempt's answer (``None``: none known):
+        also on the errors the stream raises (:attr:`~latencykit.ProviderError.request_id`)."""
+        return self._source.request_id
+
     def timing(self) -> dict[str, Any]:
         """The stream's measurements as the fields of an :class:`~latencykit.Attempt`."""
         gaps = self._gaps
@@ -553,9 +566,17 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
         except Exception:
             logger.exception("latencykit stream close callback %r failed", callback)
 
+    def _tag(self, error: BaseException | None) -> None:
+        """Give a provider error that ends the attempt the request id of its answer, when the
+        error itself did not carry one (a cut, a stall, an error event: no headers of their
+        own)."""
+        if isinstance(error, ProviderError) and error.request_id is None:
+            error.request_id = self._source.request_id
+
     def _settle(self, outcome: StreamOutcome, error: BaseException | None) -> None:
         if self.outcome != "open":
             return
+        self._tag(error)
         self._live = False
         self.outcome, self.error = outcome, error
         callbacks, self._callbacks = self._callbacks, []
@@ -564,6 +585,7 @@ class Stream(_ClosedOnExit, ChunkSource, Generic[T]):
 
     def _settle_attempt(self, error: BaseException) -> None:
         """The answering attempt broke and another continues: settle the attempt's callbacks."""
+        self._tag(error)
         kept: list[tuple[CloseCallback, bool]] = []
         for callback, attempt in self._callbacks:
             if attempt:

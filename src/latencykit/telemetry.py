@@ -70,6 +70,9 @@ _OUTPUT_MESSAGES = "gen_ai.output.messages"
 _SERVER_ADDRESS = "server.address"
 _SERVER_PORT = "server.port"
 _ERROR_TYPE = "error.type"
+# The provider's request id of an attempt's answer (x-request-id...): the conventions name
+# none (gen_ai.response.id is the completion's id, another thing).
+_PROVIDER_REQUEST_ID = "latencykit.provider.request_id"
 # What the call span tells of the target that answered, set when the call ends.
 _ANSWERED_BY = (_PROVIDER, _SERVER_ADDRESS, _SERVER_PORT, _RESPONSE_MODEL)
 # The call's parameters are gen_ai.request.{name}, but for these.
@@ -431,6 +434,7 @@ def _end_attempt(span: trace.Span, record: Attempt, loser: bool) -> None:
         _OUTPUT_TOKENS: record.output_tokens,
         _ERROR_TYPE: record.error_type,
         _ERROR_KIND: None if record.error_type is None else record.error_kind,
+        _PROVIDER_REQUEST_ID: record.request_id,
     }
     _end(span, attributes, record.error_type is not None)
 

@@ -103,6 +103,7 @@ class AnthropicWire(Wire):
     name = "anthropic"
     endpoints = "POST /v1/messages"
     id_prefix = "msg_fake"
+    request_id_header = "request-id"  # Anthropic's name for it
 
     def __init__(self, url_model: str) -> None:
         super().__init__(url_model)

@@ -194,7 +194,7 @@ class _Exchange:
     def common_headers(self, *, close: bool = False) -> list[tuple[str, str]]:
         return [
             ("Connection", "close" if close or not self.keep_alive else "keep-alive"),
-            ("x-request-id", f"req_fake_{self.attempt.index}"),
+            (self.wire.request_id_header, f"req_fake_{self.attempt.index}"),
             ("x-fake-attempt", str(self.attempt.index)),
             *(self.limit_headers or ()),
         ]

@@ -157,6 +157,8 @@ class Wire(abc.ABC):
     retry_after_header = True
     """Whether a 429 or 503 says how long to wait in a ``Retry-After`` header (``False``:
     the format says it in the body)."""
+    request_id_header = "x-request-id"
+    """The response header that names the request (``req_fake_<attempt index>``)."""
 
     def __init__(self, url_model: str) -> None:
         self.url_model = url_model
