@@ -25,12 +25,16 @@ concurrency stops buying throughput and only makes requests queue at the provide
   flight), that is ``tolerance * N``: the queue allowance is ``tolerance - 1`` of the knee.
   Until the latency first rises (or an overload), the gradient is 2 (slow start: with the
   default smoothing, the limit grows by half each round). It does not grow in a round whose
-  attempts never used half of it (the load, not the provider, was the limit);
-- past the knee (a round's latency more than halfway to ``tolerance``), the correction starts
-  from the most attempts in flight in the round, not from the limit (Little's law: the
-  provider serves about ``in_flight * baseline / median`` at a time), so slots kept free for
-  the higher lanes do not push the lower lanes past the knee; a probe round goes back to where
-  the round before it moved the limit;
+  load (the median of its attempts in flight) stayed under half of it, nor, after slow start,
+  under the knee it estimates (``limit / tolerance``): the load, not the provider, was the
+  limit, and the lower lanes, held below the knee by their reserve, do not push it up;
+- past the knee (a round's latency more than halfway to ``tolerance``), the limit goes at once
+  (no smoothing) to ``tolerance * load * baseline / median`` (Little's law: the provider serves
+  about ``load * baseline / median`` at a time), so slots kept free for the higher lanes do not
+  push the lower lanes past the knee, nor does a burst above the round's load; a probe round
+  goes back to where the round before it moved the limit, and while it runs the interactive
+  lane keeps that limit (:attr:`ConcurrencyLimit.settled`): the probe's wait is the lower
+  lanes';
 - an **overload signal** (:func:`~latencykit.errors.overloaded`: a 429, a 503 or a 529)
   multiplies the limit by ``backoff`` at once, once per limit (the other attempts that
   started under the same limit and fail the same way do not cut it again).
@@ -45,7 +49,9 @@ apart (:data:`LANE_WEIGHTS`: interactive 16, default 4, batch 1), its first one 
 after it starts waiting. So an interactive call goes ahead of the lower lanes' backlog, and
 while all wait they share the slots 16:4:1: no lane starves. A lane takes a slot only while
 its reserve (:data:`~latencykit.ratelimit.RESERVES`: batch 20 % of the limit, rounded up) stays
-free for the lanes above, and at least one.
+free for the lanes above, and at least one. As the limit settles at ``tolerance`` times the
+knee, that holds a batch flood at 0.88 of the knee, and what the interactive lane adds stays
+below it.
 
 With a store (``shared=``), the processes calling a target share its limit: each refresh tells
 the fleet (``concurrency.lua``, :class:`~latencykit.fleet.redis.SharedConcurrency`) this
