@@ -234,6 +234,21 @@ def test_lower_lanes_below_the_knee_do_not_push_the_limit_up() -> None:
     assert limit.limit > 20
 
 
+def test_noisy_rounds_below_the_knee_do_not_ratchet_the_limit_down() -> None:
+    # A batch flood holds the load at 80 % of the limit plus one, below the knee of 32; one
+    # round in four reads 7 % slow (a loaded machine). Each such round cuts the limit (Little's
+    # law), and the rounds at the baseline bring it back to where the knee was found.
+    limit, clock = learned(probe_interval=None)
+    serve(limit, clock, knee=32, samples=20_000)
+    found = limit.limit
+    for n in range(400):
+        latency = 0.5 * (1.07 if n % 4 == 0 else 1.0)
+        for _ in range(max(limit.round_samples, limit.limit)):
+            load = limit.limit - math.ceil(RESERVES[-1] * limit.limit) + 1
+            limit.sample(latency, epoch=limit.epoch, in_flight=load)
+    assert limit.limit >= 0.9 * found, (found, limit.limit)
+
+
 async def test_the_interactive_lane_keeps_the_settled_limit_during_a_probe_round() -> None:
     limit, clock = learned(initial=20, probe_interval=10.0)
     past_slow_start(limit, 20)

@@ -183,6 +183,9 @@ class ConcurrencyLimit:
         self._loads: list[int] = []  # in flight when each sample of this round started
         self._slow_start = True
         self._restore: float | None = None  # the limit to go back to after a probe round
+        # A load below the knee may bring the limit back up to this (where a knee was last
+        # found), not above: after slow start, only a load at the knee pushes it up.
+        self._ceiling = math.inf
         self._probe_at = math.inf if probe_interval is None else clock() + probe_interval
 
     def __repr__(self) -> str:
@@ -230,6 +233,7 @@ class ConcurrencyLimit:
         it): no slow start from it. Return whether the limit changed."""
         self._restore = None
         self._slow_start = False
+        self._ceiling = value
         return self._set(value, force=True)
 
     def _end_round(self) -> bool:
@@ -254,21 +258,28 @@ class ConcurrencyLimit:
                 return self._set(value / 2, force=True)
             value, self._restore = self._restore, None
             return self._set(value, force=True)
-        if ratio > self.tolerance and self._slow_start:
+        rise = ratio > self.tolerance
+        if rise and self._slow_start:
             # The first rise: the baseline may have been measured past the knee (the limit
             # started there): measure it again now.
             self._slow_start = False
             self._probe_at = self.clock()
+            self._ceiling = value
         gradient = 2.0 if self._slow_start else min(2.0, max(0.5, self.tolerance / ratio))
-        if load < (value / 2 if self._slow_start else self.limit / self.tolerance):
-            # The load did not reach the limit (after slow start: the knee it estimates), so
-            # it says nothing of more: the lower lanes, kept below the knee, do not push it up.
+        below = load < self.limit / self.tolerance  # the knee the limit estimates
+        if load < value / 2:  # the load did not reach the limit: it says nothing of more
             gradient = min(gradient, 1.0)
         if ratio > (1.0 + self.tolerance) / 2 and load >= value / 2 and not self._slow_start:
             # Past the knee, what was in flight made the latency (Little's law: the knee is
             # about load / ratio), whether the rest of the limit was used or kept free for
             # the lanes above: straight there.
             value *= min(1.0, max(load, 1) / self.limit) * gradient
+            if rise or not below:  # a knee found (not a noisy round below it)
+                self._ceiling = value
+        elif below and self._ceiling < math.inf:
+            # A load below the knee says nothing of more: the lower lanes, held there by their
+            # reserve, do not push the limit up, only back to where a knee was last found.
+            value = max(value, self._ceiling)
         else:
             value += self.smoothing * (value * gradient - value)
         if self.clock() >= self._probe_at:
