@@ -25,9 +25,11 @@ concurrency stops buying throughput and only makes requests queue at the provide
   flight), that is ``tolerance * N``: the queue allowance is ``tolerance - 1`` of the knee.
   Until the latency first rises (or an overload), the gradient is 2 (slow start: with the
   default smoothing, the limit grows by half each round). It does not grow in a round whose
-  load (the median of its attempts in flight) stayed under half of it, nor, after slow start,
-  under the knee it estimates (``limit / tolerance``): the load, not the provider, was the
-  limit, and the lower lanes, held below the knee by their reserve, do not push it up;
+  load (the median of its attempts in flight) stayed under half of it; after slow start, a
+  round whose load stayed under the knee it estimates (``limit / tolerance``) only brings it
+  back to where a knee was last found (slow start's first rise, or a round past the knee with
+  its load at the knee): the load, not the provider, was the limit, and the lower lanes, held
+  below the knee by their reserve, do not push it up;
 - past the knee (a round's latency more than halfway to ``tolerance``), the limit goes at once
   (no smoothing) to ``tolerance * load * baseline / median`` (Little's law: the provider serves
   about ``load * baseline / median`` at a time), so slots kept free for the higher lanes do not
