@@ -28,7 +28,10 @@ calls that ran out of time (``DeadlineExceeded``), and the ratio of goodputs.
 **Priority lanes** (``--lanes``): per knee, interactive streams arrive at 2 per second and the
 time to their first chunk is measured (after 10 s of warm-up, for ``--seconds``), alone, then
 beside a batch flood at ``--load`` times the capacity with ``governor=True``, then with the
-same flood and no limit (every call is sent; the provider's queue serves no lane first).
+same flood and no limit (every call is sent; the provider's queue serves no lane first;
+``--skip-none``: not this one). Reported: p50 and p99 time to first chunk, the p99 over the p99
+alone, batch calls answered per second, refused and failed, and the learned limit (the median
+and range of readings every second; probe rounds at half included).
 
 **Fleet** (``--fleet``): ``--processes`` (3) ``LLM(governor=True)``, each with its own
 ``RedisStore`` on one real ``redis-server`` (as separate processes would have), share the
