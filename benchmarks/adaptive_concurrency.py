@@ -28,7 +28,10 @@ calls that ran out of time (``DeadlineExceeded``), and the ratio of goodputs.
 **Priority lanes** (``--lanes``): per knee, interactive streams arrive at 2 per second and the
 time to their first chunk is measured (after 10 s of warm-up, for ``--seconds``), alone, then
 beside a batch flood at ``--load`` times the capacity with ``governor=True``, then with the
-same flood and no limit (every call is sent; the provider's queue serves no lane first).
+same flood and no limit (every call is sent; the provider's queue serves no lane first;
+``--skip-none``: not this one). Reported: p50 and p99 time to first chunk, the p99 over the p99
+alone, batch calls answered per second, refused and failed, and the learned limit (the median
+and range of readings every second; probe rounds at half included).
 
 **Fleet** (``--fleet``): ``--processes`` (3) ``LLM(governor=True)``, each with its own
 ``RedisStore`` on one real ``redis-server`` (as separate processes would have), share the
@@ -49,8 +52,8 @@ reports; it always exits 0.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
+import math
 import os
 import random
 import statistics
@@ -165,16 +168,22 @@ async def lanes(fake: FakeProvider, knee: int, args: argparse.Namespace) -> None
         f"capacity ({args.load * knee / args.base:.0f}/s); {args.seconds:g}s measured after 10s",
         flush=True,
     )
-    for name, flood, governed in (
-        ("alone", False, True),
-        ("flood, adaptive", True, True),
-        ("flood, none", True, False),
-    ):
+    variants = [("alone", False, True), ("flood, adaptive", True, True)]
+    if not args.skip_none:
+        variants.append(("flood, none", True, False))
+    alone = math.nan
+    for name, flood, governed in variants:
         result = await lane_run(fake, knee, args, name, flood=flood, governed=governed)
+        if name == "alone":
+            alone = result.quantile(0.99)
+        limits = sorted(limit for _, limit in result.limits) or [0]
         print(
             f"  {name:<16} interactive first chunk p50 {result.quantile(0.5):6.3f}s "
-            f"p99 {result.quantile(0.99):6.3f}s ({len(result.latencies)} streams, "
-            f"{result.failed} failed); batch answered {result.batch / args.seconds:.1f}/s",
+            f"p99 {result.quantile(0.99):6.3f}s ({result.quantile(0.99) / alone:.2f}x alone; "
+            f"{len(result.latencies)} streams, {result.failed} failed); batch answered "
+            f"{result.batch / args.seconds:.1f}/s, refused {result.shed}, failed "
+            f"{result.timed_out}; limit median {statistics.median(limits):g} "
+            f"(range {limits[0]}-{limits[-1]})",
             flush=True,
         )
 
@@ -218,13 +227,27 @@ async def lane_run(
             result.failed += started >= measure_from
 
     async def batch() -> None:
-        with contextlib.suppress(Exception):
-            started = time.monotonic()
+        started = time.monotonic()
+        try:
             await llm.acompletion(messages=MESSAGES, max_tokens=4, priority="batch")
+        except LimitExceeded:
+            result.shed += started >= measure_from
+        except Exception:
+            result.timed_out += started >= measure_from
+        else:
             result.batch += started >= measure_from
+
+    async def watch() -> None:
+        while True:
+            await anyio.sleep(1.0)
+            row = llm.stats().get(llm.targets[0].key)
+            if time.monotonic() >= measure_from and row is not None and row.concurrency:
+                result.limits.append((time.monotonic() - measure_from, row.concurrency.limit))
 
     until = measure_from + args.seconds
     async with anyio.create_task_group() as calls:
+        if governed:
+            calls.start_soon(watch)
         if flood:
             rate = args.load * knee / args.base
             calls.start_soon(open_loop, calls, batch, rate, until, random.Random(3))
@@ -376,6 +399,7 @@ async def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--overhead", action="store_true", help="the cost per call only")
     parser.add_argument("--lanes", action="store_true", help="the interactive lane under a flood")
+    parser.add_argument("--skip-none", action="store_true", help="with --lanes: no unlimited run")
     parser.add_argument("--fleet", action="store_true", help="the limit shared by processes")
     parser.add_argument("--processes", type=int, default=3, help="with --fleet")
     args = parser.parse_args()

@@ -25,12 +25,18 @@ concurrency stops buying throughput and only makes requests queue at the provide
   flight), that is ``tolerance * N``: the queue allowance is ``tolerance - 1`` of the knee.
   Until the latency first rises (or an overload), the gradient is 2 (slow start: with the
   default smoothing, the limit grows by half each round). It does not grow in a round whose
-  attempts never used half of it (the load, not the provider, was the limit);
-- past the knee (a round's latency more than halfway to ``tolerance``), the correction starts
-  from the most attempts in flight in the round, not from the limit (Little's law: the
-  provider serves about ``in_flight * baseline / median`` at a time), so slots kept free for
-  the higher lanes do not push the lower lanes past the knee; a probe round goes back to where
-  the round before it moved the limit;
+  load (the median of its attempts in flight) stayed under half of it; after slow start, a
+  round whose load stayed under the knee it estimates (``limit / tolerance``) only brings it
+  back to where a knee was last found (slow start's first rise, or a round past the knee with
+  its load at the knee): the load, not the provider, was the limit, and the lower lanes, held
+  below the knee by their reserve, do not push it up;
+- past the knee (a round's latency more than halfway to ``tolerance``), the limit goes at once
+  (no smoothing) to ``tolerance * load * baseline / median`` (Little's law: the provider serves
+  about ``load * baseline / median`` at a time), so slots kept free for the higher lanes do not
+  push the lower lanes past the knee, nor does a burst above the round's load; a probe round
+  goes back to where the round before it moved the limit, and while it runs the interactive
+  lane keeps that limit (:attr:`ConcurrencyLimit.settled`): the probe's wait is the lower
+  lanes';
 - an **overload signal** (:func:`~latencykit.errors.overloaded`: a 429, a 503 or a 529)
   multiplies the limit by ``backoff`` at once, once per limit (the other attempts that
   started under the same limit and fail the same way do not cut it again).
@@ -45,7 +51,9 @@ apart (:data:`LANE_WEIGHTS`: interactive 16, default 4, batch 1), its first one 
 after it starts waiting. So an interactive call goes ahead of the lower lanes' backlog, and
 while all wait they share the slots 16:4:1: no lane starves. A lane takes a slot only while
 its reserve (:data:`~latencykit.ratelimit.RESERVES`: batch 20 % of the limit, rounded up) stays
-free for the lanes above, and at least one.
+free for the lanes above, and at least one. As the limit settles at ``tolerance`` times the
+knee, that holds a batch flood at 0.88 of the knee, and what the interactive lane adds stays
+below it.
 
 With a store (``shared=``), the processes calling a target share its limit: each refresh tells
 the fleet (``concurrency.lua``, :class:`~latencykit.fleet.redis.SharedConcurrency`) this
@@ -174,9 +182,12 @@ class ConcurrencyLimit:
         self._baselines: list[float | None] = [None, None]  # by kind: response, stream
         self._last: list[float | None] = [None, None]  # the last round's median, by kind
         self._samples: tuple[list[float], list[float]] = ([], [])
-        self._busiest = 0  # the most in flight when a sample of this round started
+        self._loads: list[int] = []  # in flight when each sample of this round started
         self._slow_start = True
         self._restore: float | None = None  # the limit to go back to after a probe round
+        # A load below the knee may bring the limit back up to this (where a knee was last
+        # found), not above: after slow start, only a load at the knee pushes it up.
+        self._ceiling = math.inf
         self._probe_at = math.inf if probe_interval is None else clock() + probe_interval
 
     def __repr__(self) -> str:
@@ -184,6 +195,12 @@ class ConcurrencyLimit:
             f"ConcurrencyLimit(limit={self.limit}, baselines={self.baselines}, "
             f"tolerance={self.tolerance:g})"
         )
+
+    @property
+    def settled(self) -> int:
+        """The limit outside a probe round: during one (at half the limit), the limit it goes
+        back to."""
+        return self.limit if self._restore is None else int(self._restore)
 
     @property
     def baselines(self) -> tuple[float | None, float | None]:
@@ -198,7 +215,7 @@ class ConcurrencyLimit:
             return False
         samples = self._samples
         samples[stream].append(seconds)
-        self._busiest = max(self._busiest, in_flight)
+        self._loads.append(in_flight)
         if len(samples[0]) + len(samples[1]) < max(self.round_samples, self.limit):
             return False
         return self._end_round()
@@ -218,6 +235,7 @@ class ConcurrencyLimit:
         it): no slow start from it. Return whether the limit changed."""
         self._restore = None
         self._slow_start = False
+        self._ceiling = value
         return self._set(value, force=True)
 
     def _end_round(self) -> bool:
@@ -234,29 +252,38 @@ class ConcurrencyLimit:
                 weighted += len(samples) * median / baseline if baseline > 0 else len(samples)
                 count += len(samples)
                 samples.clear()
-        ratio, busiest = weighted / count, self._busiest
-        self._busiest = 0
+        ratio, load = weighted / count, statistics.median(self._loads)
+        self._loads.clear()
         value = self._value
         if self._restore is not None:  # a probe round is over
             if lower and value > self.min_limit:  # half was still past the knee: half again
                 return self._set(value / 2, force=True)
             value, self._restore = self._restore, None
             return self._set(value, force=True)
-        if ratio > self.tolerance and self._slow_start:
+        rise = ratio > self.tolerance
+        if rise and self._slow_start:
             # The first rise: the baseline may have been measured past the knee (the limit
             # started there): measure it again now.
             self._slow_start = False
             self._probe_at = self.clock()
+            self._ceiling = value
         gradient = 2.0 if self._slow_start else min(2.0, max(0.5, self.tolerance / ratio))
-        if busiest < value / 2:  # the load did not reach the limit: it says nothing of more
+        below = load < self.limit / self.tolerance  # the knee the limit estimates
+        if load < value / 2:  # the load did not reach the limit: it says nothing of more
             gradient = min(gradient, 1.0)
-        base = value
-        if ratio > (1.0 + self.tolerance) / 2 and busiest >= value / 2 and not self._slow_start:
+        if ratio > (1.0 + self.tolerance) / 2 and load >= value / 2 and not self._slow_start:
             # Past the knee, what was in flight made the latency (Little's law: the knee is
-            # about busiest / ratio), whether the rest of the limit was used or kept free for
-            # the lanes above.
-            base *= min(1.0, max(busiest, 1) / self.limit)
-        value += self.smoothing * (base * gradient - value)
+            # about load / ratio), whether the rest of the limit was used or kept free for
+            # the lanes above: straight there.
+            value *= min(1.0, max(load, 1) / self.limit) * gradient
+            if rise or not below:  # a knee found (not a noisy round below it)
+                self._ceiling = value
+        elif below and self._ceiling < math.inf:
+            # A load below the knee says nothing of more: the lower lanes, held there by their
+            # reserve, do not push the limit up, only back to where a knee was last found.
+            value = max(value, self._ceiling)
+        else:
+            value += self.smoothing * (value * gradient - value)
         if self.clock() >= self._probe_at:
             # Probe at half the limit; then back to where this round moved it (not above the
             # limit that made the latency rise).
@@ -275,36 +302,44 @@ class ConcurrencyLimit:
             self.epoch += 1
             for samples in self._samples:
                 samples.clear()
-            self._busiest = 0
+            self._loads.clear()
         return changed
 
 
+@dataclass(eq=False)
 class _Lanes(FairSlots):
     """The slots of a target, whose queues are the lanes (stride scheduling, as
     :class:`~latencykit._fair.FairSlots`): a lane's first turn comes after ``1 / weight`` (of
     the lanes that start waiting together the higher goes first, while a lane already waiting
-    keeps its turn), and a lane takes a slot only while its reserve stays free
-    (:meth:`cap`)."""
+    keeps its turn), and a lane takes a slot only below its cap (:meth:`size`)."""
+
+    caps: dict[str, int] = field(default_factory=dict)
+    """By lane: the most slots in use with which it may take one more."""
+
+    def __post_init__(self) -> None:
+        self.size(self.limit, self.limit)
+
+    def size(self, top: float, lower: float) -> None:
+        """The interactive lane may use ``top`` slots; the others ``lower`` (less than ``top``
+        during a probe round), less their reserve (:data:`~latencykit.ratelimit.RESERVES`, a
+        share kept for the lanes above, rounded up), at least one."""
+        self.limit, lower = top, int(lower)
+        self.caps = {
+            lane: int(top) if not rank else max(1, lower - math.ceil(RESERVES[rank] * lower))
+            for rank, lane in enumerate(PRIORITIES)
+        }
 
     def first_turn(self, weight: float) -> float:
         return self._vtime + 1.0 / weight
 
-    def cap(self, lane: str) -> int:
-        """The most slots in use with which ``lane`` may take one more: the limit, less the
-        lane's reserve (:data:`~latencykit.ratelimit.RESERVES`, a share of the limit kept for
-        the lanes above it, rounded up), at least one."""
-        limit = int(self.limit)
-        return max(1, limit - math.ceil(RESERVES[_RANK[lane]] * limit))
-
     def take(self, lane: str = "default") -> bool:
-        in_use = self.in_use
-        if in_use >= self.limit or (RESERVES[_RANK[lane]] and in_use >= self.cap(lane)):
-            return False
-        self.in_use = in_use + 1
-        return True
+        if self.in_use < self.caps[lane]:
+            self.in_use += 1
+            return True
+        return False
 
     def admits(self, key: str) -> bool:
-        return self.in_use - 1 < self.cap(key)
+        return self.in_use - 1 < self.caps[key]
 
 
 @dataclass(eq=False)
@@ -354,8 +389,10 @@ class _Target:
     def resize(self) -> list[Waiter]:
         """Follow the limit (or the fleet's view): hand the slots it added to waiters (to be
         woken). Under the lock."""
-        slots = self.slots
-        slots.limit = self.cap()
+        slots, lower = self.slots, self.cap()
+        # During a probe round the interactive lane keeps the limit it goes back to: the
+        # probe's wait is the lower lanes'.
+        slots.size(lower if self.fleet is not None else self.limit.settled, lower)
         woken = []
         while slots.in_use < slots.limit:
             slots.in_use += 1  # a freed slot, handed on (or put back: nobody waits)
@@ -452,7 +489,7 @@ class AdaptiveConcurrency:
                 heard = functools.partial(self._heard, made, key)
                 with made.lock:
                     made.fleet = store.concurrency(key, made.report, heard)
-                    made.slots.limit = made.cap()  # one slot until the fleet is heard
+                    made.resize()  # one slot until the fleet is heard
         return found
 
     def _heard(self, state: _Target, key: str) -> None:
@@ -521,7 +558,7 @@ class AdaptiveConcurrency:
         left = remaining()
         if left is not None and state.hold is not None:
             ahead = state.waiting(PRIORITIES.index(lane))
-            wait = (ahead + 1) * state.hold / state.slots.cap(lane)  # the slots its lane may use
+            wait = (ahead + 1) * state.hold / state.slots.caps[lane]  # the slots its lane may use
             if wait + state.hold > left:  # its own attempt must fit too
                 if events.listening():
                     events.emit(
