@@ -303,6 +303,22 @@ def _first(*values: Any) -> Any:
     return next((value for value in values if value), None)
 
 
+async def _answer(target: Target, call: Any, arguments: Mapping[str, Any]) -> Any:
+    """``call`` (litellm's ``acompletion`` or ``aembedding``) on the asyncio side: its answer,
+    an unreadable one as a malformed answer, its rate-limit headers heard."""
+    bridge: Any = sys.modules.get("latencykit._asyncio_bridge")
+    if bridge is None:  # imported on first use: asyncio stays out of `import latencykit`
+        from . import _asyncio_bridge as bridge
+    try:
+        response = await bridge.run_on_asyncio(call(attempt_arguments(target, arguments)))
+    except Exception as exc:
+        if (malformed := _unreadable(exc, target)) is None:
+            raise
+        raise malformed from None
+    ratelimit.heard(target.key, target.api_key, headers_of(response))
+    return response
+
+
 class LitellmTransport:
     """The litellm lane (``Target(transport="litellm")``): attempts through
     ``litellm.acompletion``, on asyncio (on trio, in the asyncio bridge). litellm's HTTP clients
@@ -319,32 +335,11 @@ class LitellmTransport:
         # litellm's one-time set-up, apart: a cancel landing in a real call's set-up (it runs
         # in a thread) leaves litellm's request coroutine unawaited; in the mock's, nothing.
         await self._set_up(target)
-        bridge: Any = sys.modules.get("latencykit._asyncio_bridge")
-        if bridge is None:  # imported on first use: asyncio stays out of `import latencykit`
-            from . import _asyncio_bridge as bridge
-        try:
-            response = await bridge.run_on_asyncio(
-                acompletion(attempt_arguments(target, arguments))
-            )
-        except Exception as exc:
-            if (malformed := _unreadable(exc, target)) is None:
-                raise
-            raise malformed from None
-        ratelimit.heard(target.key, target.api_key, headers_of(response))
-        return response
+        return await _answer(target, acompletion, arguments)
 
     async def embed(self, target: Target, arguments: Mapping[str, Any]) -> Any:
         """One embedding attempt: litellm's ``EmbeddingResponse``."""
-        from ._asyncio_bridge import run_on_asyncio
-
-        try:
-            response = await run_on_asyncio(aembedding(attempt_arguments(target, arguments)))
-        except Exception as exc:
-            if (malformed := _unreadable(exc, target)) is None:
-                raise
-            raise malformed from None
-        ratelimit.heard(target.key, target.api_key, headers_of(response))
-        return response
+        return await _answer(target, aembedding, arguments)
 
     async def open(self, target: Target, arguments: Mapping[str, Any]) -> ChunkSource:
         """One streaming attempt's source, opened on its first read (on trio, bridged: the
