@@ -8,10 +8,11 @@ Run it from the repository root::
 The OpenAI-compatible server of ``fast_lane_throughput.py`` runs in a child process. Measured:
 
 1. **start-up and memory**: a fresh process that imports its client, makes one non-streaming
-   call and exits: wall time from spawn to exit and peak RSS, for a bare ``httpx.AsyncClient``
-   (+ ``json.loads``), ``lk.LLM(..., transport="openai")``, and (``--before``) the same
-   ``lk.LLM`` from an older source tree; the variants take turns, ratios to httpx per round,
-   medians;
+   call and exits: wall time from spawn to exit and peak RSS, bytecode cached (one directory
+   per variant, written by a run that is not counted: an installed wheel's is compiled), for
+   a bare ``httpx.AsyncClient`` (+ ``json.loads``), ``lk.LLM(..., transport="openai")``,
+   and (``--before``) the same ``lk.LLM`` from an older source tree; the variants take turns,
+   ratios to httpx per round, medians;
 2. **client CPU per non-streaming call**: in one process, rounds of ``--calls`` calls of the
    fast lane and of raw httpx + ``json.loads`` taking turns (``time.process_time``: the
    server's CPU is not counted); the median of the per-round ratios with a 95 % bootstrap
@@ -28,6 +29,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -59,9 +61,11 @@ asyncio.run(main(sys.argv[1]))
 }
 
 
-def one_process(code: str, base: str, src: str | None) -> tuple[float, float]:
-    """Seconds from spawn to exit, and peak RSS in MB, of ``python -c code base``."""
-    env = dict(os.environ)
+def one_process(code: str, base: str, src: str | None, cache: str) -> tuple[float, float]:
+    """Seconds from spawn to exit, and peak RSS in MB, of ``python -c code base``, with
+    bytecode cached in ``cache`` (as an installed wheel's is: pip compiles it)."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = cache
     if src is not None:
         env["PYTHONPATH"] = src
     started = time.perf_counter()
@@ -78,11 +82,14 @@ def startup(base: str, rounds: int, before: str | None) -> None:
     if before is not None:
         variants["fast lane, before"] = (ONE_CALL["fast lane"], before)
     seen: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
-    for number in range(rounds):
-        names = list(variants) if number % 2 == 0 else list(reversed(variants))
-        for name in names:
-            code, src = variants[name]
-            seen[name].append(one_process(code, base, src))
+    with tempfile.TemporaryDirectory(prefix="latencykit-startup-") as caches:
+        for name, (code, src) in variants.items():  # writes each tree's bytecode: not counted
+            one_process(code, base, src, os.path.join(caches, name))
+        for number in range(rounds):
+            names = list(variants) if number % 2 == 0 else list(reversed(variants))
+            for name in names:
+                code, src = variants[name]
+                seen[name].append(one_process(code, base, src, os.path.join(caches, name)))
     print(f"\n1. start-up (spawn to exit, one call) and peak RSS, median of {rounds} rounds")
     bare = seen["httpx"]
     for name, samples in seen.items():

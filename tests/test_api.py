@@ -83,7 +83,6 @@ TOP_LEVEL = {
 SUBMODULES = {
     "errors",
     "events",
-    "fanout",
     "fleet",
     "llm",
     "pipeline",
@@ -93,7 +92,8 @@ SUBMODULES = {
     "turn",
 }
 # Submodules loaded on first use: what they import is paid for only by those who use them.
-LAZY_SUBMODULES = {"cache", "slow_calls", "telemetry"}
+LAZY_SUBMODULES = {"cache", "fanout", "slow_calls", "telemetry"}
+LAZY_NAMES = {"first", "gather"}  # the fan-out helpers: in latencykit.fanout, loaded with it
 
 # A policy is a class that is also the decorator: its lowercase name is the class itself.
 ALIASES = [
@@ -112,6 +112,7 @@ def test_the_top_level_offers_what_users_call_and_catch() -> None:
     assert set(lk.__all__) == TOP_LEVEL
     # Submodules become attributes of the package as they are imported; other names do not.
     public = {name for name in vars(lk) if name.isidentifier() and not name.startswith("_")}
+    public |= LAZY_NAMES  # offered by the module's __getattr__, until first use
     assert {name for name in public if not isinstance(getattr(lk, name), ModuleType)} == TOP_LEVEL
     assert public >= SUBMODULES
 
@@ -136,6 +137,8 @@ NOT_LOADED_AT_IMPORT = {
     "urllib.parse",  # a RedisStore's URL
     "urllib.request",
     *(f"latencykit.{name}" for name in (*LAZY_SUBMODULES, "config", "lab", "testing", "_openai")),
+    "latencykit.policies.limiter",  # and its fair queue: an LLM never needs them
+    "latencykit._fair",
 }
 
 
@@ -236,3 +239,14 @@ def test_an_event_is_a_frozen_value_whose_repr_keeps_captured_text_out() -> None
         ended.target = "u"  # type: ignore[misc]
     # Captured text is the subscriber's to keep: the fields, as a dict, hold it.
     assert msgspec.structs.asdict(started)["input_messages"] == prompt
+
+
+@pytest.mark.parametrize("name", sorted(LAZY_NAMES))
+def test_a_lazy_name_is_its_submodule_s(name: str) -> None:
+    assert getattr(lk, name) is getattr(importlib.import_module("latencykit.fanout"), name)
+
+
+def test_the_limiter_loads_on_first_use() -> None:
+    assert lk.policies.limiter is importlib.import_module("latencykit.policies.limiter")
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        lk.policies.nothing  # type: ignore[attr-defined]  # noqa: B018

@@ -9,7 +9,8 @@ per-target statistics), ``latencykit.llm`` (``CallReport``), ``latencykit.turn``
 markers), ``latencykit.fleet`` (state shared by a fleet of processes: ``SharedStore``,
 ``StoreUnavailable``), ``latencykit.wrap`` (litellm's ``acompletion`` as a latencykit
 attempt, for code guarded by the decorators); ``latencykit.cache`` (``ResponseCache``),
-``latencykit.slow_calls`` (the slow-call log) and ``latencykit.telemetry`` (OpenTelemetry)
+``latencykit.slow_calls`` (the slow-call log), ``latencykit.telemetry`` (OpenTelemetry),
+``latencykit.fanout`` (with ``first`` and ``gather``) and ``latencykit.policies.limiter``
 are imported on first use.
 ``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
 """
@@ -18,7 +19,6 @@ import typing as _typing
 
 from . import errors as errors
 from . import events as events
-from . import fanout as fanout
 from . import fleet as fleet
 from . import llm as llm
 from . import pipeline as pipeline
@@ -52,8 +52,6 @@ from .errors import StreamBroken as StreamBroken
 from .errors import StreamStalled as StreamStalled
 from .errors import TransientError as TransientError
 from .events import subscribe as subscribe
-from .fanout import first as first
-from .fanout import gather as gather
 from .fleet import use_store as use_store
 from .fleet.redis import RedisStore as RedisStore
 from .llm import LLM as LLM
@@ -79,17 +77,31 @@ from .turn import stage as stage
 
 if _typing.TYPE_CHECKING:
     from . import cache as cache
+    from . import fanout as fanout
     from . import slow_calls as slow_calls
     from . import telemetry as telemetry
+    from .fanout import first as first
+    from .fanout import gather as gather
 else:
+    # Loaded on first use, by those who use them (telemetry imports OpenTelemetry; an LLM
+    # never needs the fan-out helpers): name -> the submodule that holds it.
+    _LAZY = {
+        "cache": "cache",
+        "fanout": "fanout",
+        "first": "fanout",
+        "gather": "fanout",
+        "slow_calls": "slow_calls",
+        "telemetry": "telemetry",
+    }
 
     def __getattr__(name: str) -> _typing.Any:
-        # Loaded on first use, by those who use them (telemetry imports OpenTelemetry).
-        if name in ("cache", "slow_calls", "telemetry"):
-            import importlib
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'latencykit' has no attribute {name!r}")
+        import importlib
 
-            return importlib.import_module(f"{__name__}.{name}")
-        raise AttributeError(f"module 'latencykit' has no attribute {name!r}")
+        found = importlib.import_module(f"{__name__}.{module}")
+        return found if module == name else getattr(found, name)
 
 
 __all__ = [

@@ -1087,12 +1087,28 @@ def request_id(headers: Mapping[str, Any] | None) -> str | None:
     return None
 
 
+def hidden_params(answer: Any) -> Any:
+    """An answer's ``_hidden_params`` dict, where litellm keeps its per-response metadata and
+    the fast lane and latencykit theirs (``None``: it has none).
+
+    On a pydantic model (litellm's responses) it is read from the model's private dict:
+    reading the attribute goes through pydantic's ``__getattr__`` (1.3 us, measured; a call
+    read it four times)."""
+    private = getattr(answer, "__pydantic_private__", None)
+    hidden = (
+        private.get("_hidden_params")
+        if type(private) is dict
+        else getattr(answer, "_hidden_params", None)
+    )
+    return hidden if isinstance(hidden, dict) else None
+
+
 def headers_of(answer: Any) -> Any:
     """The provider's headers kept on an answer (a response or a stream): its
     ``_hidden_params["additional_headers"]``, where litellm keeps them and the fast lane too
     (``None``: none kept)."""
-    hidden = getattr(answer, "_hidden_params", None)
-    return hidden.get("additional_headers") if isinstance(hidden, dict) else None
+    hidden = hidden_params(answer)
+    return None if hidden is None else hidden.get("additional_headers")
 
 
 def request_id_of(outcome: object) -> str | None:

@@ -46,6 +46,7 @@ from .autopilot import SLO, Autopilot
 from .errors import (
     ErrorFilter,
     OutputTruncated,
+    hidden_params,
     malformed_answer,
     provider_error,
     scrub,
@@ -298,8 +299,7 @@ def report(result: object) -> CallReport:
         result = result.stream
     if isinstance(result, Stream):
         return _stream_report(result)
-    hidden = getattr(result, "_hidden_params", None)
-    hidden = hidden if isinstance(hidden, dict) else {}
+    hidden = hidden_params(result) or {}
     found = hidden.get(_REPORT_KEY)
     if isinstance(found, CallReport):
         return found
@@ -869,7 +869,7 @@ class LLM:
                 priority_var.reset(tagged[1])
         if stream:
             return result
-        hidden = result._hidden_params
+        hidden = hidden_params(result)
         # The report is built on demand by report(): most callers never ask for it.
         hidden[_REPORT_KEY] = _Answered(trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
         if self.max_output_tokens is not None and self.on_truncated == "raise":
@@ -907,7 +907,7 @@ class LLM:
         embed = functools.partial(self._embed, target)
         call = Call(embed, (), kwargs, target, None, self._recorder)
         result, trace = await self._run(call, task, priority, "embeddings", self._pipeline)
-        hidden = result._hidden_params
+        hidden = hidden_params(result)
         hidden[_REPORT_KEY] = _Answered(trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
         return result
 
@@ -953,7 +953,7 @@ class LLM:
         result, trace = await self._run(call, task, priority, "chat", self._uncached)
         if stream:
             return result
-        hidden = result._hidden_params
+        hidden = hidden_params(result)
         hidden[_REPORT_KEY] = _Answered(trace, *hidden.pop(_ATTEMPT_KEY, (0, "")))
         return result
 
@@ -981,7 +981,7 @@ class LLM:
         from . import _responses
 
         response = await _responses.respond(target, kwargs, self._secrets)
-        response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), target.key)
+        hidden_params(response)[_ATTEMPT_KEY] = (current_attempt(), target.key)
         return response
 
     def _open_events(self, target: Target, **kwargs: Any) -> ChunkSource:
@@ -1067,7 +1067,7 @@ class LLM:
                     "",
                     target=target.key,
                 )
-        response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), target.key)
+        hidden_params(response)[_ATTEMPT_KEY] = (current_attempt(), target.key)
         return response
 
     def _own_arguments(
@@ -1103,7 +1103,7 @@ class LLM:
         choices: list[Any] = list(getattr(response, "choices", None) or ())
         if not any(getattr(c, "finish_reason", None) == "length" for c in choices):
             return
-        cap = response._hidden_params.get(_CAP_KEY)
+        cap = hidden_params(response).get(_CAP_KEY)
         asked = [self.max_output_tokens, arguments.get("max_tokens")]
         message = getattr(choices[0], "message", None)
         raise OutputTruncated(
@@ -1164,9 +1164,10 @@ class LLM:
             raise provider_error(exc, target=target.key, secrets=self._secrets) from exc
         if not response.choices:  # litellm takes an answer with no choices for one
             raise malformed_answer("has no choices", response.model_dump_json(), target=target.key)
-        response._hidden_params[_ATTEMPT_KEY] = (current_attempt(), target.key)
+        hidden = hidden_params(response)
+        hidden[_ATTEMPT_KEY] = (current_attempt(), target.key)
         if cap is not None:
-            response._hidden_params[_CAP_KEY] = cap
+            hidden[_CAP_KEY] = cap
             usage = getattr(response, "usage", None)
             tokens = getattr(usage, "completion_tokens", None)
             if isinstance(tokens, int):
@@ -1224,11 +1225,11 @@ def _check_spelling(arguments: Mapping[str, Any], where: str, *, error: bool) ->
     litellm passes unknown arguments to the provider (``vertex_project``, ``extra_body``...), so
     an unknown name is allowed unless it is a near miss of a known one (``temprature``).
     """
-    import difflib
-
     for name in arguments:
         if name in _KNOWN:
             continue
+        import difflib  # here: most calls name only known arguments
+
         close = difflib.get_close_matches(name, _KNOWN, n=1, cutoff=0.8)
         if not close:
             continue
