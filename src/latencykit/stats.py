@@ -251,6 +251,15 @@ class SlidingCounts:
         self._buckets[self.newest % self._size][counter] += 1
         self.totals[counter] += 1
 
+    def push(self, counts: tuple[int, ...]) -> None:
+        """Count one entry as a bucket of its own, after the newest (a count window: the
+        oldest entry makes room): ``counts`` holds its ``width`` counters."""
+        self.newest = newest = self.newest + 1
+        bucket, totals = self._buckets[newest % self._size], self.totals
+        for i, count in enumerate(counts):
+            totals[i] += count - bucket[i]
+            bucket[i] = count
+
     def advance(self, bucket: int) -> list[int]:
         """Make ``bucket`` the newest, emptying the buckets that slid out; return the newest
         bucket's counters (a number going backwards leaves the newest as it is)."""

@@ -299,11 +299,8 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
     # --- the local state (always under self._lock) ------------------------------------------
 
     def _bucket(self) -> int:
-        """The bucket a call ending now goes to (a count window: a new one, the oldest call
-        making room)."""
-        if self._bucket_width:
-            return math.floor(self.clock() / self._bucket_width)
-        return self._window.newest + 1
+        """The bucket of a time window a call ending now goes to."""
+        return math.floor(self.clock() / self._bucket_width)
 
     def _move(self, to: BreakerState, now: float) -> BreakerStateChanged | None:
         """Enter state ``to``; return the event to emit (once the lock is released)."""
@@ -575,7 +572,11 @@ class Breaker(PolicyDecorator, metaclass=_Registered):
 
     def _tally(self, failed: bool, slow: bool) -> None:
         """Add one call to the window (its counters: calls, failures, slow calls)."""
-        bucket, window = self._bucket(), self._window
+        window = self._window
+        if not self._bucket_width:  # a count window: the call is a bucket of its own
+            window.push((1, int(failed), int(slow)))
+            return
+        bucket = self._bucket()
         window.add(bucket, 0)
         if failed:
             window.add(bucket, 1)
