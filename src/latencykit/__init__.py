@@ -10,8 +10,8 @@ markers), ``latencykit.fleet`` (state shared by a fleet of processes: ``SharedSt
 ``StoreUnavailable``), ``latencykit.wrap`` (litellm's ``acompletion`` as a latencykit
 attempt, for code guarded by the decorators); ``latencykit.cache`` (``ResponseCache``),
 ``latencykit.slow_calls`` (the slow-call log), ``latencykit.telemetry`` (OpenTelemetry),
-``latencykit.fanout`` (with ``first`` and ``gather``) and ``latencykit.policies.limiter``
-are imported on first use.
+``latencykit.fanout`` (with ``first`` and ``gather``), ``latencykit.autopilot`` (with ``SLO``)
+and ``latencykit.policies.limiter`` are imported on first use.
 ``import latencykit`` never imports litellm (it takes seconds); litellm loads on first use.
 """
 
@@ -29,7 +29,6 @@ from . import turn as turn
 from ._context import Attempt as Attempt
 from ._context import remaining as remaining
 from ._version import __version__ as __version__
-from .autopilot import SLO as SLO
 from .budget import RetryBudget as RetryBudget
 from .errors import AttemptTimeout as AttemptTimeout
 from .errors import AuthenticationFailed as AuthenticationFailed
@@ -80,12 +79,15 @@ if _typing.TYPE_CHECKING:
     from . import fanout as fanout
     from . import slow_calls as slow_calls
     from . import telemetry as telemetry
+    from .autopilot import SLO as SLO
     from .fanout import first as first
     from .fanout import gather as gather
 else:
     # Loaded on first use, by those who use them (telemetry imports OpenTelemetry; an LLM
-    # never needs the fan-out helpers): name -> the submodule that holds it.
+    # needs neither the fan-out helpers nor, without an SLO, the autopilot): name -> the
+    # submodule that holds it.
     _LAZY = {
+        "SLO": "autopilot",
         "cache": "cache",
         "fanout": "fanout",
         "first": "fanout",

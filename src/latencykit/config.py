@@ -264,7 +264,8 @@ _NEW = ("__init__", "__new__")
 
 def _hints(owner: Any) -> dict[str, Any]:
     """The types of ``owner``'s parameters (:class:`_ErrorFilter` for an ``ErrorFilter``)."""
-    namespace = {**vars(sys.modules[owner.__module__]), "ErrorFilter": _ErrorFilter}
+    # SLO: imported by latencykit.llm for type checking only (it loads on first use there).
+    namespace = {**vars(sys.modules[owner.__module__]), "ErrorFilter": _ErrorFilter, "SLO": SLO}
     if isinstance(owner, type):  # the constructor that declares the options
         owner = getattr(owner, next(n for k in owner.__mro__ for n in _NEW if n in vars(k)))
     return typing.get_type_hints(owner, globalns=namespace)

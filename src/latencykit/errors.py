@@ -1093,14 +1093,22 @@ def hidden_params(answer: Any) -> Any:
 
     On a pydantic model (litellm's responses) it is read from the model's private dict:
     reading the attribute goes through pydantic's ``__getattr__`` (1.3 us, measured; a call
-    read it four times)."""
-    private = getattr(answer, "__pydantic_private__", None)
-    hidden = (
-        private.get("_hidden_params")
-        if type(private) is dict
-        else getattr(answer, "_hidden_params", None)
-    )
+    read it four times). Whether a type is a pydantic model is looked up once per type (on a
+    fast-lane answer, looking for pydantic's slot raises inside ``getattr``: 0.6 us)."""
+    kind = type(answer)
+    pydantic = _pydantic_types.get(kind)
+    if pydantic is None:
+        pydantic = _pydantic_types[kind] = hasattr(kind, "__pydantic_private__")
+    if pydantic:
+        private = answer.__pydantic_private__
+        hidden = private.get("_hidden_params") if type(private) is dict else None
+    else:
+        hidden = getattr(answer, "_hidden_params", None)
     return hidden if isinstance(hidden, dict) else None
+
+
+_pydantic_types: dict[type, bool] = {}
+"""Whether each answer type seen is a pydantic model (:func:`hidden_params`)."""
 
 
 def headers_of(answer: Any) -> Any:

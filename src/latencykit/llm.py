@@ -42,7 +42,6 @@ from ._litellm import LitellmTransport, litellm, to_model_response
 from ._response import CHAT_PARAMETERS
 from ._slots import ConnectionSlots, host_of, per_host, waiting
 from ._sync import LoopThread, SyncStream
-from .autopilot import SLO, Autopilot
 from .errors import (
     ErrorFilter,
     OutputTruncated,
@@ -67,6 +66,7 @@ from .stream import ChunkSource, Stream
 from .target import Target, as_target
 
 if TYPE_CHECKING:
+    from .autopilot import SLO, Autopilot
     from .config import LLMConfig
     from .policies.breaker import BreakerState
 
@@ -550,6 +550,8 @@ class LLM:
             self.autopilot = self._autopilot(slo, owns_hedge)
 
     def _autopilot(self, slo: SLO, owns_hedge: bool) -> Autopilot:
+        from .autopilot import Autopilot  # here: only an LLM with an SLO needs it
+
         assert self.hedge is not None  # _hedge_for_slo gave one
         breakers = self._breakers
         return Autopilot(
@@ -1306,8 +1308,12 @@ def _checked_defaults(
 def _hedge_for_slo(slo: SLO | None, hedge: Hedge | None) -> tuple[Hedge | None, bool]:
     """The LLM's hedge, and whether the SLO autopilot made it: with ``slo`` and no hedge, a
     quantile hedge within the SLO's extra-load budget, off until the autopilot turns it on."""
+    if slo is None:
+        return hedge, False
+    from .autopilot import SLO
+
     _validation.optional("LLM.slo", slo, SLO, "a latencykit.SLO")
-    if slo is None or hedge is not None:
+    if hedge is not None:
         return hedge, False
     return Hedge(Quantile(0.99), max_extra_load=slo.max_extra_load), True
 
