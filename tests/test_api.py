@@ -252,3 +252,7 @@ def test_the_limiter_loads_on_first_use() -> None:
     assert lk.policies.limiter is importlib.import_module("latencykit.policies.limiter")
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         lk.policies.nothing  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_dir_shows_the_names_that_load_on_first_use() -> None:
+    assert {*LAZY_NAMES, *LAZY_SUBMODULES, *TOP_LEVEL} <= set(dir(lk))

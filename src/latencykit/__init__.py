@@ -105,6 +105,10 @@ else:
         found = importlib.import_module(f"{__name__}.{module}")
         return found if module == name else getattr(found, name)
 
+    def __dir__() -> list[str]:
+        # What is loaded and what loads on first use: completion in a REPL shows both.
+        return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "LLM",
