@@ -171,10 +171,10 @@ def test_subscribe_rejects_non_callables() -> None:
 
 
 def test_all_is_complete_and_exact() -> None:
-    public = {
+    public = {  # dir(): also the names that load on first use
         name
-        for name, value in vars(lk).items()
-        if not name.startswith("_") and not inspect.ismodule(value)
+        for name in dir(lk)
+        if not name.startswith("_") and not inspect.ismodule(getattr(lk, name))
     }
     assert set(lk.__all__) == public
     assert len(lk.__all__) == len(set(lk.__all__))

@@ -103,7 +103,8 @@ else:
         import importlib
 
         found = importlib.import_module(f"{__name__}.{module}")
-        return found if module == name else getattr(found, name)
+        value = globals()[name] = found if module == name else getattr(found, name)
+        return value  # kept: the next look-up does not come here
 
     def __dir__() -> list[str]:
         # What is loaded and what loads on first use: completion in a REPL shows both.
